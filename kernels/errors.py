@@ -16,3 +16,7 @@ class CaptureError(RuntimeError):
 
 class LaneError(RuntimeError):
     """Work submitted to a lane failed; the lane's original exception is chained."""
+
+
+class CheckpointMismatch(ValueError):
+    """A checkpoint's config or tensors do not match what the loader expects."""

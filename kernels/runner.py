@@ -1,0 +1,137 @@
+"""A graph runner: input buffers -> captured graph -> output buffers, on a lane.
+
+The policy and critic runners build on this. It owns the static buffers, the
+captured graph and the lane; it knows nothing of observations or episodes.
+It implements the capsule ``Stateful`` protocol over *all* its buffers (inputs
+and outputs): restoring them is copying bytes back into the same addresses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import torch
+
+from rollcap.kernels.buffers import BufferSet, BufferSpec
+from rollcap.kernels.errors import BadInput
+from rollcap.kernels.fingerprint import device_fingerprint
+from rollcap.kernels.graph import CapturedGraph, GraphFn, default_backend
+from rollcap.kernels.lanes import Lane, Ticket, make_lane
+
+
+class GraphRunner:
+    """Static buffers + one captured graph + one lane.
+
+    Args:
+        fn: the graph function (see :class:`CapturedGraph`).
+        in_specs / out_specs: the static buffers.
+        device: where buffers and graph live.
+        backend: ``eager``/``jit``/``cuda``; ``None`` picks the device default.
+        modules: modules whose weights ``fn`` uses.
+        lane: the lane replays run on (one is made if ``None``).
+        label: a short name (``"policy"``, ``"critic"``).
+        weights_digest: digest of the weights, for the fingerprint.
+
+    Lifecycle: the graph is captured once in the constructor; afterwards
+    :meth:`launch` writes inputs and submits one replay, the returned ticket's
+    ``wait()`` blocks for it. One launch in flight at a time; single caller.
+    """
+
+    def __init__(
+        self,
+        fn: GraphFn,
+        in_specs: list[BufferSpec],
+        out_specs: list[BufferSpec],
+        device: torch.device | str = "cpu",
+        backend: str | None = None,
+        modules: list[torch.nn.Module] | None = None,
+        lane: Lane | None = None,
+        label: str = "graph",
+        weights_digest: str = "",
+        threads: int = 1,
+    ):
+        self.device = torch.device(device)
+        self.backend = backend or default_backend(self.device)
+        self.label = label
+        self.weights_digest = weights_digest
+        self.inputs = BufferSet(in_specs, self.device, label=f"{label}.in")
+        self.outputs = BufferSet(out_specs, self.device, label=f"{label}.out")
+        self.fn = fn
+        self.graph = CapturedGraph(fn, self.inputs, self.outputs, self.backend, modules, label=label).prepare()
+        self._own_lane = lane is None
+        self.lane = lane if lane is not None else make_lane(label, self.device, threads)
+        self.threads = getattr(self.lane, "threads", threads)
+        self.last_latency_s = 0.0
+        self._in_flight: Ticket | None = None
+
+    # -- hot path ------------------------------------------------------------
+    def write(self, values: Mapping[str, object], finite: tuple[str, ...] | bool = ()) -> None:
+        """Validate and copy inputs into the static buffers (nothing launched)."""
+        if self._in_flight is not None and not self._in_flight.done():
+            raise BadInput(f"{self.label}: inputs written while a replay is in flight; wait() first")
+        self.inputs.write(values, finite=finite)
+
+    def _replay_timed(self) -> float:
+        t0 = time.perf_counter()
+        self.graph.replay()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        return time.perf_counter() - t0
+
+    def launch(self) -> Ticket:
+        """Submit one replay over the current inputs; returns at once."""
+        self._in_flight = self.lane.submit(self._replay_timed)
+        return self._in_flight
+
+    def wait(self) -> dict[str, torch.Tensor]:
+        """Block for the replay in flight; returns the live output buffers."""
+        if self._in_flight is None:
+            raise BadInput(f"{self.label}: wait() without launch()")
+        ticket, self._in_flight = self._in_flight, None
+        self.last_latency_s = ticket.wait()
+        return self.outputs.tensors()
+
+    def eager(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The reference path: ``fn`` on fresh tensors, no static buffers, no lane."""
+        for name, v in values.items():
+            self.inputs.check(name, v)
+        with torch.no_grad():
+            return {k: v.clone() for k, v in self.fn({k: torch.as_tensor(v).to(self.device) for k, v in values.items()}).items()}
+
+    # -- capsule protocol ----------------------------------------------------
+    def live_state(self) -> dict[str, torch.Tensor]:
+        state = {f"in.{k}": v for k, v in self.inputs.tensors().items()}
+        state.update({f"out.{k}": v for k, v in self.outputs.tensors().items()})
+        return state
+
+    def load_live_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        ins = {k[3:]: v for k, v in state.items() if k.startswith("in.")}
+        outs = {k[4:]: v for k, v in state.items() if k.startswith("out.")}
+        stray = [k for k in state if not (k.startswith("in.") or k.startswith("out."))]
+        if stray:
+            raise BadInput(f"{self.label}: unknown state entries {stray}")
+        for name, v in ins.items():  # validate both sets before copying either
+            self.inputs.check(name, v)
+        for name, v in outs.items():
+            self.outputs.check(name, v)
+        self.inputs.load(ins)
+        self.outputs.load(outs)
+
+    def state_fingerprint(self) -> dict:
+        fp = device_fingerprint(self.device)
+        fp.update(
+            {
+                "component": self.label,
+                "backend": self.backend,
+                "weights_digest": self.weights_digest,
+                "inputs": self.inputs.spec(),
+                "outputs": self.outputs.spec(),
+            }
+        )
+        return fp
+
+    def close(self) -> None:
+        if self._own_lane:
+            self.lane.close()
+

@@ -1,0 +1,171 @@
+"""FlowVLA: a small pi0-style vision-language-action flow-matching policy.
+
+Observation (camera images, a byte-tokenised instruction, proprio state) and a
+RECAP-style advantage indicator form a prefix; an action expert attends to the
+prefix's per-layer keys/values and denoises an ``H x A`` action chunk from
+Gaussian noise in ``K`` Euler steps (pi0 convention: ``x_1`` is noise,
+``x_0`` the action, velocity target ``noise - action``). At inference the
+advantage-conditioned ("positive") and unconditioned ("dropped") branches run
+batched in one captured graph and are combined with classifier-free guidance
+``v = v_u + beta * (v_c - v_u)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollcap.kernels.ops import cfg_euler_step
+from rollcap.policies.layers import Block, PrefixEncoder, timestep_embedding
+from rollcap.policies.observation import ObsSpec
+
+ADV_NEGATIVE, ADV_POSITIVE, ADV_DROPPED = 0, 1, 2
+
+
+def _check_fields(cls, data: dict, where: str) -> dict:
+    """Validate a JSON config dict against a dataclass: name unknown/missing/mistyped fields."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"{where}: unknown config fields {unknown}")
+    out = dict(data)
+    for name in ("image_keys",):
+        if name in out and isinstance(out[name], list):
+            out[name] = tuple(out[name])
+    return out
+
+
+@dataclass(frozen=True)
+class FlowVLAConfig:
+    """Shape and sampling settings of a :class:`FlowVLA`."""
+
+    image_keys: tuple[str, ...] = ("image_front",)
+    """Observation keys of the camera images (uint8 HxWx3 each)."""
+    image_size: int = 64
+    """Square image side in pixels."""
+    patch_size: int = 16
+    """Patch side for the image tokens."""
+    state_dim: int = 14
+    """Length of the proprio/object state vector."""
+    action_dim: int = 2
+    """Action dimension A."""
+    horizon: int = 8
+    """Actions per chunk H."""
+    max_tokens: int = 48
+    """Instruction token budget (bytes + BOS + EOS); longer instructions are refused."""
+    width: int = 128
+    """Transformer width."""
+    depth: int = 3
+    """Blocks in the prefix encoder and in the action expert."""
+    heads: int = 4
+    """Attention heads."""
+    num_steps: int = 10
+    """Euler steps K of the flow sampler."""
+    cfg_beta: float = 1.0
+    """Guidance weight beta (1.0: conditioned branch only in effect)."""
+    adv_dropout: float = 0.3
+    """Training: probability the advantage indicator is dropped (enables CFG)."""
+
+    def __post_init__(self):
+        for name in ("image_size", "patch_size", "state_dim", "action_dim", "horizon", "max_tokens", "width", "depth", "heads", "num_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"FlowVLAConfig.{name}: expected a positive int, got {v!r}")
+        if self.max_tokens < 3:
+            raise ValueError(f"FlowVLAConfig.max_tokens: needs >= 3 (BOS, a byte, EOS), got {self.max_tokens}")
+        if not 0.0 <= self.adv_dropout < 1.0:
+            raise ValueError(f"FlowVLAConfig.adv_dropout: expected [0, 1), got {self.adv_dropout}")
+
+    @property
+    def obs_spec(self) -> ObsSpec:
+        return ObsSpec(self.image_keys, self.image_size, self.state_dim, self.max_tokens)
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["image_keys"] = list(self.image_keys)
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = "FlowVLAConfig") -> FlowVLAConfig:
+        return cls(**_check_fields(cls, data, where))
+
+
+class ActionExpert(nn.Module):
+    """Denoises action tokens while attending to the prefix's per-layer keys/values."""
+
+    def __init__(self, cfg: FlowVLAConfig):
+        super().__init__()
+        w = cfg.width
+        self.in_proj = nn.Linear(cfg.action_dim, w)
+        self.time_mlp = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
+        self.pos = nn.Parameter(torch.zeros(cfg.horizon, w))
+        self.prefix_ln = nn.ModuleList(nn.LayerNorm(w) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(w, cfg.heads) for _ in range(cfg.depth))
+        self.ln_out = nn.LayerNorm(w)
+        self.out = nn.Linear(w, cfg.action_dim)
+        nn.init.normal_(self.pos, std=0.02)
+        self.width = w
+
+    def prefix_kv(self, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Project the prefix's per-layer hidden states once per chunk."""
+        return [blk.attn.project_kv(ln(h)) for blk, ln, h in zip(self.blocks, self.prefix_ln, hidden)]
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, kv: list, mask: torch.Tensor) -> torch.Tensor:
+        b, h, _ = x.shape
+        z = self.in_proj(x) + self.pos + self.time_mlp(timestep_embedding(t, self.width))[:, None, :]
+        full_mask = torch.cat([mask, torch.ones(b, h, dtype=torch.bool, device=x.device)], dim=1)
+        for blk, pkv in zip(self.blocks, kv):
+            z = blk(z, full_mask, pkv)
+        return self.out(self.ln_out(z))
+
+
+class FlowVLA(nn.Module):
+    """The policy network; see the module docstring."""
+
+    def __init__(self, cfg: FlowVLAConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1)
+        self.adv_emb = nn.Embedding(3, cfg.width)
+        self.expert = ActionExpert(cfg)
+
+    def _prefix(self, images, state, tokens, adv):
+        hidden, _, valid = self.encoder(images, state, tokens, self.adv_emb(adv)[:, None, :])
+        return self.expert.prefix_kv(hidden), valid
+
+    def velocity(self, images, state, tokens, adv, x_t, t) -> torch.Tensor:
+        """Predicted flow velocity for a batch (training and tests)."""
+        kv, valid = self._prefix(images, state, tokens, adv)
+        return self.expert(x_t, t, kv, valid)
+
+    def loss(self, images, state, tokens, adv, actions, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Flow-matching loss with advantage dropout (RECAP): ``adv`` is 0/1 per sample."""
+        b = actions.shape[0]
+        dev = actions.device
+        drop = torch.rand(b, generator=generator, device=dev) < self.cfg.adv_dropout
+        adv = torch.where(drop, torch.full_like(adv, ADV_DROPPED), adv)
+        t = torch.rand(b, generator=generator, device=dev) * 0.999 + 0.001
+        noise = torch.randn(actions.shape, generator=generator, device=dev)
+        x_t = t[:, None, None] * noise + (1.0 - t[:, None, None]) * actions
+        v = self.velocity(images, state, tokens, adv, x_t, t)
+        return F.mse_loss(v, noise - actions)
+
+    def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Batch-1 guided sampling: ``noise [1,H,A]`` -> actions ``[1,H,A]`` (capturable)."""
+        cfg = self.cfg
+        two = [img.expand(2, -1, -1, -1) for img in images]
+        adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
+        kv, valid = self._prefix(two, state.expand(2, -1), tokens.expand(2, -1), adv)
+        x = noise
+        dt = -1.0 / cfg.num_steps
+        for k in range(cfg.num_steps):
+            t = torch.full((2,), 1.0 - k / cfg.num_steps, device=state.device)
+            v = self.expert(x.expand(2, -1, -1), t, kv, valid)
+            x = cfg_euler_step(x, v[1:2], v[0:1], dt, cfg.cfg_beta)
+        return x

@@ -1,0 +1,130 @@
+"""Transformer layers and the observation prefix encoder (shared with the critic).
+
+Everything here is capturable: fixed shapes, no value-dependent branches, no
+randomness. Images are patchified by reshape + linear (no conv algorithm
+choice to vary between runs).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollcap.policies.observation import PAD, VOCAB_SIZE, ObsSpec
+
+
+class Attention(nn.Module):
+    """Multi-head attention whose keys/values may be prefixed by cached ones."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} is not divisible by heads {heads}")
+        self.heads = heads
+        self.q = nn.Linear(width, width)
+        self.kv = nn.Linear(width, 2 * width)
+        self.out = nn.Linear(width, width)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, w = x.shape
+        return x.view(b, n, self.heads, w // self.heads).transpose(1, 2)
+
+    def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.kv(x).chunk(2, dim=-1)
+        return self.split(k), self.split(v)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """``mask``: bool ``[B, N_keys]``, True where a key may be attended."""
+        q = self.split(self.q(x))
+        k, v = self.project_kv(x)
+        if prefix_kv is not None:
+            k = torch.cat([prefix_kv[0], k], dim=2)
+            v = torch.cat([prefix_kv[1], v], dim=2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        b, h, n, d = o.shape
+        return self.out(o.transpose(1, 2).reshape(b, n, h * d))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block."""
+
+    def __init__(self, width: int, heads: int, mlp_ratio: int = 2):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = Attention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * width, width))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), mask, prefix_kv)
+        return x + self.mlp(self.ln2(x))
+
+
+class PrefixEncoder(nn.Module):
+    """Images + instruction tokens + proprio state (+ extra tokens) -> per-layer hidden states.
+
+    Returns the input of every block (for an action expert's cross-layer
+    attention), the final hidden state, and the key mask (False on PAD tokens).
+    """
+
+    def __init__(self, spec: ObsSpec, width: int, depth: int, heads: int, patch: int, n_extra: int):
+        super().__init__()
+        if spec.image_size % patch:
+            raise ValueError(f"image_size {spec.image_size} is not a multiple of patch_size {patch}")
+        self.spec = spec
+        self.patch = patch
+        self.n_patches = (spec.image_size // patch) ** 2
+        self.patch_proj = nn.Linear(patch * patch * 3, width)
+        self.cam_pos = nn.Parameter(torch.zeros(len(spec.image_keys), self.n_patches, width))
+        self.tok_emb = nn.Embedding(VOCAB_SIZE, width)
+        self.tok_pos = nn.Parameter(torch.zeros(spec.max_tokens, width))
+        self.state_proj = nn.Linear(spec.state_dim, width)
+        self.register_buffer("state_mean", torch.zeros(spec.state_dim))
+        self.register_buffer("state_std", torch.ones(spec.state_dim))
+        self.extra_pos = nn.Parameter(torch.zeros(n_extra, width))
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
+        self.ln_out = nn.LayerNorm(width)
+        nn.init.normal_(self.cam_pos, std=0.02)
+        nn.init.normal_(self.tok_pos, std=0.02)
+        nn.init.normal_(self.extra_pos, std=0.02)
+
+    def patchify(self, img: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = img.shape
+        p = self.patch
+        x = img.to(torch.float32).mul(1.0 / 255.0)
+        x = x.view(b, h // p, p, w // p, p, c).permute(0, 1, 3, 2, 4, 5).reshape(b, (h // p) * (w // p), p * p * c)
+        return self.patch_proj(x)
+
+    def forward(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor):
+        b = state.shape[0]
+        parts = [self.patchify(img) + self.cam_pos[i] for i, img in enumerate(images)]
+        parts.append(self.tok_emb(tokens) + self.tok_pos)
+        s = (state - self.state_mean) / self.state_std
+        parts.append(self.state_proj(s)[:, None, :])
+        parts.append(extra + self.extra_pos)
+        x = torch.cat(parts, dim=1)
+        n_img = len(images) * self.n_patches
+        valid = torch.cat(
+            [
+                torch.ones(b, n_img, dtype=torch.bool, device=x.device),
+                tokens != PAD,
+                torch.ones(b, 1 + extra.shape[1], dtype=torch.bool, device=x.device),
+            ],
+            dim=1,
+        )
+        hidden = []
+        for blk in self.blocks:
+            hidden.append(x)
+            x = blk(x, valid)
+        return hidden, self.ln_out(x), valid
+
+
+def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding of flow time ``t`` (shape ``[B]``) -> ``[B, dim]``."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(1000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+    args = t[:, None].to(torch.float32) * freqs[None] * 100.0
+    return torch.cat([torch.sin(args), torch.cos(args)], dim=-1)

@@ -1,0 +1,89 @@
+"""Observations as the models see them, and a byte-level tokenizer.
+
+An observation is a mapping with ``"state"`` (float32 vector), one uint8
+``(H, W, 3)`` image per camera key (e.g. ``"image_front"``) and
+``"instruction"`` (str). :class:`ObsSpec` turns it into the exact tensors the
+static buffers hold, validating everything and never truncating or
+broadcasting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rollcap.kernels.errors import BadInput
+
+PAD, BOS, EOS = 256, 257, 258
+VOCAB_SIZE = 259
+
+
+def tokenize(text: str, max_tokens: int) -> np.ndarray:
+    """UTF-8 bytes framed by BOS/EOS, right-padded with PAD to ``max_tokens``.
+
+    Raises :class:`BadInput` if the instruction does not fit: it is never
+    silently truncated.
+    """
+    if not isinstance(text, str):
+        raise BadInput(f"instruction: expected str, got {type(text).__name__}")
+    raw = list(text.encode("utf-8"))
+    need = len(raw) + 2
+    if need > max_tokens:
+        raise BadInput(
+            f"instruction: {len(raw)} bytes needs {need} tokens, the model's budget is {max_tokens} "
+            f"(shorten it or use a model with a larger max_tokens): {text[:40]!r}"
+        )
+    out = np.full((max_tokens,), PAD, dtype=np.int64)
+    out[0] = BOS
+    out[1 : 1 + len(raw)] = raw
+    out[1 + len(raw)] = EOS
+    return out
+
+
+@dataclass(frozen=True)
+class ObsSpec:
+    """What a model reads from an observation."""
+
+    image_keys: tuple[str, ...]
+    image_size: int
+    state_dim: int
+    max_tokens: int
+
+    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        shapes = {k: ((1, self.image_size, self.image_size, 3), torch.uint8) for k in self.image_keys}
+        shapes["state"] = ((1, self.state_dim), torch.float32)
+        shapes["tokens"] = ((1, self.max_tokens), torch.int64)
+        return shapes
+
+    def to_inputs(self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Validate one observation and return batch-1 arrays keyed by buffer name."""
+        if not isinstance(obs, Mapping):
+            raise BadInput(f"observation: expected a mapping, got {type(obs).__name__}")
+        missing = [k for k in (*self.image_keys, "state", "instruction") if k not in obs]
+        if missing:
+            raise BadInput(f"observation: missing {missing}; have {sorted(obs)}")
+        out: dict[str, np.ndarray] = {}
+        for k in self.image_keys:
+            img = np.asarray(obs[k])
+            want = (self.image_size, self.image_size, 3)
+            if img.shape != want or img.dtype != np.uint8:
+                raise BadInput(f"observation[{k!r}]: expected uint8 {want}, got {img.dtype} {img.shape}")
+            out[k] = img[None]
+        state = np.asarray(obs["state"])
+        if state.shape != (self.state_dim,) or state.dtype != np.float32:
+            raise BadInput(f"observation['state']: expected float32 ({self.state_dim},), got {state.dtype} {state.shape}")
+        if not np.isfinite(state).all():
+            raise BadInput("observation['state']: contains NaN or Inf")
+        out["state"] = state[None]
+        text = obs["instruction"]
+        if token_cache is not None and isinstance(text, str) and text in token_cache:
+            toks = token_cache[text]
+        else:
+            toks = tokenize(text, self.max_tokens)
+            if token_cache is not None:
+                token_cache[text] = toks
+        out["tokens"] = toks[None]
+        return out

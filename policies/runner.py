@@ -1,0 +1,117 @@
+"""PolicyRunner: a FlowVLA replayed through a captured graph over static buffers.
+
+Buffers: one uint8 image per camera, ``state``, ``tokens``, ``noise`` in; the
+action chunk ``actions`` out. ``act`` validates, copies, replays and returns a
+copy; ``submit``/``wait`` split it so the host overlaps the critic lane.
+``act_eager`` is the reference path (no static buffers, no capture).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rollcap.kernels.buffers import BufferSpec
+from rollcap.kernels.checkpoint import load_weights, read_checkpoint_meta, save_checkpoint
+from rollcap.kernels.errors import BadInput
+from rollcap.kernels.fingerprint import tensor_digest
+from rollcap.kernels.lanes import Lane, Ticket
+from rollcap.kernels.runner import GraphRunner
+from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig
+
+KIND = "rollcap.FlowVLA"
+DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_policy.json"
+
+
+def save_policy(model: FlowVLA, path: str | Path) -> Path:
+    """Write ``path.safetensors`` + ``path.json``."""
+    return save_checkpoint(model, model.cfg.to_json(), path, KIND)
+
+
+def load_policy(path: str | Path = DEFAULT_CHECKPOINT, expect: FlowVLAConfig | None = None) -> FlowVLA:
+    """Load a FlowVLA checkpoint; ``expect`` (if given) must equal its config."""
+    meta = read_checkpoint_meta(path, KIND)
+    try:
+        cfg = FlowVLAConfig.from_json(meta["config"], where=str(Path(path).with_suffix(".json")))
+    except (TypeError, ValueError) as err:
+        raise BadInput(str(err)) from err
+    if expect is not None and cfg != expect:
+        diff = [f"{k}: checkpoint {getattr(cfg, k)!r} vs expected {getattr(expect, k)!r}" for k in cfg.to_json() if getattr(cfg, k) != getattr(expect, k)]
+        raise BadInput(f"{path}: checkpoint config differs: {'; '.join(diff)}")
+    model = FlowVLA(cfg)
+    load_weights(model, path)
+    return model.eval()
+
+
+class PolicyRunner(GraphRunner):
+    """Captured FlowVLA sampling on one lane.
+
+    Args:
+        model: the policy (put in eval mode, moved to ``device``).
+        device: ``cpu`` or ``cuda[:i]``.
+        backend: ``eager``/``jit``/``cuda`` (default: fastest exact for the device).
+        lane: the lane to run on (default: a new one named ``policy``).
+        threads: intra-op threads of a new CPU lane.
+    """
+
+    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1):
+        self.model = model.to(device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.cfg = model.cfg
+        self.spec = self.cfg.obs_spec
+        self._tokens: dict[str, np.ndarray] = {}
+        shapes = self.spec.buffer_shapes()
+        ins = [BufferSpec(k, s, d) for k, (s, d) in shapes.items()]
+        ins.append(BufferSpec("noise", self.noise_shape, torch.float32))
+        outs = [BufferSpec("actions", self.noise_shape, torch.float32)]
+        digest = tensor_digest(dict(self.model.state_dict()))
+        super().__init__(self._graph_fn, ins, outs, device, backend, [self.model], lane, "policy", digest, threads)
+
+    @property
+    def noise_shape(self) -> tuple[int, int, int]:
+        return (1, self.cfg.horizon, self.cfg.action_dim)
+
+    def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        images = [b[k] for k in self.cfg.image_keys]
+        return {"actions": self.model.sample(images, b["state"], b["tokens"], b["noise"])}
+
+    def _inputs(self, obs: Mapping[str, object], noise: np.ndarray) -> dict[str, np.ndarray]:
+        values = self.spec.to_inputs(obs, self._tokens)
+        noise = np.asarray(noise)
+        want = self.noise_shape[1:]
+        if noise.shape != want or noise.dtype != np.float32:
+            raise BadInput(f"noise: expected float32 {want}, got {noise.dtype} {noise.shape}")
+        if not np.isfinite(noise).all():
+            raise BadInput("noise: contains NaN or Inf")
+        values["noise"] = noise[None]
+        return values
+
+    def submit(self, obs: Mapping[str, object], noise: np.ndarray) -> Ticket:
+        """Validate and write ``obs`` and ``noise``, then launch one replay."""
+        self.write(self._inputs(obs, noise))
+        return self.launch()
+
+    def result(self) -> np.ndarray:
+        """Wait for the launched chunk; returns a copy ``[H, A]`` (float32)."""
+        return self.wait()["actions"][0].to("cpu").numpy().copy()
+
+    def act(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:
+        """One chunk through the captured graph."""
+        self.submit(obs, noise)
+        return self.result()
+
+    def act_eager(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:
+        """One chunk through the plain module (the reference path)."""
+        values = {k: torch.from_numpy(v) for k, v in self._inputs(obs, noise).items()}
+        return self.eager(values)["actions"][0].to("cpu").numpy().copy()
+
+    def state_fingerprint(self) -> dict:
+        fp = super().state_fingerprint()
+        fp["model"] = KIND
+        fp["config"] = self.cfg.to_json()
+        fp["dtype"] = "float32"
+        return fp
