@@ -1,0 +1,108 @@
+"""``rollcap capsule inspect PATH``: print a disk capsule's manifest and check its digest.
+
+The ``rollcap`` command (``rollout/cli.py``) registers this through
+:func:`add_subparser`; :func:`inspect_main` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from rollcap.capsule.errors import CapsuleError
+from rollcap.capsule.tiers import load, read_manifest
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _inspect(path: str) -> tuple[str, str | None]:
+    """The report and, if the bytes check failed, why (``None`` when OK)."""
+    m = read_manifest(path)
+    try:
+        load(m.path)
+        failure = None
+    except CapsuleError as err:
+        failure = str(err)
+    b = m.boundary
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.wall_time)) if b.wall_time else "-"
+    parts = [f"label={b.label!r}"]
+    parts += [f"{k}={v}" for k, v in (("episode", b.episode), ("chunk", b.chunk), ("step", b.step), ("branch", b.branch)) if v is not None]
+    parts.append(f"wall_time={when}")
+    lines = [
+        f"capsule   {m.path}",
+        f"format    rollcap-capsule v{m.format_version}",
+        f"boundary  {' '.join(parts)}",
+        f"bytes     {m.nbytes}",
+        f"digest    {m.digest}  {'OK' if failure is None else 'FAILED'}",
+    ]
+    if b.extra:
+        lines.insert(3, f"extra     {_clip(repr(dict(b.extra)))}")
+    for comp, infos in m.specs.items():
+        nbytes = sum(i.nbytes for i in infos.values())
+        lines.append(f"component {comp}  ({len(infos)} buffers, {nbytes} bytes)")
+        lines.append("  fingerprint")
+        for key in sorted(m.fingerprints[comp]):
+            lines.append(f"    {key}: {_clip(repr(m.fingerprints[comp][key]))}")
+        lines.append("  buffers")
+        width = max((len(n) for n in infos), default=0)
+        for name, i in infos.items():
+            shape = "[" + ", ".join(map(str, i.shape)) + "]"
+            lines.append(f"    {name:<{width}}  {i.dtype:<8} {shape:<14} {i.nbytes:>10} B  {i.kind:<5}  {i.device}")
+    if failure is not None:
+        lines.append(f"FAILED: {failure}")
+    return "\n".join(lines), failure
+
+
+def format_manifest(path: str) -> str:
+    """A readable report of the capsule at ``path``: components, buffers, fingerprints, digest OK/FAILED.
+
+    Raises:
+        CorruptCapsule: there is no readable manifest at ``path``.
+    """
+    return _inspect(path)[0]
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    """Handler of ``capsule inspect``: 0 if the capsule checks out, 2 otherwise (one line on stderr)."""
+    try:
+        text, failure = _inspect(args.path)
+    except CapsuleError as err:
+        print(f"rollcap capsule inspect: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"rollcap capsule inspect: {args.path}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    print(text)
+    if failure is not None:
+        print(f"rollcap capsule inspect: digest check FAILED: {failure}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``capsule inspect PATH`` on an argparse subparsers object.
+
+    The handler is stored as ``func`` on the parsed namespace: ``return args.func(args)``
+    gives the exit code (0 ok, 2 bad or corrupt capsule).
+    """
+    capsule = subparsers.add_parser("capsule", help="inspect execution-state capsules", description="Inspect execution-state capsules.")
+    verbs = capsule.add_subparsers(dest="capsule_command", metavar="COMMAND", required=True)
+    inspect = verbs.add_parser("inspect", help="print a disk capsule's manifest and check its digest")
+    inspect.add_argument("path", metavar="PATH", help="a capsule directory (manifest.json + tensors.safetensors)")
+    inspect.set_defaults(func=_run_inspect)
+    return capsule
+
+
+def inspect_main(argv: Sequence[str] | None = None) -> int:
+    """Standalone entry point: ``inspect_main(["PATH"])`` -> exit code."""
+    parser = argparse.ArgumentParser(prog="rollcap capsule inspect", description="Print a disk capsule's manifest and check its digest.")
+    parser.add_argument("path", metavar="PATH")
+    return _run_inspect(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(inspect_main())

@@ -1,0 +1,385 @@
+"""Moving capsules between tiers: device -> host -> disk, and back.
+
+- device: tensors beside the live buffers (same device). Fastest restore.
+- host: CPU memory; page-locked (``pin_memory``) when the source is CUDA so
+  the copy back is a DMA. On a CPU-only deployment host and device are the
+  same memory and moving between them copies nothing.
+- disk: a directory per capsule holding ``tensors.safetensors`` and
+  ``manifest.json`` (metadata, fingerprints, per-buffer specs and digests,
+  overall digest, format version). Written into a temporary sibling
+  directory, fsynced, then renamed into place: a crash leaves the whole
+  capsule or none of it (an interrupted write leaves a ``.NAME.tmp-*``
+  sibling, never a partial capsule at ``NAME``). Never pickled: numpy arrays
+  are stored as tensors with their kind recorded and come back as numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors
+import safetensors.torch
+import torch
+
+from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, buffer_digest, combine_digests
+from rollcap.capsule.errors import CapsuleMismatch, CorruptCapsule
+from rollcap.capsule.protocol import StateValue
+
+FORMAT = "rollcap-capsule"
+FORMAT_VERSION = 1
+TENSORS_FILE = "tensors.safetensors"
+MANIFEST_FILE = "manifest.json"
+_META_DIGEST = "rollcap.capsule.digest"
+
+
+# -- copies ------------------------------------------------------------------------
+def _sync(devices: set[torch.device]) -> None:
+    for dev in devices:
+        if dev.type == "cuda":
+            torch.cuda.current_stream(dev).synchronize()
+
+
+def copy_state(live: Mapping[str, Mapping[str, StateValue]], tier: str) -> dict[str, dict[str, StateValue]]:
+    """Independent contiguous copies of live values, placed for ``tier`` (``device`` or ``host``).
+
+    Torch tensors on one device are copied with one ``torch._foreach_copy_``;
+    CUDA -> host copies go to pinned memory and are waited for before return.
+    """
+    out: dict[str, dict[str, StateValue]] = {c: {} for c in live}
+    groups: dict[torch.device, tuple[list, list]] = {}
+    waits: set[torch.device] = set()
+    for comp, values in live.items():
+        for name, v in values.items():
+            if isinstance(v, np.ndarray):
+                out[comp][name] = np.array(v, order="C", copy=True)
+                continue
+            src = v.detach()
+            if tier == "host" and src.device.type == "cuda":
+                dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+                dst.copy_(src, non_blocking=True)
+                waits.add(src.device)
+            else:
+                dst = torch.empty(src.shape, dtype=src.dtype, device=src.device)
+                dsts, srcs = groups.setdefault(src.device, ([], []))
+                dsts.append(dst)
+                srcs.append(src)
+            out[comp][name] = dst
+    for dsts, srcs in groups.values():
+        torch._foreach_copy_(dsts, srcs)
+    _sync(waits)
+    return out
+
+
+def clone_state(capsule: Capsule) -> dict[str, dict[str, StateValue]]:
+    """Independent copies of an in-memory capsule's values, in the same places (pinned stays pinned)."""
+    out: dict[str, dict[str, StateValue]] = {}
+    for comp, values in capsule.state.items():
+        out[comp] = {}
+        for name, v in values.items():
+            if isinstance(v, np.ndarray):
+                out[comp][name] = np.array(v, copy=True)
+            else:
+                pinned = v.device.type == "cpu" and v.is_pinned()
+                out[comp][name] = torch.empty(v.shape, dtype=v.dtype, device=v.device, pin_memory=pinned).copy_(v)
+    return out
+
+
+def _carry_digest(capsule: Capsule) -> str | None:
+    return capsule.known_digest or capsule._cache.get("digest")
+
+
+def _moved(capsule: Capsule, tier: str, state: dict) -> Capsule:
+    return Capsule(capsule.boundary, capsule.specs, capsule.fingerprints, tier, state, known_digest=_carry_digest(capsule))
+
+
+def to_device(capsule: Capsule) -> Capsule:
+    """The capsule with its tensors on the devices of the live buffers they came from."""
+    if capsule.tier == "device":
+        return capsule
+    if capsule.tier == "disk":
+        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+    capsule.check_untouched()
+    state: dict[str, dict[str, StateValue]] = {}
+    waits: set[torch.device] = set()
+    for comp, values in capsule.state.items():
+        state[comp] = {}
+        for name, v in values.items():
+            home = torch.device(capsule.specs[comp][name].device)
+            if isinstance(v, torch.Tensor) and v.device != home:
+                if home.type == "cuda" and not torch.cuda.is_available():
+                    raise CapsuleMismatch(
+                        f"{comp}.{name} was taken on {home}, and this process has no CUDA; restore from the host tier instead",
+                        component=comp, field=name, expected=str(home), got="cpu",
+                    )
+                v = v.to(home, non_blocking=v.is_pinned())
+                waits.add(home)
+            state[comp][name] = v
+    _sync(waits)
+    return _moved(capsule, "device", state)
+
+
+def to_host(capsule: Capsule) -> Capsule:
+    """The capsule in CPU memory (pinned where its source is CUDA)."""
+    if capsule.tier == "host":
+        return capsule
+    if capsule.tier == "disk":
+        return load(capsule.path, expect_digest=capsule.known_digest)
+    capsule.check_untouched()
+    return _moved(capsule, "host", copy_state(capsule.state, "host"))
+
+
+def move(capsule: Capsule, tier: str, path: str | Path | None = None) -> Capsule:
+    """The capsule on ``tier``; ``path`` is the directory to write for the disk tier."""
+    if tier == "device":
+        return to_device(capsule)
+    if tier == "host":
+        return to_host(capsule)
+    if tier == "disk":
+        if capsule.tier == "disk" and path is None:
+            return capsule
+        if path is None:
+            raise ValueError("moving a capsule to the disk tier needs a path for its directory")
+        return save(capsule, path)
+    raise ValueError(f"unknown tier {tier!r}; choose device, host or disk")
+
+
+# -- disk: writing -----------------------------------------------------------------
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _as_cpu_tensor(value: StateValue) -> torch.Tensor:
+    if isinstance(value, np.ndarray):
+        with warnings.catch_warnings():  # capsule arrays are read-only; safetensors only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(value)
+    return value.detach().to("cpu").contiguous()
+
+
+def save(capsule: Capsule, path: str | Path, *, overwrite: bool = False) -> Capsule:
+    """Write the capsule as a directory at ``path``, atomically; returns its disk-tier handle.
+
+    Args:
+        capsule: an in-memory capsule (a disk one is loaded and copied).
+        path: the capsule directory to create; its parent is created if needed.
+        overwrite: replace an existing capsule at ``path`` (the old one stays
+            whole until the new one is in place).
+    """
+    path = Path(path)
+    if capsule.tier == "disk":
+        if capsule.path is not None and capsule.path.resolve() == path.resolve():
+            return capsule
+        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists; pass overwrite=True or choose a new capsule path")
+    per_buffer = capsule.buffer_digests()
+    digest = combine_digests(per_buffer)
+    tensors: dict[str, torch.Tensor] = {}
+    components: dict[str, Any] = {}
+    for comp, values in capsule.state.items():
+        bufs = {}
+        for name, v in values.items():
+            key = f"{comp}/{name}"
+            tensors[key] = _as_cpu_tensor(v)
+            bufs[name] = {**capsule.specs[comp][name].to_json(), "key": key, "digest": per_buffer[comp][name]}
+        components[comp] = {"fingerprint": dict(capsule.fingerprints[comp]), "buffers": bufs}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tensors_file": TENSORS_FILE,
+        "boundary": capsule.boundary.to_json(),
+        "nbytes": capsule.nbytes,
+        "digest": digest,
+        "components": components,
+        "writer": {"torch": torch.__version__, "numpy": np.__version__, "safetensors": safetensors.__version__},
+    }
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
+    try:
+        os.chmod(tmp, 0o755)
+        safetensors.torch.save_file(tensors, str(tmp / TENSORS_FILE), metadata={_META_DIGEST: digest, "format_version": str(FORMAT_VERSION)})
+        _fsync_path(tmp / TENSORS_FILE)
+        with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_path(tmp, directory=True)
+        trash = None
+        if path.exists():
+            trash = parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(path, trash)
+        os.replace(tmp, path)
+        _fsync_path(parent, directory=True)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Capsule(capsule.boundary, capsule.specs, capsule.fingerprints, "disk", None, path, known_digest=digest)
+
+
+# -- disk: reading -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, structurally checked ``manifest.json``."""
+
+    path: Path
+    boundary: Boundary
+    specs: dict[str, dict[str, BufferInfo]]
+    fingerprints: dict[str, dict]
+    keys: dict[str, dict[str, str]]
+    digests: dict[str, dict[str, str]]
+    digest: str
+    nbytes: int
+    format_version: int
+    raw: dict
+
+
+def _corrupt(path: Path, what: str) -> CorruptCapsule:
+    return CorruptCapsule(f"{path}: {what}", path=str(path))
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Parse and check a capsule directory's manifest (no tensor bytes are read)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise _corrupt(path, "no capsule directory here; check the path (a capsule is a directory with manifest.json and tensors.safetensors)")
+    mpath = path / MANIFEST_FILE
+    try:
+        text = mpath.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise _corrupt(path, f"{MANIFEST_FILE} is missing; the capsule is incomplete, write it again") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise _corrupt(path, f"{MANIFEST_FILE} is unreadable ({err}); write the capsule again") from err
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _corrupt(path, f"{MANIFEST_FILE} is not valid JSON (truncated or edited? {err.msg} at line {err.lineno}); write the capsule again") from err
+    try:
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise ValueError(f"format is {raw.get('format') if isinstance(raw, dict) else None!r}, expected {FORMAT!r}")
+        version = raw["format_version"]
+        if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+            raise ValueError(f"format_version {version!r}; this rollcap reads {FORMAT_VERSION} (upgrade rollcap for newer capsules)")
+        specs, fps, keys, digests = {}, {}, {}, {}
+        if not isinstance(raw["components"], dict) or not raw["components"]:
+            raise ValueError("no components")
+        for comp, entry in raw["components"].items():
+            if not isinstance(entry["fingerprint"], dict) or not isinstance(entry["buffers"], dict):
+                raise ValueError(f"component {comp!r} needs a fingerprint object and a buffers object")
+            fps[comp] = entry["fingerprint"]
+            specs[comp], keys[comp], digests[comp] = {}, {}, {}
+            for name, b in entry["buffers"].items():
+                info = BufferInfo.from_json(b)
+                if not isinstance(b["key"], str) or not isinstance(b["digest"], str):
+                    raise ValueError(f"buffer {comp}.{name} needs a key and a digest")
+                specs[comp][name], keys[comp][name], digests[comp][name] = info, b["key"], b["digest"]
+        digest, nbytes = raw["digest"], raw["nbytes"]
+        if not isinstance(digest, str) or not isinstance(nbytes, int):
+            raise ValueError("digest must be a string and nbytes an integer")
+        boundary = Boundary.from_json(raw["boundary"])
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        detail = f"missing field {err}" if isinstance(err, KeyError) else str(err)
+        raise _corrupt(path, f"{MANIFEST_FILE} is malformed ({detail}); write the capsule again") from err
+    return Manifest(path, boundary, specs, fps, keys, digests, digest, nbytes, version, raw)
+
+
+def open_disk(path: str | Path) -> Capsule:
+    """A disk-tier handle to the capsule at ``path`` (manifest checked, bytes not read)."""
+    m = read_manifest(path)
+    return Capsule(m.boundary, m.specs, m.fingerprints, "disk", None, m.path, known_digest=m.digest)
+
+
+def _read_tensors(path: Path, m: Manifest) -> dict[str, torch.Tensor]:
+    tfile = path / TENSORS_FILE
+    if not tfile.is_file():
+        raise _corrupt(path, f"{TENSORS_FILE} is missing; the capsule is incomplete, write it again")
+    want = {m.keys[c][n]: (c, n) for c in m.keys for n in m.keys[c]}
+    try:
+        with safetensors.safe_open(str(tfile), framework="pt") as f:
+            meta = f.metadata() or {}
+            have = set(f.keys())
+            for key in sorted(set(want) - have):
+                c, n = want[key]
+                raise _corrupt(path, f"manifest lists buffer {c}.{n} (key {key!r}) but {TENSORS_FILE} lacks it; write the capsule again")
+            for key in sorted(have - set(want)):
+                raise _corrupt(path, f"{TENSORS_FILE} holds {key!r}, which the manifest does not list (buffer missing from the manifest); write the capsule again")
+            tensors = {k: f.get_tensor(k) for k in want}
+    except safetensors.SafetensorError as err:
+        raise _corrupt(path, f"{TENSORS_FILE} is damaged ({err}); write the capsule again") from err
+    if meta.get(_META_DIGEST) != m.digest:
+        raise _corrupt(path, f"{TENSORS_FILE} belongs to capsule {meta.get(_META_DIGEST)!r}, the manifest to {m.digest!r}; the two files were mixed up, write the capsule again")
+    return tensors
+
+
+def load(path: str | Path, *, expect_digest: str | None = None, verify: bool = True) -> Capsule:
+    """Read a disk capsule into the host tier, checking every buffer's spec and digest.
+
+    Args:
+        path: the capsule directory.
+        expect_digest: refuse a capsule whose manifest digest differs (the
+            directory was replaced since it was written).
+        verify: recompute the byte digests (leave on except for trusted benchmarks).
+
+    Raises:
+        CorruptCapsule: a file is missing, the manifest is malformed, a buffer
+            is missing or of another shape/dtype, or a digest differs.
+    """
+    path = Path(path)
+    m = read_manifest(path)
+    if expect_digest is not None and m.digest != expect_digest:
+        raise _corrupt(path, f"manifest digest {m.digest} differs from the expected {expect_digest}; the directory was replaced since it was written")
+    tensors = _read_tensors(path, m)
+    state: dict[str, dict[str, StateValue]] = {}
+    pin = torch.cuda.is_available()
+    for comp, infos in m.specs.items():
+        state[comp] = {}
+        for name, info in infos.items():
+            t = tensors[m.keys[comp][name]]
+            got = f"{str(t.dtype).removeprefix('torch.')}[{', '.join(map(str, t.shape))}]"
+            if got != f"{info.dtype}[{', '.join(map(str, info.shape))}]":
+                raise _corrupt(path, f"{comp}.{name}: manifest says {info.dtype}{list(info.shape)}, {TENSORS_FILE} holds {got}; the manifest was edited or damaged, write the capsule again")
+            value: StateValue = t.numpy() if info.kind == "numpy" else t
+            if info.kind == "numpy" and value.dtype.name != info.dtype:
+                raise _corrupt(path, f"{comp}.{name}: stored as {value.dtype.name}, manifest says numpy {info.dtype}; write the capsule again")
+            if info.kind == "torch" and pin and info.device.startswith("cuda"):
+                value = value.pin_memory()
+            if verify and buffer_digest(name, value) != m.digests[comp][name]:
+                raise _corrupt(path, f"{comp}.{name}: bytes do not match their digest (flipped or truncated data); write the capsule again")
+            state[comp][name] = value
+    if verify and combine_digests(m.digests) != m.digest:
+        raise _corrupt(path, "the overall digest does not match the buffer digests (the manifest was edited); write the capsule again")
+    return Capsule(m.boundary, m.specs, m.fingerprints, "host", state, known_digest=m.digest if verify else None)
+
+
+def verify(capsule: Capsule) -> None:
+    """Recompute an in-memory capsule's digest and compare it with the recorded one, if any.
+
+    Raises:
+        CorruptCapsule: the bytes changed since the digest was recorded.
+    """
+    if capsule.tier == "disk":
+        load(capsule.path, expect_digest=capsule.known_digest)
+        return
+    recorded = _carry_digest(capsule)
+    capsule._cache.pop("buffer_digests", None)
+    capsule._cache.pop("digest", None)
+    actual = combine_digests(capsule.buffer_digests())
+    if recorded is not None and actual != recorded:
+        raise CorruptCapsule(f"capsule {capsule.label!r}: bytes digest {actual} differs from the recorded {recorded}; take the capsule again")

@@ -1,0 +1,200 @@
+"""The capsule verbs: snapshot, validate, restore, fork.
+
+Each is a copy of named buffers (or no copy at all, for fork): nothing here
+captures, replays or rebuilds a graph. Components are :class:`Stateful`.
+Single-threaded: call these between replays, never while a lane is running
+over the components' buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, json_normalize
+from rollcap.capsule.errors import CapsuleError, CapsuleMismatch
+from rollcap.capsule.protocol import Stateful
+from rollcap.capsule.tiers import _carry_digest, clone_state, copy_state, load
+
+_ABSENT = object()
+
+
+def _short(value: Any, limit: int = 96) -> str:
+    text = "<absent>" if value is _ABSENT else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_components(components: Mapping[str, Stateful]) -> None:
+    if not components:
+        raise ValueError("no components given; pass a dict of name -> Stateful")
+    for name, comp in components.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"component names must be non-empty strings without '/', got {name!r}")
+        if not isinstance(comp, Stateful):
+            raise TypeError(f"component {name!r} ({type(comp).__name__}) does not implement Stateful (live_state, load_live_state, state_fingerprint)")
+
+
+def snapshot(
+    components: Mapping[str, Stateful],
+    label: str = "",
+    *,
+    tier: str = "device",
+    episode: int | None = None,
+    chunk: int | None = None,
+    step: int | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> Capsule:
+    """Copy every component's live state into a new capsule.
+
+    Args:
+        components: name -> component; all of them are captured.
+        label: a short name for the boundary.
+        tier: ``"device"`` (beside the live buffers) or ``"host"`` (CPU memory);
+            for disk, ``save(snapshot(...), path)``.
+        episode / chunk / step / extra: boundary metadata (``extra`` JSON-able).
+
+    Returns:
+        A capsule whose values are independent copies; its digest is computed
+        on first use, so a device snapshot is only the copy.
+    """
+    if tier not in ("device", "host"):
+        raise ValueError(f"snapshot tier must be 'device' or 'host', got {tier!r}; for disk use save(snapshot(...), path)")
+    _check_components(components)
+    specs: dict[str, dict[str, BufferInfo]] = {}
+    fps: dict[str, dict] = {}
+    live: dict[str, dict] = {}
+    for name, comp in components.items():
+        fps[name] = json_normalize(comp.state_fingerprint(), f"state_fingerprint() of component {name!r}")
+        values = dict(comp.live_state())
+        specs[name] = {}
+        for buf, v in values.items():
+            try:
+                specs[name][buf] = BufferInfo.of(v)
+            except TypeError as err:
+                raise TypeError(f"component {name!r} buffer {buf!r}: {err}") from err
+        live[name] = values
+    boundary = Boundary(label, episode, chunk, step, time.time(), extra=dict(extra or {}))
+    return Capsule(boundary, specs, fps, tier, copy_state(live, tier))
+
+
+def _compare_fingerprint(comp: str, expected: Mapping[str, Any], got: Mapping[str, Any]) -> None:
+    fields = sorted(set(expected) | set(got))
+    diffs = [f for f in fields if expected.get(f, _ABSENT) != got.get(f, _ABSENT)]
+    if not diffs:
+        return
+    f = diffs[0]
+    more = f" (also differ: {', '.join(diffs[1:])})" if len(diffs) > 1 else ""
+    exp, now = expected.get(f, _ABSENT), got.get(f, _ABSENT)
+    raise CapsuleMismatch(
+        f"{comp}: fingerprint field {f!r} differs: capsule has {_short(exp)}, live component has {_short(now)}{more}; "
+        "restore into the deployment that took the capsule, or take a new capsule",
+        component=comp, field=f, expected=None if exp is _ABSENT else exp, got=None if now is _ABSENT else now,
+    )
+
+
+def validate(capsule: Capsule, components: Mapping[str, Stateful]) -> None:
+    """Check that ``capsule`` fits ``components`` exactly; copies nothing.
+
+    Checks the component names, then per component the buffer names, kinds,
+    shapes and dtypes, then every fingerprint field.
+
+    Raises:
+        CapsuleMismatch: the first difference found, named.
+        CorruptCapsule: the capsule's own tensors were written in place.
+    """
+    _check_components(components)
+    capsule.check_untouched()
+    want, have = set(capsule.specs), set(components)
+    if want != have:
+        missing, extra = sorted(want - have), sorted(have - want)
+        raise CapsuleMismatch(
+            f"capsule {capsule.label!r} holds components {sorted(want)}, restore was given {sorted(have)} "
+            f"(missing {missing}, extra {extra}); pass exactly the components the capsule was taken from",
+            expected=sorted(want), got=sorted(have),
+        )
+    for name, comp in components.items():
+        specs = capsule.specs[name]
+        live = comp.live_state()
+        missing, extra = sorted(set(specs) - set(live)), sorted(set(live) - set(specs))
+        if missing or extra:
+            field = (extra or missing)[0]
+            raise CapsuleMismatch(
+                f"{name}: live buffers {sorted(live)} differ from the capsule's {sorted(specs)} "
+                f"(not in capsule: {extra}, not live: {missing}); take a new capsule of this component",
+                component=name, field=field, expected=sorted(specs), got=sorted(live),
+            )
+        for buf, info in specs.items():
+            try:
+                now = BufferInfo.of(live[buf])
+            except TypeError as err:
+                raise CapsuleMismatch(f"{name}.{buf}: live value is not restorable: {err}", component=name, field=buf) from err
+            if not info.same_layout(now):
+                raise CapsuleMismatch(
+                    f"{name}.{buf}: capsule holds {info.describe()}, live buffer is {now.describe()}; "
+                    "the component's buffers changed since the snapshot, take a new capsule",
+                    component=name, field=buf, expected=info.describe(), got=now.describe(),
+                )
+        _compare_fingerprint(name, capsule.fingerprints[name], json_normalize(comp.state_fingerprint(), f"state_fingerprint() of {name!r}"))
+
+
+def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: bool = False) -> None:
+    """Validate everything, then copy the capsule back into the live buffers.
+
+    A disk-tier capsule is read (and its digests checked) first. Nothing is
+    copied until every component, buffer and fingerprint has been checked, so
+    a refused restore leaves every live buffer untouched. No graph is captured.
+
+    Args:
+        capsule: what to restore.
+        components: name -> component, exactly the capsule's components.
+        atomic: also guard against a component refusing *after* validation
+            passed (its own ``load_live_state`` raising): take a backup first
+            and put already-restored components back. Costs one extra copy.
+
+    Raises:
+        CapsuleMismatch: the capsule does not fit (nothing copied).
+        CorruptCapsule: its bytes or manifest are damaged (nothing copied).
+    """
+    if capsule.tier == "disk":
+        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+    validate(capsule, components)
+    backup = snapshot(components, "restore-backup") if atomic else None
+    done: list[str] = []
+    for name, comp in components.items():
+        try:
+            comp.load_live_state(dict(capsule.state[name]))
+        except Exception as err:
+            if backup is not None:
+                for prev in [*done, name]:
+                    components[prev].load_live_state(dict(backup.state[prev]))
+                state = "every component was put back as it was"
+            else:
+                state = f"already restored: {done or 'none'} (pass atomic=True to have them put back)"
+            raise CapsuleError(f"component {name!r} refused the capsule after validation passed ({type(err).__name__}: {err}); {state}") from err
+        done.append(name)
+
+
+def fork(capsule: Capsule, n: int, *, copy: bool = False) -> list[Capsule]:
+    """``n`` independently restorable capsules of one boundary (``boundary.branch`` = 0..n-1).
+
+    Args:
+        capsule: the source; it is not changed.
+        n: how many branches.
+        copy: give each branch its own copy of every value. By default the
+            branches share the (immutable) values copy-on-write: restores only
+            read them, and :meth:`Capsule.with_buffers` copies what it changes.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"fork needs n >= 1 branches, got {n!r}")
+    if capsule.tier == "disk":
+        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+    capsule.check_untouched()
+    digest = _carry_digest(capsule)
+    out = []
+    for i in range(n):
+        state = clone_state(capsule) if copy else capsule.state
+        boundary = dataclasses.replace(capsule.boundary, branch=i)
+        out.append(Capsule(boundary, capsule.specs, capsule.fingerprints, capsule.tier, state, known_digest=digest))
+    return out
