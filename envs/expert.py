@@ -1,0 +1,127 @@
+"""A scripted PushBlock expert with noise knobs, for demonstrations that include failures."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rollcap.envs.scene import BLOCKS, SceneSpec, parse_instruction
+
+
+@dataclass(frozen=True)
+class ExpertNoise:
+    """How imperfect the expert is; all zero gives the clean expert."""
+
+    action_std: float = 0.0
+    """Std of Gaussian noise added to every action (before clipping to [-1, 1])."""
+    wrong_block_prob: float = 0.0
+    """Per-episode probability of pushing a different block than instructed."""
+    give_up_prob: float = 0.0
+    """Per-episode probability of stopping (zero actions) at a random step."""
+    give_up_after: tuple[int, int] = (5, 25)
+    """Range of the step at which a give-up episode stops."""
+
+    def __post_init__(self) -> None:
+        if self.action_std < 0:
+            raise ValueError(f"action_std must be >= 0, got {self.action_std}")
+        for name in ("wrong_block_prob", "give_up_prob"):
+            p = getattr(self, name)
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {p}")
+        lo, hi = self.give_up_after
+        if not 0 <= lo < hi:
+            raise ValueError(f"give_up_after must be (lo, hi) with 0 <= lo < hi, got {self.give_up_after}")
+
+
+class ScriptedExpert:
+    """Reactive pushing controller reading the observation's state vector and instruction.
+
+    Strategy: get behind the block on the line from the target through the
+    block (going around it sideways when in front), then push along that line
+    while correcting the lateral offset, slowing down near the target. Call
+    :meth:`reset` at the start of every episode (it draws the episode's
+    mistakes from ``seed``), then :meth:`act` once per step. Single-threaded.
+    """
+
+    def __init__(
+        self, noise: ExpertNoise | None = None, scene: SceneSpec | None = None,
+        max_speed: float = 0.2, control_dt: float = 0.1,
+    ) -> None:
+        self.noise = noise or ExpertNoise()
+        self.scene = scene or SceneSpec()
+        self._max_step = max_speed * control_dt  # metres per step at |action| = 1
+        self._rng = np.random.default_rng(0)
+        self._block_override: int | None = None
+        self._give_up_at: int | None = None
+        self._t = 0
+
+    def reset(self, seed: int | None = None) -> None:
+        """Start an episode: reseed and draw this episode's mistakes (if any)."""
+        self._rng = np.random.default_rng(seed)
+        n = self.noise
+        self._t = 0
+        wrong = self._rng.random() < n.wrong_block_prob
+        self._block_override = int(self._rng.integers(1, len(BLOCKS))) if wrong else None
+        give_up = self._rng.random() < n.give_up_prob
+        self._give_up_at = int(self._rng.integers(*n.give_up_after)) if give_up else None
+
+    @property
+    def mistake(self) -> str | None:
+        """``"wrong_block"``, ``"give_up"`` or None for this episode."""
+        if self._block_override is not None:
+            return "wrong_block"
+        return "give_up" if self._give_up_at is not None else None
+
+    def act(self, obs: Mapping[str, Any]) -> np.ndarray:
+        """Return a float32 action in [-1, 1]^2 for an observation with ``state`` and ``instruction``."""
+        block, target = parse_instruction(str(obs["instruction"]))
+        if self._block_override is not None:
+            block = (block + self._block_override) % len(BLOCKS)
+        t = self._t
+        self._t += 1
+        if self._give_up_at is not None and t >= self._give_up_at:
+            action = np.zeros(2)
+        else:
+            action = self._clean_action(np.asarray(obs["state"], dtype=np.float64), block, target)
+        if self.noise.action_std > 0:
+            action = action + self._rng.normal(0.0, self.noise.action_std, size=2)
+        return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    def _clean_action(self, state: np.ndarray, block: int, target: int) -> np.ndarray:
+        p = state[0:2]
+        b = state[4 + 4 * block : 6 + 4 * block]
+        goal = np.asarray(self.scene.target_xy[target], dtype=np.float64)
+        d = goal - b
+        dist = math.hypot(*d)
+        u = d / max(dist, 1e-9)
+        n = np.array([-u[1], u[0]])
+        rel = p - b
+        along, lateral = float(rel @ u), float(rel @ n)
+        contact = self.scene.block_half + self.scene.pusher_radius  # 0.04
+        behind = along < -contact + 0.005
+
+        if behind and abs(lateral) < 0.012:
+            # Push: along u, correcting the lateral offset; slow near the goal.
+            speed = min(1.0, max(0.25, dist / self._max_step * 0.6))
+            v = u * speed * self._max_step - n * lateral * 0.8
+            if along < -contact - 0.01:  # not touching yet: close the gap
+                v = v + u * min(-along - contact, self._max_step)
+            return self._to_action(v)
+        if behind:
+            waypoint = b - u * (contact + 0.015)
+        elif abs(lateral) < contact + 0.025:
+            side = 1.0 if lateral >= 0 else -1.0
+            waypoint = p + n * side * 0.05 - u * 0.01  # step out sideways first
+        else:
+            side = 1.0 if lateral >= 0 else -1.0
+            waypoint = b + n * side * (contact + 0.03) - u * (contact + 0.02)
+        return self._to_action(waypoint - p)
+
+    def _to_action(self, delta: np.ndarray) -> np.ndarray:
+        a = delta / self._max_step
+        norm = math.hypot(*a)
+        return a / norm if norm > 1.0 else a
