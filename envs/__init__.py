@@ -1,37 +1,73 @@
 """Built-in tasks and exact-state adapters for gymnasium / MuJoCo envs.
 
 Import direction: ``rollcap.envs`` imports ``rollcap.kernels`` and
-``rollcap.capsule`` only (calls point downward); ``rollcap.rollout`` imports
-this package. Nothing here knows what an episode of the rollout host is.
-Importing this package registers ``rollcap/PushBlock-v0`` with gymnasium
-(once, however often it is imported).
+``rollcap.capsule`` only (calls point downward; ``capsule`` only inside
+``check_env_exact``, so importing this package does not import torch);
+``rollcap.rollout`` imports this package. Nothing here knows what an episode
+of the rollout host is. Importing this package registers
+``rollcap/PushBlock-v0`` with gymnasium, once however often it is imported.
 """
 
 from __future__ import annotations
 
 import gymnasium as gym
 
+from rollcap.envs.adapters import (
+    STATELESS_WRAPPERS,
+    ExactStateWrapper,
+    WithoutExactState,
+    declares_exact_state,
+    find_exact_state,
+)
+from rollcap.envs.bench import bench_env
+from rollcap.envs.checks import ExactCheckReport, canonical_bytes, check_env_exact
+from rollcap.envs.collect import Episode, collect_demos, episode_seeds
 from rollcap.envs.errors import BadAction, CheckFailed, NoExactState, RenderUnavailable, StateMismatch
+from rollcap.envs.expert import ExpertNoise, ScriptedExpert
 from rollcap.envs.push_block import ENV_ID, PushBlockConfig, PushBlockEnv
-from rollcap.envs.scene import BLOCKS, TARGETS, VOCAB, make_instruction, parse_instruction
+from rollcap.envs.scene import (
+    BLOCKS,
+    INSTRUCTION_TEMPLATE,
+    TARGETS,
+    VOCAB,
+    SceneSpec,
+    make_instruction,
+    parse_instruction,
+)
 
 if ENV_ID not in gym.registry:
-    # No TimeLimit (the env truncates itself, so max_steps is part of its exact
-    # state) and no OrderEnforcing (the env checks order itself).
+    # No TimeLimit (the env truncates itself, so its step counter is part of its
+    # exact state) and no OrderEnforcing (the env enforces reset-before-step itself).
     gym.register(id=ENV_ID, entry_point="rollcap.envs.push_block:PushBlockEnv", order_enforce=False)
 
 __all__ = [
     "BLOCKS",
     "ENV_ID",
+    "INSTRUCTION_TEMPLATE",
+    "STATELESS_WRAPPERS",
     "TARGETS",
     "VOCAB",
     "BadAction",
     "CheckFailed",
+    "Episode",
+    "ExactCheckReport",
+    "ExactStateWrapper",
+    "ExpertNoise",
     "NoExactState",
     "PushBlockConfig",
     "PushBlockEnv",
     "RenderUnavailable",
+    "SceneSpec",
+    "ScriptedExpert",
     "StateMismatch",
+    "WithoutExactState",
+    "bench_env",
+    "canonical_bytes",
+    "check_env_exact",
+    "collect_demos",
+    "declares_exact_state",
+    "episode_seeds",
+    "find_exact_state",
     "make_instruction",
     "parse_instruction",
 ]

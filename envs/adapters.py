@@ -19,7 +19,7 @@ import mujoco
 import numpy as np
 from gymnasium import wrappers as gw
 
-from rollcap.envs.errors import NoExactState
+from rollcap.envs.errors import BadAction, NoExactState
 from rollcap.envs.state import (
     compiled_model_digest,
     get_mj_state,
@@ -117,7 +117,9 @@ class ExactStateWrapper(gym.Wrapper):
     (``env.unwrapped.np_random``) and, when the chain has ``TimeLimit``
     wrappers, ``time_limit_steps`` int64 ``(k,)`` (-1 = not reset yet). Over
     an env with native exact state: that env's entries plus ``time_limit_steps``.
-    Restoring marks ``OrderEnforcing`` layers as reset. Put it outermost.
+    Non-finite float actions raise :class:`BadAction` before the env steps.
+    A restore counts as a reset for ``OrderEnforcing`` and ``PassiveEnvChecker``
+    layers (so a never-reset env can step after it). Put it outermost.
 
     Args:
         env: the env to wrap (e.g. ``gym.make("Pusher-v5")``).
@@ -133,6 +135,7 @@ class ExactStateWrapper(gym.Wrapper):
         layers, base = _layers(env)
         self._time_limits = [w for w in layers if isinstance(w, gw.TimeLimit)]
         self._orders = [w for w in layers if isinstance(w, gw.OrderEnforcing)]
+        self._checkers = [w for w in layers if isinstance(w, gw.PassiveEnvChecker)]
         known = (gw.TimeLimit, *STATELESS_WRAPPERS, *extra_stateless)
         unknown = [type(w).__name__ for w in layers if not isinstance(w, known)]
         self._native = bool(getattr(base, "exact_state", False)) and hasattr(base, "get_state")
@@ -154,6 +157,20 @@ class ExactStateWrapper(gym.Wrapper):
         else:
             self.exact_state_reason = ""
         self._spec = spec_of(self._collect()) if self.exact_state else {}
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        """Refuse a non-finite float action before it reaches the simulator, then step.
+
+        Raises:
+            BadAction: the action holds NaN or Inf (the env's state is unchanged).
+        """
+        a = np.asarray(action)
+        if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+            raise BadAction(
+                f"action has non-finite values {a.tolist()}; the simulator was not stepped "
+                "(check the policy output for NaN/Inf)"
+            )
+        return self.env.step(action)
 
     def _collect(self) -> dict[str, np.ndarray]:
         base = self.env.unwrapped
@@ -210,6 +227,9 @@ class ExactStateWrapper(gym.Wrapper):
                 w._elapsed_steps = None if n < 0 else int(n)
         for w in self._orders:
             w._has_reset = True
+        for w in self._checkers:
+            if not w.checked_reset:  # its first-step check needs a reset's data; skip it
+                w.checked_reset = w.checked_step = w.checked_data_reuse = True
 
     def live_state(self) -> dict[str, np.ndarray]:
         """``Stateful``: the same as :meth:`get_state`."""

@@ -18,7 +18,6 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils.env_checker import check_env
 
-from rollcap.capsule.protocol import Stateful
 from rollcap.envs.adapters import find_exact_state
 from rollcap.envs.errors import CheckFailed, StateMismatch
 
@@ -126,6 +125,9 @@ def check_env_exact(
             raise CheckFailed("reset(seed) twice in one env gave different observations")
         if canonical_bytes(other.reset(seed=seed)[0]) != first:
             raise CheckFailed("reset(seed) in two env instances gave different observations")
+
+        # Imported here: rollcap.capsule imports torch, and `import rollcap.envs` stays light.
+        from rollcap.capsule.protocol import Stateful
 
         handle = find_exact_state(env)
         if not isinstance(handle, Stateful):

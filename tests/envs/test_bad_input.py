@@ -92,3 +92,15 @@ def test_state_without_digest_refused_by_size():
     with pytest.raises(StateMismatch, match="mapping"):
         env.set_state([1, 2, 3])
     assert gym.make(ENV_ID) is not None
+
+
+def test_adapter_refuses_non_finite_action():
+    """ExactStateWrapper stops NaN before a gymnasium MuJoCo env integrates it."""
+    env = ExactStateWrapper(gym.make("Pusher-v5"))
+    env.reset(seed=0)
+    before = env.get_state()
+    action = np.zeros(env.action_space.shape, np.float32)
+    action[3] = np.nan
+    with pytest.raises(BadAction, match="non-finite"):
+        env.step(action)
+    assert canonical_bytes(env.get_state()) == canonical_bytes(before)
