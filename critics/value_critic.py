@@ -31,7 +31,7 @@ class ValueCriticConfig:
     """Square image side in pixels."""
     patch_size: int = 16
     """Patch side for image tokens."""
-    state_dim: int = 14
+    state_dim: int = 16
     """Length of the state vector."""
     max_tokens: int = 48
     """Instruction token budget."""

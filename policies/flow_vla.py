@@ -51,7 +51,7 @@ class FlowVLAConfig:
     """Square image side in pixels."""
     patch_size: int = 16
     """Patch side for the image tokens."""
-    state_dim: int = 14
+    state_dim: int = 16
     """Length of the proprio/object state vector."""
     action_dim: int = 2
     """Action dimension A."""

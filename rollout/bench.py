@@ -1,0 +1,242 @@
+"""``rollcap bench``: side-by-side figures from one run (ratios, not absolutes).
+
+Sections: ``models`` (policy eager vs captured, critic, policy || critic vs
+serial, capture time, exactness), ``capsule`` (snapshot/restore per tier vs a
+plain copy, restore vs rebuild-and-recapture), ``env`` (steps/s), ``host``
+(overhead per chunk, recording overhead, capsule reset vs env.reset + runner
+re-creation).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rollcap.kernels.graph import capture_count
+from rollcap.kernels.lanes import CpuLane, make_lane
+from rollcap.rollout.build import Parts, make_env, make_runners
+
+SECTIONS = ("models", "capsule", "env", "host")
+
+
+def _stats(xs: list[float]) -> dict:
+    a = np.asarray(xs) * 1e3
+    return {"median_ms": float(np.median(a)), "p99_ms": float(np.percentile(a, 99)), "n": len(xs)}
+
+
+def _time(fn, n: int, warm: int = 3) -> list[float]:
+    for _ in range(warm):
+        fn()
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _sample_obs(parts: Parts):
+    env = make_env(parts.env_id)
+    obs, _ = env.reset(seed=0)
+    env.close()
+    return obs
+
+
+def bench_models(parts: Parts, n: int) -> dict:
+    policy, critic = make_runners(parts)
+    obs = _sample_obs(parts)
+    noise = np.random.default_rng(0).standard_normal(policy.noise_shape[1:]).astype(np.float32)
+    eager_lane = make_lane("eager", parts.device, parts.threads)
+    out: dict = {"capture_s": {"policy": policy.graph.capture_seconds, "critic": critic.graph.capture_seconds}}
+    out["policy_captured"] = _stats(_time(lambda: policy.act(obs, noise), n))
+    out["policy_eager"] = _stats(_time(lambda: eager_lane.run(policy.act_eager, obs, noise), n))
+    out["critic_captured"] = _stats(_time(lambda: critic.value(obs), n))
+    out["critic_eager"] = _stats(_time(lambda: eager_lane.run(critic.value_eager, obs), n))
+
+    def serial():
+        policy.act(obs, noise)
+        critic.value(obs)
+
+    def parallel():
+        policy.submit(obs, noise)
+        critic.submit(obs)
+        policy.result()
+        critic.result()
+
+    # interleave so drift on a shared machine hits both alike
+    ser, par = [], []
+    for _ in range(max(1, n // 10)):
+        ser += _time(serial, 10, warm=1)
+        par += _time(parallel, 10, warm=1)
+    out["serial"] = _stats(ser)
+    out["parallel"] = _stats(par)
+    p_med, c_med = out["policy_captured"]["median_ms"], out["critic_captured"]["median_ms"]
+    out["speedup_captured_vs_eager"] = out["policy_eager"]["median_ms"] / p_med
+    out["parallel_over_max"] = out["parallel"]["median_ms"] / max(p_med, c_med)
+    out["parallel_over_serial"] = out["parallel"]["median_ms"] / out["serial"]["median_ms"]
+    a, b = policy.act(obs, noise), policy.act_eager(obs, noise)
+    out["policy_bit_identical"] = bool(a.tobytes() == b.tobytes())
+    out["policy_max_abs_diff"] = float(np.abs(a - b).max())
+    out["critic_bit_identical"] = critic.value(obs) == critic.value_eager(obs)
+    out["backend"] = policy.backend
+    eager_lane.close()
+    policy.close()
+    critic.close()
+    return out
+
+
+def bench_capsule(parts: Parts, n: int) -> dict:
+    from rollcap.capsule.bench import bench_capsules
+    from rollcap.capsule.verbs import restore, snapshot
+
+    policy, critic = make_runners(parts)
+    comps = {"policy": policy, "critic": critic}
+    out = bench_capsules(comps, repeats=n)
+    cap = snapshot(comps, label="bench")
+    t_restore = _time(lambda: restore(cap, comps), n)
+    before = capture_count()
+
+    def rebuild():
+        p, c = make_runners(parts)
+        p.close()
+        c.close()
+
+    t_rebuild = _time(rebuild, max(2, n // 20), warm=0)
+    out["restore_device_ms"] = _stats(t_restore)["median_ms"]
+    out["rebuild_and_recapture_ms"] = _stats(t_rebuild)["median_ms"]
+    out["restore_vs_rebuild_speedup"] = out["rebuild_and_recapture_ms"] / out["restore_device_ms"]
+    out["recaptures_during_rebuild"] = capture_count() - before
+    return out
+
+
+def bench_env(parts: Parts, n: int) -> dict:
+    from rollcap.envs.bench import bench_env as _bench
+
+    lane = CpuLane("env-bench", threads=1)  # one core, as the issue asks
+    try:
+        return lane.run(_bench, max(200, n * 10))
+    finally:
+        lane.close()
+
+
+def bench_host(parts: Parts, n: int) -> dict:
+    from rollcap.capsule.verbs import restore
+    from rollcap.rollout.host import HostConfig, RolloutHost
+    from rollcap.rollout.recording import EpisodeRecorder
+    from rollcap.rollout.subscribers import Metrics
+
+    episodes = max(2, n // 20)
+    env = make_env(parts.env_id)
+    policy, critic = make_runners(parts)
+    out: dict = {"episodes": episodes}
+
+    walls = {}
+    metrics = Metrics()
+    with tempfile.TemporaryDirectory() as tmp:
+        # interleave recorded / unrecorded runs of the same episodes
+        for rep in range(2):
+            for mode in ("plain", "recorded"):
+                subs = [metrics] if mode == "plain" else [EpisodeRecorder(Path(tmp) / f"r{rep}", formats=("npz", "h5"), env_meta={"env_name": parts.env_id, "type": 4, "env_kwargs": {}})]
+                host = RolloutHost(env, policy, critic, HostConfig(seed=7), subs)
+                t0 = time.perf_counter()
+                host.run(episodes)
+                walls.setdefault(mode, []).append(time.perf_counter() - t0)
+    plain, rec = min(walls["plain"]), min(walls["recorded"])
+    out["rollout_wall_s"] = plain
+    out["recorded_wall_s"] = rec
+    out["recording_overhead"] = (rec - plain) / plain
+    over = [b - max(p, c) for b, p, c in zip(metrics.boundary_s, metrics.policy_s, metrics.critic_s)]
+    out["boundary_ms_median"] = float(np.median(metrics.boundary_s) * 1e3)
+    out["host_overhead_ms_median"] = float(np.median(over) * 1e3)
+    out["host_overhead_fraction"] = float(np.median(np.asarray(over) / np.asarray(metrics.boundary_s)))
+
+    host = RolloutHost(env, policy, critic, HostConfig(seed=7))
+    host.run_episode(0)
+    cap = host._initial
+
+    def capsule_reset():
+        restore(cap, host.components)
+        host.state_env.set_state(init_state)
+
+    env.reset(seed=1)
+    init_state = host.state_env.get_state()
+
+    def rebuild_reset():
+        env.reset(seed=1)
+        p, c = make_runners(parts)
+        p.close()
+        c.close()
+
+    t_caps = _time(capsule_reset, n)
+    t_rebuild = _time(rebuild_reset, max(2, n // 20), warm=0)
+    out["capsule_reset_ms"] = _stats(t_caps)["median_ms"]
+    out["env_reset_plus_rebuild_ms"] = _stats(t_rebuild)["median_ms"]
+    out["capsule_reset_speedup"] = out["env_reset_plus_rebuild_ms"] / out["capsule_reset_ms"]
+    policy.close()
+    critic.close()
+    env.close()
+    return out
+
+
+def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None) -> dict:
+    """Run the chosen sections (default: all) and return a JSON-able report."""
+    only = only or SECTIONS
+    bad = [s for s in only if s not in SECTIONS]
+    if bad:
+        raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS)}")
+    n = 20 if quick else 200
+    report: dict = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
+        "repeats": n,
+    }
+    fns = {"models": bench_models, "capsule": bench_capsule, "env": bench_env, "host": bench_host}
+    for s in only:
+        report[s] = fns[s](parts, n)
+    return report
+
+
+def format_report(r: dict) -> str:
+    """The human table."""
+    lines = [f"machine: {r['machine']['platform']}, {r['machine']['cpus']} cpus, torch {r['machine']['torch']}, {r['machine']['device']} ({r['machine']['cpu_capability']}), {r['machine']['threads_per_lane']} thread(s)/lane"]
+
+    def row(name, val):
+        lines.append(f"  {name:<44} {val}")
+
+    if "models" in r:
+        m = r["models"]
+        lines.append(f"models (backend {m['backend']}):")
+        row("policy chunk eager (median / p99)", f"{m['policy_eager']['median_ms']:.2f} / {m['policy_eager']['p99_ms']:.2f} ms")
+        row("policy chunk captured (median / p99)", f"{m['policy_captured']['median_ms']:.2f} / {m['policy_captured']['p99_ms']:.2f} ms")
+        row("captured speedup", f"{m['speedup_captured_vs_eager']:.2f}x")
+        row("critic eager / captured (median)", f"{m['critic_eager']['median_ms']:.2f} / {m['critic_captured']['median_ms']:.2f} ms")
+        row("policy then critic (serial, median)", f"{m['serial']['median_ms']:.2f} ms")
+        row("policy || critic on two lanes (median)", f"{m['parallel']['median_ms']:.2f} ms")
+        row("parallel / max(policy, critic)", f"{m['parallel_over_max']:.3f}")
+        row("capture time policy / critic", f"{m['capture_s']['policy']:.2f} / {m['capture_s']['critic']:.2f} s")
+        row("policy captured == eager", "bit-identical" if m["policy_bit_identical"] else f"max|diff| {m['policy_max_abs_diff']:.3g}")
+        row("critic captured == eager", "bit-identical" if m["critic_bit_identical"] else "differs")
+    if "capsule" in r:
+        c = r["capsule"]
+        lines.append("capsule (policy + critic):")
+        for k, v in c.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                row(k, f"{v:.4g}")
+    if "env" in r:
+        lines.append("env:")
+        for k, v in r["env"].items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                row(k, f"{v:.4g}")
+    if "host" in r:
+        h = r["host"]
+        lines.append("host:")
+        row("chunk boundary (median)", f"{h['boundary_ms_median']:.2f} ms")
+        row("host overhead per chunk (median)", f"{h['host_overhead_ms_median']:.3f} ms ({h['host_overhead_fraction']:.1%} of boundary)")
+        row("recording overhead (npz + h5, images)", f"{h['recording_overhead']:.1%} of rollout wall")
+        row("capsule reset / env.reset + runner rebuild", f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)")
+    return "\n".join(lines)

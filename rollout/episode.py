@@ -1,0 +1,97 @@
+"""What one recorded episode holds (the in-memory form of an npz / HDF5 demo).
+
+Everything needed to replay the episode without the original process: the
+seed, instruction, env id and kwargs, the initial simulator state, per-step
+observations / executed actions / rewards / flags / who acted / sim states,
+per-chunk noise / raw policy chunk / critic value / timings, the stop reason,
+the success label and the fingerprints of policy, critic and env.
+
+Arrays are numpy with fixed dtypes (see :data:`STEP_DTYPES`, :data:`CHUNK_DTYPES`);
+``T`` is the number of executed env steps, ``C`` the number of chunk boundaries
+(a chunk stopped before execution still counts: its noise, raw chunk and
+critic value are recorded, ``chunk_start`` equals ``T``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FORMAT_VERSION = 1
+
+ACTOR_POLICY, ACTOR_HUMAN = 0, 1
+
+# per-step arrays: name -> dtype (leading dim T)
+STEP_DTYPES = {
+    "actions": np.float32,  # [T, A] what the env actually received
+    "rewards": np.float64,  # [T]
+    "terminated": np.bool_,  # [T]
+    "truncated": np.bool_,  # [T]
+    "dones": np.bool_,  # [T] terminated | truncated (robomimic's name)
+    "actor": np.uint8,  # [T] ACTOR_POLICY or ACTOR_HUMAN
+    "states": np.float64,  # [T, D] flat sim state *before* each step (robomimic's name)
+}
+
+# per-chunk arrays: name -> dtype (leading dim C)
+CHUNK_DTYPES = {
+    "noise": np.float32,  # [C, H, A] host-generated flow noise
+    "policy_chunk": np.float32,  # [C, H, A] raw policy output
+    "critic_value": np.float32,  # [C]
+    "chunk_start": np.int64,  # [C] step index at which the chunk began
+    "latency_policy_s": np.float64,  # [C]
+    "latency_critic_s": np.float64,  # [C]
+    "latency_boundary_s": np.float64,  # [C] write + launch both + wait both + predicates
+}
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode; see the module docstring. Validated by :meth:`validate`."""
+
+    index: int
+    """Episode index within its run (``demo_<index>`` in HDF5)."""
+    seed: int
+    """Episode seed: drives the env reset and every chunk's noise."""
+    env_id: str
+    env_kwargs: dict
+    instruction: str
+    initial_state: dict[str, np.ndarray]
+    """``env.get_state()`` right after reset (exact sim state, RNG, counters)."""
+    obs: dict[str, np.ndarray]
+    """Per-step observations before each action, key -> ``[T, ...]`` (no instruction)."""
+    final_obs: dict[str, np.ndarray]
+    """The observation after the last executed step, key -> ``[...]``."""
+    steps: dict[str, np.ndarray]
+    """Per-step arrays, see :data:`STEP_DTYPES`."""
+    chunks: dict[str, np.ndarray]
+    """Per-chunk arrays, see :data:`CHUNK_DTYPES`."""
+    stop_reason: str
+    success: bool
+    fingerprints: dict = field(default_factory=dict)
+    """component -> fingerprint dict (policy, critic, env)."""
+    config: dict = field(default_factory=dict)
+    """The run config that produced the episode (JSON-able)."""
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.steps["actions"].shape[0])
+
+    @property
+    def num_chunks(self) -> int:
+        return int(self.chunks["noise"].shape[0])
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first field of the wrong name, dtype or length."""
+        t, c = self.num_steps, self.num_chunks
+        for table, dtypes, n in (("steps", STEP_DTYPES, t), ("chunks", CHUNK_DTYPES, c)):
+            arrays = getattr(self, table)
+            if set(arrays) != set(dtypes):
+                raise ValueError(f"episode {self.index}: {table} keys {sorted(arrays)} != {sorted(dtypes)}")
+            for k, dt in dtypes.items():
+                a = arrays[k]
+                if a.dtype != np.dtype(dt) or a.shape[:1] != (n,):
+                    raise ValueError(f"episode {self.index}: {table}[{k!r}] is {a.dtype}{a.shape}, expected {np.dtype(dt)} with {n} rows")
+        for k, a in self.obs.items():
+            if a.shape[:1] != (t,):
+                raise ValueError(f"episode {self.index}: obs[{k!r}] has {a.shape[0]} rows, expected {t}")

@@ -1,0 +1,23 @@
+"""Derived seeds and host-side noise: never a global RNG.
+
+``episode_seed(run_seed, i)`` and ``chunk_noise(episode_seed, k, shape)`` are
+pure functions, so an episode is the same whichever actor or process runs it.
+Noise is float32 standard normal from numpy's PCG64 (recorded in every
+episode, so offline replay never depends on regenerating it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def episode_seed(run_seed: int, index: int) -> int:
+    """The seed of episode ``index`` of a run (a 63-bit int)."""
+    ss = np.random.SeedSequence(entropy=int(run_seed), spawn_key=(0xE915, int(index)))
+    return int(ss.generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+def chunk_noise(seed: int, chunk: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Flow noise for chunk ``chunk`` of the episode with seed ``seed``."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy=int(seed), spawn_key=(0x401E, int(chunk)))))
+    return rng.standard_normal(shape, dtype=np.float32)

@@ -1,0 +1,153 @@
+"""RolloutHost: transitions, capsule reset without recapture, stop predicates, events."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rollcap.kernels import capture_count
+from rollcap.rollout.episode import ACTOR_HUMAN, ACTOR_POLICY
+from rollcap.rollout.errors import IllegalTransition
+from rollcap.rollout.events import EventBus
+from rollcap.rollout.host import HostConfig, HostState, RolloutHost
+from rollcap.rollout.predicates import StopPredicate
+from tests.rollout._tiny import make_env, make_runners
+
+
+class ActionLog(gym.Wrapper):
+    """Records every action the env actually receives."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.received: list[np.ndarray] = []
+
+    def step(self, action):
+        self.received.append(np.array(action, copy=True))
+        return self.env.step(action)
+
+
+@pytest.fixture(scope="module")
+def runners():
+    p, c = make_runners()
+    yield p, c
+    p.close()
+    c.close()
+
+
+def _strip_timing(rec):
+    return {k: v for k, v in rec.chunks.items() if not k.startswith("latency")}
+
+
+def test_reset_restores_without_recapture_and_reproduces(runners):
+    """Episodes after the first restore the initial capsule; re-running episode 0 is byte-identical."""
+    host = RolloutHost(make_env(), *runners, HostConfig(seed=3, max_chunks=3))
+    first = host.run_episode(0)
+    before = capture_count()
+    host.run_episode(1)
+    again = host.run_episode(0)
+    assert capture_count() == before
+    assert again.chunks["policy_chunk"][0].tobytes() == first.chunks["policy_chunk"][0].tobytes()
+    for k, v in _strip_timing(first).items():
+        assert v.tobytes() == _strip_timing(again)[k].tobytes(), k
+    for k, v in first.obs.items():
+        assert v.tobytes() == again.obs[k].tobytes(), k
+    assert host.state is HostState.RESET
+
+
+def test_critic_stop_keeps_the_stopped_chunk_out_of_the_env(runners):
+    """With the critic threshold firing at chunk 1, the env receives exactly chunk 0's actions."""
+    env = ActionLog(make_env())
+    # every value is <= 0, so threshold 0 fires on every chunk; patience 2 stops at chunk 1
+    host = RolloutHost(env, *runners, HostConfig(seed=1, critic_threshold=0.0, critic_patience=2))
+    rec = host.run_episode(0)
+    assert rec.stop_reason == "critic"
+    assert rec.num_chunks == 2
+    h = rec.chunks["policy_chunk"].shape[1]
+    assert len(env.received) == h == rec.num_steps
+    np.testing.assert_array_equal(np.stack(env.received), rec.chunks["policy_chunk"][0])
+    assert not rec.success
+
+
+def test_illegal_transitions_raise(runners):
+    """run_episode outside RESET, and anything after close, raise IllegalTransition."""
+    host = RolloutHost(make_env(), *make_runners(1))
+    host.state = HostState.RUNNING
+    with pytest.raises(IllegalTransition, match="needs state reset"):
+        host.run_episode(0)
+    host.state = HostState.RESET
+    host.close()
+    with pytest.raises(IllegalTransition, match="closed -> closed"):
+        host.close()
+
+
+def test_event_stop_and_label(runners):
+    """An external stop request ends the episode at the next step with its reason; mark() labels it."""
+    events = EventBus()
+
+    class StopAfter(StopPredicate):
+        def check(self, view):
+            if view.chunk == 1:
+                events.request_stop("key")
+                events.mark(True)
+            return None
+
+    host = RolloutHost(make_env(), *runners, HostConfig(seed=2), predicates=[StopAfter()], events=events)
+    rec = host.run_episode(0)
+    assert rec.stop_reason == "event:key"
+    assert rec.success is True
+    assert rec.num_steps == rec.chunks["chunk_start"][1]
+
+
+def test_intervention_actions_are_recorded_as_human(runners):
+    """While a human takes over, the env gets the human action and the step is marked human."""
+    events = EventBus()
+    takeover = np.array([0.5, -0.25], np.float32)
+
+    class Takeover(StopPredicate):
+        def check(self, view):
+            events.intervene(takeover if view.chunk == 1 else None)
+            return None
+
+    env = ActionLog(make_env())
+    host = RolloutHost(env, *runners, HostConfig(seed=2, max_chunks=3), predicates=[Takeover()], events=events)
+    rec = host.run_episode(0)
+    s = rec.chunks["chunk_start"]
+    actors = rec.steps["actor"]
+    assert (actors[: s[1]] == ACTOR_POLICY).all()
+    assert (actors[s[1] : s[2]] == ACTOR_HUMAN).all()
+    np.testing.assert_array_equal(rec.steps["actions"][s[1] : s[2]], np.tile(takeover, (s[2] - s[1], 1)))
+    np.testing.assert_array_equal(np.stack(env.received), rec.steps["actions"])
+
+
+def test_nonfinite_policy_output_never_reaches_env():
+    """A policy emitting NaN stops the episode at that boundary with nothing executed."""
+    p, c = make_runners(4)
+    with torch.no_grad():
+        p.model.expert.out.bias.fill_(float("nan"))
+    env = ActionLog(make_env())
+    rec = RolloutHost(env, p, c, HostConfig(seed=0)).run_episode(0)
+    assert rec.stop_reason == "nonfinite_action"
+    assert env.received == []
+    assert rec.num_steps == 0 and rec.num_chunks == 1
+
+
+def test_same_seed_same_record_in_a_fresh_host():
+    """Two hosts with fresh runners produce byte-identical episodes for the same run seed."""
+    a = RolloutHost(make_env(), *make_runners(5), HostConfig(seed=9, max_chunks=3)).run_episode(2)
+    b = RolloutHost(make_env(), *make_runners(5), HostConfig(seed=9, max_chunks=3)).run_episode(2)
+    for k, v in a.steps.items():
+        assert v.tobytes() == b.steps[k].tobytes(), k
+    for k, v in _strip_timing(a).items():
+        assert v.tobytes() == _strip_timing(b)[k].tobytes(), k
+    for k, v in a.initial_state.items():
+        assert v.tobytes() == b.initial_state[k].tobytes(), k
+
+
+def test_bad_config_is_refused():
+    """Out-of-range critic thresholds and patience are clear errors naming the flag."""
+    with pytest.raises(ValueError, match="--critic-threshold"):
+        HostConfig(critic_threshold=0.5)
+    with pytest.raises(ValueError, match="--critic-patience"):
+        HostConfig(critic_threshold=-0.5, critic_patience=0).predicates()
