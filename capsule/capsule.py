@@ -108,6 +108,8 @@ class Boundary:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Boundary:
+        if not isinstance(d, Mapping):
+            raise ValueError(f"boundary must be an object, got {type(d).__name__}")
         known = {k: d[k] for k in ("label", "episode", "chunk", "step", "wall_time", "branch", "extra") if k in d}
         return cls(**known)
 
@@ -159,6 +161,8 @@ class BufferInfo:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BufferInfo:
+        if not isinstance(d, Mapping):
+            raise ValueError(f"buffer entry must be an object, got {type(d).__name__}")
         kind, dtype, shape, device, nbytes = d["kind"], d["dtype"], d["shape"], d["device"], d["nbytes"]
         if kind not in KINDS or not isinstance(dtype, str) or not isinstance(device, str):
             raise ValueError(f"bad buffer entry {dict(d)!r}")
@@ -253,7 +257,7 @@ class Capsule:
     def buffers(self, component: str) -> Mapping[str, StateValue]:
         """The frozen values of one component (read them; never write them)."""
         if self.state is None:
-            raise CapsuleMismatch(f"capsule {self.label!r} is on the disk tier at {self.path}; load it (rollcap.capsule.load) before reading buffers")
+            raise ValueError(f"capsule {self.label!r} is on the disk tier at {self.path}; load it (rollcap.capsule.load) before reading buffers")
         if component not in self.state:
             raise KeyError(f"capsule {self.label!r} has no component {component!r}; it holds {self.components}")
         return self.state[component]
@@ -262,7 +266,7 @@ class Capsule:
         """component -> buffer -> digest of its bytes (computed once, then cached)."""
         if "buffer_digests" not in self._cache:
             if self.state is None:
-                raise CapsuleMismatch(f"capsule {self.label!r} is on the disk tier; its buffer digests are in {self.path}/manifest.json")
+                raise ValueError(f"capsule {self.label!r} is on the disk tier; its buffer digests are in {self.path}/manifest.json")
             self.check_untouched()
             self._cache["buffer_digests"] = {c: {n: buffer_digest(n, v) for n, v in bufs.items()} for c, bufs in self.state.items()}
         return self._cache["buffer_digests"]

@@ -167,9 +167,9 @@ def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: boo
             comp.load_live_state(dict(capsule.state[name]))
         except Exception as err:
             if backup is not None:
-                for prev in [*done, name]:
+                for prev in done:
                     components[prev].load_live_state(dict(backup.state[prev]))
-                state = "every component was put back as it was"
+                state = f"the components restored before it ({done or 'none'}) were put back"
             else:
                 state = f"already restored: {done or 'none'} (pass atomic=True to have them put back)"
             raise CapsuleError(f"component {name!r} refused the capsule after validation passed ({type(err).__name__}: {err}); {state}") from err

@@ -140,9 +140,18 @@ def run_chunk(world: dict, k: int, branch_noise: int | None = None) -> bytes:
 
 
 def dirty(world: dict, rounds: int = 3) -> None:
-    """Unrelated replays that overwrite every live buffer."""
+    """Unrelated replays that overwrite every live buffer.
+
+    The last sim step is steered so every contact flag flips relative to the start.
+    """
+    sim = world["sim"]
+    flags = sim.contacts.copy()
     for j in range(rounds):
         run_chunk(world, 900 + j, branch_noise=17)
+    target = np.where(flags, -5.0, 5.0)
+    action = np.zeros(7)
+    action[:3] = ((target - sim.qpos[:3]) / 0.01 - sim.qvel[:3] + 0.01 * sim.contacts.sum()) / 0.1 + 0.5 * sim.qpos[:3]
+    sim.step(action)
 
 
 def state_bytes(components: dict) -> dict[str, dict[str, tuple]]:

@@ -26,3 +26,12 @@ def world(backend) -> dict:
     comps.run_chunk(w, 0)
     comps.run_chunk(w, 1)
     return w
+
+
+@pytest.fixture
+def eager_world() -> dict:
+    """Like ``world`` on the eager backend only, for tests where the backend does not matter."""
+    w = comps.make_world("eager")
+    comps.run_chunk(w, 0)
+    comps.run_chunk(w, 1)
+    return w
