@@ -69,9 +69,12 @@ def bench_capsules(components: Mapping[str, Stateful], repeats: int = 5) -> dict
 
     Returns:
         JSON-able: ``bytes``, ``buffers``, ``components``, ``devices``,
-        ``repeats``, ``floor_copy_s`` and ``tiers`` -> ``device``/``host``/``disk``
+        ``repeats``, ``floor_copy_s`` (copy into preallocated memory: the
+        restore floor), ``floor_clone_s`` (allocate + copy: the snapshot
+        floor) and ``tiers`` -> ``device``/``host``/``disk``
         -> ``snapshot_s``, ``restore_s``, ``snapshot_gbps``, ``restore_gbps``,
-        ``snapshot_over_floor``, ``restore_over_floor``. Disk snapshot includes
+        ``snapshot_over_floor``, ``restore_over_floor`` (both against
+        ``floor_copy_s``). Disk snapshot includes
         the digest, the write and the fsyncs; disk restore includes reading and
         verifying every digest.
     """
@@ -81,6 +84,7 @@ def bench_capsules(components: Mapping[str, Stateful], repeats: int = 5) -> dict
     devices = {v.device for v in live if isinstance(v, torch.Tensor)}
     nbytes = sum(int(v.nbytes) if isinstance(v, np.ndarray) else v.numel() * v.element_size() for v in live)
     floor = _median_s(_floor_copy(live), repeats, devices)
+    clone_floor = _median_s(lambda: [v.copy() if isinstance(v, np.ndarray) else v.clone() for v in live], repeats, devices)
 
     def entry(snap_s: float, rest_s: float) -> dict:
         gbps = lambda s: nbytes / s / 1e9 if s > 0 else None  # noqa: E731
@@ -111,5 +115,6 @@ def bench_capsules(components: Mapping[str, Stateful], repeats: int = 5) -> dict
         "devices": sorted(str(d) for d in devices) + (["numpy"] if any(isinstance(v, np.ndarray) for v in live) else []),
         "repeats": repeats,
         "floor_copy_s": floor,
+        "floor_clone_s": clone_floor,
         "tiers": tiers,
     }

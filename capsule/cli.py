@@ -84,17 +84,24 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 
 def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Register ``capsule inspect PATH`` on an argparse subparsers object.
+    """Register ``capsule inspect PATH`` on an argparse subparsers object; returns the ``inspect`` parser.
 
-    The handler is stored as ``func`` on the parsed namespace: ``return args.func(args)``
-    gives the exit code (0 ok, 2 bad or corrupt capsule).
+    Given the top-level subparsers of ``rollcap`` it adds ``capsule`` with
+    ``inspect`` under it; given the subparsers of an existing ``capsule``
+    command (``rollcap capsule ...``) it adds only ``inspect``. The handler is
+    stored as ``func`` on the namespace: ``args.func(args)`` returns the exit
+    code (0 ok, 2 bad or corrupt capsule, with one line on stderr).
     """
-    capsule = subparsers.add_parser("capsule", help="inspect execution-state capsules", description="Inspect execution-state capsules.")
-    verbs = capsule.add_subparsers(dest="capsule_command", metavar="COMMAND", required=True)
+    prefix = getattr(subparsers, "_prog_prefix", "")  # "rollcap capsule" when nested
+    if prefix.split()[-1:] == ["capsule"] or getattr(subparsers, "dest", None) == "capsule_command":
+        verbs = subparsers
+    else:
+        capsule = subparsers.add_parser("capsule", help="inspect execution-state capsules", description="Inspect execution-state capsules.")
+        verbs = capsule.add_subparsers(dest="capsule_command", metavar="COMMAND", required=True)
     inspect = verbs.add_parser("inspect", help="print a disk capsule's manifest and check its digest")
     inspect.add_argument("path", metavar="PATH", help="a capsule directory (manifest.json + tensors.safetensors)")
     inspect.set_defaults(func=_run_inspect)
-    return capsule
+    return inspect
 
 
 def inspect_main(argv: Sequence[str] | None = None) -> int:

@@ -227,3 +227,8 @@ def test_add_subparser_registers_capsule_inspect(eager_world, tmp_path, capsys):
     args = parser.parse_args(["capsule", "inspect", str(tmp_path / "cap")])
     assert args.func(args) == 0
     assert "component policy" in capsys.readouterr().out
+    nested = argparse.ArgumentParser(prog="rollcap")  # rollout/cli.py makes `capsule` itself
+    capsule = nested.add_subparsers(dest="command").add_parser("capsule")
+    add_subparser(capsule.add_subparsers(dest="capsule_command"))
+    args = nested.parse_args(["capsule", "inspect", str(tmp_path / "missing")])
+    assert args.func(args) == 2 and "no capsule directory" in capsys.readouterr().err
