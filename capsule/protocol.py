@@ -25,7 +25,9 @@ class Stateful(Protocol):
     validated names, shapes, dtypes and fingerprint; it must copy the values
     back *into the same buffers* (never rebind them, so captured graphs keep
     their addresses) and validate before the first copy, leaving the
-    component untouched if it refuses. ``state_fingerprint()`` names what
+    component untouched if it refuses. The values it receives belong to the
+    capsule and may be shared with its forks: copy from them, never keep or
+    write them (numpy ones arrive read-only). ``state_fingerprint()`` names what
     bit-exactness of this state depends on; restore refuses a capsule whose
     fingerprint differs.
     """
