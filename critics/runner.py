@@ -74,8 +74,8 @@ class CriticRunner(GraphRunner):
         values = {k: torch.from_numpy(v) for k, v in self.spec.to_inputs(obs, self._tokens).items()}
         return float(self.eager(values)["value"][0].item())
 
-    def state_fingerprint(self) -> dict:
-        fp = super().state_fingerprint()
+    def _make_fingerprint(self) -> dict:
+        fp = super()._make_fingerprint()
         fp["model"] = KIND
         fp["config"] = self.cfg.to_json()
         fp["dtype"] = "float32"

@@ -19,7 +19,7 @@ def tensor_digest(tensors: dict[str, torch.Tensor] | dict[str, np.ndarray]) -> s
             arr = t.detach().to("cpu").contiguous()
             dtype = str(arr.dtype)
             shape = tuple(arr.shape)
-            raw = arr.view(torch.uint8).numpy().tobytes() if arr.numel() else b""
+            raw = arr.reshape(-1).view(torch.uint8).numpy().tobytes() if arr.numel() else b""
         else:
             arr = np.ascontiguousarray(t)
             dtype, shape, raw = str(arr.dtype), arr.shape, arr.tobytes()

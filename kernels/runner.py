@@ -119,6 +119,14 @@ class GraphRunner:
         self.outputs.load(outs)
 
     def state_fingerprint(self) -> dict:
+        """What bit-exactness of this runner's outputs depends on (computed once)."""
+        cached = getattr(self, "_fingerprint", None)
+        if cached is not None:
+            return dict(cached)
+        self._fingerprint = self._make_fingerprint()
+        return dict(self._fingerprint)
+
+    def _make_fingerprint(self) -> dict:
         fp = device_fingerprint(self.device)
         fp.update(
             {

@@ -109,8 +109,8 @@ class PolicyRunner(GraphRunner):
         values = {k: torch.from_numpy(v) for k, v in self._inputs(obs, noise).items()}
         return self.eager(values)["actions"][0].to("cpu").numpy().copy()
 
-    def state_fingerprint(self) -> dict:
-        fp = super().state_fingerprint()
+    def _make_fingerprint(self) -> dict:
+        fp = super()._make_fingerprint()
         fp["model"] = KIND
         fp["config"] = self.cfg.to_json()
         fp["dtype"] = "float32"

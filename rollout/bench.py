@@ -223,10 +223,11 @@ def format_report(r: dict) -> str:
         row("critic captured == eager", "bit-identical" if m["critic_bit_identical"] else "differs")
     if "capsule" in r:
         c = r["capsule"]
-        lines.append("capsule (policy + critic):")
-        for k, v in c.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                row(k, f"{v:.4g}")
+        lines.append(f"capsule (policy + critic state, {c['bytes']} bytes):")
+        row("plain copy of the same bytes (floor)", f"{c['floor_copy_s'] * 1e3:.4f} ms")
+        for tier, t in c["tiers"].items():
+            row(f"{tier}: snapshot / restore", f"{t['snapshot_s'] * 1e3:.4f} / {t['restore_s'] * 1e3:.4f} ms (restore {t['restore_over_floor']:.1f}x floor)")
+        row("restore vs rebuild-and-recapture", f"{c['restore_device_ms']:.4f} vs {c['rebuild_and_recapture_ms']:.1f} ms ({c['restore_vs_rebuild_speedup']:.0f}x)")
     if "env" in r:
         lines.append("env:")
         for k, v in r["env"].items():
