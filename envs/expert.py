@@ -40,10 +40,13 @@ class ExpertNoise:
 class ScriptedExpert:
     """Reactive pushing controller reading the observation's state vector and instruction.
 
-    Strategy: get behind the block on the line from the target through the
-    block (going around it sideways when in front), then push along that line
-    while correcting the lateral offset, slowing down near the target. Call
-    :meth:`reset` at the start of every episode (it draws the episode's
+    A velocity field in the frame of the push line (target -> block): behind
+    the block it aims at a point on that line, inside the block when aligned
+    within 8 mm (so it pushes, slowing near the target) and further back the
+    more it is off the line; beside the block it goes to the back corner on
+    its side; in front it steps out sideways first. Continuous within each
+    region and never reversing at a border, so behaviour cloning can fit it.
+    Call :meth:`reset` at the start of every episode (it draws the episode's
     mistakes from ``seed``), then :meth:`act` once per step. Single-threaded.
     """
 
@@ -92,34 +95,33 @@ class ScriptedExpert:
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     def _clean_action(self, state: np.ndarray, block: int, target: int) -> np.ndarray:
+        """A piecewise-smooth velocity field (no reversal at region borders, so BC can fit it)."""
         p = state[0:2]
         b = state[4 + 4 * block : 6 + 4 * block]
         goal = np.asarray(self.scene.target_xy[target], dtype=np.float64)
         d = goal - b
         dist = math.hypot(*d)
-        u = d / max(dist, 1e-9)
+        u = d / max(dist, 1e-9)  # push direction
         n = np.array([-u[1], u[0]])
         rel = p - b
         along, lateral = float(rel @ u), float(rel @ n)
-        contact = self.scene.block_half + self.scene.pusher_radius  # 0.04
-        behind = along < -contact + 0.005
+        side = 1.0 if lateral >= 0 else -1.0
+        contact = self.scene.block_half + self.scene.pusher_radius
+        clear = contact + 0.02
 
-        if behind and abs(lateral) < 0.012:
-            # Push: along u, correcting the lateral offset; slow near the goal.
-            speed = min(1.0, max(0.25, dist / self._max_step * 0.6))
-            v = u * speed * self._max_step - n * lateral * 0.8
-            if along < -contact - 0.01:  # not touching yet: close the gap
-                v = v + u * min(-along - contact, self._max_step)
-            return self._to_action(v)
-        if behind:
-            waypoint = b - u * (contact + 0.015)
-        elif abs(lateral) < contact + 0.025:
-            side = 1.0 if lateral >= 0 else -1.0
-            waypoint = p + n * side * 0.05 - u * 0.01  # step out sideways first
+        if along <= -self.scene.block_half:
+            # Behind: aim at a point on the push line, inside the block when
+            # aligned (so it pushes), further behind the more it is misaligned.
+            depth = min(0.02, 0.5 * dist)
+            # Up to 8 mm off the line it keeps pushing (correcting sideways);
+            # beyond, it backs off smoothly to re-align.
+            gap = min(-depth + 3.0 * max(abs(lateral) - 0.008, 0.0), 0.04)
+            delta = b - u * (contact + gap) - p
+        elif abs(lateral) >= contact + 0.01:
+            delta = b + n * side * clear - u * clear - p  # beside: go to the back corner
         else:
-            side = 1.0 if lateral >= 0 else -1.0
-            waypoint = b + n * side * (contact + 0.03) - u * (contact + 0.02)
-        return self._to_action(waypoint - p)
+            delta = n * side * 0.05  # in front: step out sideways first
+        return self._to_action(delta)
 
     def _to_action(self, delta: np.ndarray) -> np.ndarray:
         a = delta / self._max_step

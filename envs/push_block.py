@@ -394,5 +394,5 @@ def _sample_layout(rng: np.random.Generator, spec: SceneSpec) -> np.ndarray:
         else:  # pragma: no cover - 100 misses are practically impossible for 3 blocks
             x, y = -0.12 + 0.12 * i, -0.04
         placed.append((x, y))
-        qpos[2 + 3 * i : 5 + 3 * i] = (x, y, rng.uniform(-math.pi / 4, math.pi / 4))
+        qpos[2 + 3 * i : 5 + 3 * i] = (x, y, rng.uniform(-0.3, 0.3))
     return qpos

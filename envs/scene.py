@@ -80,6 +80,10 @@ class SceneSpec:
     """Pusher colour."""
     timestep: float = 0.01
     """Physics timestep in seconds."""
+    pusher_friction: float = 0.5
+    """Sliding friction of the pusher (MuJoCo takes the larger of two geoms' values)."""
+    yaw_damping: float = 0.002
+    """Damping of each block's yaw hinge (N m s/rad); larger blocks turn less when pushed off-centre."""
 
     @property
     def limit(self) -> float:
@@ -128,7 +132,7 @@ def build_xml(spec: SceneSpec, max_speed: float, ortho_attr: str = 'projection="
         f'      <joint name="pusher_x" type="slide" axis="1 0 0" range="{-plim:g} {plim:g}"/>',
         f'      <joint name="pusher_y" type="slide" axis="0 1 0" range="{-plim:g} {plim:g}"/>',
         f'      <geom name="pusher" type="sphere" size="{spec.pusher_radius:g}" mass="0.5"'
-        f' rgba="{_rgba(spec.pusher_rgb)}"/>',
+        f' friction="{spec.pusher_friction:g} 0.005 0.0001" rgba="{_rgba(spec.pusher_rgb)}"/>',
         "    </body>",
     ]
     for name, rgb in zip(BLOCKS, spec.block_rgb):
@@ -138,7 +142,8 @@ def build_xml(spec: SceneSpec, max_speed: float, ortho_attr: str = 'projection="
             ' damping="0.5" frictionloss="0.3"/>',
             f'      <joint name="{name}_y" type="slide" axis="0 1 0" range="{-lim:g} {lim:g}"'
             ' damping="0.5" frictionloss="0.3"/>',
-            f'      <joint name="{name}_yaw" type="hinge" axis="0 0 1" damping="0.002" frictionloss="0.002"/>',
+            f'      <joint name="{name}_yaw" type="hinge" axis="0 0 1" damping="{spec.yaw_damping:g}"'
+            ' frictionloss="0.002"/>',
             f'      <geom name="block_{name}" type="box" size="{h:g} {h:g} {h:g}" mass="0.1"'
             f' rgba="{_rgba(rgb)}"/>',
             "    </body>",
