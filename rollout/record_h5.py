@@ -1,0 +1,289 @@
+"""Episodes of a run in one HDF5 file, robomimic's layout, appended atomically.
+
+Layout (robomimic's, so its readers work; rollcap's extras in their own group)::
+
+    data.attrs: total (sum of num_samples), env_args (JSON {"env_name", "type", "env_kwargs"})
+    data/demo_<index>.attrs: num_samples
+    data/demo_<index>/{actions, rewards, dones, states}          [T, ...]
+    data/demo_<index>/obs/<key>                                   [T, ...]
+    data/demo_<index>/rollcap.attrs: format, format_version, index, seed, env_id,
+        instruction, stop_reason, success, num_steps, num_chunks, digest (plain)
+        and env_kwargs, fingerprints, config, codec (JSON strings)
+    data/demo_<index>/rollcap/steps/{terminated, truncated, actor}
+    data/demo_<index>/rollcap/{chunks, initial_state, final_obs}/<key>
+
+Images (uint8, ndim 4) are chunked one frame per chunk and gzip-4 compressed;
+everything else is contiguous. ``digest`` covers every field, so a damaged demo
+raises :class:`CorruptEpisode` instead of returning different data.
+
+Atomicity: every append goes through :mod:`rollcap.rollout.record_journal`, a
+rollback journal under h5py's ``fileobj`` driver (see there for why and how): a
+crash, SIGKILL, SIGINT or full disk at any moment leaves the file as of the last
+commit, whole episodes or none, earlier demos untouched. One writer per file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from rollcap.rollout.episode import EpisodeRecord
+from rollcap.rollout.errors import CorruptEpisode
+from rollcap.rollout.record_journal import committed_view, journaled_update, recover
+from rollcap.rollout.record_npz import (
+    atomic_write,
+    check_record,
+    corrupt,
+    dumps,
+    episode_meta,
+    is_image,
+    record_from_parts,
+)
+
+ROBOMIMIC_STEP_KEYS = ("actions", "rewards", "dones", "states")
+"""Per-step arrays stored where robomimic looks for them; the rest of STEP_DTYPES go under ``rollcap/steps``."""
+IMAGE_CODEC = {"images": "gzip-4, one chunk per frame", "other": "contiguous"}
+_JSON_ATTRS = ("env_kwargs", "fingerprints", "config", "codec")
+_LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
+_DEMO = re.compile(r"demo_(\d+)")
+
+
+@contextmanager
+def _open_committed(path, lock_timeout_s: float) -> Iterator[h5py.File]:
+    """``path`` opened read-only as of its last commit."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such HDF5 file")
+    with committed_view(path, lock_timeout_s) as view:
+        try:
+            f = h5py.File(view, "r")
+        except (OSError, ValueError) as err:
+            raise corrupt(path, f"not a readable HDF5 file ({err})") from err
+        with f:
+            try:
+                yield f
+            except (OSError, RuntimeError) as err:
+                raise corrupt(path, f"damaged HDF5 structure ({err})") from err
+
+
+def recover_h5(path, lock_timeout_s: float = 60.0) -> bool:
+    """Roll ``path`` back to its last commit if a killed writer left a journal; True if it did."""
+    return recover(path, lock_timeout_s)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _put(group: h5py.Group, name: str, a: np.ndarray) -> None:
+    if is_image(a) and all(a.shape[1:]):
+        group.create_dataset(
+            name, data=a, chunks=(1, *a.shape[1:]), maxshape=(None, *a.shape[1:]), compression="gzip", compression_opts=4
+        )
+    else:
+        group.create_dataset(name, data=a)
+
+
+def _write_demo(data: h5py.Group, record: EpisodeRecord) -> None:
+    meta = episode_meta(record, IMAGE_CODEC)
+    demo = data.create_group(f"demo_{record.index}")
+    demo.attrs["num_samples"] = record.num_steps
+    for k in ROBOMIMIC_STEP_KEYS:
+        _put(demo, k, record.steps[k])
+    obs = demo.create_group("obs")
+    for k, a in record.obs.items():
+        _put(obs, k, a)
+    rc = demo.create_group("rollcap")
+    for k, v in meta.items():
+        if k in _JSON_ATTRS:
+            rc.attrs[k] = dumps(v)
+        elif k in ("index", "seed"):
+            rc.attrs[k] = str(v)  # Python ints may exceed int64
+        else:
+            rc.attrs[k] = v
+    steps = rc.create_group("steps")
+    for k, a in record.steps.items():
+        if k not in ROBOMIMIC_STEP_KEYS:
+            _put(steps, k, a)
+    for table in ("chunks", "initial_state", "final_obs"):
+        sub = rc.create_group(table)
+        for k, a in getattr(record, table).items():
+            _put(sub, k, a)
+
+
+def _arrays(group: h5py.Group) -> dict[str, np.ndarray]:
+    out = {}
+    for k, ds in group.items():
+        if not isinstance(ds, h5py.Dataset):
+            raise KeyError(f"{group.name}/{k} is not a dataset")
+        out[k] = np.asarray(ds[()])
+    return out
+
+
+def _read_demo(path, f: h5py.File, index: int) -> EpisodeRecord:
+    where = f"data/demo_{index}"
+    try:
+        demo = f[where]
+        if "rollcap" not in demo:
+            raise corrupt(path, f"{where} has no 'rollcap' group; not written by rollcap")
+        rc = demo["rollcap"]
+        meta = {}
+        for k, v in rc.attrs.items():
+            v = v.decode() if isinstance(v, bytes) else v
+            meta[k] = json.loads(v) if k in _JSON_ATTRS else int(v) if k in ("index", "seed") else v
+        for k in ("format_version", "num_steps", "num_chunks"):
+            if k in meta:
+                meta[k] = int(meta[k])
+        if "success" in meta:
+            meta["success"] = bool(meta["success"])
+        steps = {k: np.asarray(demo[k][()]) for k in ROBOMIMIC_STEP_KEYS}
+        steps.update(_arrays(rc["steps"]))
+        tables = {
+            "obs": _arrays(demo["obs"]),
+            "steps": steps,
+            **{t: _arrays(rc[t]) for t in ("chunks", "initial_state", "final_obs")},
+        }
+    except CorruptEpisode:
+        raise
+    except (KeyError, OSError, ValueError, TypeError, RuntimeError) as err:
+        raise corrupt(path, f"{where}: {err}") from err
+    if int(demo.attrs.get("num_samples", -1)) != meta.get("num_steps"):
+        raise corrupt(path, f"{where}: num_samples {demo.attrs.get('num_samples')} != num_steps {meta.get('num_steps')}")
+    return record_from_parts(path, meta, tables, where)
+
+
+def _indices(path, f: h5py.File) -> list[int]:
+    try:
+        if "data" not in f:
+            raise corrupt(path, "no 'data' group; not a robomimic-layout file")
+        return sorted(int(m.group(1)) for k in f["data"] if (m := _DEMO.fullmatch(k)))
+    except (KeyError, OSError, RuntimeError, ValueError) as err:
+        raise corrupt(path, f"unreadable 'data' group ({err})") from err
+
+
+def _env_args(path, f: h5py.File) -> dict:
+    try:
+        return json.loads(f["data"].attrs["env_args"])
+    except (KeyError, ValueError, TypeError) as err:
+        raise corrupt(path, f"data.attrs['env_args'] missing or not JSON ({err})") from err
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def h5_indices(path, lock_timeout_s: float = 60.0) -> list[int]:
+    """The committed demo indices of ``path``, sorted."""
+    with _open_committed(path, lock_timeout_s) as f:
+        return _indices(path, f)
+
+
+def read_h5_episode(path, index: int, lock_timeout_s: float = 60.0) -> EpisodeRecord:
+    """Read and verify ``data/demo_<index>`` of ``path``.
+
+    Raises:
+        CorruptEpisode: damaged, not HDF5, not rollcap's, or another format version.
+        KeyError: no such demo.
+    """
+    with _open_committed(path, lock_timeout_s) as f:
+        indices = _indices(path, f)
+        if index not in indices:
+            raise KeyError(f"{path}: no demo_{index}; it holds {indices}")
+        return _read_demo(path, f, index)
+
+
+def read_h5(path, lock_timeout_s: float = 60.0) -> list[EpisodeRecord]:
+    """Every committed episode of ``path``, by index (one short shared lock per episode)."""
+    return [read_h5_episode(path, i, lock_timeout_s) for i in h5_indices(path, lock_timeout_s)]
+
+
+class H5Writer:
+    """Appends episodes to one robomimic-layout HDF5 file; each append is atomic.
+
+    Single-threaded. The file is opened and closed inside every :meth:`append`,
+    so nothing is at risk between episodes.
+
+    Args:
+        path: the ``.hdf5`` file.
+        env_meta: robomimic's env metadata ``{"env_name", "type", "env_kwargs"}``,
+            stored as ``data.attrs["env_args"]``; needed to create the file, checked
+            against the file on resume (``None``: take the file's).
+        resume: continue an existing file (rolling back a crashed append first).
+            Without it an existing file is refused.
+        lock_timeout_s: how long a commit waits for readers' locks.
+    """
+
+    def __init__(self, path, env_meta: dict | None = None, resume: bool = False, lock_timeout_s: float = 60.0):
+        self.path, self._timeout, self._closed = Path(path), lock_timeout_s, False
+        if self.path.exists():
+            if not resume:
+                raise FileExistsError(f"{self.path} exists; pass resume=True to append to it")
+            recover_h5(self.path, lock_timeout_s)
+            with _open_committed(self.path, lock_timeout_s) as f:
+                stored, self._indices = _env_args(self.path, f), set(_indices(self.path, f))
+            if env_meta is not None and json.loads(dumps(env_meta)) != stored:
+                raise ValueError(f"{self.path}: env_meta {dumps(env_meta)} differs from the file's env_args {dumps(stored)}")
+            self.env_meta = stored
+        else:
+            if env_meta is None:
+                raise ValueError(f"{self.path}: env_meta is required to create a new file")
+            missing = {"env_name", "type", "env_kwargs"} - set(env_meta)
+            if missing:
+                raise ValueError(f"env_meta lacks {sorted(missing)}; robomimic expects env_name, type and env_kwargs")
+            self.env_meta, self._indices = json.loads(dumps(env_meta)), set()
+
+            def create(tmp: str) -> None:
+                with h5py.File(tmp, "w", libver=_LIBVER) as f:
+                    data = f.create_group("data")
+                    data.attrs["total"] = 0
+                    data.attrs["env_args"] = dumps(self.env_meta)
+
+            atomic_write(self.path, create)
+
+    @property
+    def indices(self) -> list[int]:
+        """Indices of the demos in the file, sorted."""
+        return sorted(self._indices)
+
+    def append(self, record: EpisodeRecord) -> None:
+        """Write ``record`` as ``data/demo_<index>``: all of it, or (on any error or crash) none.
+
+        Raises:
+            ValueError: the index is already in the file, or the record cannot be recorded exactly.
+        """
+        if self._closed:
+            raise RuntimeError(f"{self.path}: append() after close()")
+        check_record(record)
+        if record.index in self._indices:
+            raise ValueError(f"{self.path}: demo_{record.index} exists; episode indices must be unique")
+
+        def update(view) -> None:
+            with h5py.File(view, "r+", libver=_LIBVER) as f:
+                data = f["data"]
+                _write_demo(data, record)
+                data.attrs["total"] = int(data.attrs["total"]) + record.num_steps
+
+        try:
+            journaled_update(self.path, update, self._timeout)
+        except BaseException:
+            try:  # a Ctrl-C that arrives just after the commit still leaves the demo committed
+                self._indices = set(h5_indices(self.path, self._timeout))
+            except Exception:  # noqa: BLE001 - the original error matters more
+                pass
+            raise
+        self._indices.add(record.index)
+
+    def close(self) -> None:
+        """Refuse further appends (every append has already been committed and closed)."""
+        self._closed = True
+
+    def __enter__(self) -> H5Writer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+

@@ -1,0 +1,391 @@
+"""All-or-nothing updates of a file written in place (HDF5) through a rollback journal.
+
+Why: HDF5 updates metadata in place (B-tree nodes, heaps, object headers, the
+superblock), so a process killed inside h5py while a file is open for writing
+can leave *earlier* demos unreachable. Reopening the file per episode narrows
+that window but does not close it; SWMR cannot create groups; copying the file
+per episode costs its whole size every episode.
+
+How: the writer (h5py, through its ``fileobj`` driver) gets a :class:`PagedFile`
+that never changes a committed byte before the commit, the way SQLite's
+rollback journal works:
+
+* ``S`` is the file size when the update starts. Writes below ``S`` (rounded up
+  to a 4 KiB page) land in an in-memory page overlay; writes past it (new space,
+  where HDF5 puts all new data: the images) go straight to disk.
+* Before the first write, ``<file>-journal`` records ``S`` (fsync). At commit it
+  gets the old bytes of every overlaid page (fsync); then the pages are written
+  and the file fsync'ed. Deleting the journal is the commit point.
+* Recovery puts the journaled bytes back and truncates to ``S``: a writer does
+  it before its own update (:func:`recover`), readers do it in memory
+  (:func:`committed_view`) and never modify the file.
+
+So a crash, SIGKILL, SIGINT or full disk at any moment leaves the file as of
+the last commit. Cost per update: the touched metadata pages twice (journal,
+then file) and five fsyncs. One writer per file: a second is refused while the
+first holds the journal's ``flock``. Readers hold a shared ``flock`` on the file
+while they read; a commit takes it exclusively for its few milliseconds. A
+program holding the file open with HDF5's own locking (h5py's default) makes a
+commit wait up to ``lock_timeout_s`` and then fail; a program that opens the
+file with locking off while a killed writer's journal is still pending may see
+a half-applied commit, so run :func:`recover` (or resume the run) first.
+
+Single-threaded. Knows nothing of HDF5 or episodes.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rollcap.rollout.record_npz import fsync_dir
+
+PAGE = 4096
+_HEAD = struct.Struct("<8sQI")  # magic, committed size S, crc32 of the first 16 bytes
+_REC = struct.Struct("<QQ")  # offset, length (then the old bytes)
+_FOOT = struct.Struct("<8sQI")  # magic, record count, crc32 of the record bytes
+_HEAD_MAGIC, _FOOT_MAGIC = b"RCJHEAD1", b"RCJFOOT1"
+
+
+def journal_path(path) -> Path:
+    """Where ``path``'s journal lives while an update is under way, or after a crash."""
+    return Path(f"{path}-journal")
+
+
+def _pwrite_all(fd: int, data, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+def _parse(raw: bytes) -> tuple[int | None, list[tuple[int, bytes]]]:
+    """``(S, old-byte records)``; ``S`` None for a torn header; records empty unless the footer checks out."""
+    if len(raw) < _HEAD.size:
+        return None, []
+    magic, base, crc = _HEAD.unpack_from(raw)
+    if magic != _HEAD_MAGIC or crc != zlib.crc32(raw[:16]):
+        return None, []
+    body_end = len(raw) - _FOOT.size
+    if body_end < _HEAD.size:
+        return base, []
+    magic, count, crc = _FOOT.unpack_from(raw, body_end)
+    body = raw[_HEAD.size : body_end]
+    if magic != _FOOT_MAGIC or crc != zlib.crc32(body):
+        return base, []  # the commit never got as far as changing the file
+    recs, pos = [], 0
+    while pos < len(body):
+        off, n = _REC.unpack_from(body, pos)
+        recs.append((off, body[pos + _REC.size : pos + _REC.size + n]))
+        pos += _REC.size + n
+    return base, recs if len(recs) == count else []
+
+
+def _flock(fd: int, op: int, timeout_s: float, path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{path}: still locked by another process after {timeout_s:.0f} s "
+                    "(a program holding it open with HDF5 file locking?); close it and retry"
+                ) from None
+            time.sleep(0.005)
+
+
+class PagedFile:
+    """File-like object over ``fd`` (seek, tell, read, readinto, write, truncate, flush).
+
+    Bytes below ``bound`` (``base`` rounded up to a page) live in an overlay of
+    pages once touched; the disk keeps the committed bytes there until
+    :meth:`commit`. A read-only view patched with journaled old bytes shows
+    the last committed state. No method raises: the first error lands in
+    :attr:`error` and later writes do nothing (as after :meth:`discard`).
+    """
+
+    def __init__(self, fd: int, base: int, writable: bool = False):
+        self._fd, self._base, self._writable = fd, base, writable
+        self._bound = -(-base // PAGE) * PAGE
+        self._pages: dict[int, bytearray] = {}
+        self._size, self._pos, self._dead = base, 0, False
+        self._old: list[tuple[int, bytes]] = []
+        self.error: BaseException | None = None
+        """The first exception inside a read / write / truncate; the caller re-raises it."""
+
+    def _page(self, p: int) -> bytearray:
+        page = self._pages.get(p)
+        if page is None:
+            page = bytearray(PAGE)
+            data = os.pread(self._fd, PAGE, p * PAGE)
+            page[: len(data)] = data
+            self._pages[p] = page
+        return page
+
+    def _spans(self, start: int, end: int) -> Iterator[tuple[int, int, int | None]]:
+        """Split ``[start, end)`` into ``(lo, hi, page index, or None for straight to disk)``."""
+        while start < end:
+            if start >= self._bound:
+                yield start, end, None
+                return
+            p = start // PAGE
+            hi = min((p + 1) * PAGE, end)
+            yield start, hi, p
+            start = hi
+
+    def patch(self, offset: int, data: bytes) -> None:
+        """Overlay ``data`` at ``offset`` (journaled old bytes, for a read-only view)."""
+        for lo, hi, p in self._spans(offset, offset + len(data)):
+            self._page(p)[lo - p * PAGE : hi - p * PAGE] = data[lo - offset : hi - offset]
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self._pos = offset + (0, self._pos, self._size)[whence]
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        """Nothing: durability is :meth:`commit`'s job."""
+
+    def _fail(self, err: BaseException) -> None:
+        """Remember the first error and stop writing; never raise into h5py (its fileobj driver crashes on that)."""
+        self.error = self.error or err
+        self._dead = True
+
+    def read(self, n: int = -1) -> bytes:
+        buf = bytearray(max(0, self._size - self._pos) if n is None or n < 0 else n)
+        return bytes(buf[: self.readinto(buf)])
+
+    def readinto(self, buf) -> int:
+        out = memoryview(buf).cast("B")
+        start, end = self._pos, min(self._pos + len(out), self._size)
+        try:
+            for lo, hi, p in self._spans(start, end):
+                if p is not None and p in self._pages:
+                    out[lo - start : hi - start] = self._pages[p][lo - p * PAGE : hi - p * PAGE]
+                else:
+                    data = os.pread(self._fd, hi - lo, lo)
+                    out[lo - start : lo - start + len(data)] = data
+                    out[lo - start + len(data) : hi - start] = bytes(hi - lo - len(data))
+        except BaseException as err:  # noqa: BLE001 - reported through self.error
+            self._fail(err)
+        self._pos = max(start, end)
+        return max(0, end - start)
+
+    def write(self, buf) -> int:
+        data = memoryview(buf).cast("B")
+        try:
+            if not self._writable:
+                raise OSError("read-only view")
+            start = self._pos
+            if not self._dead:
+                for lo, hi, p in self._spans(start, start + len(data)):
+                    if p is None:
+                        _pwrite_all(self._fd, data[lo - start :], lo)
+                    else:
+                        self._page(p)[lo - p * PAGE : hi - p * PAGE] = data[lo - start : hi - start]
+            self._pos = start + len(data)
+            self._size = max(self._size, self._pos)
+        except BaseException as err:  # noqa: BLE001 - reported through self.error
+            self._fail(err)
+        return len(data)
+
+    def truncate(self, size: int | None = None) -> int:
+        size = self._pos if size is None else size
+        try:
+            if not self._writable:
+                raise OSError("read-only view")
+            if self._dead:
+                pass
+            elif size >= self._bound:
+                os.ftruncate(self._fd, size)
+            else:  # the committed bytes stay on disk; the cut is zeroed in the overlay
+                if os.fstat(self._fd).st_size > self._bound:
+                    os.ftruncate(self._fd, self._bound)
+                for p in range(size // PAGE, self._bound // PAGE):
+                    cut = max(size - p * PAGE, 0)
+                    self._page(p)[cut:] = bytes(PAGE - cut)
+            self._size = size
+        except BaseException as err:  # noqa: BLE001 - reported through self.error
+            self._fail(err)
+        return size
+
+    def commit(self, jfd: int) -> None:
+        """Journal the old bytes of every overlaid page, then write the pages; call under an exclusive flock."""
+        self._old = [(p * PAGE, os.pread(self._fd, min(PAGE, self._base - p * PAGE), p * PAGE)) for p in sorted(self._pages)]
+        body = b"".join(_REC.pack(off, len(old)) + old for off, old in self._old)
+        _pwrite_all(jfd, body + _FOOT.pack(_FOOT_MAGIC, len(self._old), zlib.crc32(body)), _HEAD.size)
+        os.fsync(jfd)
+        for p, page in self._pages.items():
+            n = min(PAGE, self._size - p * PAGE)
+            if n > 0:
+                _pwrite_all(self._fd, page[:n], p * PAGE)
+        os.ftruncate(self._fd, self._size)
+        os.fsync(self._fd)
+
+    def discard(self) -> None:
+        """Put the committed state back on disk (old bytes, size ``base``); later writes do nothing."""
+        self._dead = True
+        for off, old in self._old:
+            _pwrite_all(self._fd, old, off)
+        os.ftruncate(self._fd, self._base)
+        os.fsync(self._fd)
+
+
+def _recover(path: Path, fd: int, lock_timeout_s: float) -> bool:
+    jpath = journal_path(path)
+    try:
+        jfd = os.open(jpath, os.O_RDWR)
+    except FileNotFoundError:
+        return False
+    try:
+        try:
+            fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{path}: another process is writing it ({jpath} is locked); one writer per file") from None
+        if os.path.exists(jpath) and os.stat(jpath).st_ino == os.fstat(jfd).st_ino:
+            base, recs = _parse(os.pread(jfd, os.fstat(jfd).st_size, 0))
+            if base is not None:
+                _flock(fd, fcntl.LOCK_EX, lock_timeout_s, path)
+                try:
+                    for off, old in recs:
+                        _pwrite_all(fd, old, off)
+                    os.ftruncate(fd, base)
+                    os.fsync(fd)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            os.unlink(jpath)
+            fsync_dir(path.parent)
+        return True
+    finally:
+        os.close(jfd)
+
+
+def recover(path, lock_timeout_s: float = 60.0) -> bool:
+    """Roll ``path`` back to its last commit if a killed writer left a journal; True if it did.
+
+    Raises:
+        RuntimeError: a live writer holds the journal.
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return _recover(Path(path), fd, lock_timeout_s)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold Python-level SIGINT / SIGTERM handlers (Ctrl-C) until the block ends, then run them.
+
+    h5py cannot unwind an exception raised inside its I/O callbacks, and a begin,
+    commit or rollback must not be split. Python runs handlers in the main thread
+    only, so elsewhere there is nothing to hold.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[tuple[int, object]] = []
+    held = {sig: h for sig in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(sig))}
+    for sig in held:
+        signal.signal(sig, lambda signum, frame: caught.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for signum, frame in caught[:1]:
+            held[signum](signum, frame)  # e.g. raises KeyboardInterrupt now
+
+
+def journaled_update(path, update: Callable[[PagedFile], None], lock_timeout_s: float = 60.0) -> None:
+    """Call ``update(file)`` with a writable :class:`PagedFile` over ``path``; all its writes land, or none.
+
+    ``update`` must be done with the file when it returns (h5py: closed). If it
+    fails, or a write fails (a full disk), the file is rolled back and the error
+    re-raised. Ctrl-C (SIGINT, and SIGTERM if it has a Python handler) is held
+    until the update is committed or rolled back, except while waiting for
+    readers' locks.
+    """
+    path, jpath = Path(path), journal_path(path)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        while _recover(path, fd, lock_timeout_s):
+            pass
+        view: PagedFile | None = None
+        jfd: int | None = None
+        committed = False
+        try:
+            with _signals_deferred():
+                jfd = os.open(jpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                fcntl.flock(jfd, fcntl.LOCK_EX)
+                base = os.fstat(fd).st_size
+                _pwrite_all(jfd, _HEAD.pack(_HEAD_MAGIC, base, zlib.crc32(struct.pack("<8sQ", _HEAD_MAGIC, base))), 0)
+                os.fsync(jfd)
+                fsync_dir(path.parent)
+                if os.stat(jpath).st_ino != os.fstat(jfd).st_ino:  # a racing writer took over the name
+                    os.close(jfd)
+                    jfd = None
+                    raise RuntimeError(f"{path}: another process is writing it; one writer per file")
+                view = PagedFile(fd, base, writable=True)
+                update(view)
+                if view.error is not None:
+                    raise view.error
+            _flock(fd, fcntl.LOCK_EX, lock_timeout_s, path)  # interruptible
+            try:
+                with _signals_deferred():
+                    view.commit(jfd)
+                    os.unlink(jpath)  # the commit point
+                    committed = True
+                    fsync_dir(path.parent)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except BaseException:
+            if jfd is not None and not committed:
+                with _signals_deferred():
+                    if view is not None:
+                        view.discard()
+                    os.unlink(jpath)
+                    fsync_dir(path.parent)
+            raise
+        finally:
+            if jfd is not None:
+                os.close(jfd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def committed_view(path, lock_timeout_s: float = 60.0) -> Iterator[PagedFile]:
+    """A read-only :class:`PagedFile` of ``path`` as of its last commit, under a shared flock.
+
+    A pending journal (a writer mid-update, or a killed one) is rolled back in memory.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _flock(fd, fcntl.LOCK_SH, lock_timeout_s, path)
+        try:
+            try:
+                base, recs = _parse(journal_path(path).read_bytes())
+            except FileNotFoundError:
+                base, recs = None, []
+            view = PagedFile(fd, os.fstat(fd).st_size if base is None else base)
+            for off, old in recs:
+                view.patch(off, old)
+            yield view
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
