@@ -1,0 +1,472 @@
+"""Recording: npz / HDF5 round trips, robomimic layout, resume, crash safety, corrupt input."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import random
+import shutil
+import signal
+import time
+import zipfile
+from dataclasses import replace
+
+import h5py
+import numpy as np
+import pytest
+
+from rollcap.rollout import record_h5
+from rollcap.rollout.episode import ACTOR_HUMAN, FORMAT_VERSION
+from rollcap.rollout.errors import CorruptEpisode
+from rollcap.rollout.recording import (
+    EpisodeRecorder,
+    H5Writer,
+    journal_path,
+    measure_write_overhead,
+    read_h5,
+    read_h5_episode,
+    read_npz,
+    records_equal,
+    recover_h5,
+    synthetic_record,
+    write_npz,
+)
+
+ENV_META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {"image_size": 64}}
+FORMATS = ("npz", "h5")
+
+
+def episodes() -> list:
+    """A 0-step episode (stopped at the first chunk), a terminated one, a timeout-at-boundary one."""
+    return [synthetic_record(0, 11, steps=0), synthetic_record(1, 12, steps=13), synthetic_record(2, 2**70, steps=16)]
+
+
+def small(index: int) -> object:
+    """A small episode with 16x16 images, for crash loops."""
+    return synthetic_record(index, 100 + index, steps=6, horizon=4, image_size=16)
+
+
+def write_all(fmt: str, records, tmp_path):
+    """Write ``records`` in ``fmt``; return the path(s) and a reader of every episode."""
+    if fmt == "npz":
+        paths = [tmp_path / f"episode_{r.index:05d}.npz" for r in records]
+        for r, p in zip(records, paths):
+            write_npz(r, p)
+        return paths[0], lambda: [read_npz(p) for p in paths]
+    path = tmp_path / "episodes.hdf5"
+    with H5Writer(path, ENV_META) as w:
+        for r in records:
+            w.append(r)
+    return path, lambda: read_h5(path)
+
+
+def assert_same(got, want) -> None:
+    assert [r.index for r in got] == [r.index for r in want]
+    for g, w in zip(got, want):
+        assert records_equal(g, w) is None, records_equal(g, w)
+
+
+# --------------------------------------------------------------------------- round trips and layout
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_is_byte_exact(fmt, tmp_path):
+    """Every field (images, NaN latencies, uint64 RNG, 0-d state, 0-step episode, big seed) comes back bit for bit."""
+    records = episodes()
+    assert records[1].steps["actor"].tolist().count(ACTOR_HUMAN) > 0
+    _, read = write_all(fmt, records, tmp_path)
+    assert_same(read(), records)
+
+
+def test_npz_loads_without_pickle(tmp_path):
+    """The npz is plain arrays: np.load(allow_pickle=False) reads every key, meta.json parses, images deflated."""
+    rec = episodes()[1]
+    write_npz(rec, tmp_path / "e.npz")
+    with np.load(tmp_path / "e.npz", allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    assert all(a.dtype != object for a in arrays.values())
+    meta = json.loads(bytes(arrays["meta.json"]).decode())
+    assert meta["format_version"] == FORMAT_VERSION and meta["codec"] == "deflate-1"
+    assert (meta["num_steps"], meta["num_chunks"], meta["seed"]) == (13, 2, 12)
+    assert np.array_equal(arrays["obs/agentview_image"], rec.obs["agentview_image"])
+    assert {k.split("/")[0] for k in arrays} == {"meta.json", "initial_state", "obs", "final_obs", "steps", "chunks"}
+    with zipfile.ZipFile(tmp_path / "e.npz") as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
+    no_images = replace(rec, obs={"proprio": rec.obs["proprio"]}, final_obs={})
+    write_npz(no_images, tmp_path / "s.npz")
+    with zipfile.ZipFile(tmp_path / "s.npz") as zf:
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_STORED}
+    assert records_equal(read_npz(tmp_path / "s.npz"), no_images) is None
+
+
+def test_h5_layout_is_robomimic(tmp_path):
+    """data/demo_N/{actions,rewards,dones,states,obs/*}, num_samples, total, env_args JSON; extras under rollcap/."""
+    records = episodes()
+    path, _ = write_all("h5", records, tmp_path)
+    with h5py.File(path, "r") as f:
+        data = f["data"]
+        assert json.loads(data.attrs["env_args"]) == ENV_META
+        assert sorted(data) == ["demo_0", "demo_1", "demo_2"]
+        assert int(data.attrs["total"]) == sum(r.num_steps for r in records) == 29
+        for r in records:
+            demo = data[f"demo_{r.index}"]
+            assert int(demo.attrs["num_samples"]) == r.num_steps
+            assert {"actions", "rewards", "dones", "states", "obs", "rollcap"} <= set(demo)
+            for k in ("actions", "rewards", "dones", "states"):
+                assert np.array_equal(demo[k][()], r.steps[k])
+            assert sorted(demo["obs"]) == sorted(r.obs)
+            img = demo["obs/agentview_image"]
+            assert (img.chunks, img.compression, img.compression_opts) == ((1, 64, 64, 3), "gzip", 4)
+            rc = demo["rollcap"]
+            assert sorted(rc) == ["chunks", "final_obs", "initial_state", "steps"]
+            assert sorted(rc["steps"]) == ["actor", "terminated", "truncated"]
+            assert rc.attrs["instruction"] == r.instruction and bool(rc.attrs["success"]) == r.success
+            assert int(rc.attrs["format_version"]) == FORMAT_VERSION and int(rc.attrs["seed"]) == r.seed
+            assert json.loads(rc.attrs["config"]) == r.config and "images" in json.loads(rc.attrs["codec"])
+
+
+def test_h5_writer_refuses_clobber_and_duplicates(tmp_path):
+    """An existing file needs resume=True; a duplicate index is refused and leaves the file byte-identical."""
+    path, _ = write_all("h5", episodes()[:2], tmp_path)
+    with pytest.raises(FileExistsError, match="resume=True"):
+        H5Writer(path, ENV_META)
+    with pytest.raises(ValueError, match="differs"):
+        H5Writer(path, {**ENV_META, "env_name": "Other-v0"}, resume=True)
+    before = path.read_bytes()
+    w = H5Writer(path, resume=True)
+    assert w.indices == [0, 1] and w.env_meta == ENV_META
+    with pytest.raises(ValueError, match="demo_1 exists"):
+        w.append(episodes()[1])
+    w.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        w.append(episodes()[2])
+    assert path.read_bytes() == before
+    with pytest.raises(KeyError, match="no demo_7"):
+        read_h5_episode(path, 7)
+
+
+def test_unrecordable_records_are_refused(tmp_path):
+    """A '/' in a key, an object array or a non-JSON config is a ValueError before anything is written."""
+    rec = episodes()[1]
+    bad = [
+        replace(rec, obs={**rec.obs, "a/b": rec.obs["proprio"]}),
+        replace(rec, initial_state={"x": np.array(["s"], dtype=object)}),
+        replace(rec, config={"f": object()}),
+    ]
+    for b in bad:
+        with pytest.raises(ValueError):
+            write_npz(b, tmp_path / "x.npz")
+    assert not list(tmp_path.iterdir())
+
+
+def test_records_equal_names_first_difference():
+    """records_equal: None when identical, else the first differing field (NaN equals itself, -0.0 != 0.0)."""
+    a, b = synthetic_record(1, 5, steps=9), synthetic_record(1, 5, steps=9)
+    assert records_equal(a, b) is None
+    b.obs["wrist_image"][4, 2, 1, 0] ^= 1
+    assert records_equal(a, b).startswith("obs['wrist_image']: bytes differ, first at (4, 2, 1, 0)")
+    assert records_equal(a, replace(a, instruction="x")).startswith("instruction")
+    c = synthetic_record(1, 5, steps=9)
+    c.chunks["critic_value"][0] = -0.0
+    a.chunks["critic_value"][0] = 0.0
+    assert records_equal(a, c).startswith("chunks['critic_value']")
+    assert records_equal(a, replace(a, env_kwargs={**a.env_kwargs, "cameras": ("front", "wrist")})) is None
+
+
+def test_write_overhead_is_measured():
+    """measure_write_overhead returns seconds per recorded episode."""
+    s = measure_write_overhead(synthetic_record(steps=8, image_size=16), episodes=2)
+    assert 0 < s < 5
+
+
+# --------------------------------------------------------------------------- the recorder and resume
+
+
+def test_recorder_writes_both_formats_and_resumes(tmp_path):
+    """Episodes land in npz and HDF5; resume reports next_index and keeps earlier episodes intact."""
+    run = tmp_path / "run"
+    with EpisodeRecorder(run, env_meta=ENV_META) as rec:
+        assert rec.next_index == 0
+        for r in episodes()[:2]:
+            rec.on_episode_end(r)
+        with pytest.raises(ValueError, match="already recorded"):
+            rec.on_episode_end(episodes()[1])
+    before = (run / "episodes.hdf5").read_bytes()
+    with pytest.raises(FileExistsError, match="resume=True"):
+        EpisodeRecorder(run, env_meta=ENV_META)
+    assert (run / "episodes.hdf5").read_bytes() == before
+    rec = EpisodeRecorder(run, env_meta=ENV_META, resume=True)
+    assert rec.next_index == 2 and rec.indices == [0, 1]
+    rec.on_episode_end(episodes()[2])
+    rec.on_run_end()
+    assert sorted(p.name for p in (run / "episodes").iterdir()) == [f"episode_0000{i}.npz" for i in range(3)]
+    assert_same(read_h5(run / "episodes.hdf5"), episodes())
+    assert_same([read_npz(rec.npz_path(i)) for i in range(3)], episodes())
+
+
+def test_resume_repairs_an_episode_missing_from_one_format(tmp_path):
+    """A crash between the npz and the HDF5 write is repaired on resume, both ways."""
+    run = tmp_path / "run"
+    with EpisodeRecorder(run, formats=("npz",)) as rec:  # an npz-only run, later recorded in both
+        for r in episodes()[:2]:
+            rec.on_episode_end(r)
+    rec = EpisodeRecorder(run, resume=True)
+    assert_same(read_h5(run / "episodes.hdf5"), episodes()[:2])
+    with h5py.File(run / "episodes.hdf5", "r") as f:
+        assert json.loads(f["data"].attrs["env_args"])["env_name"] == "PushBlock-v0"
+    rec.close()
+    rec.npz_path(1).unlink()
+    (run / "episodes" / ".episode_00002.npz.x.tmp").write_bytes(b"half")  # a crash's stray temp file
+    rec = EpisodeRecorder(run, resume=True)
+    assert rec.next_index == 2 and not list((run / "episodes").glob(".*.tmp"))
+    assert records_equal(read_npz(rec.npz_path(1)), episodes()[1]) is None
+
+
+# --------------------------------------------------------------------------- crash safety
+
+
+def _fork(fn) -> int:
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 0
+        try:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            fn()
+        except KeyboardInterrupt:
+            code = 130
+        except BaseException:
+            code = 1
+        os._exit(code)
+    return pid
+
+
+def _io_hook(kill_at: int, torn: bool, counter: list) -> None:
+    """Patch os so the ``kill_at``-th write / truncate / fsync / unlink SIGKILLs the process (a torn write first)."""
+    for name in ("pwrite", "ftruncate", "fsync", "unlink"):
+        real = getattr(os, name)
+
+        def hooked(*args, _real=real, _name=name):
+            counter[0] += 1
+            if counter[0] == kill_at:
+                if torn and _name == "pwrite":
+                    _real(args[0], memoryview(args[1]).cast("B")[: len(args[1]) // 2], args[2])
+                os.kill(os.getpid(), signal.SIGKILL)
+            return _real(*args)
+
+        setattr(os, name, hooked)
+
+
+def test_sigkill_at_every_io_point_leaves_whole_episodes(tmp_path, monkeypatch):
+    """SIGKILL before (or halfway through) each write/truncate/fsync/unlink of an append: earlier demos survive."""
+    base = tmp_path / "base.hdf5"
+    with H5Writer(base, ENV_META) as w:
+        for i in range(2):
+            w.append(small(i))
+    scratch = tmp_path / "scratch.hdf5"
+    shutil.copy(base, scratch)
+    counter = [0]
+    with monkeypatch.context() as m:
+        for name in ("pwrite", "ftruncate", "fsync", "unlink"):
+            real = getattr(os, name)
+            m.setattr(os, name, lambda *a, _real=real: (counter.__setitem__(0, counter[0] + 1), _real(*a))[1])
+        H5Writer(scratch, resume=True).append(small(2))
+    n = counter[0]
+    assert n > 10
+    path, outcomes = tmp_path / "e.hdf5", set()
+    # every point of the begin and the commit, every 8th of the (interchangeable) new-space writes between
+    for k in sorted({*range(1, 6), *range(6, n - 14, 8), *range(n - 14, n + 2)}):
+        shutil.copy(base, path)
+        journal_path(path).unlink(missing_ok=True)
+        pid = _fork(lambda: (_io_hook(k, k % 2 == 0, [0]), H5Writer(path, resume=True).append(small(2))))
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status)
+        assert killed == (k <= n), (k, status)
+        got = read_h5(path)  # a pending journal is rolled back in memory
+        assert_same(got, [small(i) for i in range(len(got))])
+        assert len(got) in (2, 3)
+        outcomes.add((len(got), journal_path(path).exists()))
+        recover_h5(path)
+        assert not journal_path(path).exists()
+        with h5py.File(path, "r") as f:  # plain HDF5 opens it after recovery
+            assert sorted(f["data"]) == [f"demo_{i}" for i in range(len(got))]
+        with H5Writer(path, resume=True) as w:
+            w.append(small(len(got)))
+        assert_same(read_h5(path), [small(i) for i in range(len(got) + 1)])
+    assert {(2, True), (3, False)} <= outcomes  # kills landed both before and after the commit point
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_signal_at_random_moments_leaves_whole_episodes(sig, tmp_path):
+    """A recorder killed (SIGKILL) or interrupted (SIGINT) mid-run: resume sees whole episodes 0..m in both formats."""
+    run = tmp_path / "run"
+    rng = random.Random(sig)
+
+    def record_forever() -> None:
+        rec = EpisodeRecorder(run, env_meta=ENV_META, resume=True)
+        while True:
+            rec.on_episode_end(synthetic_record(rec.next_index, rec.next_index, steps=12, image_size=48))
+
+    total = 0
+    for _ in range(4):
+        pid = _fork(record_forever)
+        time.sleep(rng.uniform(0.05, 0.5))
+        os.kill(pid, sig)
+        _, status = os.waitpid(pid, 0)
+        if sig == signal.SIGINT:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 130, status
+            assert not journal_path(run / "episodes.hdf5").exists()  # rolled back cleanly
+        else:
+            assert os.WIFSIGNALED(status)
+        rec = EpisodeRecorder(run, resume=True)
+        assert rec.indices == list(range(rec.next_index)) and rec.next_index >= total
+        total = rec.next_index
+    want = [synthetic_record(i, i, steps=12, image_size=48) for i in range(total)]
+    assert_same(read_h5(run / "episodes.hdf5"), want)
+    assert_same([read_npz(rec.npz_path(i)) for i in range(total)], want)
+
+
+def test_one_writer_per_file(tmp_path):
+    """While another writer holds the journal, an append is refused and the file is left alone."""
+    path, _ = write_all("h5", episodes()[:1], tmp_path)
+    before = path.read_bytes()
+    fd = os.open(journal_path(path), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with pytest.raises(RuntimeError, match="one writer per file"):
+            H5Writer(path, resume=True)
+        assert_same(read_h5(path), episodes()[:1])  # readers are not blocked by a pending journal
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == before
+    with H5Writer(path, resume=True) as w:  # the abandoned (empty) journal is cleared
+        w.append(episodes()[1])
+    assert not journal_path(path).exists()
+
+
+def test_failed_append_leaves_file_byte_identical(tmp_path, monkeypatch):
+    """An exception mid-append (a bad write, a full disk) rolls back: same bytes, no journal, appends go on."""
+    path, _ = write_all("h5", episodes()[:1], tmp_path)
+    before = path.read_bytes()
+    w = H5Writer(path, resume=True)
+    real_put = record_h5._put
+    calls = [0]
+
+    def failing_put(group, name, a):
+        calls[0] += 1
+        if calls[0] == 6:
+            raise RuntimeError("boom")
+        real_put(group, name, a)
+
+    monkeypatch.setattr(record_h5, "_put", failing_put)
+    with pytest.raises(RuntimeError, match="boom"):
+        w.append(episodes()[1])
+    monkeypatch.setattr(record_h5, "_put", real_put)
+    real_pwrite, writes = os.pwrite, [0]
+
+    def full_disk(fd, data, offset):
+        writes[0] += 1
+        if writes[0] > 25:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", full_disk)
+    with pytest.raises(OSError):
+        w.append(episodes()[1])
+    monkeypatch.setattr(os, "pwrite", real_pwrite)
+    assert path.read_bytes() == before and not journal_path(path).exists()
+    w.append(episodes()[1])
+    assert_same(read_h5(path), episodes()[:2])
+
+
+# --------------------------------------------------------------------------- corrupt input
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_truncated_file_is_corrupt(fmt, tmp_path):
+    """A file cut anywhere raises CorruptEpisode naming the file."""
+    path, read = write_all(fmt, episodes()[1:2], tmp_path)
+    data = path.read_bytes()
+    for cut in (0, 7, len(data) // 3, len(data) // 2, len(data) - 1):
+        path.write_bytes(data[:cut])
+        with pytest.raises(CorruptEpisode, match=str(path)):
+            read()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_flipped_bytes_never_return_different_data(fmt, tmp_path):
+    """A flipped byte anywhere: CorruptEpisode or the identical record, never silently different data."""
+    records = episodes()[1:2]
+    path, read = write_all(fmt, records, tmp_path)
+    data = bytearray(path.read_bytes())
+    detected = 0
+    for pos in np.linspace(0, len(data) - 1, 60).astype(int):
+        flipped = bytearray(data)
+        flipped[pos] ^= 0x5A
+        path.write_bytes(flipped)
+        try:
+            assert_same(read(), records)
+        except CorruptEpisode as err:
+            assert str(path) in str(err) and "\n" not in str(err)
+            detected += 1
+    assert detected > 40
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_not_a_recording_is_corrupt(fmt, tmp_path):
+    """Text, an empty file, or an HDF5 / zip of something else: CorruptEpisode naming the file."""
+    path = tmp_path / ("x.npz" if fmt == "npz" else "x.hdf5")
+    read = read_npz if fmt == "npz" else read_h5
+    for content in (b"", b"hello, not a recording\n" * 10):
+        path.write_bytes(content)
+        with pytest.raises(CorruptEpisode, match=str(path)):
+            read(path)
+    if fmt == "npz":
+        with open(path, "wb") as fh:
+            np.save(fh, np.zeros(3))
+        with pytest.raises(CorruptEpisode, match="single array"):
+            read(path)
+    path.unlink()
+    if fmt == "npz":
+        np.savez(path, a=np.zeros(3))
+    else:
+        with h5py.File(path, "w") as f:
+            f.create_dataset("a", data=np.zeros(3))
+    with pytest.raises(CorruptEpisode, match=str(path)):
+        read(path)
+    with pytest.raises(FileNotFoundError):
+        read(tmp_path / "missing")
+
+
+def _rewrite_npz(path, drop: str | None = None, **meta_update) -> None:
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != drop}
+    meta = json.loads(bytes(arrays["meta.json"]).decode()) | meta_update
+    arrays["meta.json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    with open(path, "wb") as fh:
+        np.savez(fh, **arrays)
+
+
+def test_missing_key_or_wrong_version_is_corrupt(tmp_path):
+    """A missing array or another format version raises CorruptEpisode with the file and the problem."""
+    rec = episodes()[1]
+    npz = tmp_path / "e.npz"
+    write_npz(rec, npz)
+    _rewrite_npz(npz, format_version=FORMAT_VERSION + 1)
+    with pytest.raises(CorruptEpisode, match=rf"{npz}: format version {FORMAT_VERSION + 1}"):
+        read_npz(npz)
+    write_npz(rec, npz)
+    _rewrite_npz(npz, drop="steps/rewards")
+    with pytest.raises(CorruptEpisode, match=rf"{npz}: .*rewards"):
+        read_npz(npz)
+    h5, _ = write_all("h5", [rec], tmp_path)
+    with h5py.File(h5, "r+") as f:
+        f["data/demo_1/rollcap"].attrs["format_version"] = 99
+    with pytest.raises(CorruptEpisode, match=rf"{h5}: data/demo_1: format version 99"):
+        read_h5(h5)
+    with h5py.File(h5, "r+") as f:
+        f["data/demo_1/rollcap"].attrs["format_version"] = FORMAT_VERSION
+        del f["data/demo_1/rewards"]
+    with pytest.raises(CorruptEpisode, match=rf"{h5}: data/demo_1: .*rewards"):
+        read_h5(h5)
