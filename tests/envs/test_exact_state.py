@@ -161,3 +161,27 @@ def test_adapter_restores_time_limit_and_order_enforcing():
     assert [fresh.step(idle)[3] for _ in range(3)] == [False, False, True]
     fp = fresh.state_fingerprint()
     assert fp["env_id"] == ENV_ID and fp["time_limits"] == [8]
+
+
+def test_restore_into_never_reset_gymnasium_env():
+    """A fresh gym.make chain (OrderEnforcing, PassiveEnvChecker) steps right after a restore."""
+    source = ExactStateWrapper(gym.make("Reacher-v5"))
+    source.reset(seed=2)
+    state = source.get_state()
+    actions = [np.full(2, 0.3 * (-1) ** i, np.float32) for i in range(6)]
+    reference = _play(source, actions)
+    fresh = ExactStateWrapper(gym.make("Reacher-v5"))
+    fresh.set_state(state)
+    assert _play(fresh, actions) == reference
+
+
+def test_restore_into_never_reset_pushblock_from_make():
+    """gym.make(PushBlock) is the bare env: restore and step with no reset, no wrapper."""
+    source = gym.make(ENV_ID)
+    source.reset(seed=8)
+    state = source.get_state()
+    actions = [np.array([0.5, 1.0], np.float32)] * 6
+    reference = _play(source, actions)
+    fresh = gym.make(ENV_ID)
+    fresh.set_state(state)
+    assert _play(fresh, actions) == reference
