@@ -10,8 +10,7 @@ import torch
 
 from rollcap.critics.value_critic import ValueCritic, ValueCriticConfig
 from rollcap.kernels.buffers import BufferSpec
-from rollcap.kernels.checkpoint import load_weights, read_checkpoint_meta, save_checkpoint
-from rollcap.kernels.errors import BadInput
+from rollcap.kernels.checkpoint import load_module, save_checkpoint
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import Lane, Ticket
 from rollcap.kernels.runner import GraphRunner
@@ -27,14 +26,7 @@ def save_critic(model: ValueCritic, path: str | Path) -> Path:
 
 def load_critic(path: str | Path = DEFAULT_CHECKPOINT) -> ValueCritic:
     """Load a ValueCritic checkpoint."""
-    meta = read_checkpoint_meta(path, KIND)
-    try:
-        cfg = ValueCriticConfig.from_json(meta["config"], where=str(Path(path).with_suffix(".json")))
-    except (TypeError, ValueError) as err:
-        raise BadInput(str(err)) from err
-    model = ValueCritic(cfg)
-    load_weights(model, path)
-    return model.eval()
+    return load_module(path, KIND, ValueCriticConfig.from_json, ValueCritic)
 
 
 class CriticRunner(GraphRunner):

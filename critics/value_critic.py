@@ -9,20 +9,18 @@ policy's prefix encoder architecture with its own weights and a readout token.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollcap.policies.flow_vla import _check_fields
 from rollcap.policies.layers import PrefixEncoder
-from rollcap.policies.observation import ObsSpec
+from rollcap.policies.observation import ObsModelConfig
 
 
 @dataclass(frozen=True)
-class ValueCriticConfig:
+class ValueCriticConfig(ObsModelConfig):
     """Shape settings of a :class:`ValueCritic`."""
 
     image_keys: tuple[str, ...] = ("image_front",)
@@ -33,6 +31,8 @@ class ValueCriticConfig:
     """Patch side for image tokens."""
     state_dim: int = 16
     """Length of the state vector."""
+    state_group: int = 4
+    """State dims per prefix token (0: the whole state as one token). 4 gives one token per object of PushBlock."""
     max_tokens: int = 48
     """Instruction token budget."""
     width: int = 96
@@ -45,25 +45,11 @@ class ValueCriticConfig:
     """Value bins over [-1, 0]."""
 
     def __post_init__(self):
-        for name in ("image_size", "patch_size", "state_dim", "max_tokens", "width", "depth", "heads"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"ValueCriticConfig.{name}: expected a positive int, got {v!r}")
+        if not isinstance(self.state_group, int) or self.state_group < 0 or (self.state_group and self.state_dim % self.state_group):
+            raise ValueError(f"ValueCriticConfig.state_group: expected 0 or a divisor of state_dim {self.state_dim}, got {self.state_group!r}")
+        self._require_positive("image_size", "patch_size", "state_dim", "max_tokens", "width", "depth", "heads")
         if not isinstance(self.n_bins, int) or self.n_bins < 2:
             raise ValueError(f"ValueCriticConfig.n_bins: expected an int >= 2, got {self.n_bins!r}")
-
-    @property
-    def obs_spec(self) -> ObsSpec:
-        return ObsSpec(self.image_keys, self.image_size, self.state_dim, self.max_tokens)
-
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["image_keys"] = list(self.image_keys)
-        return d
-
-    @classmethod
-    def from_json(cls, data: dict, where: str = "ValueCriticConfig") -> ValueCriticConfig:
-        return cls(**_check_fields(cls, data, where))
 
 
 class ValueCritic(nn.Module):
@@ -72,7 +58,7 @@ class ValueCritic(nn.Module):
     def __init__(self, cfg: ValueCriticConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1)
+        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group)
         self.readout = nn.Parameter(torch.zeros(1, 1, cfg.width))
         self.head = nn.Sequential(nn.Linear(cfg.width, cfg.width), nn.GELU(approximate="tanh"), nn.Linear(cfg.width, cfg.n_bins))
         self.register_buffer("centers", torch.linspace(-1.0, 0.0, cfg.n_bins), persistent=False)

@@ -1,6 +1,6 @@
-"""Train and write the default PushBlock policy + critic (the shipped checkpoint).
+"""Train and write the default PushBlock policy + critic (the shipped checkpoints).
 
-    python examples/train_default.py                # full run, ~10 min on 2 cores
+    python examples/train_default.py                   # full run, writes policies/weights and critics/weights
     python examples/train_default.py --demos 4 --policy-steps 5 --critic-steps 5 --eval-episodes 2 --out /tmp/w
 """
 
@@ -10,20 +10,21 @@ import argparse
 from dataclasses import fields
 from pathlib import Path
 
+from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC
+from rollcap.policies import DEFAULT_CHECKPOINT as POLICY
 from rollcap.rollout.training import TrainConfig, train_default
-
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "policies" / "weights"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in fields(TrainConfig):
-        if f.type in ("int", "float"):
-            ap.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.type == "int" else float, default=f.default)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="where the weights go (default: the shipped location)")
+    numeric = [f for f in fields(TrainConfig) if f.type in ("int", "float")]
+    for f in numeric:
+        ap.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.type == "int" else float, default=f.default)
+    ap.add_argument("--out", type=Path, default=None, help="write both checkpoints into this directory instead of the shipped locations")
     args = ap.parse_args()
-    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig) if f.type in ("int", "float")})
-    train_default(cfg, args.out)
+    cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in numeric})
+    policy, critic = (POLICY, CRITIC) if args.out is None else (args.out / POLICY.name, args.out / CRITIC.name)
+    train_default(cfg, policy, critic)
 
 
 if __name__ == "__main__":

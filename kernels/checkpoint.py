@@ -30,6 +30,7 @@ def save_checkpoint(module: torch.nn.Module, config: dict, path: str | Path, kin
         os.close(fd)
         try:
             write(tmp)
+            os.chmod(tmp, 0o644)  # mkstemp makes 0600; checkpoints are shared read-only data
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, dst)
@@ -79,3 +80,19 @@ def load_weights(module: torch.nn.Module, path: str | Path) -> str:
             )
     module.load_state_dict(tensors, strict=True)
     return tensor_digest(tensors)
+
+
+def load_module(path: str | Path, kind: str, config_from_json, build) -> torch.nn.Module:
+    """Read a checkpoint's config, build the module, load its weights; eval mode.
+
+    ``config_from_json(data, where)`` parses the config (raising ``ValueError``
+    naming the field); ``build(config)`` makes the module.
+    """
+    meta = read_checkpoint_meta(path, kind)
+    try:
+        cfg = config_from_json(meta["config"], str(Path(path).with_suffix(".json")))
+    except (TypeError, ValueError) as err:
+        raise CheckpointMismatch(str(err)) from err
+    module = build(cfg)
+    load_weights(module, path)
+    return module.eval()

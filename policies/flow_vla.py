@@ -12,7 +12,6 @@ batched in one captured graph and are combined with classifier-free guidance
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -21,28 +20,13 @@ from torch import nn
 
 from rollcap.kernels.ops import cfg_euler_step
 from rollcap.policies.layers import Block, PrefixEncoder, timestep_embedding
-from rollcap.policies.observation import ObsSpec
+from rollcap.policies.observation import ObsModelConfig
 
 ADV_NEGATIVE, ADV_POSITIVE, ADV_DROPPED = 0, 1, 2
 
 
-def _check_fields(cls, data: dict, where: str) -> dict:
-    """Validate a JSON config dict against a dataclass: name unknown/missing/mistyped fields."""
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"{where}: unknown config fields {unknown}")
-    out = dict(data)
-    for name in ("image_keys",):
-        if name in out and isinstance(out[name], list):
-            out[name] = tuple(out[name])
-    return out
-
-
 @dataclass(frozen=True)
-class FlowVLAConfig:
+class FlowVLAConfig(ObsModelConfig):
     """Shape and sampling settings of a :class:`FlowVLA`."""
 
     image_keys: tuple[str, ...] = ("image_front",)
@@ -57,6 +41,8 @@ class FlowVLAConfig:
     """Action dimension A."""
     horizon: int = 8
     """Actions per chunk H."""
+    state_group: int = 4
+    """State dims per prefix token (0: the whole state as one token). 4 gives one token per object of PushBlock."""
     max_tokens: int = 48
     """Instruction token budget (bytes + BOS + EOS); longer instructions are refused."""
     width: int = 128
@@ -73,27 +59,13 @@ class FlowVLAConfig:
     """Training: probability the advantage indicator is dropped (enables CFG)."""
 
     def __post_init__(self):
-        for name in ("image_size", "patch_size", "state_dim", "action_dim", "horizon", "max_tokens", "width", "depth", "heads", "num_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"FlowVLAConfig.{name}: expected a positive int, got {v!r}")
+        if not isinstance(self.state_group, int) or self.state_group < 0 or (self.state_group and self.state_dim % self.state_group):
+            raise ValueError(f"FlowVLAConfig.state_group: expected 0 or a divisor of state_dim {self.state_dim}, got {self.state_group!r}")
+        self._require_positive("image_size", "patch_size", "state_dim", "action_dim", "horizon", "max_tokens", "width", "depth", "heads", "num_steps")
         if self.max_tokens < 3:
             raise ValueError(f"FlowVLAConfig.max_tokens: needs >= 3 (BOS, a byte, EOS), got {self.max_tokens}")
         if not 0.0 <= self.adv_dropout < 1.0:
             raise ValueError(f"FlowVLAConfig.adv_dropout: expected [0, 1), got {self.adv_dropout}")
-
-    @property
-    def obs_spec(self) -> ObsSpec:
-        return ObsSpec(self.image_keys, self.image_size, self.state_dim, self.max_tokens)
-
-    def to_json(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["image_keys"] = list(self.image_keys)
-        return d
-
-    @classmethod
-    def from_json(cls, data: dict, where: str = "FlowVLAConfig") -> FlowVLAConfig:
-        return cls(**_check_fields(cls, data, where))
 
 
 class ActionExpert(nn.Module):
@@ -131,7 +103,7 @@ class FlowVLA(nn.Module):
     def __init__(self, cfg: FlowVLAConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1)
+        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group)
         self.adv_emb = nn.Embedding(3, cfg.width)
         self.expert = ActionExpert(cfg)
 

@@ -16,6 +16,9 @@ from torch import nn
 from rollcap.policies.observation import PAD, VOCAB_SIZE, ObsSpec
 
 
+N_FREQS = 4
+
+
 class Attention(nn.Module):
     """Multi-head attention whose keys/values may be prefixed by cached ones."""
 
@@ -70,8 +73,11 @@ class PrefixEncoder(nn.Module):
     attention), the final hidden state, and the key mask (False on PAD tokens).
     """
 
-    def __init__(self, spec: ObsSpec, width: int, depth: int, heads: int, patch: int, n_extra: int):
+    def __init__(self, spec: ObsSpec, width: int, depth: int, heads: int, patch: int, n_extra: int, state_group: int = 0):
         super().__init__()
+        if state_group and spec.state_dim % state_group:
+            raise ValueError(f"state_group {state_group} does not divide state_dim {spec.state_dim}")
+        self.state_group = state_group
         if spec.image_size % patch:
             raise ValueError(f"image_size {spec.image_size} is not a multiple of patch_size {patch}")
         self.spec = spec
@@ -81,7 +87,13 @@ class PrefixEncoder(nn.Module):
         self.cam_pos = nn.Parameter(torch.zeros(len(spec.image_keys), self.n_patches, width))
         self.tok_emb = nn.Embedding(VOCAB_SIZE, width)
         self.tok_pos = nn.Parameter(torch.zeros(spec.max_tokens, width))
-        self.state_proj = nn.Linear(spec.state_dim, width)
+        if state_group == 0:
+            self.state_proj = nn.Linear(spec.state_dim, width)
+        else:  # one token per group of dims: Fourier features through a per-group projection
+            groups, feats = spec.state_dim // state_group, state_group * (2 * N_FREQS + 1)
+            self.register_buffer("state_freqs", torch.pi * 2.0 ** torch.arange(N_FREQS, dtype=torch.float32) / 4.0, persistent=False)
+            self.state_w = nn.Parameter(torch.randn(groups, feats, width) / feats**0.5)
+            self.state_b = nn.Parameter(torch.zeros(groups, width))
         self.register_buffer("state_mean", torch.zeros(spec.state_dim))
         self.register_buffer("state_std", torch.ones(spec.state_dim))
         self.extra_pos = nn.Parameter(torch.zeros(n_extra, width))
@@ -103,7 +115,15 @@ class PrefixEncoder(nn.Module):
         parts = [self.patchify(img) + self.cam_pos[i] for i, img in enumerate(images)]
         parts.append(self.tok_emb(tokens) + self.tok_pos)
         s = (state - self.state_mean) / self.state_std
-        parts.append(self.state_proj(s)[:, None, :])
+        if self.state_group == 0:
+            parts.append(self.state_proj(s)[:, None, :])
+            n_state = 1
+        else:
+            f = s[:, :, None] * self.state_freqs
+            feats = torch.cat([s[:, :, None], torch.sin(f), torch.cos(f)], dim=-1)
+            n_state = self.state_w.shape[0]
+            feats = feats.reshape(b, n_state, -1)
+            parts.append(torch.einsum("bgf,gfw->bgw", feats, self.state_w) + self.state_b)
         parts.append(extra + self.extra_pos)
         x = torch.cat(parts, dim=1)
         n_img = len(images) * self.n_patches
@@ -111,7 +131,7 @@ class PrefixEncoder(nn.Module):
             [
                 torch.ones(b, n_img, dtype=torch.bool, device=x.device),
                 tokens != PAD,
-                torch.ones(b, 1 + extra.shape[1], dtype=torch.bool, device=x.device),
+                torch.ones(b, n_state + extra.shape[1], dtype=torch.bool, device=x.device),
             ],
             dim=1,
         )

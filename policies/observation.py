@@ -10,6 +10,7 @@ broadcasting.
 from __future__ import annotations
 
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,3 +88,37 @@ class ObsSpec:
                 token_cache[text] = toks
         out["tokens"] = toks[None]
         return out
+
+
+class ObsModelConfig:
+    """Mixin for model configs that read observations (``image_keys``, ``image_size``,
+    ``state_dim``, ``max_tokens``): the obs spec and JSON round trip, checked by field name."""
+
+    @property
+    def obs_spec(self) -> ObsSpec:
+        return ObsSpec(self.image_keys, self.image_size, self.state_dim, self.max_tokens)
+
+    def _require_positive(self, *names: str) -> None:
+        for name in names:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{type(self).__name__}.{name}: expected a positive int, got {v!r}")
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["image_keys"] = list(self.image_keys)
+        return d
+
+    @classmethod
+    def from_json(cls, data: dict, where: str = ""):
+        """Build from a JSON object, naming unknown fields; ``where`` prefixes messages."""
+        where = where or cls.__name__
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"{where}: unknown config fields {unknown}")
+        data = dict(data)
+        if isinstance(data.get("image_keys"), list):
+            data["image_keys"] = tuple(data["image_keys"])
+        return cls(**data)

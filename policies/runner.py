@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from rollcap.kernels.buffers import BufferSpec
-from rollcap.kernels.checkpoint import load_weights, read_checkpoint_meta, save_checkpoint
-from rollcap.kernels.errors import BadInput
+from rollcap.kernels.checkpoint import load_module, save_checkpoint
+from rollcap.kernels.errors import BadInput, CheckpointMismatch
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import Lane, Ticket
 from rollcap.kernels.runner import GraphRunner
@@ -33,17 +33,12 @@ def save_policy(model: FlowVLA, path: str | Path) -> Path:
 
 def load_policy(path: str | Path = DEFAULT_CHECKPOINT, expect: FlowVLAConfig | None = None) -> FlowVLA:
     """Load a FlowVLA checkpoint; ``expect`` (if given) must equal its config."""
-    meta = read_checkpoint_meta(path, KIND)
-    try:
-        cfg = FlowVLAConfig.from_json(meta["config"], where=str(Path(path).with_suffix(".json")))
-    except (TypeError, ValueError) as err:
-        raise BadInput(str(err)) from err
+    model = load_module(path, KIND, FlowVLAConfig.from_json, FlowVLA)
+    cfg = model.cfg
     if expect is not None and cfg != expect:
         diff = [f"{k}: checkpoint {getattr(cfg, k)!r} vs expected {getattr(expect, k)!r}" for k in cfg.to_json() if getattr(cfg, k) != getattr(expect, k)]
-        raise BadInput(f"{path}: checkpoint config differs: {'; '.join(diff)}")
-    model = FlowVLA(cfg)
-    load_weights(model, path)
-    return model.eval()
+        raise CheckpointMismatch(f"{path}: checkpoint config differs: {'; '.join(diff)}")
+    return model
 
 
 class PolicyRunner(GraphRunner):

@@ -42,7 +42,7 @@ def _time(fn, n: int, warm: int = 3) -> list[float]:
 
 
 def _sample_obs(parts: Parts):
-    env = make_env(parts.env_id)
+    env = make_env(parts.env_id, parts.env_kwargs)
     obs, _ = env.reset(seed=0)
     env.close()
     return obs
@@ -132,7 +132,7 @@ def bench_host(parts: Parts, n: int) -> dict:
     from rollcap.rollout.subscribers import Metrics
 
     episodes = max(2, n // 20)
-    env = make_env(parts.env_id)
+    env = make_env(parts.env_id, parts.env_kwargs)
     policy, critic = make_runners(parts)
     out: dict = {"episodes": episodes}
 
@@ -142,7 +142,7 @@ def bench_host(parts: Parts, n: int) -> dict:
         # interleave recorded / unrecorded runs of the same episodes
         for rep in range(2):
             for mode in ("plain", "recorded"):
-                subs = [metrics] if mode == "plain" else [EpisodeRecorder(Path(tmp) / f"r{rep}", formats=("npz", "h5"), env_meta={"env_name": parts.env_id, "type": 4, "env_kwargs": {}})]
+                subs = [metrics] if mode == "plain" else [EpisodeRecorder(Path(tmp) / f"r{rep}", formats=("npz", "h5"), env_meta={"env_name": parts.env_id, "type": 2, "env_kwargs": {}})]
                 host = RolloutHost(env, policy, critic, HostConfig(seed=7), subs)
                 t0 = time.perf_counter()
                 host.run(episodes)

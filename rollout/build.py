@@ -44,6 +44,8 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None):
         return gym.make(env_id, **(env_kwargs or {}))
     except gym.error.Error as err:
         raise ValueError(f"--env {env_id!r}: {err}") from err
+    except TypeError as err:
+        raise ValueError(f"--env-kwargs for {env_id}: {err}") from err
 
 
 def make_runners(parts: Parts) -> tuple[PolicyRunner, CriticRunner]:

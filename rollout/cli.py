@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 EXAMPLES = """examples:
@@ -29,6 +27,7 @@ def _add_parts_args(p: argparse.ArgumentParser) -> None:
     from rollcap.rollout.build import DEFAULT_ENV
 
     p.add_argument("--env", default=DEFAULT_ENV, help="gymnasium env id (default: %(default)s)")
+    p.add_argument("--env-kwargs", default="{}", metavar="JSON", help='keyword arguments for gym.make as JSON, e.g. \'{"image_size": 32}\'')
     p.add_argument("--policy", type=Path, default=None, help="policy checkpoint .json (default: the shipped one)")
     p.add_argument("--critic", type=Path, default=None, help="critic checkpoint .json (default: the shipped one)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] (default: %(default)s)")
@@ -39,7 +38,13 @@ def _add_parts_args(p: argparse.ArgumentParser) -> None:
 def _parts(args):
     from rollcap.rollout.build import Parts
 
-    kw = {"env_id": args.env, "device": args.device, "backend": args.backend, "threads": args.threads}
+    try:
+        env_kwargs = json.loads(args.env_kwargs)
+    except json.JSONDecodeError as err:
+        raise UserError(f"--env-kwargs: not valid JSON ({err.msg} at char {err.pos}): {args.env_kwargs!r}") from err
+    if not isinstance(env_kwargs, dict):
+        raise UserError(f"--env-kwargs: expected a JSON object, got {args.env_kwargs!r}")
+    kw = {"env_id": args.env, "env_kwargs": env_kwargs, "device": args.device, "backend": args.backend, "threads": args.threads}
     if args.policy is not None:
         kw["policy"] = args.policy
     if args.critic is not None:
@@ -49,28 +54,11 @@ def _parts(args):
     return Parts(**kw)
 
 
-@contextmanager
-def _deferred_sigint():
-    """Hold SIGINT while a recording is written; deliver it right after."""
-    got = []
-    try:
-        old = signal.signal(signal.SIGINT, lambda *a: got.append(a))
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-        if got:
-            raise KeyboardInterrupt
-
-
 def cmd_run(args) -> int:
     from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.host import HostConfig, RolloutHost
     from rollcap.rollout.recording import EpisodeRecorder
-    from rollcap.rollout.subscribers import Metrics, Progress, Subscriber
+    from rollcap.rollout.subscribers import Metrics, Progress
 
     if args.episodes < 1:
         raise UserError(f"--episodes: expected >= 1, got {args.episodes}")
@@ -87,18 +75,13 @@ def cmd_run(args) -> int:
     except ValueError as err:
         raise UserError(str(err)) from err
     parts = _parts(args)
-    env = make_env(parts.env_id)
+    env = make_env(parts.env_id, parts.env_kwargs)
     policy, critic = make_runners(parts)
-    env_meta = {"env_name": parts.env_id, "type": 4, "env_kwargs": dict(env.spec.kwargs or {}) if env.spec else {}}
+    env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if env.spec else {}}
     recorder = EpisodeRecorder(out, formats=formats, env_meta=env_meta, resume=args.resume)
 
-    class _Safe(Subscriber):
-        def on_episode_end(self, record):
-            with _deferred_sigint():
-                recorder.on_episode_end(record)
-
     metrics = Metrics()
-    subs = [_Safe(), metrics]
+    subs = [recorder, metrics]  # the recorder holds Ctrl-C while it commits an episode
     if not args.no_progress:
         subs.append(Progress(args.episodes))
     host = RolloutHost(env, policy, critic, cfg, subs)

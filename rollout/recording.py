@@ -25,7 +25,7 @@ import numpy as np
 from rollcap.rollout.episode import ACTOR_HUMAN, ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.record_h5 import H5Writer, h5_indices, read_h5, read_h5_episode, recover_h5
-from rollcap.rollout.record_journal import journal_path
+from rollcap.rollout.record_journal import _signals_deferred, journal_path
 from rollcap.rollout.record_npz import (
     SCALARS,
     TABLES,
@@ -173,13 +173,15 @@ class EpisodeRecorder(Subscriber):
             raise RuntimeError(f"{self.run_dir}: on_episode_end() after close()")
         if record.index in self._indices:
             raise ValueError(f"{self.run_dir}: episode {record.index} is already recorded; indices must be unique")
-        if "npz" in self.formats:
-            write_npz(record, self.npz_path(record.index))
-        if "h5" in self.formats:
-            if self._h5 is None:
-                self._h5 = H5Writer(self.h5_path, self._default_env_meta(record), resume=False)
-            self._h5.append(record)
-        self._indices.add(record.index)
+        # Ctrl-C is held across both formats, so an episode is in all of them or none.
+        with _signals_deferred():
+            if "npz" in self.formats:
+                write_npz(record, self.npz_path(record.index))
+            if "h5" in self.formats:
+                if self._h5 is None:
+                    self._h5 = H5Writer(self.h5_path, self._default_env_meta(record), resume=False)
+                self._h5.append(record)
+            self._indices.add(record.index)
 
     def on_run_end(self) -> None:
         """Called by the host after the last episode: same as :meth:`close`."""

@@ -56,8 +56,8 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(self, name)}")
 
 
-NOISY = ExpertNoise(action_std=0.5, wrong_block_prob=0.3, give_up_prob=0.3)
-CLEAN = ExpertNoise(action_std=0.1)
+NOISY = ExpertNoise(action_std=0.2, wrong_block_prob=0.3, give_up_prob=0.3)
+CLEAN = ExpertNoise(action_std=0.05)
 
 
 @dataclass
@@ -140,7 +140,7 @@ def _train(model, loss_fn, steps: int, cfg: TrainConfig, n: int, seed: int, log)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if log and (i + 1) % max(1, steps // 10) == 0:
             log(f"  step {i + 1}/{steps} loss {np.mean(losses[-50:]):.4f}")
     return losses
@@ -237,21 +237,19 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
     return out
 
 
-def train_default(cfg: TrainConfig, out_dir: Path, log=print) -> dict:
-    """Collect, train, evaluate, write ``pushblock_policy.*`` / ``pushblock_critic.*`` under ``out_dir``."""
+def train_default(cfg: TrainConfig, policy_path: Path, critic_path: Path, log=print) -> dict:
+    """Collect, train, evaluate; write the checkpoints and ``training_report.json`` beside the policy."""
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     d = collect_demos(cfg)
     log(f"collected {cfg.demos} demos, {len(d.value)} steps, {d.episode_success.mean():.0%} successful ({time.perf_counter() - t0:.0f} s)")
     policy, critic = train_models(d, cfg, log)
     t_train = time.perf_counter() - t0
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_policy(policy, out_dir / "pushblock_policy")
-    save_critic(critic, out_dir / "pushblock_critic")
+    save_policy(policy, Path(policy_path).with_suffix(""))
+    save_critic(critic, Path(critic_path).with_suffix(""))
     report = {"train_seconds": t_train}
     report.update(evaluate(policy, critic, cfg, log))
     cfg_json = asdict(cfg)
     report["config"] = json.loads(json.dumps(cfg_json, default=list))
-    (out_dir / "training_report.json").write_text(json.dumps(report, indent=2))
+    (Path(policy_path).parent / "training_report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report

@@ -110,7 +110,7 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
     b = PolicyRunner(loaded, backend="eager").act(make_obs(0), make_noise(0))
     assert a.tobytes() == b.tobytes()
     other = FlowVLAConfig(**{**TINY_POLICY.to_json(), "image_keys": ("image_front",), "width": 64})
-    with pytest.raises(BadInput, match="width: checkpoint 32 vs expected 64"):
+    with pytest.raises(CheckpointMismatch, match="width: checkpoint 32 vs expected 64"):
         load_policy(tmp_path / "p.json", expect=other)
     meta = json.loads((tmp_path / "p.json").read_text())
     meta["config"]["width"] = 64
@@ -119,7 +119,7 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
         load_policy(tmp_path / "p.json")
     meta["config"]["bogus"] = 1
     (tmp_path / "p.json").write_text(json.dumps(meta))
-    with pytest.raises(BadInput, match="unknown config fields \\['bogus'\\]"):
+    with pytest.raises(CheckpointMismatch, match="p.json: unknown config fields \\['bogus'\\]"):
         load_policy(tmp_path / "p.json")
 
 

@@ -1,0 +1,140 @@
+"""The rollcap CLI end to end, in subprocesses: run -> replay, SIGINT, corrupt files, bad flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rollcap.critics import save_critic
+from rollcap.policies import save_policy
+from rollcap.rollout.inspect import load_any
+from tests.rollout._tiny import ENV_KW, make_runners
+
+ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ckpt")
+    p, c = make_runners(seed=1, backend="eager")
+    save_policy(p.model, d / "policy")
+    save_critic(c.model, d / "critic")
+    return ["--policy", str(d / "policy.json"), "--critic", str(d / "critic.json"), "--env-kwargs", json.dumps(ENV_KW)]
+
+
+def rollcap(*args, timeout=240):
+    return subprocess.run([*ROLLCAP, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def run_dir(ckpt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "r"
+    res = rollcap("run", "--episodes", 3, "--out", out, "--max-chunks", 4, "--no-progress", *ckpt)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "success rate" in res.stdout and "stop reasons" in res.stdout and "chunk boundary" in res.stdout
+    return out
+
+
+def test_run_records_both_formats(run_dir):
+    """A run leaves 3 npz episodes, an HDF5 with 3 demos and a summary.json."""
+    assert len(list((run_dir / "episodes").glob("episode_*.npz"))) == 3
+    assert [r.index for r in load_any(run_dir / "episodes.hdf5")] == [0, 1, 2]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["episodes"] == 3 and summary["stop_reasons"]
+
+
+def test_replay_in_a_fresh_process_is_exact_in_all_modes(run_dir, ckpt):
+    """replay reports every episode exact in policy, env and closed-loop modes (h5 and npz)."""
+    for target in (run_dir / "episodes.hdf5", run_dir / "episodes"):
+        res = rollcap("replay", target, *ckpt)
+        assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith("episode")]
+        assert len(lines) == 9 and all(ln.rstrip().endswith("exact") for ln in lines), res.stdout
+
+
+def test_replay_with_other_weights_reports_fingerprint_and_deviation(run_dir, tmp_path):
+    """Replaying with different weights says exactness is not expected and reports the deviation."""
+    p, c = make_runners(seed=2, backend="eager")
+    save_policy(p.model, tmp_path / "p2")
+    save_critic(c.model, tmp_path / "c2")
+    res = rollcap("replay", run_dir / "episodes" / "episode_00000.npz", "--mode", "policy", "--policy", tmp_path / "p2.json", "--critic", tmp_path / "c2.json")
+    assert res.returncode == 0, res.stderr
+    assert "fingerprint differs: weights_digest" in res.stdout and "max|diff|" in res.stdout
+
+
+def test_inspect_table_and_plots(run_dir, tmp_path):
+    """inspect prints one row per episode and writes a PNG per episode."""
+    res = rollcap("inspect", run_dir, "--plot", tmp_path / "plots")
+    assert res.returncode == 0, res.stderr
+    assert len(list((tmp_path / "plots").glob("*.png"))) == 3
+
+
+@pytest.mark.parametrize("command", ["replay", "inspect"])
+def test_corrupt_recordings_give_one_line_and_exit_2(run_dir, tmp_path, command):
+    """A truncated npz or a non-HDF5 .hdf5 gets one line naming the file, exit 2, no traceback."""
+    bad = tmp_path / "cut.npz"
+    data = (run_dir / "episodes" / "episode_00000.npz").read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    junk = tmp_path / "junk.hdf5"
+    junk.write_text("not an hdf5 file")
+    for path in (bad, junk):
+        res = rollcap(command, path)
+        assert res.returncode == 2, res.stdout + res.stderr
+        assert "Traceback" not in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1 and path.name in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["run", "--episodes", "0"], "--episodes"),
+        (["run", "--format", "csv"], "--format"),
+        (["run", "--critic-threshold", "0.5"], "--critic-threshold"),
+        (["run", "--env-kwargs", "{bad"], "--env-kwargs"),
+        (["run", "--policy", "/nonexistent/p.json"], "/nonexistent/p.json"),
+        (["replay", "/nonexistent.npz"], "/nonexistent.npz"),
+        (["capsule", "inspect", "/nonexistent-capsule"], "/nonexistent-capsule"),
+    ],
+)
+def test_user_mistakes_are_one_line_exit_2(args, needle, tmp_path):
+    """Bad flags and missing files: exit 2, one line on stderr naming the culprit."""
+    res = rollcap(*args, "--out", tmp_path / "o") if args[0] == "run" else rollcap(*args)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "Traceback" not in res.stderr and needle in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_sigint_keeps_whole_episodes_and_exits_130(ckpt, tmp_path):
+    """SIGINT mid-run: exit 130, every finished episode readable in both formats, none partial."""
+    out = tmp_path / "r"
+    proc = subprocess.Popen([*ROLLCAP, "run", "--episodes", "500", "--out", str(out), "--no-progress", *ckpt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "episodes").glob("episode_*.npz"))) < 2:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err
+    npz = load_any(out / "episodes")
+    h5 = load_any(out / "episodes.hdf5")
+    assert len(npz) >= 2 and [r.index for r in npz] == list(range(len(npz)))
+    assert [r.index for r in h5] == [r.index for r in npz]
+    assert not [p for p in (out / "episodes").iterdir() if not p.name.endswith(".npz")]
+    res = rollcap("run", "--episodes", 1, "--out", out, "--resume", "--no-progress", *ckpt)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [r.index for r in load_any(out / "episodes.hdf5")] == list(range(len(npz) + 1))
+
+
+def test_help_everywhere():
+    """--help works for the CLI and each subcommand, with an example."""
+    for sub in ([], ["run"], ["replay"], ["inspect"], ["bench"], ["capsule", "inspect"]):
+        res = rollcap(*sub, "--help")
+        assert res.returncode == 0 and "usage:" in res.stdout
+        assert sub == ["capsule", "inspect"] or "example" in res.stdout
