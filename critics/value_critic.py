@@ -29,7 +29,7 @@ class ValueCriticConfig(ObsModelConfig):
     """Square image side in pixels."""
     patch_size: int = 16
     """Patch side for image tokens."""
-    state_dim: int = 16
+    state_dim: int = 28
     """Length of the state vector."""
     state_group: int = 4
     """State dims per prefix token (0: the whole state as one token). 4 gives one token per object of PushBlock."""

@@ -97,7 +97,7 @@ class ScriptedExpert:
     def _clean_action(self, state: np.ndarray, block: int, target: int) -> np.ndarray:
         """A piecewise-smooth velocity field (no reversal at region borders, so BC can fit it)."""
         p = state[0:2]
-        b = state[4 + 4 * block : 6 + 4 * block]
+        b = p + state[4 + 4 * block : 6 + 4 * block]  # block offsets are relative to the pusher
         goal = np.asarray(self.scene.target_xy[target], dtype=np.float64)
         d = goal - b
         dist = math.hypot(*d)

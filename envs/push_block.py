@@ -45,7 +45,7 @@ from rollcap.envs.state import (
 ENV_ID = "rollcap/PushBlock-v0"
 CAMERAS = ("front",)
 RENDERERS = ("numpy", "mujoco")
-STATE_DIM = 4 + 4 * len(BLOCKS)
+STATE_DIM = 4 + 4 * len(BLOCKS) + 4 * len(TARGETS)
 
 # Episode phases, kept in the exact state.
 _NEEDS_RESET, _RUNNING, _OVER = 0, 1, 2
@@ -116,9 +116,11 @@ class PushBlockEnv(gym.Env):
     ``info["action_clipped"]`` / ``info["clip_count"]`` (clipped components
     this episode) report it.
 
-    Observation (``Dict``): ``"state"`` float32 ``(16,)`` in [-1, 1] = pusher
-    x, y (m), pusher vx, vy (m/s, clipped to [-1, 1]), then per block (red,
-    green, blue) x, y (m), sin(yaw), cos(yaw);
+    Observation (``Dict``): ``"state"`` float32 ``(28,)`` in [-1, 1] = pusher
+    x, y (m), pusher vx, vy (m/s, clipped to [-1, 1]); then per block (red,
+    green, blue) its x, y offset from the pusher (m), sin(yaw), cos(yaw); then
+    per target (left, middle, right) its x, y offset from the pusher and its
+    x, y (m). Offsets are egocentric, as robot proprio usually is;
     ``"image_front"`` uint8 ``(S, S, 3)`` top-down RGB (when ``render_images``);
     ``"instruction"`` a ``Text`` string. The state holds no task: only the
     instruction says which block and target.
@@ -321,10 +323,14 @@ class PushBlockEnv(gym.Env):
         state = np.empty(STATE_DIM, dtype=np.float32)
         state[0:2] = q[0:2]
         state[2:4] = np.clip(v[0:2], -1.0, 1.0)
-        per = state[4:].reshape(len(BLOCKS), 4)
-        per[:, 0:2] = blocks[:, 0:2]
+        nb = len(BLOCKS)
+        per = state[4 : 4 + 4 * nb].reshape(nb, 4)
+        per[:, 0:2] = blocks[:, 0:2] - q[0:2]  # egocentric: relative to the pusher
         per[:, 2] = np.sin(blocks[:, 2])
         per[:, 3] = np.cos(blocks[:, 2])
+        tgt = state[4 + 4 * nb :].reshape(len(TARGETS), 4)
+        tgt[:, 0:2] = self._targets - q[0:2]
+        tgt[:, 2:4] = self._targets
         obs: dict[str, Any] = {"state": state}
         if self.config.render_images:
             for cam, r in self._image_renderers.items():

@@ -35,7 +35,7 @@ class FlowVLAConfig(ObsModelConfig):
     """Square image side in pixels."""
     patch_size: int = 16
     """Patch side for the image tokens."""
-    state_dim: int = 16
+    state_dim: int = 28
     """Length of the proprio/object state vector."""
     action_dim: int = 2
     """Action dimension A."""

@@ -70,7 +70,7 @@ def cmd_run(args) -> int:
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise UserError(f"--out {out}: directory is not empty (use --resume to continue that run, or another --out)")
     try:
-        cfg = HostConfig(seed=args.seed, critic_threshold=args.critic_threshold, critic_patience=args.critic_patience, max_chunks=args.max_chunks, max_seconds=args.max_seconds)
+        cfg = HostConfig(seed=args.seed, critic_threshold=args.critic_threshold, critic_patience=args.critic_patience, max_chunks=args.max_chunks, max_seconds=args.max_seconds, execute_steps=args.execute_steps)
         cfg.predicates()  # validates patience / limits
     except ValueError as err:
         raise UserError(str(err)) from err
@@ -146,9 +146,7 @@ def cmd_replay(args) -> int:
                 if mode == "env":
                     res = replay_env(rec, env)
                 else:
-                    c = rec.config
-                    cfg = HostConfig(seed=c.get("seed", 0), critic_threshold=c.get("critic_threshold"), critic_patience=c.get("critic_patience", 2), max_chunks=c.get("max_chunks"), max_seconds=c.get("max_seconds"))
-                    res = replay_closed(rec, RolloutHost(env, policy, critic, cfg))
+                    res = replay_closed(rec, RolloutHost(env, policy, critic, HostConfig.from_json(rec.config)))
             failed += res.failed
             print(res.line())
     print(f"{len(records)} episode(s), {len(modes)} mode(s): {'all exact' if not failed else f'{failed} diverged'}")
@@ -199,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--critic-patience", type=int, default=2, help="... for this many consecutive chunks (default: %(default)s)")
     p.add_argument("--max-chunks", type=int, default=None, help="stop an episode before this chunk index")
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock limit per episode (not replay-exact)")
+    p.add_argument("--execute-steps", type=int, default=None, help="actions of each chunk to execute before re-planning (default: the shipped policy's setting)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_parts_args(p)
     p.set_defaults(func=cmd_run)

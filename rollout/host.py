@@ -22,6 +22,7 @@ through its :class:`EventBus`.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from collections.abc import Callable, Sequence
@@ -71,10 +72,20 @@ class HostConfig:
     """Stop before this chunk index (None: the env's own time limit)."""
     max_seconds: float | None = None
     """Wall-clock limit per episode (not replay-exact; None: off)."""
+    execute_steps: int | None = None
+    """Actions of each chunk executed before the next boundary (None: the whole chunk)."""
 
     def __post_init__(self):
+        if self.execute_steps is not None and self.execute_steps < 1:
+            raise ValueError(f"--execute-steps: expected >= 1, got {self.execute_steps}")
         if self.critic_threshold is not None and not -1.0 <= self.critic_threshold <= 0.0:
             raise ValueError(f"--critic-threshold: values live in [-1, 0], got {self.critic_threshold}")
+
+    @classmethod
+    def from_json(cls, data: dict) -> HostConfig:
+        """The config a recording was made with (unknown keys from newer versions ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
     def predicates(self) -> list[StopPredicate]:
         preds: list[StopPredicate] = [NonFiniteAction()]
@@ -243,7 +254,7 @@ class RolloutHost:
                 s.on_chunk(info)
             if reason is not None:
                 return reason, self.events.take_label()
-            for a in actions:
+            for a in actions[: self.config.execute_steps]:
                 obs, reason = self._step(obs, a, ep)
                 if reason is not None:
                     return reason, self.events.take_label()

@@ -33,8 +33,8 @@ class TrainConfig:
     """Run seed: demonstrations, initialisation, batches and evaluation derive from it."""
     demos: int = 240
     """Expert episodes to collect."""
-    noisy_fraction: float = 0.4
-    """Fraction of demonstrations from the noisy expert (most failures come from here)."""
+    noisy_fraction: float = 0.3
+    """Fraction of episodes from the mistake-making expert (most failures come from here)."""
     policy_steps: int = 3000
     """Optimiser steps for the policy."""
     critic_steps: int = 1500
@@ -56,8 +56,12 @@ class TrainConfig:
                 raise ValueError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(self, name)}")
 
 
-NOISY = ExpertNoise(action_std=0.2, wrong_block_prob=0.3, give_up_prob=0.3)
-CLEAN = ExpertNoise(action_std=0.05)
+NOISY = ExpertNoise(action_std=0.2, wrong_block_prob=0.5, give_up_prob=0.5)
+"""Mistake episodes: their own (often failing) actions are the labels, advantage by outcome."""
+EXPLORE_STD = 0.3
+"""DART episodes execute the expert's action plus this much Gaussian noise ..."""
+CLEAN = ExpertNoise()
+"""... and label every visited state with the clean expert's next chunk, simulated ahead."""
 
 
 @dataclass
@@ -73,43 +77,71 @@ class Demos:
     episode_success: np.ndarray  # [E] bool
 
 
+def _expert_chunk(look: PushBlockEnv, state: dict, obs: dict, h: int) -> np.ndarray:
+    """The clean expert's next ``h`` actions from ``state``, simulated on a copy of the world."""
+    look.set_state(state)
+    expert = ScriptedExpert(CLEAN)
+    expert.reset(0)
+    out = np.zeros((h, 2), np.float32)
+    for j in range(h):
+        out[j] = expert.act(obs)
+        obs, _, term, trunc, _ = look.step(out[j])
+        if term or trunc:
+            break  # success (or time out): the rest of the chunk stays zero
+    return out
+
+
 def collect_demos(cfg: TrainConfig) -> Demos:
-    """Run the scripted expert; label every step with its chunk, value and advantage."""
+    """Run the expert; label every step with its chunk, value and advantage.
+
+    Two kinds of episodes: DART-style exploration (noisy execution, clean
+    expert chunks as labels, advantage positive) and mistake episodes (the
+    noisy expert's own actions, advantage positive only if it succeeded).
+    Values are ``-steps_to_success / max_steps`` of the executed episode, -1
+    if it failed.
+    """
     env = PushBlockEnv(image_size=cfg.policy.image_size)
+    look = PushBlockEnv(render_images=False)
     max_steps = env.config.max_steps
     h = cfg.policy.horizon
     cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "value", "adv")}
     successes = []
     for i in range(cfg.demos):
         seed = episode_seed(cfg.seed + 1, i)
-        noisy = (i % 10) < round(cfg.noisy_fraction * 10)
-        expert = ScriptedExpert(NOISY if noisy else CLEAN)
+        mistakes = (i % 10) < round(cfg.noisy_fraction * 10)
+        expert = ScriptedExpert(NOISY if mistakes else CLEAN)
         expert.reset(seed)
+        rng = np.random.default_rng(seed)
         obs, _ = env.reset(seed=seed)
-        images, states, actions = [], [], []
+        images, states, labels, executed = [], [], [], []
         success = False
         for _ in range(max_steps):
             a = expert.act(obs)
+            if not mistakes:
+                labels.append(_expert_chunk(look, env.get_state(), obs, h))
+                a = np.clip(a + rng.normal(0.0, EXPLORE_STD, 2), -1.0, 1.0).astype(np.float32)
             images.append(obs[cfg.policy.image_keys[0]])
             states.append(obs["state"])
-            actions.append(a)
+            executed.append(a)
             obs, _, term, trunc, info = env.step(a)
-            if info.get("is_success"):
-                success = True
+            success = success or bool(info.get("is_success"))
             if term or trunc:
                 break
-        t_len = len(actions)
-        acts = np.concatenate([np.asarray(actions, np.float32), np.zeros((h, 2), np.float32)])
+        t_len = len(executed)
+        if mistakes:
+            acts = np.concatenate([np.asarray(executed, np.float32), np.zeros((h, 2), np.float32)])
+            labels = [acts[t : t + h] for t in range(t_len)]
         toks = tokenize(obs["instruction"], cfg.policy.max_tokens)
         for t in range(t_len):
             cols["images"].append(images[t])
             cols["state"].append(states[t])
             cols["tokens"].append(toks)
-            cols["chunks"].append(acts[t : t + h])
+            cols["chunks"].append(labels[t])
             cols["value"].append(-(t_len - t) / max_steps if success else -1.0)
-            cols["adv"].append(ADV_POSITIVE if success else ADV_NEGATIVE)
+            cols["adv"].append(ADV_POSITIVE if (success or not mistakes) else ADV_NEGATIVE)
         successes.append(success)
     env.close()
+    look.close()
     return Demos(
         images=np.stack(cols["images"]),
         state=np.stack(cols["state"]).astype(np.float32),

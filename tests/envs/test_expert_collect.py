@@ -60,7 +60,7 @@ def test_collect_demos_shapes_and_determinism():
     for e, f in zip(eps, again):
         t = len(e)
         assert e.observations["image_front"].shape == (t + 1, 64, 64, 3)
-        assert e.observations["state"].shape == (t + 1, 16)
+        assert e.observations["state"].shape == (t + 1, 28)
         assert e.actions.shape == (t, 2) and e.actions.dtype == np.float32
         assert e.rewards.shape == (t,) and e.instruction.startswith("push the ")
         assert e.observations["image_front"].tobytes() == f.observations["image_front"].tobytes()

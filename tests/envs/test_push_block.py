@@ -31,7 +31,7 @@ def test_spaces_exact():
     assert env.action_space == gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
     space = env.observation_space
     assert set(space.spaces) == {"state", "image_front", "instruction"}
-    assert space["state"].shape == (16,) and space["state"].dtype == np.float32
+    assert space["state"].shape == (28,) and space["state"].dtype == np.float32
     assert space["image_front"].shape == (64, 64, 3) and space["image_front"].dtype == np.uint8
     assert isinstance(space["instruction"], gym.spaces.Text)
     obs, info = env.reset(seed=3)
@@ -125,7 +125,7 @@ def test_numpy_render_draws_blocks_where_they_are():
     obs, _ = env.reset(seed=2)
     spec = env.config.scene
     for i, rgb in enumerate(spec.block_rgb):
-        x, y = obs["state"][4 + 4 * i : 6 + 4 * i]
+        x, y = obs["state"][0:2] + obs["state"][4 + 4 * i : 6 + 4 * i]
         col = int((x + spec.table_half) / (2 * spec.table_half) * 64)
         row = int((spec.table_half - y) / (2 * spec.table_half) * 64)
         assert tuple(obs["image_front"][row, col]) == tuple(round(255 * c) for c in rgb)

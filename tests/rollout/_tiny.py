@@ -9,8 +9,8 @@ import rollcap.envs  # noqa: F401
 from rollcap.critics import CriticRunner, ValueCritic, ValueCriticConfig
 from rollcap.policies import FlowVLA, FlowVLAConfig, PolicyRunner
 
-POLICY = FlowVLAConfig(image_size=32, patch_size=16, state_dim=16, width=32, depth=1, heads=2, num_steps=2, horizon=4)
-CRITIC = ValueCriticConfig(image_size=32, patch_size=16, state_dim=16, width=32, depth=1, heads=2, n_bins=11)
+POLICY = FlowVLAConfig(image_size=32, patch_size=16, state_dim=28, width=32, depth=1, heads=2, num_steps=2, horizon=4)
+CRITIC = ValueCriticConfig(image_size=32, patch_size=16, state_dim=28, width=32, depth=1, heads=2, n_bins=11)
 ENV_KW = {"image_size": 32}
 
 
