@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -54,6 +55,25 @@ def _parts(args):
     return Parts(**kw)
 
 
+def _new_run_dir(root: Path) -> Path:
+    """``runs/<timestamp>`` (suffixed if taken), with ``runs/latest`` pointing at it."""
+    base = root / time.strftime("%Y%m%d-%H%M%S")
+    out, n = base, 1
+    while out.exists():
+        out, n = base.with_name(f"{base.name}-{n}"), n + 1
+    out.mkdir(parents=True)
+    latest = root / "latest"
+    try:
+        if latest.is_symlink() or not latest.exists():
+            tmp = root / f".latest-{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(out.name)
+            os.replace(tmp, latest)
+    except OSError:  # e.g. a filesystem without symlinks: the link is a convenience only
+        pass
+    return out
+
+
 def cmd_run(args) -> int:
     from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.host import HostConfig, RolloutHost
@@ -66,7 +86,7 @@ def cmd_run(args) -> int:
     bad = [f for f in formats if f not in ("npz", "h5")]
     if bad or not formats:
         raise UserError(f"--format: expected a comma list of npz,h5, got {args.format!r}")
-    out = args.out or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or _new_run_dir(Path("runs"))
     if out.exists() and any(out.iterdir()) and not args.resume:
         raise UserError(f"--out {out}: directory is not empty (use --resume to continue that run, or another --out)")
     try:
