@@ -38,17 +38,37 @@ class ExpertNoise:
 
 
 class ScriptedExpert:
-    """Reactive pushing controller reading the observation's state vector and instruction.
+    """Smooth reactive pushing controller reading the state vector and the instruction.
 
-    A velocity field in the frame of the push line (target -> block): behind
-    the block it aims at a point on that line, inside the block when aligned
-    within 8 mm (so it pushes, slowing near the target) and further back the
-    more it is off the line; beside the block it goes to the back corner on
-    its side; in front it steps out sideways first. Continuous within each
-    region and never reversing at a border, so behaviour cloning can fit it.
-    Call :meth:`reset` at the start of every episode (it draws the episode's
-    mistakes from ``seed``), then :meth:`act` once per step. Single-threaded.
+    A velocity field in polar coordinates ``(rho, theta)`` around the named
+    block, with ``theta = 0`` straight behind it on the push line (the goal ->
+    block line extended). The pusher circles the block towards ``theta = 0``
+    (tangential speed proportional to ``theta``) while holding a radius that
+    blends continuously with alignment ``s = min(|theta| / ALIGN_ANGLE, 1)``:
+    ``CLEARANCE`` outside contact when misaligned (it goes around without
+    touching), and ``depth`` *inside* contact when aligned, so it pushes the
+    (round) block through its centre, steering it by sliding around it.
+    ``depth`` shrinks near the target (``PUSH_GAIN * distance``), so it slows
+    to a stop there. The only discontinuity is the choice of side straight in
+    front of the block (``theta = +-pi``); there are no modes, waypoints or
+    back-offs, so behaviour cloning can fit it. Call :meth:`reset` at the
+    start of every episode (it draws the episode's mistakes from ``seed``),
+    then :meth:`act` once per step. Single-threaded.
     """
+
+    ALIGN_ANGLE = 1.2
+    """|theta| (rad) beyond which the pusher keeps clear of the block instead of pushing."""
+    CLEARANCE = 0.015
+    """Gap (m) kept from the block while going around it."""
+    PUSH_DEPTH = 0.05
+    """How far inside contact (m) the pusher aims when aligned (sets the pushing speed)."""
+    PUSH_GAIN = 0.5
+    """Push depth per metre of block-target distance, so pushing slows near the target."""
+    STEP_GAIN = 2.5
+    """Action = displacement / (STEP_GAIN x one full-speed step of 2 cm), capped at norm 1;
+    larger is a gentler, smoother field (easier to regress)."""
+    TURN_GAIN = 1.0
+    """Tangential step per radian of misalignment (times the radius, capped at 2 x contact)."""
 
     def __init__(
         self, noise: ExpertNoise | None = None, scene: SceneSpec | None = None,
@@ -95,7 +115,7 @@ class ScriptedExpert:
         return np.clip(action, -1.0, 1.0).astype(np.float32)
 
     def _clean_action(self, state: np.ndarray, block: int, target: int) -> np.ndarray:
-        """A piecewise-smooth velocity field (no reversal at region borders, so BC can fit it)."""
+        """A smooth velocity field in polar coordinates around the block (see the class docstring)."""
         p = state[0:2]
         b = p + state[4 + 4 * block : 6 + 4 * block]  # block offsets are relative to the pusher
         goal = np.asarray(self.scene.target_xy[target], dtype=np.float64)
@@ -104,26 +124,18 @@ class ScriptedExpert:
         u = d / max(dist, 1e-9)  # push direction
         n = np.array([-u[1], u[0]])
         rel = p - b
-        along, lateral = float(rel @ u), float(rel @ n)
-        side = 1.0 if lateral >= 0 else -1.0
-        contact = self.scene.block_half + self.scene.pusher_radius
-        clear = contact + 0.02
-
-        if along <= -self.scene.block_half:
-            # Behind: aim at a point on the push line, inside the block when
-            # aligned (so it pushes), further behind the more it is misaligned.
-            depth = min(0.02, 0.5 * dist)
-            # Up to 8 mm off the line it keeps pushing (correcting sideways);
-            # beyond, it backs off smoothly to re-align.
-            gap = min(-depth + 3.0 * max(abs(lateral) - 0.008, 0.0), 0.04)
-            delta = b - u * (contact + gap) - p
-        elif abs(lateral) >= contact + 0.01:
-            delta = b + n * side * clear - u * clear - p  # beside: go to the back corner
-        else:
-            delta = n * side * 0.05  # in front: step out sideways first
+        rho = max(math.hypot(*rel), 1e-9)
+        theta = math.atan2(float(rel @ n), -float(rel @ u))  # 0 = straight behind the block
+        e_r = rel / rho
+        e_t = math.sin(theta) * u + math.cos(theta) * n  # direction of increasing theta
+        contact = self.scene.block_radius + self.scene.pusher_radius
+        s = min(abs(theta) / self.ALIGN_ANGLE, 1.0)  # 0 aligned .. 1 misaligned
+        depth = min(self.PUSH_DEPTH, self.PUSH_GAIN * dist)
+        rho_goal = contact + s * self.CLEARANCE - (1.0 - s) * depth
+        delta = (rho_goal - rho) * e_r - self.TURN_GAIN * theta * min(rho, 2 * contact) * e_t
         return self._to_action(delta)
 
     def _to_action(self, delta: np.ndarray) -> np.ndarray:
-        a = delta / self._max_step
+        a = delta / (self.STEP_GAIN * self._max_step)
         norm = math.hypot(*a)
         return a / norm if norm > 1.0 else a

@@ -1,7 +1,7 @@
 """``rollcap/PushBlock-v0``: push the named coloured block to the named target.
 
 A pusher disc on x/y slide joints, driven by velocity actuators, pushes one of
-three blocks (red, green, blue) to one of three target zones (left, middle,
+three round blocks (pucks: red, green, blue) to one of three target zones (left, middle,
 right) on a table; the instruction names both, e.g. "push the red block to the
 left target". Layout and task are drawn from the env's own
 ``np.random.Generator`` (seeded by ``reset(seed=...)``; never the global RNG).
@@ -71,7 +71,7 @@ class PushBlockConfig:
     """MuJoCo substeps per env step (10 x 0.01 s = a 10 Hz control rate)."""
     max_speed: float = 0.2
     """Pusher speed in m/s per unit of action."""
-    success_radius: float = 0.03
+    success_radius: float = 0.05
     """The block counts as on the target when its centre is this close (metres)."""
     scene: SceneSpec = field(default_factory=SceneSpec)
     """Geometry and colours."""
@@ -125,8 +125,8 @@ class PushBlockEnv(gym.Env):
     ``"instruction"`` a ``Text`` string. The state holds no task: only the
     instruction says which block and target.
 
-    Reward: ``-d(block, target) - 0.25 * max(d(pusher, block) - 0.045, 0)``
-    (metres) plus 1.0 on the success step. The episode terminates on success
+    Reward: ``-d(block, target) - 0.25 * max(d(pusher, block) - contact, 0)``
+    (metres; ``contact`` = block radius + pusher radius) plus 1.0 on the success step. The episode terminates on success
     (``info["is_success"]``) and truncates after ``max_steps`` steps; stepping
     an ended episode raises. Single-threaded; call ``reset()`` first.
 
@@ -348,7 +348,8 @@ class PushBlockEnv(gym.Env):
     def _reward(self) -> tuple[float, bool]:
         d_bt, d_pb = self._distances()
         success = d_bt <= self.config.success_radius
-        reward = -d_bt - 0.25 * max(d_pb - 0.045, 0.0) + (1.0 if success else 0.0)
+        contact = self.config.scene.block_radius + self.config.scene.pusher_radius
+        reward = -d_bt - 0.25 * max(d_pb - contact, 0.0) + (1.0 if success else 0.0)
         return float(reward), bool(success)
 
     def _info(self, success: bool, clipped: bool) -> dict[str, Any]:
@@ -387,7 +388,11 @@ def _check_action(action: Any) -> np.ndarray:
 
 
 def _sample_layout(rng: np.random.Generator, spec: SceneSpec) -> np.ndarray:
-    """Draw a start qpos: pusher near the robot edge, blocks in the lower half, apart."""
+    """Draw a start qpos: pusher near the robot edge, blocks in the lower half, apart.
+
+    The pusher starts below (robot side of) the blocks and the targets are
+    above them, so it usually starts behind its block and pushes away from itself.
+    """
     qpos = np.zeros(2 + 3 * len(BLOCKS), dtype=np.float64)
     qpos[0] = rng.uniform(-0.15, 0.15)
     qpos[1] = rng.uniform(-0.21, -0.17)
@@ -395,7 +400,7 @@ def _sample_layout(rng: np.random.Generator, spec: SceneSpec) -> np.ndarray:
     for i in range(len(BLOCKS)):
         for _ in range(100):
             x, y = rng.uniform(-0.17, 0.17), rng.uniform(-0.10, 0.02)
-            if all(math.hypot(x - px, y - py) >= 0.075 for px, py in placed):
+            if all(math.hypot(x - px, y - py) >= 2 * spec.block_radius + 0.02 for px, py in placed):
                 break
         else:  # pragma: no cover - 100 misses are practically impossible for 3 blocks
             x, y = -0.12 + 0.12 * i, -0.04

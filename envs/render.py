@@ -30,7 +30,7 @@ class NumpyRenderer:
     """Orthographic top-down rasteriser of the scene at ``size`` x ``size`` pixels.
 
     A pixel takes the colour of the topmost shape containing its centre
-    (targets < blocks < pusher); blocks are rotated squares, the pusher a disc.
+    (targets < blocks < pusher); blocks (pucks) and the pusher are discs.
     """
 
     def __init__(self, spec: SceneSpec, size: int) -> None:
@@ -67,28 +67,17 @@ class NumpyRenderer:
         mask = dx[None, :] ** 2 + dy[:, None] ** 2 <= r * r
         img[r0:r1, c0:c1][mask] = rgb
 
-    def _square(self, img: np.ndarray, x: float, y: float, yaw: float, rgb: np.ndarray) -> None:
-        h = self.spec.block_half
-        r0, r1, c0, c1 = self._window(x, y, h * math.sqrt(2.0))
-        if r0 >= r1 or c0 >= c1:
-            return
-        c, s = math.cos(yaw), math.sin(yaw)
-        dx = self._xs[c0:c1] - x
-        dy = self._ys[r0:r1] - y
-        u = np.abs(c * dx[None, :] + s * dy[:, None])
-        v = np.abs(c * dy[:, None] - s * dx[None, :])
-        img[r0:r1, c0:c1][(u <= h) & (v <= h)] = rgb
-
     def render(self, qpos: np.ndarray) -> np.ndarray:
         """Return a new uint8 ``(size, size, 3)`` image of the scene at ``qpos``.
 
         Args:
-            qpos: the model's qpos: pusher x, y, then x, y, yaw per block.
+            qpos: the model's qpos: pusher x, y, then x, y, yaw per block (a puck looks
+                the same at every yaw).
         """
         q = qpos.tolist()
         img = self._background.copy()
         for i, rgb in enumerate(self._block_rgb):
-            self._square(img, q[2 + 3 * i], q[3 + 3 * i], q[4 + 3 * i], rgb)
+            self._disc(img, q[2 + 3 * i], q[3 + 3 * i], self.spec.block_radius, rgb)
         self._disc(img, q[0], q[1], self.spec.pusher_radius, self._pusher_rgb)
         return img
 

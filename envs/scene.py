@@ -58,10 +58,12 @@ class SceneSpec:
 
     table_half: float = 0.25
     """Half side of the square table."""
-    block_half: float = 0.025
-    """Half side of each (cubic) block."""
-    pusher_radius: float = 0.015
-    """Radius of the spherical pusher (a disc seen from the top)."""
+    block_radius: float = 0.04
+    """Radius (and half height) of each block: a round puck, so a push along the line through
+    the pusher's and the puck's centres moves it straight, with no turning or edge-riding."""
+    pusher_radius: float = 0.025
+    """Radius of the spherical pusher (a disc seen from the top); large blocks and pusher make
+    pushing forgiving of centimetre-scale errors."""
     target_radius: float = 0.04
     """Radius of a drawn target zone."""
     target_xy: tuple[tuple[float, float], ...] = ((-0.15, 0.15), (0.0, 0.15), (0.15, 0.15))
@@ -88,7 +90,7 @@ class SceneSpec:
     @property
     def limit(self) -> float:
         """Largest |x| or |y| a block centre can reach (the joint range)."""
-        return self.table_half - self.block_half
+        return self.table_half - self.block_radius
 
 
 def _rgba(rgb: tuple[float, float, float]) -> str:
@@ -103,10 +105,11 @@ def build_xml(spec: SceneSpec, max_speed: float, ortho_attr: str = 'projection="
     (:func:`load_model` picks the one that compiles).
 
     Blocks move on planar joints (x, y slide + yaw hinge) with joint friction
-    standing in for table friction, so there are no block-table contacts; the
-    pusher is a sphere on two slide joints driven by velocity actuators.
+    standing in for table friction, so there are no block-table contacts; blocks
+    are upright cylinders (pucks); the pusher is a sphere on two slide joints
+    driven by velocity actuators.
     """
-    h, lim, z = spec.block_half, spec.limit, spec.block_half
+    h, lim, z = spec.block_radius, spec.limit, spec.block_radius
     plim = spec.table_half - spec.pusher_radius
     parts = [
         '<mujoco model="rollcap_push_block">',
@@ -144,7 +147,7 @@ def build_xml(spec: SceneSpec, max_speed: float, ortho_attr: str = 'projection="
             ' damping="0.5" frictionloss="0.3"/>',
             f'      <joint name="{name}_yaw" type="hinge" axis="0 0 1" damping="{spec.yaw_damping:g}"'
             ' frictionloss="0.002"/>',
-            f'      <geom name="block_{name}" type="box" size="{h:g} {h:g} {h:g}" mass="0.1"'
+            f'      <geom name="block_{name}" type="cylinder" size="{h:g} {h:g}" mass="0.1"'
             f' rgba="{_rgba(rgb)}"/>',
             "    </body>",
         ]
