@@ -78,7 +78,7 @@ def cmd_run(args) -> int:
     from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.host import HostConfig, RolloutHost
     from rollcap.rollout.recording import EpisodeRecorder
-    from rollcap.rollout.subscribers import Metrics, Progress
+    from rollcap.rollout.subscribers import InBackground, Metrics, Progress
 
     if args.episodes < 1:
         raise UserError(f"--episodes: expected >= 1, got {args.episodes}")
@@ -100,8 +100,9 @@ def cmd_run(args) -> int:
     env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if env.spec else {}}
     recorder = EpisodeRecorder(out, formats=formats, env_meta=env_meta, resume=args.resume)
 
+    writer = InBackground(recorder)  # episodes are written on a writer thread, off the hot path
     metrics = Metrics()
-    subs = [recorder, metrics]  # the recorder holds Ctrl-C while it commits an episode
+    subs = [writer, metrics]
     if not args.no_progress:
         subs.append(Progress(args.episodes))
     host = RolloutHost(env, policy, critic, cfg, subs)
@@ -113,7 +114,7 @@ def cmd_run(args) -> int:
     except KeyboardInterrupt:
         interrupted = True
     finally:
-        recorder.close()
+        writer.close()  # drains: every finished episode is written before we exit
     wall = time.perf_counter() - t0
     summary = metrics.summary()
     summary.update({"wall_s": wall, "run_dir": str(out), "interrupted": interrupted})

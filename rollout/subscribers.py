@@ -119,3 +119,81 @@ class Progress(Subscriber):
 
     def on_run_end(self) -> None:
         self._bar.close()
+
+
+class InBackground(Subscriber):
+    """Runs a subscriber's ``on_episode_end`` on a writer thread, off the rollout's hot path.
+
+    Finished episodes are queued in order and handled one at a time by a
+    single thread; ``on_run_end`` (and ``close``) waits until every queued
+    episode is handled, then calls the wrapped ``on_run_end``. A failure on the
+    writer thread is re-raised on the host thread at the next call. Other hooks
+    are forwarded synchronously.
+
+    Args:
+        inner: the subscriber to wrap (e.g. an ``EpisodeRecorder``).
+        max_pending: episodes that may wait in the queue before the host blocks
+            (bounds memory when writing is slower than rolling out).
+    """
+
+    def __init__(self, inner: Subscriber, max_pending: int = 8):
+        import queue
+        import threading
+
+        self.inner = inner
+        self._q: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="rollcap-writer", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            record = self._q.get()
+            try:
+                if record is None:
+                    return
+                if self._error is None:
+                    self.inner.on_episode_end(record)
+            except BaseException as err:  # handed to the host thread
+                self._error = err
+            finally:
+                self._q.task_done()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"background {type(self.inner).__name__} failed: {err}") from err
+
+    def on_episode_start(self, index: int, seed: int, instruction: str) -> None:
+        self._raise()
+        self.inner.on_episode_start(index, seed, instruction)
+
+    def on_chunk(self, info: ChunkInfo) -> None:
+        self.inner.on_chunk(info)
+
+    def on_step(self, step: int, reward: float) -> None:
+        self.inner.on_step(step, reward)
+
+    def on_episode_end(self, record: EpisodeRecord) -> None:
+        self._raise()
+        self._q.put(record)
+
+    def flush(self) -> None:
+        """Wait until every queued episode is handled."""
+        self._q.join()
+        self._raise()
+
+    def on_run_end(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drain the queue, stop the thread, close the wrapped subscriber (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._q.put(None)
+        self._thread.join()
+        self._raise()
+        close = getattr(self.inner, "close", None) or self.inner.on_run_end
+        close()

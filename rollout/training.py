@@ -31,11 +31,11 @@ class TrainConfig:
 
     seed: int = 0
     """Run seed: demonstrations, initialisation, batches and evaluation derive from it."""
-    demos: int = 240
+    demos: int = 2000
     """Expert episodes to collect."""
-    noisy_fraction: float = 0.3
+    noisy_fraction: float = 0.2
     """Fraction of episodes from the mistake-making expert (most failures come from here)."""
-    policy_steps: int = 3000
+    policy_steps: int = 6000
     """Optimiser steps for the policy."""
     critic_steps: int = 1500
     """Optimiser steps for the critic."""
