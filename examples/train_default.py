@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC
 from rollcap.policies import DEFAULT_CHECKPOINT as POLICY
-from rollcap.rollout.training import TrainConfig, train_default
+from rollcap.rollout.training import TrainConfig, evaluate_checkpoints, train_default
 
 
 def main() -> None:
@@ -20,11 +20,15 @@ def main() -> None:
     numeric = [f for f in fields(TrainConfig) if f.type in ("int", "float")]
     for f in numeric:
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.type == "int" else float, default=f.default)
+    ap.add_argument("--eval-only", action="store_true", help="only re-evaluate the checkpoints (refreshes training_report.json)")
     ap.add_argument("--out", type=Path, default=None, help="write both checkpoints into this directory instead of the shipped locations")
     args = ap.parse_args()
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in numeric})
     policy, critic = (POLICY, CRITIC) if args.out is None else (args.out / POLICY.name, args.out / CRITIC.name)
-    train_default(cfg, policy, critic)
+    if args.eval_only:
+        evaluate_checkpoints(cfg, policy, critic)
+    else:
+        train_default(cfg, policy, critic)
 
 
 if __name__ == "__main__":

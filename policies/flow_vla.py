@@ -53,6 +53,8 @@ class FlowVLAConfig(ObsModelConfig):
     """Attention heads."""
     num_steps: int = 10
     """Euler steps K of the flow sampler."""
+    execute_steps: int = 4
+    """Actions of each chunk to execute before re-planning (deployment default; 1..horizon)."""
     cfg_beta: float = 1.0
     """Guidance weight beta (1.0: conditioned branch only in effect)."""
     adv_dropout: float = 0.3
@@ -62,6 +64,8 @@ class FlowVLAConfig(ObsModelConfig):
         if not isinstance(self.state_group, int) or self.state_group < 0 or (self.state_group and self.state_dim % self.state_group):
             raise ValueError(f"FlowVLAConfig.state_group: expected 0 or a divisor of state_dim {self.state_dim}, got {self.state_group!r}")
         self._require_positive("image_size", "patch_size", "state_dim", "action_dim", "horizon", "max_tokens", "width", "depth", "heads", "num_steps")
+        if not 1 <= self.execute_steps <= self.horizon:
+            raise ValueError(f"FlowVLAConfig.execute_steps: expected 1..horizon ({self.horizon}), got {self.execute_steps}")
         if self.max_tokens < 3:
             raise ValueError(f"FlowVLAConfig.max_tokens: needs >= 3 (BOS, a byte, EOS), got {self.max_tokens}")
         if not 0.0 <= self.adv_dropout < 1.0:

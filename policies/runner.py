@@ -67,6 +67,11 @@ class PolicyRunner(GraphRunner):
         super().__init__(self._graph_fn, ins, outs, device, backend, [self.model], lane, "policy", digest, threads)
 
     @property
+    def execute_steps(self) -> int:
+        """How many actions of each chunk the checkpoint is meant to execute before re-planning."""
+        return self.cfg.execute_steps
+
+    @property
     def noise_shape(self) -> tuple[int, int, int]:
         return (1, self.cfg.horizon, self.cfg.action_dim)
 

@@ -73,7 +73,7 @@ class HostConfig:
     max_seconds: float | None = None
     """Wall-clock limit per episode (not replay-exact; None: off)."""
     execute_steps: int | None = None
-    """Actions of each chunk executed before the next boundary (None: the whole chunk)."""
+    """Actions of each chunk executed before the next boundary (None: the policy's own setting)."""
 
     def __post_init__(self):
         if self.execute_steps is not None and self.execute_steps < 1:
@@ -153,7 +153,11 @@ class RolloutHost:
         self.env = env
         self.policy = policy
         self.critic = critic
-        self.config = config or HostConfig()
+        config = config or HostConfig()
+        if config.execute_steps is None:  # resolve now, so recordings carry the effective value
+            horizon = policy.noise_shape[1]
+            config = dataclasses.replace(config, execute_steps=int(getattr(policy, "execute_steps", horizon)))
+        self.config = config
         self.subscribers = list(subscribers)
         self.predicates = self.config.predicates() + list(predicates)
         self.events = events or EventBus()

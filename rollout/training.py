@@ -210,7 +210,7 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
 
     seeds = [episode_seed(cfg.seed + 2, i) for i in range(cfg.eval_episodes)]
     env = PushBlockEnv(image_size=cfg.policy.image_size)
-    host = RolloutHost(env, PolicyRunner(policy), CriticRunner(critic), HostConfig(seed=cfg.seed + 2))
+    host = RolloutHost(env, PolicyRunner(policy), CriticRunner(critic), HostConfig(seed=cfg.seed + 2))  # the policy's execute_steps
     records = [host.run_episode(i, s) for i, s in enumerate(seeds)]
 
     def mid_value(rec) -> float:
@@ -267,6 +267,21 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
     }
     log(json.dumps(out, indent=2))
     return out
+
+
+def evaluate_checkpoints(cfg: TrainConfig, policy_path: Path, critic_path: Path, log=print) -> dict:
+    """Re-run :func:`evaluate` on saved checkpoints and refresh ``training_report.json`` (keeps ``train_seconds``)."""
+    from rollcap.critics import load_critic
+    from rollcap.policies import load_policy
+
+    torch.set_num_threads(cfg.threads)
+    path = Path(policy_path).parent / "training_report.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    report = {"train_seconds": old.get("train_seconds")}
+    report.update(evaluate(load_policy(policy_path), load_critic(critic_path), cfg, log))
+    report["config"] = old.get("config") or json.loads(json.dumps(asdict(cfg), default=list))
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def train_default(cfg: TrainConfig, policy_path: Path, critic_path: Path, log=print) -> dict:
