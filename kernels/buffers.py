@@ -149,16 +149,21 @@ class BufferSet:
         else:
             torch._foreach_copy_(dst, src)
 
-    def load(self, values: Mapping[str, torch.Tensor]) -> None:
+    def load(self, values: Mapping[str, torch.Tensor], copy: bool = True) -> None:
         """Copy a complete set of values back (every buffer named, nothing extra).
 
         Used by capsule restore; validates everything before the first copy.
+        ``copy=False`` only validates.
         """
         missing = set(self._specs) - set(values)
         extra = set(values) - set(self._specs)
         if missing or extra:
             raise BadInput(f"{self.label}: load needs exactly {sorted(self._specs)}; missing {sorted(missing)}, extra {sorted(extra)}")
-        self.write(values)
+        if copy:
+            self.write(values)
+        else:
+            for name, value in values.items():
+                self.check(name, value)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         """Independent copies of every buffer (same device)."""

@@ -111,12 +111,9 @@ class GraphRunner:
         stray = [k for k in state if not (k.startswith("in.") or k.startswith("out."))]
         if stray:
             raise BadInput(f"{self.label}: unknown state entries {stray}")
-        for name, v in ins.items():  # validate both sets before copying either
-            self.inputs.check(name, v)
-        for name, v in outs.items():
-            self.outputs.check(name, v)
-        self.inputs.load(ins)
-        self.outputs.load(outs)
+        self.inputs.load(ins, copy=False)  # validates every input buffer, copies nothing yet
+        self.outputs.load(outs)  # validates the outputs, then copies them ...
+        self.inputs.load(ins)  # ... and the (already validated) inputs
 
     def state_fingerprint(self) -> dict:
         """What bit-exactness of this runner's outputs depends on (computed once)."""
