@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from rollcap.critics.value_critic import ValueCritic, ValueCriticConfig
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.checkpoint import load_module, save_checkpoint
-from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import Lane, Ticket
-from rollcap.kernels.runner import GraphRunner
+from rollcap.policies.observation import ObsRunner
 
 KIND = "rollcap.ValueCritic"
 DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_critic.json"
@@ -29,20 +27,14 @@ def load_critic(path: str | Path = DEFAULT_CHECKPOINT) -> ValueCritic:
     return load_module(path, KIND, ValueCriticConfig.from_json, ValueCritic)
 
 
-class CriticRunner(GraphRunner):
+class CriticRunner(ObsRunner):
     """Captured critic on one lane: observation buffers in, ``value [1]`` out."""
 
+    label = "critic"
+    kind = KIND
+
     def __init__(self, model: ValueCritic, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1):
-        self.model = model.to(device).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self.cfg = model.cfg
-        self.spec = self.cfg.obs_spec
-        self._tokens: dict[str, np.ndarray] = {}
-        ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes().items()]
-        outs = [BufferSpec("value", (1,), torch.float32)]
-        digest = tensor_digest(dict(self.model.state_dict()))
-        super().__init__(self._graph_fn, ins, outs, device, backend, [self.model], lane, "critic", digest, threads)
+        super().__init__(model, [], [BufferSpec("value", (1,), torch.float32)], device, backend, lane, threads)
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]
@@ -50,7 +42,7 @@ class CriticRunner(GraphRunner):
 
     def submit(self, obs: Mapping[str, object]) -> Ticket:
         """Validate and write ``obs``, then launch one replay."""
-        self.write(self.spec.to_inputs(obs, self._tokens))
+        self.write(self.obs_inputs(obs))
         return self.launch()
 
     def result(self) -> float:
@@ -63,12 +55,5 @@ class CriticRunner(GraphRunner):
 
     def value_eager(self, obs: Mapping[str, object]) -> float:
         """The reference path."""
-        values = {k: torch.from_numpy(v) for k, v in self.spec.to_inputs(obs, self._tokens).items()}
+        values = {k: torch.from_numpy(v) for k, v in self.obs_inputs(obs).items()}
         return float(self.eager(values)["value"][0].item())
-
-    def _make_fingerprint(self) -> dict:
-        fp = super()._make_fingerprint()
-        fp["model"] = KIND
-        fp["config"] = self.cfg.to_json()
-        fp["dtype"] = "float32"
-        return fp

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
+from rollcap.kernels.fingerprint import tensor_digest
+from rollcap.kernels.runner import GraphRunner
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
@@ -122,3 +125,41 @@ class ObsModelConfig:
         if isinstance(data.get("image_keys"), list):
             data["image_keys"] = tuple(data["image_keys"])
         return cls(**data)
+
+
+class ObsRunner(GraphRunner):
+    """A :class:`GraphRunner` whose inputs are one observation (plus ``extra_inputs``).
+
+    Freezes ``model`` on ``device``, builds the observation buffers from its
+    config's :class:`ObsSpec`, caches instruction tokens per string, and
+    fingerprints the weights. Subclasses give the graph function, the extra
+    input and the output buffers, and a label.
+    """
+
+    label = "model"
+    kind = "rollcap.model"
+
+    def __init__(self, model: torch.nn.Module, extra_inputs: list[BufferSpec], outputs: list[BufferSpec], device="cpu", backend=None, lane=None, threads: int = 1):
+        self.model = model.to(device).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.cfg = model.cfg
+        self.spec = self.cfg.obs_spec
+        self._tokens: dict[str, np.ndarray] = {}
+        ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes().items()] + extra_inputs
+        digest = tensor_digest(dict(self.model.state_dict()))
+        super().__init__(self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads)
+
+    def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def obs_inputs(self, obs: Mapping[str, object]) -> dict[str, np.ndarray]:
+        """Validate one observation into batch-1 arrays for the buffers."""
+        return self.spec.to_inputs(obs, self._tokens)
+
+    def _make_fingerprint(self) -> dict:
+        fp = super()._make_fingerprint()
+        fp["model"] = self.kind
+        fp["config"] = self.cfg.to_json()
+        fp["dtype"] = "float32"
+        return fp

@@ -17,10 +17,9 @@ import torch
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.checkpoint import load_module, save_checkpoint
 from rollcap.kernels.errors import BadInput, CheckpointMismatch
-from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import Lane, Ticket
-from rollcap.kernels.runner import GraphRunner
 from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig
+from rollcap.policies.observation import ObsRunner
 
 KIND = "rollcap.FlowVLA"
 DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_policy.json"
@@ -41,7 +40,7 @@ def load_policy(path: str | Path = DEFAULT_CHECKPOINT, expect: FlowVLAConfig | N
     return model
 
 
-class PolicyRunner(GraphRunner):
+class PolicyRunner(ObsRunner):
     """Captured FlowVLA sampling on one lane.
 
     Args:
@@ -52,19 +51,12 @@ class PolicyRunner(GraphRunner):
         threads: intra-op threads of a new CPU lane.
     """
 
+    label = "policy"
+    kind = KIND
+
     def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1):
-        self.model = model.to(device).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self.cfg = model.cfg
-        self.spec = self.cfg.obs_spec
-        self._tokens: dict[str, np.ndarray] = {}
-        shapes = self.spec.buffer_shapes()
-        ins = [BufferSpec(k, s, d) for k, (s, d) in shapes.items()]
-        ins.append(BufferSpec("noise", self.noise_shape, torch.float32))
-        outs = [BufferSpec("actions", self.noise_shape, torch.float32)]
-        digest = tensor_digest(dict(self.model.state_dict()))
-        super().__init__(self._graph_fn, ins, outs, device, backend, [self.model], lane, "policy", digest, threads)
+        shape = (1, model.cfg.horizon, model.cfg.action_dim)
+        super().__init__(model, [BufferSpec("noise", shape, torch.float32)], [BufferSpec("actions", shape, torch.float32)], device, backend, lane, threads)
 
     @property
     def execute_steps(self) -> int:
@@ -80,7 +72,7 @@ class PolicyRunner(GraphRunner):
         return {"actions": self.model.sample(images, b["state"], b["tokens"], b["noise"])}
 
     def _inputs(self, obs: Mapping[str, object], noise: np.ndarray) -> dict[str, np.ndarray]:
-        values = self.spec.to_inputs(obs, self._tokens)
+        values = self.obs_inputs(obs)
         noise = np.asarray(noise)
         want = self.noise_shape[1:]
         if noise.shape != want or noise.dtype != np.float32:
@@ -108,10 +100,3 @@ class PolicyRunner(GraphRunner):
         """One chunk through the plain module (the reference path)."""
         values = {k: torch.from_numpy(v) for k, v in self._inputs(obs, noise).items()}
         return self.eager(values)["actions"][0].to("cpu").numpy().copy()
-
-    def _make_fingerprint(self) -> dict:
-        fp = super()._make_fingerprint()
-        fp["model"] = KIND
-        fp["config"] = self.cfg.to_json()
-        fp["dtype"] = "float32"
-        return fp
