@@ -40,9 +40,13 @@ class CriticRunner(ObsRunner):
         images = [b[k] for k in self.cfg.image_keys]
         return {"value": self.model.value(images, b["state"], b["tokens"])}
 
-    def submit(self, obs: Mapping[str, object]) -> Ticket:
-        """Validate and write ``obs``, then launch one replay."""
+    def load(self, obs: Mapping[str, object]) -> None:
+        """Validate and write ``obs`` into the static buffers (nothing launched)."""
         self.write(self.obs_inputs(obs))
+
+    def submit(self, obs: Mapping[str, object]) -> Ticket:
+        """:meth:`load` then :meth:`launch`."""
+        self.load(obs)
         return self.launch()
 
     def result(self) -> float:

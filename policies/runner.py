@@ -82,9 +82,13 @@ class PolicyRunner(ObsRunner):
         values["noise"] = noise[None]
         return values
 
-    def submit(self, obs: Mapping[str, object], noise: np.ndarray) -> Ticket:
-        """Validate and write ``obs`` and ``noise``, then launch one replay."""
+    def load(self, obs: Mapping[str, object], noise: np.ndarray) -> None:
+        """Validate and write ``obs`` and ``noise`` into the static buffers (nothing launched)."""
         self.write(self._inputs(obs, noise))
+
+    def submit(self, obs: Mapping[str, object], noise: np.ndarray) -> Ticket:
+        """:meth:`load` then :meth:`launch`."""
+        self.load(obs, noise)
         return self.launch()
 
     def result(self) -> np.ndarray:

@@ -244,8 +244,12 @@ class RolloutHost:
         while True:
             noise = chunk_noise(seed, chunk, ep.noise_shape)
             t0 = time.perf_counter()
-            self.policy.submit(obs, noise)
-            self.critic.submit(obs)
+            # Write every input before launching either lane: torch copies release the
+            # GIL, and interleaving them with a running lane costs ~0.2 ms of hand-offs.
+            self.policy.load(obs, noise)
+            self.critic.load(obs)
+            self.policy.launch()
+            self.critic.launch()
             actions = self.policy.result()
             value = self.critic.result()
             view = BoundaryView(chunk, ep.steps, actions, value, time.perf_counter() - t_start)
