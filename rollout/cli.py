@@ -91,7 +91,6 @@ def cmd_run(args) -> int:
         raise UserError(f"--out {out}: directory is not empty (use --resume to continue that run, or another --out)")
     try:
         cfg = HostConfig(seed=args.seed, critic_threshold=args.critic_threshold, critic_patience=args.critic_patience, max_chunks=args.max_chunks, max_seconds=args.max_seconds, execute_steps=args.execute_steps)
-        cfg.predicates()  # validates patience / limits
     except ValueError as err:
         raise UserError(str(err)) from err
     parts = _parts(args)
