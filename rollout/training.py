@@ -221,7 +221,7 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
     # Critic separation on a mixed set: the policy's episodes and the noisy expert's.
     runner = CriticRunner(critic)
     expert_mid, expert_ok = [], []
-    for i, s in enumerate(seeds):
+    for s in seeds:
         ex = ScriptedExpert(NOISY)
         ex.reset(s)
         obs, _ = env.reset(seed=s)
