@@ -132,6 +132,13 @@ def _itemsize(kind: str, dtype: str) -> int:
     return d.itemsize
 
 
+def _native_layout(info: BufferInfo) -> tuple:
+    """``(type, dtype, shape)`` of a live value that :meth:`BufferInfo.same_layout` would accept."""
+    if info.kind == "torch":
+        return torch.Tensor, getattr(torch, info.dtype), torch.Size(info.shape)
+    return np.ndarray, np.dtype(info.dtype), info.shape
+
+
 def _dtype_name(value: StateValue) -> str:
     if isinstance(value, torch.Tensor):
         return str(value.dtype).removeprefix("torch.")
@@ -304,6 +311,18 @@ class Capsule:
         if "digest" not in self._cache:
             self._cache["digest"] = combine_digests(self.buffer_digests())
         return self._cache["digest"]
+
+    def layouts(self) -> dict[str, dict[str, tuple]]:
+        """component -> buffer -> ``(type, dtype, shape)`` as live values carry them (computed once).
+
+        Restore checks live buffers against these with one ``isinstance`` and
+        two compares each; :class:`BufferInfo` explains a mismatch.
+        """
+        if "layouts" not in self._cache:
+            self._cache["layouts"] = {
+                c: {n: _native_layout(i) for n, i in bufs.items()} for c, bufs in self.specs.items()
+            }
+        return self._cache["layouts"]
 
     def check_untouched(self) -> None:
         """Raise :class:`CorruptCapsule` if a tensor of this capsule was written in place."""

@@ -117,9 +117,13 @@ def validate(capsule: Capsule, components: Mapping[str, Stateful]) -> None:
             f"(missing {missing}, extra {extra}); pass exactly the components the capsule was taken from",
             expected=sorted(want), got=sorted(have),
         )
+    layouts = capsule.layouts()
     for name, comp in components.items():
         specs = capsule.specs[name]
         live = comp.live_state()
+        if _fits(live, layouts[name]):  # one pass over precomputed (type, dtype, shape); else explain below
+            _check_fingerprint(name, comp, capsule)
+            continue
         missing, extra = sorted(set(specs) - set(live)), sorted(set(live) - set(specs))
         if missing or extra:
             field = (extra or missing)[0]
@@ -139,9 +143,24 @@ def validate(capsule: Capsule, components: Mapping[str, Stateful]) -> None:
                     "the component's buffers changed since the snapshot, take a new capsule",
                     component=name, field=buf, expected=info.describe(), got=now.describe(),
                 )
-        fp = comp.state_fingerprint()
-        if fp != capsule.fingerprints[name]:  # the common case is equal as-is; normalise only to compare/explain
-            _compare_fingerprint(name, capsule.fingerprints[name], json_normalize(fp, f"state_fingerprint() of {name!r}"))
+        _check_fingerprint(name, comp, capsule)
+
+
+def _fits(live: Mapping[str, Any], layout: Mapping[str, tuple]) -> bool:
+    """Every live value is of the capsule's kind, dtype and shape, and no name is missing or extra."""
+    if live.keys() != layout.keys():
+        return False
+    for buf, (typ, dtype, shape) in layout.items():
+        v = live[buf]
+        if not (isinstance(v, typ) and v.dtype == dtype and v.shape == shape):
+            return False
+    return True
+
+
+def _check_fingerprint(name: str, comp: Stateful, capsule: Capsule) -> None:
+    fp = comp.state_fingerprint()
+    if fp != capsule.fingerprints[name]:  # the common case is equal as-is; normalise only to compare/explain
+        _compare_fingerprint(name, capsule.fingerprints[name], json_normalize(fp, f"state_fingerprint() of {name!r}"))
 
 
 def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: bool = False) -> None:

@@ -70,6 +70,7 @@ class GraphRunner:
         self.threads = getattr(self.lane, "threads", threads)
         self.last_latency_s = 0.0
         self._in_flight: Ticket | None = None
+        self._live: dict[str, torch.Tensor] | None = None
 
     # -- hot path ------------------------------------------------------------
     def _require_idle(self, doing: str) -> None:
@@ -133,11 +134,36 @@ class GraphRunner:
     # -- capsule protocol ----------------------------------------------------
     def live_state(self) -> dict[str, torch.Tensor]:
         self._require_idle("state read")
-        state = {f"in.{k}": v for k, v in self.inputs.tensors().items()}
-        state.update({f"out.{k}": v for k, v in self.outputs.tensors().items()})
-        return state
+        if self._live is None:  # the buffers are never rebound, so the mapping is built once
+            live = {f"in.{k}": v for k, v in self.inputs.tensors().items()}
+            live.update({f"out.{k}": v for k, v in self.outputs.tensors().items()})
+            self._live = live
+        return dict(self._live)
 
     def load_live_state(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Validate every value (names, shapes, dtypes), then copy all of them with one ``_foreach_copy_``.
+
+        The common case (a capsule of this runner: tensors of the exact dtype
+        and shape) is checked in one pass against the live buffers; anything
+        else takes the full path, which names what is wrong.
+        """
+        self._require_idle("state restored")
+        live = self.live_state()
+        if state.keys() == live.keys():
+            dst, src = [], []
+            for key, buf in live.items():
+                v = state[key]
+                if not (isinstance(v, torch.Tensor) and v.dtype is buf.dtype and v.shape == buf.shape):
+                    break
+                dst.append(buf)
+                src.append(v)
+            else:
+                torch._foreach_copy_(dst, src)  # a value on another device falls back to per-tensor copies
+                return
+        self._load_checked(state)
+
+    def _load_checked(self, state: Mapping[str, torch.Tensor]) -> None:
+        """The full path: per buffer set, validate everything (naming the first problem), then copy."""
         ins = {k[3:]: v for k, v in state.items() if k.startswith("in.")}
         outs = {k[4:]: v for k, v in state.items() if k.startswith("out.")}
         stray = [k for k in state if not (k.startswith("in.") or k.startswith("out."))]
