@@ -77,6 +77,10 @@ class EpisodeRecord:
     error: str | None = None
     """``"<ExceptionType>: <message>"`` when the episode ended with stop reason ``error``; else None
     (stored only when set, so episodes without an error are byte-identical to earlier releases)."""
+    origin: dict | None = None
+    """Lineage of an episode that began at a chunk boundary of another (a branch): parent file, episode,
+    chunk, step, branch, noise (see :mod:`rollcap.rollout.resume`); None for an ordinary episode (stored
+    only when set, like ``error``)."""
 
     @property
     def num_steps(self) -> int:

@@ -51,6 +51,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.predicates import BoundaryView, StopPredicate
 from rollcap.rollout.protocols import ChunkCritic, ChunkEvent, ChunkPolicy, EpisodeEnd, EpisodeStart, Observation, StepEvent, Subscriber, instruction_of
 from rollcap.rollout.recording.builder import RecordBuilder
+from rollcap.rollout.resume import Resume
 from rollcap.rollout.seeding import chunk_noise, episode_seed
 
 
@@ -111,6 +112,8 @@ class _Episode:
     success: bool = False
     stop_reason: str | None = None
     exception: BaseException | None = None
+    at: Resume | None = None
+    """Where a resumed episode began (its predicates see the parent's chunk and step counts)."""
 
 
 _STATEFUL = ("live_state", "load_live_state", "state_fingerprint")
@@ -218,9 +221,9 @@ class RolloutHost:
             for s in self.subscribers:
                 s.on_run_end()
 
-    def run_episode(self, index: int, seed: int | None = None) -> EpisodeEnd:
+    def run_episode(self, index: int, seed: int | None = None, at: Resume | None = None) -> EpisodeEnd:
         """One whole episode: :meth:`start`, boundaries and chunks until a stop, :meth:`finish`."""
-        self.start(index, seed)
+        self.start(index, seed, at)
         try:
             while self.state is HostState.RUNNING:
                 self.boundary()
@@ -232,14 +235,21 @@ class RolloutHost:
         return self.finish()
 
     # -- the four steps ------------------------------------------------------
-    def start(self, index: int, seed: int | None = None) -> Observation | None:
+    def start(self, index: int, seed: int | None = None, at: Resume | None = None) -> Observation | None:
         """Begin episode ``index``: restore the initial capsule, reset the env from the episode seed.
+
+        Args:
+            at: begin at a chunk boundary of another episode instead (a branch,
+                a retry; see :mod:`rollcap.rollout.resume`): after the reset its
+                exact env state is put in place. Needs an env with exact state.
 
         Returns the first observation (None if the episode already ended with an error).
         """
         self._require(HostState.RESET, "start()")
+        if at is not None and self.state_env is None:
+            raise ConfigError("env_id", f"{self.env_id} has no exact state; an episode cannot start at another's boundary")
         seed = episode_seed(self.config.seed, index) if seed is None else int(seed)
-        ep = self._ep = _Episode(index, seed, time.perf_counter())
+        ep = self._ep = _Episode(index, seed, time.perf_counter(), at=at)
         self._to(HostState.RUNNING)
         try:
             self.policy.reset()
@@ -254,8 +264,10 @@ class RolloutHost:
                 p.reset()
             self.events.clear()
             ep.obs, _ = self.env.reset(seed=seed)
+            if at is not None:
+                self._resume(at)
             initial_state = self.state_env.get_state() if self.state_env is not None else {}
-            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), _jsonable(dataclasses.asdict(self.config)), self._fingerprints(), self.noise_shape)
+            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), _jsonable(dataclasses.asdict(self.config)), self._fingerprints(), self.noise_shape, None if at is None else at.origin)
         except Exception as err:
             self._fail(err)
             return None
@@ -298,7 +310,9 @@ class RolloutHost:
             self._stop(stop)
             return None
         try:
-            if noise is None:
+            if noise is None and ep.at is not None and ep.at.noise is not None and ep.chunk < len(ep.at.noise):
+                noise = np.array(ep.at.noise[ep.chunk], dtype=np.float32)
+            elif noise is None:
                 noise = chunk_noise(ep.seed, ep.chunk, self.noise_shape)
             t0 = time.perf_counter()
             # Validate and launch the policy, then the critic: both lanes run at once.
@@ -309,7 +323,8 @@ class RolloutHost:
             t_policy = time.perf_counter() - t0
             value = self.critic.result() if self.critic is not None else float("nan")
             t_critic = time.perf_counter() - t0
-            view = BoundaryView(ep.chunk, ep.steps, actions, value, time.perf_counter() - ep.t_start)
+            k0, t0_steps = (0, 0) if ep.at is None else (ep.at.chunk, ep.at.step)
+            view = BoundaryView(k0 + ep.chunk, t0_steps + ep.steps, actions, value, time.perf_counter() - ep.t_start)
             reason = next((r for p in self.predicates if (r := p.check(view)) is not None), None)
             boundary_s = time.perf_counter() - t0
             event = ChunkEvent(
@@ -432,6 +447,18 @@ class RolloutHost:
                 close()
 
     # -- private -------------------------------------------------------------
+    def _resume(self, at: Resume) -> None:
+        """Put a parent's boundary in place (after the reset): env state, carried state, predicate counters."""
+        self.state_env.set_state(at.env_state)
+        if at.capsule is not None:
+            restore(at.capsule, self.components)
+        self._ep.obs = at.obs
+        self.book.counters[1:] = (at.chunk, at.step)
+        blank = np.zeros(self.noise_shape, np.float32)
+        for k, value in enumerate(at.prior_values):  # the parent's earlier boundaries, as the predicates saw them
+            for p in self.predicates:
+                p.check(BoundaryView(k, at.step, blank, value, 0.0))
+
     def _step(self, ep: _Episode, policy_action: np.ndarray, actor: int, out: list[StepEvent]) -> str | object | None:
         self.events.hold()  # paused: nothing is stepped
         stop = self.events.poll_stop()

@@ -126,6 +126,8 @@ class EpisodeStart:
     """component -> fingerprint (policy, critic when there is one, env when exact)."""
     chunk_shape: tuple[int, int]
     """The policy's ``(H, A)``."""
+    origin: dict | None = None
+    """Lineage of an episode that began at another's boundary (:class:`~rollcap.rollout.resume.Resume`); None otherwise."""
 
 
 @dataclass(frozen=True)

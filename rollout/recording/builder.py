@@ -96,6 +96,7 @@ class RecordBuilder(Subscriber):
             fingerprints=start.fingerprints,
             config=start.config,
             error=end.error,
+            origin=start.origin,
         )
         record.validate()
         return record

@@ -49,7 +49,7 @@ TABLES = ("initial_state", "obs", "final_obs", "steps", "chunks")
 """The dict-of-array fields of an :class:`EpisodeRecord`, in canonical order."""
 SCALARS = ("index", "seed", "env_id", "env_kwargs", "instruction", "stop_reason", "success", "fingerprints", "config")
 """The JSON-able fields of an :class:`EpisodeRecord`, in canonical order (always stored)."""
-OPTIONAL_SCALARS = ("error",)
+OPTIONAL_SCALARS = ("error", "origin")
 """JSON-able fields stored (and digested) only when not None, so records without them keep their bytes."""
 TIMINGS = ("chunks/latency_policy_s", "chunks/latency_critic_s", "chunks/latency_boundary_s")
 """Wall-clock fields: stored and integrity-checked (``timings_digest``) but not part of an episode's identity."""
@@ -83,7 +83,9 @@ def check_record(record: EpisodeRecord) -> None:
                 raise ValueError(f"episode {record.index}: {table}[{k!r}] is {what}; record numeric or bool numpy arrays")
     if record.error is not None and not isinstance(record.error, str):
         raise ValueError(f"episode {record.index}: error is {type(record.error).__name__}; record a str or None")
-    for k in ("env_kwargs", "fingerprints", "config"):
+    if record.origin is not None and not isinstance(record.origin, dict):
+        raise ValueError(f"episode {record.index}: origin is {type(record.origin).__name__}; record a dict or None")
+    for k in ("env_kwargs", "fingerprints", "config", "origin"):
         try:
             canonical_json(getattr(record, k))
         except (TypeError, ValueError) as err:
@@ -169,6 +171,8 @@ def record_from_parts(path, meta: dict, tables: dict[str, dict[str, np.ndarray]]
         raise corrupt(path, f"{at}meta lacks {missing}")
     if not isinstance(meta.get("error"), (str, type(None))):
         raise corrupt(path, f"{at}meta error is {type(meta['error']).__name__}, expected a string")
+    if not isinstance(meta.get("origin"), (dict, type(None))):
+        raise corrupt(path, f"{at}meta origin is {type(meta['origin']).__name__}, expected an object")
     record = EpisodeRecord(
         **{k: meta[k] for k in SCALARS}, **{k: meta.get(k) for k in OPTIONAL_SCALARS}, **{t: tables.get(t, {}) for t in TABLES}
     )

@@ -11,7 +11,7 @@ Layout (robomimic's, so its readers work; rollcap's extras in their own group)::
     data/demo_<index>/rollcap.attrs: format, format_version, index, seed, env_id,
         instruction, stop_reason, success, num_steps, num_chunks, digest,
         timings_digest, and error when the episode has one (plain) and env_kwargs,
-        fingerprints, config, codec (JSON strings); the meta of
+        fingerprints, config, codec, origin when the episode has one (JSON strings); the meta of
         :mod:`rollcap.rollout.recording.codec`
     data/demo_<index>/rollcap/steps/{terminated, truncated, actor}
     data/demo_<index>/rollcap/{chunks, initial_state, final_obs}/<key>
@@ -74,7 +74,7 @@ from rollcap.rollout.recording.journal import committed_view, journaled_update, 
 ROBOMIMIC_STEP_KEYS = ("actions", "rewards", "dones", "states")
 """Per-step arrays stored where robomimic looks for them; the rest of STEP_DTYPES go under ``rollcap/steps``."""
 IMAGE_CODEC = {"images": "gzip-4, one chunk per frame", "other": "contiguous"}
-_JSON_ATTRS = ("env_kwargs", "fingerprints", "config", "codec")
+_JSON_ATTRS = ("env_kwargs", "fingerprints", "config", "codec", "origin")
 _LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
 _DEMO = re.compile(r"demo_(\d+)")
 MASKS = ("success", "failure", "intervened", "train", "valid")
