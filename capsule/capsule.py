@@ -10,6 +10,7 @@ version counter.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Mapping
@@ -38,6 +39,25 @@ def json_normalize(value: Any, what: str) -> Any:
         return plain_json(value, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise TypeError(f"{what} must be JSON-able (str, int, float, bool, None, lists, dicts), got {value!r}: {err}") from err
+
+
+_FROZEN: dict[int, MappingProxyType] = {}
+"""id -> a fingerprint mapping :func:`frozen_json` returned (held, so the id stays its own)."""
+
+
+def frozen_json(value: Mapping[str, Any], what: str) -> MappingProxyType:
+    """``value`` normalised (:func:`json_normalize`) and read-only; a mapping this returned comes back as is.
+
+    Snapshots of the same components share one frozen fingerprint each, so a
+    snapshot does not round-trip the fingerprints through JSON every time.
+    """
+    if _FROZEN.get(id(value)) is value:
+        return value  # type: ignore[return-value]
+    frozen = MappingProxyType(json_normalize(dict(value), what))
+    if len(_FROZEN) >= 4096:
+        _FROZEN.clear()
+    _FROZEN[id(frozen)] = frozen
+    return frozen
 
 
 # -- digests ---------------------------------------------------------------------
@@ -95,7 +115,7 @@ class Boundary:
         if not (math.isfinite(self.wall_time) and self.wall_time >= 0):
             raise ValueError(f"boundary wall_time must be finite and >= 0 (seconds since the epoch), got {self.wall_time!r}")
         object.__setattr__(self, "wall_time", float(self.wall_time))
-        object.__setattr__(self, "extra", MappingProxyType(json_normalize(dict(self.extra), "boundary extra")))
+        object.__setattr__(self, "extra", MappingProxyType(json_normalize(dict(self.extra), "boundary extra") if self.extra else {}))
 
     def to_json(self) -> dict:
         return {
@@ -132,6 +152,7 @@ def _itemsize(kind: str, dtype: str) -> int:
     return d.itemsize
 
 
+@functools.lru_cache(maxsize=4096)
 def _native_layout(info: BufferInfo) -> tuple:
     """``(type, dtype, shape)`` of a live value that :meth:`BufferInfo.same_layout` would accept."""
     if info.kind == "torch":
@@ -242,7 +263,7 @@ class Capsule:
         if self.tier == "disk" and self.path is None:
             raise ValueError("a disk-tier capsule needs its directory path")
         specs = {c: MappingProxyType(dict(b)) for c, b in self.specs.items()}
-        fps = {c: MappingProxyType(json_normalize(dict(fp), f"fingerprint of component {c!r}")) for c, fp in self.fingerprints.items()}
+        fps = {c: frozen_json(fp, f"fingerprint of component {c!r}") for c, fp in self.fingerprints.items()}
         if set(specs) != set(fps):
             raise CorruptCapsule(f"capsule {self.boundary.label!r}: components with buffers {sorted(specs)} differ from components with fingerprints {sorted(fps)}; rebuild it with snapshot()")
         object.__setattr__(self, "specs", MappingProxyType(specs))
@@ -259,8 +280,9 @@ class Capsule:
                 missing, extra = sorted(set(specs[comp]) - set(bufs)), sorted(set(bufs) - set(specs[comp]))
                 raise CorruptCapsule(f"capsule {self.boundary.label!r}: component {comp!r} state lacks {missing} / has unlisted {extra} against its specs; rebuild it with snapshot()")
             for name, value in bufs.items():
-                info = BufferInfo.of(value)
-                if not info.same_layout(specs[comp][name]):
+                typ, dtype, shape = _native_layout(specs[comp][name])
+                if not (isinstance(value, typ) and value.dtype == dtype and value.shape == shape):  # one pass; BufferInfo explains
+                    info = BufferInfo.of(value)
                     raise CorruptCapsule(f"capsule {self.boundary.label!r}: {comp}.{name} holds {info.describe()} but its spec says {specs[comp][name].describe()}; rebuild it with snapshot()")
                 if isinstance(value, np.ndarray):
                     value.flags.writeable = False

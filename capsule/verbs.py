@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, json_normalize
+import torch
+
+from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, _native_layout, frozen_json, json_normalize
 from rollcap.capsule.errors import CapsuleError, CapsuleMismatch
 from rollcap.capsule.protocol import Stateful
 from rollcap.capsule.tiers import _carry_digest, clone_state, copy_state, load
@@ -37,6 +40,57 @@ def _check_components(components: Mapping[str, Stateful]) -> None:
             raise ValueError(f"component names must be non-empty strings without '/', got {name!r}")
         if not all(callable(getattr(comp, m, None)) for m in _STATEFUL_METHODS):  # cheaper than a Protocol isinstance
             raise TypeError(f"component {name!r} ({type(comp).__name__}) does not implement Stateful (live_state, load_live_state, state_fingerprint)")
+
+
+_LAST_FP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""component -> its last frozen fingerprint (snapshot reuses it while the component's stays equal)."""
+
+
+def _frozen_fingerprint(name: str, comp: Stateful):
+    fp = comp.state_fingerprint()
+    try:
+        last = _LAST_FP.get(comp)
+    except TypeError:  # not weak-referenceable: normalise every time
+        last = None
+    if last is not None and fp == last:
+        return last
+    frozen = frozen_json(fp, f"state_fingerprint() of component {name!r}")
+    try:
+        _LAST_FP[comp] = frozen
+    except TypeError:
+        pass
+    return frozen
+
+
+_LAST_SPECS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""component -> (its last specs, their (type, dtype, shape, device) per buffer)."""
+
+
+def _specs_of(name: str, comp: Stateful, values: Mapping[str, Any]) -> dict[str, BufferInfo]:
+    """:class:`BufferInfo` of each live value; the component's last specs when every value still fits them."""
+    try:
+        last = _LAST_SPECS.get(comp)
+    except TypeError:
+        last = None
+    if last is not None and values.keys() == last[1].keys():
+        for buf, (typ, dtype, shape, device) in last[1].items():
+            v = values[buf]
+            if not (isinstance(v, typ) and v.dtype == dtype and v.shape == shape and (device is None or v.device == device)):
+                break
+        else:
+            return last[0]
+    specs = {}
+    for buf, v in values.items():
+        try:
+            specs[buf] = BufferInfo.of(v)
+        except TypeError as err:
+            raise TypeError(f"component {name!r} buffer {buf!r}: {err}") from err
+    checks = {b: (*_native_layout(i), None if i.kind == "numpy" else torch.device(i.device)) for b, i in specs.items()}
+    try:
+        _LAST_SPECS[comp] = (specs, checks)
+    except TypeError:
+        pass
+    return specs
 
 
 def snapshot(
@@ -69,14 +123,9 @@ def snapshot(
     fps: dict[str, dict] = {}
     live: dict[str, dict] = {}
     for name, comp in components.items():
-        fps[name] = json_normalize(comp.state_fingerprint(), f"state_fingerprint() of component {name!r}")
+        fps[name] = _frozen_fingerprint(name, comp)
         values = dict(comp.live_state())
-        specs[name] = {}
-        for buf, v in values.items():
-            try:
-                specs[name][buf] = BufferInfo.of(v)
-            except TypeError as err:
-                raise TypeError(f"component {name!r} buffer {buf!r}: {err}") from err
+        specs[name] = _specs_of(name, comp, values)
         live[name] = values
     boundary = Boundary(label, episode, chunk, step, time.time(), extra=dict(extra or {}))
     return Capsule(boundary, specs, fps, tier, copy_state(live, tier))
