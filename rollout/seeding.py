@@ -21,3 +21,12 @@ def chunk_noise(seed: int, chunk: int, shape: tuple[int, ...]) -> np.ndarray:
     """Flow noise for chunk ``chunk`` of the episode with seed ``seed``."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy=int(seed), spawn_key=(0x401E, int(chunk)))))
     return rng.standard_normal(shape, dtype=np.float32)
+
+
+def branch_seed(parent_seed: int, chunk: int, branch: int) -> int:
+    """The seed of branch ``branch`` (>= 1) from chunk ``chunk`` of the episode with seed ``parent_seed`` (a 63-bit int).
+
+    Its noise is ``chunk_noise(branch_seed, j, shape)`` for the branch's own chunks ``j = 0, 1, ...``.
+    """
+    ss = np.random.SeedSequence(entropy=int(parent_seed), spawn_key=(0xB4A7, int(chunk), int(branch)))
+    return int(ss.generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))

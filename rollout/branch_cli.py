@@ -1,0 +1,136 @@
+"""``rollcap branch``: branch a recorded episode at a chunk boundary (or calibrate the critic over many).
+
+Wiring only: read the recording, build its env and the runners, a host with
+the recording's config, then :func:`rollcap.rollout.branch.run_branches` or
+:func:`rollcap.rollout.calibrate.calibrate`. The main CLI registers the
+subcommand through :func:`add_parser`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+EXAMPLE = "rollcap branch runs/latest/episodes.hdf5 --episode 3 --chunk 5 --n 16 --out runs/branch3"
+DESCRIPTION = (
+    "Put a recorded episode (npz, HDF5 or run directory) back at the start of chunk K (its recorded actions re-applied "
+    "in the env, no inference) and run N continuations with fresh noise seeds derived from (parent seed, K, branch), "
+    "plus a control branch with the recorded noise, which must reproduce the original continuation byte for byte. "
+    "Each branch is recorded as an episode (index = branch, 0 the control) with its lineage, so `rollcap replay` checks "
+    "it alone. Prints the Monte-Carlo value at the boundary (mean critic target, success rate and return, 95% intervals) "
+    "beside the critic's value; writes branch.json. With --calibrate: the same at every --every-th boundary of every "
+    "episode, then correlation and error of critic vs Monte-Carlo value and a reliability plot (calibration.json, calibration.png)."
+)
+
+
+def add_parser(command, parts_options) -> None:
+    """Register ``branch`` through the main CLI's ``command(name, func, help, description, example)``."""
+    p = command("branch", cmd_branch, "fork N continuations from a boundary of a recorded episode; Monte-Carlo values", DESCRIPTION, EXAMPLE)
+    p.add_argument("file", type=Path, help="npz file, HDF5 file or run directory holding the parent episode")
+    p.add_argument("--episode", type=int, default=None, help="the parent episode's index (default: the file's only or first episode)")
+    p.add_argument("--chunk", type=int, default=0, help="branch at the start of this chunk (0-based; default 0)")
+    p.add_argument("--n", type=int, default=8, help="seeded branches per boundary, besides the control (default 8)")
+    p.add_argument("--seed", type=int, default=None, help="derive the branch seeds from this instead of the parent's episode seed (another set of branches)")
+    p.add_argument("--no-control", action="store_true", help="skip the control branch (the recorded noise)")
+    p.add_argument("--actors", type=int, default=0, help="run the branches on this many local Ray actors (default 0: in this process)")
+    p.add_argument("--out", type=Path, default=None, help="directory for the branch recordings and branch.json (default: runs/branch-<episode>-<chunk>; with --calibrate runs/calibration)")
+    p.add_argument("--format", default="npz,h5", help="recording formats, a comma list of npz,h5 (default both)")
+    p.add_argument("--calibrate", action="store_true", help="Monte-Carlo values at many boundaries: every --every-th chunk of every episode (or --episode); branches not recorded")
+    p.add_argument("--every", type=int, default=1, help="with --calibrate: every this many chunks (default 1)")
+    p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs")))
+
+
+def _parent(path: Path, episode: int | None):
+    from rollcap.rollout.replay import episodes_of
+
+    items = episodes_of(path)
+    for source, rec in items:
+        if isinstance(rec, Exception):
+            if episode is None or f"demo_{episode}" in source or f"episode_{episode:05d}" in source:
+                raise rec
+            continue
+        if episode is None or rec.index == episode:
+            return source, rec
+    have = sorted(r.index for _, r in items if not isinstance(r, Exception))
+    raise ValueError(f"{path}: no episode {episode} (it holds {have})")
+
+
+def cmd_branch(args) -> int:
+    from rollcap.rollout.build import Parts, make_env, make_runners
+
+    for flag, value, low in (("--n", args.n, 0), ("--chunk", args.chunk, 0), ("--actors", args.actors, 0), ("--every", args.every, 1)):
+        if value < low:
+            raise ValueError(f"{flag}: expected an integer >= {low}, got {value}")
+    if args.n == 0 and args.no_control:
+        raise ValueError("--n 0 with --no-control runs nothing")
+    formats = tuple(f for f in args.format.split(",") if f)
+    if not formats or set(formats) - {"npz", "h5"}:
+        raise ValueError(f"--format: expected a comma list of npz,h5, got {args.format!r}")
+    if args.calibrate:
+        from rollcap.rollout.calibrate import load_for_calibration
+
+        parents = load_for_calibration(args.file, args.episode)
+        first = parents[0][1]
+    else:
+        source, first = _parent(args.file, args.episode)
+        if args.chunk >= first.num_chunks:
+            raise ValueError(f"--chunk {args.chunk}: episode {first.index} of {source} has chunks 0..{first.num_chunks - 1}")
+    parts = Parts(**{**args.options.values(args, Parts), "env_id": first.env_id, "env_kwargs": first.env_kwargs or None})
+    env = make_env(first.env_id, first.env_kwargs, source=str(args.file))
+    policy = critic = pool = None
+    try:
+        policy, critic = make_runners(parts, env)
+        host = _host(first, env, policy, critic)
+        if args.actors:
+            from rollcap.rollout.branch import BranchActor
+            from rollcap.rollout.ray_rollout import ActorPool, check_actor_run, identity
+
+            check_actor_run("env", parts.policy, parts.critic)
+            pool = ActorPool(parts, host.config, args.actors, expect=identity(host), actor_cls=BranchActor)
+        if args.calibrate:
+            return _calibrate(args, parents, parts, env, policy, critic, pool)
+        return _branch(args, source, first, host, formats, pool)
+    finally:
+        for part in (pool, policy, critic, env):
+            if part is not None:
+                part.close()
+
+
+def _host(rec, env, policy, critic):
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.host import RolloutHost
+
+    critic = critic if "critic" in rec.fingerprints else None
+    return RolloutHost(env, policy, critic, HostConfig.from_json(rec.config))
+
+
+def _branch(args, source, rec, host, formats, pool) -> int:
+    from rollcap.kernels.files import atomic_write, canonical_json
+    from rollcap.rollout.branch import boundaries, run_branches
+    from rollcap.rollout.recording import EpisodeRecorder
+
+    at = boundaries(rec, host.env, [args.chunk], parent=str(source))[args.chunk]
+    out = args.out or Path("runs") / f"branch-{rec.index}-{args.chunk}"
+    recorder = EpisodeRecorder(out, formats)
+    try:
+        result = run_branches(host, rec, args.chunk, args.n, control=not args.no_control, parent=str(source), at=at, pool=pool, recorder=recorder, seed=args.seed)
+    finally:
+        recorder.close()
+    summary = {"parent": str(source), "episode": rec.index, "chunk": args.chunk, "step": at.step, **result.summary()}
+    atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
+    for row in summary["branches"]:
+        print(f"branch {row['branch']:>3} ({row['noise']:<6}) seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
+    print(result.mc.line())
+    print(f"control: {summary['control']}")
+    print(f"wrote {len(result.records)} branch episode(s) to {out} (replay: rollcap replay {out})")
+    return 1 if result.control is not None and result.control_diff is not None and not result.fingerprint_diff else 0
+
+
+def _calibrate(args, parents, parts, env, policy, critic, pool) -> int:
+    from rollcap.rollout.calibrate import calibrate
+
+    out = args.out or Path("runs") / "calibration"
+    report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
+    print(json.dumps(report["stats"], indent=2))
+    print(f"wrote {out / 'calibration.json'} and {out / 'calibration.png'}")
+    return 0
