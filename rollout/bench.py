@@ -4,7 +4,7 @@ Sections: ``models`` (policy eager vs captured, critic, policy || critic vs
 serial, capture time, exactness), ``capsule`` (snapshot/restore per tier vs a
 plain copy, restore vs rebuild-and-recapture), ``env`` (steps/s), ``host``
 (overhead per chunk, recording overhead, capsule reset vs env.reset + runner
-re-creation).
+re-creation), ``branch`` (:mod:`rollcap.rollout.bench_branch`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from rollcap.kernels.graph import capture_count
 from rollcap.kernels.lanes import CpuLane, make_lane
 from rollcap.rollout.build import Parts, make_env, make_runners
 
-SECTIONS = ("models", "capsule", "env", "host", "gym")
+SECTIONS = ("models", "capsule", "env", "host", "gym", "branch")
 
 
 def _stats(xs: list[float]) -> dict:
@@ -214,7 +214,9 @@ def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = 
     }
     from rollcap.rollout.bench_gym import bench_gym
 
-    fns = {"models": bench_models, "capsule": bench_capsule, "env": bench_env, "host": bench_host, "gym": bench_gym}
+    from rollcap.rollout.bench_branch import bench_branch
+
+    fns = {"models": bench_models, "capsule": bench_capsule, "env": bench_env, "host": bench_host, "gym": bench_gym, "branch": bench_branch}
     for s in only:
         report[s] = fns[s](parts, n)
     return report
@@ -266,4 +268,9 @@ def format_report(r: dict) -> str:
 
         lines.append("gym (ChunkEnv / NoiseSteeringEnv):")
         format_gym(r["gym"], row)
+    if "branch" in r:
+        from rollcap.rollout.bench_branch import format_branch
+
+        lines.append("branch (restore + continuation vs the prefix from scratch):")
+        format_branch(r["branch"], row)
     return "\n".join(lines)
