@@ -1,4 +1,4 @@
-"""The ``rollcap`` command line: run, replay, inspect, bench, capsule inspect."""
+"""The ``rollcap`` command line: run, replay, inspect, branch, bench, capsule inspect."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ EXAMPLES = """examples:
   rollcap run --episodes 50 --critic-threshold -0.8 --out runs/eval
   rollcap replay runs/latest/episodes.hdf5      prove every episode reproduces byte-for-byte
   rollcap inspect runs/latest --plot plots/     episode table, PNG per episode
+  rollcap branch runs/latest --episode 0 --chunk 5 --n 16    16 continuations + the control; Monte-Carlo value
   rollcap bench --json bench.json               latency, overlap, capsule, env, host, recording figures
   rollcap capsule inspect path/to/capsule       a disk capsule's manifest and digest check
 """
@@ -227,8 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", cmd_bench, "measure latency, overlap, capsules, env and host overhead", "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.", "rollcap bench --quick --json bench.json")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
-    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym")
+    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch")
     p.set_defaults(options=_parts_options(p))
+
+    from rollcap.rollout.branch_cli import add_parser as add_branch_parser
+
+    add_branch_parser(command, _parts_options)
 
     p = sub.add_parser("capsule", help="capsule tools", description="Tools for disk capsules.")
     csub = p.add_subparsers(dest="capsule_command", metavar="COMMAND", parser_class=_Parser)

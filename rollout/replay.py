@@ -209,6 +209,8 @@ def replay_env(rec: EpisodeRecord, env) -> ReplayResult:
     fp = [f"env.{k}" for k in fingerprint_diff(rec.fingerprints.get("env", {}), layer.state_fingerprint())] if hasattr(layer, "state_fingerprint") else []
     obs, _ = env.reset(seed=rec.seed)  # the recorded episode began from this reset, then its exact state
     layer.set_state(rec.initial_state)
+    if rec.origin is not None:  # began at another episode's boundary (a branch): it saw the recorded observation there
+        obs = _obs_at(rec, 0)
     first, worst = None, 0.0
 
     def note(d):
@@ -259,7 +261,9 @@ def closed_loop_host(rec: EpisodeRecord, env, policy, critic=None):
 def replay_closed(rec: EpisodeRecord, host) -> ReplayResult:
     """Mode ``closed``: re-run the episode from its seed and compare the whole record."""
     fp = fingerprint_diff(rec.fingerprints.get("policy", {}), host.policy.state_fingerprint())
-    new = host.run_episode(rec.index, rec.seed).record
+    from rollcap.rollout.resume import resume_of
+
+    new = host.run_episode(rec.index, rec.seed, resume_of(rec)).record  # a branch starts at its recorded boundary
     first, worst = None, 0.0
     pairs = [("stop_reason", np.frombuffer(new.stop_reason.encode(), np.uint8), np.frombuffer(rec.stop_reason.encode(), np.uint8))]
     pairs += [(f"steps/{k}", new.steps[k], rec.steps[k]) for k in rec.steps]
