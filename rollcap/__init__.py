@@ -4,6 +4,7 @@ The few names a user needs, in one place::
 
     import rollcap
     result = rollcap.run(episodes=5, out="runs/api")   # what `rollcap run` does
+    result, summary = rollcap.branch("runs/api", episode=0, chunk=3, n=8)   # `rollcap branch`
     print(result.summary["success_rate"])
 
 The parts live in subpackages (``rollcap.rollout``, ``rollcap.envs``,
@@ -26,6 +27,7 @@ __all__ = [
     "RolloutHost",
     "RunResult",
     "Subscriber",
+    "branch",
     "load",
     "make_env",
     "run",
@@ -55,7 +57,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'rollcap' has no attribute {name!r}")
     import rollcap.rollout
 
-    value = getattr(rollcap.rollout, "load_any" if name == "load" else name)
+    value = getattr(rollcap.rollout, {"load": "load_any", "branch": "branch_episode"}.get(name, name))
     globals()[name] = value
     return value
 

@@ -42,6 +42,7 @@ _NAMES = {
     "Interrupted": "api",
     "make_env": "build",
     "load_any": "inspect",
+    "branch_episode": "branch_cli",
 }
 
 __all__ = sorted(_NAMES)

@@ -55,45 +55,102 @@ def _parent(path: Path, episode: int | None):
     raise ValueError(f"{path}: no episode {episode} (it holds {have})")
 
 
-def cmd_branch(args) -> int:
-    from rollcap.rollout.build import Parts, make_env, make_runners
+def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8, *, seed: int | None = None, control: bool = True,
+           out=None, formats=("npz", "h5"), actors: int = 0, parts=None):
+    """Branch episode ``episode`` of the recording ``file`` at ``chunk``: the control and ``n`` seeded branches.
 
-    for flag, value, low in (("--n", args.n, 0), ("--chunk", args.chunk, 0), ("--actors", args.actors, 0), ("--every", args.every, 1)):
+    What ``rollcap branch`` does, without argparse (``rollcap.branch``): every branch is recorded in
+    ``out`` (default ``runs/branch-<episode>-<chunk>``) with ``branch.json``.
+    ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the checkpoints
+    (its env is replaced by the recording's). Returns ``(BranchResult, summary dict)``.
+
+    Raises:
+        ValueError: a bad count, chunk or episode (one line naming it).
+    """
+    from rollcap.kernels.files import atomic_write, canonical_json
+    from rollcap.rollout.branch import boundaries, run_branches
+    from rollcap.rollout.build import Parts
+    from rollcap.rollout.recording import EpisodeRecorder
+
+    for flag, value, low in (("--n", n, 0), ("--chunk", chunk, 0), ("--actors", actors, 0)):
         if value < low:
             raise ValueError(f"{flag}: expected an integer >= {low}, got {value}")
-    if args.n == 0 and args.no_control:
+    if n == 0 and not control:
         raise ValueError("--n 0 with --no-control runs nothing")
-    formats = tuple(f for f in args.format.split(",") if f)
     if not formats or set(formats) - {"npz", "h5"}:
-        raise ValueError(f"--format: expected a comma list of npz,h5, got {args.format!r}")
-    if args.calibrate:
-        from rollcap.rollout.calibrate import load_for_calibration
+        raise ValueError(f"--format: expected a comma list of npz,h5, got {','.join(formats)!r}")
+    source, rec = _parent(Path(file), episode)
+    if chunk >= rec.num_chunks:
+        raise ValueError(f"--chunk {chunk}: episode {rec.index} of {source} has chunks 0..{rec.num_chunks - 1}")
+    out = Path(out) if out is not None else Path("runs") / f"branch-{rec.index}-{chunk}"
+    with _Built(parts or Parts(), rec, file, actors) as (host, pool):
+        at = boundaries(rec, host.env, [chunk], parent=str(source))[chunk]
+        recorder = EpisodeRecorder(out, formats)
+        try:
+            result = run_branches(host, rec, chunk, n, control=control, parent=str(source), at=at, pool=pool, recorder=recorder, seed=seed)
+        finally:
+            recorder.close()
+    summary = {"parent": str(source), "episode": rec.index, "chunk": chunk, "step": at.step, "out": str(out), **result.summary()}
+    atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
+    return result, summary
 
-        parents = load_for_calibration(args.file, args.episode)
-        first = parents[0][1]
-    else:
-        source, first = _parent(args.file, args.episode)
-        if args.chunk >= first.num_chunks:
-            raise ValueError(f"--chunk {args.chunk}: episode {first.index} of {source} has chunks 0..{first.num_chunks - 1}")
-    parts = Parts(**{**args.options.values(args, Parts), "env_id": first.env_id, "env_kwargs": first.env_kwargs or None})
-    env = make_env(first.env_id, first.env_kwargs, source=str(args.file))
-    policy = critic = pool = None
-    try:
-        policy, critic = make_runners(parts, env)
-        host = _host(first, env, policy, critic)
-        if args.actors:
-            from rollcap.rollout.branch import BranchActor
-            from rollcap.rollout.ray_rollout import ActorPool, check_actor_run, identity
 
-            check_actor_run("env", parts.policy, parts.critic)
-            pool = ActorPool(parts, host.config, args.actors, expect=identity(host), actor_cls=BranchActor)
-        if args.calibrate:
-            return _calibrate(args, parents, parts, env, policy, critic, pool)
-        return _branch(args, source, first, host, formats, pool)
-    finally:
-        for part in (pool, policy, critic, env):
+class _Built:
+    """The recording's env, the runners, a host with the recording's config and (with actors) a pool; closed on exit."""
+
+    def __init__(self, parts, rec, file, actors: int):
+        self.parts, self.rec, self.file, self.actors = parts, rec, file, actors
+        self.parts_list = []
+
+    def __enter__(self):
+        import dataclasses
+
+        from rollcap.rollout.build import make_env, make_runners
+
+        self.parts = dataclasses.replace(self.parts, env_id=self.rec.env_id, env_kwargs=self.rec.env_kwargs or None)
+        try:
+            env = make_env(self.rec.env_id, self.rec.env_kwargs, source=str(self.file))
+            self.parts_list.append(env)
+            policy, critic = make_runners(self.parts, env)
+            self.parts_list += [policy, critic]
+            self.host = _host(self.rec, env, policy, critic)
+            pool = None
+            if self.actors:
+                from rollcap.rollout.branch import BranchActor
+                from rollcap.rollout.ray_rollout import ActorPool, check_actor_run, identity
+
+                check_actor_run("env", self.parts.policy, self.parts.critic)
+                pool = ActorPool(self.parts, self.host.config, self.actors, expect=identity(self.host), actor_cls=BranchActor)
+                self.parts_list.insert(0, pool)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.host, pool
+
+    def __exit__(self, *exc):
+        for part in self.parts_list:
             if part is not None:
                 part.close()
+        self.parts_list = []
+
+
+def cmd_branch(args) -> int:
+    from rollcap.rollout.build import Parts
+
+    if args.every < 1:
+        raise ValueError(f"--every: expected an integer >= 1, got {args.every}")
+    formats = tuple(f for f in args.format.split(",") if f)
+    parts = Parts(**args.options.values(args, Parts))
+    if args.calibrate:
+        return _calibrate(args, parts)
+    result, summary = branch_episode(args.file, args.episode, args.chunk, args.n, seed=args.seed, control=not args.no_control,
+                             out=args.out, formats=formats, actors=args.actors, parts=parts)  # fmt: skip
+    for row in summary["branches"]:
+        print(f"branch {row['branch']:>3} ({row['noise']:<6}) seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
+    print(result.mc.line())
+    print(f"control: {summary['control']}")
+    print(f"wrote {len(result.records)} branch episode(s) to {summary['out']} (replay: rollcap replay {summary['out']})")
+    return 1 if result.control is not None and result.control_diff is not None and not result.fingerprint_diff else 0
 
 
 def _host(rec, env, policy, critic):
@@ -104,33 +161,17 @@ def _host(rec, env, policy, critic):
     return RolloutHost(env, policy, critic, HostConfig.from_json(rec.config))
 
 
-def _branch(args, source, rec, host, formats, pool) -> int:
-    from rollcap.kernels.files import atomic_write, canonical_json
-    from rollcap.rollout.branch import boundaries, run_branches
-    from rollcap.rollout.recording import EpisodeRecorder
+def _calibrate(args, parts) -> int:
+    from rollcap.rollout.calibrate import calibrate, load_for_calibration
 
-    at = boundaries(rec, host.env, [args.chunk], parent=str(source))[args.chunk]
-    out = args.out or Path("runs") / f"branch-{rec.index}-{args.chunk}"
-    recorder = EpisodeRecorder(out, formats)
-    try:
-        result = run_branches(host, rec, args.chunk, args.n, control=not args.no_control, parent=str(source), at=at, pool=pool, recorder=recorder, seed=args.seed)
-    finally:
-        recorder.close()
-    summary = {"parent": str(source), "episode": rec.index, "chunk": args.chunk, "step": at.step, **result.summary()}
-    atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
-    for row in summary["branches"]:
-        print(f"branch {row['branch']:>3} ({row['noise']:<6}) seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
-    print(result.mc.line())
-    print(f"control: {summary['control']}")
-    print(f"wrote {len(result.records)} branch episode(s) to {out} (replay: rollcap replay {out})")
-    return 1 if result.control is not None and result.control_diff is not None and not result.fingerprint_diff else 0
-
-
-def _calibrate(args, parents, parts, env, policy, critic, pool) -> int:
-    from rollcap.rollout.calibrate import calibrate
-
+    if args.actors < 0 or args.n < 2:
+        raise ValueError(f"--n: calibration needs at least 2 branches per boundary, got {args.n}" if args.n < 2 else f"--actors: expected an integer >= 0, got {args.actors}")
+    parents = load_for_calibration(args.file, args.episode)
     out = args.out or Path("runs") / "calibration"
-    report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
+    first = parents[0][1]
+    with _Built(parts, first, args.file, args.actors) as (host, pool):
+        env, policy, critic = host.env, host.policy, host.critic
+        report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
     print(json.dumps(report["stats"], indent=2))
     print(f"wrote {out / 'calibration.json'} and {out / 'calibration.png'}")
     return 0
