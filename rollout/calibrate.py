@@ -133,3 +133,54 @@ def plot_reliability(report: dict, png_path, bins: int = 10) -> Path:
     png_path = Path(png_path)
     atomic_write(png_path, lambda tmp: fig.savefig(tmp, dpi=100, format="png"))
     return png_path
+
+
+def plot_fans(records, out_dir) -> list[Path]:
+    """One PNG per boundary the branches among ``records`` start from: every branch fanning out from it.
+
+    Top: each branch's critic value at its chunk boundaries; bottom: its return
+    accumulated from the boundary; both over the parent's step count, so every
+    line starts at the branch point. The control (the parent's own noise) is
+    black, a success ends in a star. Records without ``origin`` are ignored.
+
+    Raises:
+        ImportError: matplotlib is not installed (``pip install 'rollcap[plot]'``).
+    """
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError("the branch plot needs matplotlib: pip install 'rollcap[plot]'") from err
+
+    groups: dict[tuple, list] = {}
+    for r in records:
+        if r.origin is not None:
+            groups.setdefault((str(r.origin.get("parent", "")), int(r.origin["episode"]), int(r.origin["chunk"])), []).append(r)
+    paths = []
+    for (parent, episode, chunk), rs in sorted(groups.items()):
+        t0 = int(rs[0].origin["step"])
+        fig = Figure(figsize=(9, 5.5), layout="constrained")
+        ax_v, ax_r = fig.subplots(2, 1, sharex=True)
+        for r in sorted(rs, key=lambda r: r.origin["branch"]):
+            control = r.origin.get("noise") == "parent"
+            style = {"color": "k", "lw": 2.0, "zorder": 3} if control else {"lw": 1.0, "alpha": 0.8}
+            label = "control (parent's noise)" if control else None
+            starts = t0 + r.chunks["chunk_start"]
+            ax_v.step(starts, r.chunks["critic_value"], where="post", label=label, **style)
+            steps = t0 + np.arange(r.num_steps + 1)
+            ret = np.concatenate([[0.0], np.cumsum(r.steps["rewards"])])
+            line = ax_r.plot(steps, ret, label=label, **style)[0]
+            if r.success:
+                ax_r.plot(steps[-1], ret[-1], "*", ms=10, color=line.get_color())
+        for ax in (ax_v, ax_r):
+            ax.axvline(t0, color="0.5", ls=":", lw=1)
+        ax_v.set_ylabel("critic value")
+        ax_r.set_ylabel("return from the boundary")
+        ax_r.set_xlabel("env step of the parent episode")
+        if any(r.origin.get("noise") == "parent" for r in rs):
+            ax_v.legend(loc="lower left", fontsize=7)
+        wins = sum(bool(r.success) for r in rs)
+        fig.suptitle(f"{len(rs)} branches of episode {episode} at chunk {chunk} (step {t0}); {wins} successful (*)\n{parent}", fontsize=9)
+        path = Path(out_dir) / f"branches_{episode:05d}_chunk{chunk:03d}.png"
+        atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=100, format="png"))
+        paths.append(path)
+    return paths

@@ -186,7 +186,8 @@ def check_plot_dir(out_dir) -> Path:
 
 
 def plot_episodes(records: list[EpisodeRecord], out_dir) -> Iterator[Path]:
-    """Write ``out_dir/episode_NNNNN.png`` for each record (see :func:`plot_episode`), creating ``out_dir``.
+    """Write ``out_dir/episode_NNNNN.png`` for each record (see :func:`plot_episode`), creating ``out_dir``;
+    for branches, also ``branches_<episode>_chunk<K>.png`` per boundary (:func:`~rollcap.rollout.calibrate.plot_fans`).
 
     Yields each path once written (each PNG is written atomically).
 
@@ -201,3 +202,7 @@ def plot_episodes(records: list[EpisodeRecord], out_dir) -> Iterator[Path]:
         raise ValueError(f"plot directory {out_dir} cannot be created ({err.strerror or err})") from err
     for r in records:
         yield plot_episode(r, out_dir / f"episode_{r.index:05d}.png")
+    if any(r.origin is not None for r in records):  # branches (rollcap branch): one fan per boundary
+        from rollcap.rollout.calibrate import plot_fans
+
+        yield from plot_fans(records, out_dir)

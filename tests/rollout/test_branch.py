@@ -138,6 +138,9 @@ def test_cli_branch_then_replay_in_a_fresh_process(ckpt, tmp_path):
     res = rollcap("replay", out, *ckpt[:4])
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     assert "3 episode(s), 3 mode(s): 9 exact" in res.stdout
+    res = rollcap("inspect", out, "--plot", tmp_path / "plots")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert (tmp_path / "plots" / "branches_00000_chunk002.png").stat().st_size > 1000  # the fan
     bad = rollcap("branch", run / "episodes.hdf5", "--chunk", 99, "--out", tmp_path / "x", *ckpt[:4])
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "--chunk" in bad.stderr and not (tmp_path / "x").exists()
