@@ -161,7 +161,7 @@ def run(
             env = make_env(parts.env_id, parts.env_kwargs)
             own.append(env)
         if _is_path(policy):
-            policy, built = make_runners(parts, env)
+            policy, built = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
             own += [policy, built]
         else:
             built = make_critic(parts, env) if parts.critic is not None else None

@@ -14,6 +14,7 @@ from rollcap.critics import CriticRunner, load_critic
 from rollcap.kernels.lanes import make_lane
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import PolicyRunner, load_policy
+from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.errors import ConfigError
 
 DEFAULT_ENV = "rollcap/PushBlock-v0"
@@ -111,16 +112,18 @@ def check_fits(env, spec, label: str = "policy", field: str = "env_id") -> None:
         raise ConfigError(field, f"{name} does not fit the {label}: {what}")
 
 
-def make_runners(parts: Parts, env=None) -> tuple[PolicyRunner, CriticRunner | None]:
+def make_runners(parts: Parts, env=None, rtc: bool = False) -> tuple[PolicyRunner, CriticRunner | None]:
     """Load the checkpoints and capture their graphs, each on its own lane (no critic if ``parts.critic`` is None).
 
     With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
+    ``rtc``: the policy is an :class:`~rollcap.policies.rtc.RTCPolicyRunner` (real-time chunking, ``HostConfig.chunking`` naive / rtc).
     """
     model = load_policy(parts.policy)
     if env is not None:
         check_fits(env, model.cfg.obs_spec, "policy", "env_kwargs" if parts.env_kwargs else "env_id")
     critic = make_critic(parts, env) if parts.critic is not None else None
-    return PolicyRunner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads)), critic
+    runner = RTCPolicyRunner if rtc else PolicyRunner
+    return runner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads)), critic
 
 
 def make_critic(parts: Parts, env=None) -> CriticRunner:

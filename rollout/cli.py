@@ -69,7 +69,7 @@ def cmd_run(args) -> int:
         else:
             env = make_env(parts.env_id, parts.env_kwargs)
             built.append(env)
-            policy, critic = make_runners(parts, env)
+            policy, critic = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
             built += [policy, critic]
             _SIGNALS.release()  # start-up is over: a Ctrl-C held during it stops here
             result = run(run_cfg.episodes, out=run_cfg.out, env=env, policy=policy, critic=critic or "none", **opts)

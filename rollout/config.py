@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -31,7 +32,13 @@ class HostConfig:
     max_seconds: float | None = None
     """Wall-clock limit per episode in seconds (not replay-exact; None: off)."""
     execute_steps: int | None = None
-    """Actions of each chunk executed before re-planning (None: the policy's own setting)."""
+    """Actions of each chunk executed before re-planning (None: the policy's own setting); with real-time chunking, the execution horizon s."""
+    chunking: Literal["sync", "naive", "rtc"] = "sync"
+    """sync: the env waits for each chunk; naive / rtc: the next chunk is inferred while inference_delay actions of the current one execute (naive: no constraint on the new chunk; rtc: its first actions are pinned to those, see docs/design-notes.md). naive / rtc need a policy that carries a prefix (RTCPolicyRunner)."""
+    inference_delay: int = 0
+    """Real-time chunking's delay d in env steps: inference of the next chunk starts d steps before the current one's execute_steps run out (0 <= d <= execute_steps, d + execute_steps <= the chunk length; 0 with sync)."""
+    control_period_s: float | None = None
+    """Simulated control clock: every env step waits for its tick of this period in seconds, and a late step counts as stall (not replay-relevant; None: step as fast as possible)."""
 
     def __post_init__(self):
         def bad(name: str, why: str):
@@ -41,6 +48,14 @@ class HostConfig:
             bad("seed", "expected a non-negative integer")
         if self.execute_steps is not None and (not _is_int(self.execute_steps) or self.execute_steps < 1):
             bad("execute_steps", "expected an integer >= 1")
+        if self.chunking not in ("sync", "naive", "rtc"):
+            bad("chunking", "expected sync, naive or rtc")
+        if not _is_int(self.inference_delay) or self.inference_delay < 0:
+            bad("inference_delay", "expected an integer >= 0")
+        if self.chunking == "sync" and self.inference_delay:
+            bad("inference_delay", "is for chunking naive or rtc (sync waits for every chunk)")
+        if self.control_period_s is not None and not (_is_num(self.control_period_s) and 0 < self.control_period_s < float("inf")):
+            bad("control_period_s", "expected a finite number of seconds > 0")
         if not _is_int(self.critic_patience) or self.critic_patience < 1:
             bad("critic_patience", "expected an integer >= 1")
         if self.max_chunks is not None and (not _is_int(self.max_chunks) or self.max_chunks < 1):

@@ -45,6 +45,14 @@ CHUNK_DTYPES = {
     "latency_boundary_s": np.float64,  # [C] write + launch both + wait both + predicates
 }
 
+# per-chunk arrays of a real-time-chunking episode only (HostConfig.chunking naive / rtc): the carried
+# state each chunk was inferred with, so policy replay feeds it back (absent otherwise: ordinary
+# recordings keep their bytes)
+RTC_CHUNK_DTYPES = {
+    "rtc_carried": np.float32,  # [C, H, A] guidance targets (the previous chunk from the execution horizon on)
+    "rtc_weights": np.float32,  # [C, H] guidance weight per index (all 0 for naive chunking and chunk 0)
+}
+
 
 @dataclass
 class EpisodeRecord:
@@ -108,7 +116,8 @@ class EpisodeRecord:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field of the wrong name, dtype or length."""
         t, c = self.num_steps, self.num_chunks
-        for table, dtypes, n in (("steps", STEP_DTYPES, t), ("chunks", CHUNK_DTYPES, c)):
+        chunk_dtypes = {**CHUNK_DTYPES, **(RTC_CHUNK_DTYPES if "rtc_carried" in self.chunks else {})}
+        for table, dtypes, n in (("steps", STEP_DTYPES, t), ("chunks", chunk_dtypes, c)):
             arrays = getattr(self, table)
             if set(arrays) != set(dtypes):
                 raise ValueError(f"episode {self.index}: {table} keys {sorted(arrays)} != {sorted(dtypes)}")

@@ -51,6 +51,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.predicates import BoundaryView, StopPredicate
 from rollcap.rollout.protocols import ChunkCritic, ChunkEvent, ChunkPolicy, EpisodeEnd, EpisodeStart, Observation, StepEvent, Subscriber, instruction_of
 from rollcap.rollout.recording.builder import RecordBuilder
+from rollcap.rollout.rtc import ControlClock, configure_policy
 from rollcap.rollout.resume import Resume
 from rollcap.rollout.seeding import chunk_noise, episode_seed
 
@@ -105,6 +106,8 @@ class _Episode:
     chunks: int = 0
     pending: np.ndarray | None = None
     """The last boundary's chunk, awaiting :meth:`RolloutHost.execute`."""
+    inflight: int = 0
+    """Real-time chunking: the carried actions the last boundary executed while inferring (execute starts at this index)."""
     started: bool = False
     """``on_episode_start`` was emitted."""
     human: bool = False
@@ -176,6 +179,8 @@ class RolloutHost:
         if wanting and not records:
             raise ValueError(f"records=False, but subscribers {wanting} need episode records")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
+        configure_policy(policy, config)  # real-time chunking: the policy carries the schedule's prefix
+        self.clock = ControlClock(config.control_period_s) if config.control_period_s is not None else None
         self.noise_shape = (horizon, self.action_dim)
         self.subscribers = ([RecordBuilder()] if records else []) + subscribers
         self.predicates = config.predicates() + list(predicates)
@@ -263,6 +268,8 @@ class RolloutHost:
             for p in self.predicates:
                 p.reset()
             self.events.clear()
+            if self.clock is not None:
+                self.clock.reset()
             ep.obs, _ = self.env.reset(seed=seed)
             if at is not None:
                 self._resume(at)
@@ -314,11 +321,17 @@ class RolloutHost:
                 noise = np.array(ep.at.noise[ep.chunk], dtype=np.float32)
             elif noise is None:
                 noise = chunk_noise(ep.seed, ep.chunk, self.noise_shape)
+            carried = self.policy.carried_state() if self.config.chunking != "sync" else None
+            queue, obs, step = (self.policy.queue() if carried is not None else ()), ep.obs, ep.steps
             t0 = time.perf_counter()
             # Validate and launch the policy, then the critic: both lanes run at once.
             self.policy.start(ep.obs, noise)
             if self.critic is not None:
                 self.critic.start(ep.obs)
+            t_queue = time.perf_counter()
+            if self._run_queue(ep, queue):  # real-time chunking: the carried actions execute meanwhile
+                return None
+            t0 += time.perf_counter() - t_queue  # the boundary's latency is what the loop waited, not the queue's steps
             actions = self.policy.result()
             t_policy = time.perf_counter() - t0
             value = self.critic.result() if self.critic is not None else float("nan")
@@ -328,10 +341,10 @@ class RolloutHost:
             reason = next((r for p in self.predicates if (r := p.check(view)) is not None), None)
             boundary_s = time.perf_counter() - t0
             event = ChunkEvent(
-                ep.index, ep.chunk, ep.steps, ep.obs, noise, actions, value,
+                ep.index, ep.chunk, step, obs, noise, actions, value,
                 getattr(self.policy, "last_latency_s", t_policy),
                 getattr(self.critic, "last_latency_s", t_critic) if self.critic is not None else float("nan"),
-                boundary_s, reason,
+                boundary_s, reason, carried,
             )  # fmt: skip
             self.book.counters[1] += 1
             ep.chunks += 1
@@ -364,7 +377,7 @@ class RolloutHost:
             raise IllegalTransition("host: execute() needs a boundary() first")
         chunk, ep.pending = ep.pending, None
         if actions is None:
-            todo, actor = chunk[: self.config.execute_steps], ACTOR_POLICY
+            todo, actor = chunk[ep.inflight : self.config.execute_steps], ACTOR_POLICY
         else:
             todo, actor = np.asarray(actions), ACTOR_AGENT
             if todo.ndim != 2 or todo.shape[0] < 1 or todo.shape[1] != self.action_dim:
@@ -459,6 +472,20 @@ class RolloutHost:
             for p in self.predicates:
                 p.check(BoundaryView(k, at.step, blank, value, 0.0))
 
+    def _run_queue(self, ep: _Episode, queue) -> bool:
+        """Execute the carried actions while the launched chunk is inferred; True if the episode stopped meanwhile."""
+        ep.inflight = len(queue)
+        out: list[StepEvent] = []
+        for a in queue:
+            reason = self._step(ep, a, ACTOR_POLICY, out)
+            if reason is not None and reason is not _HANDBACK:
+                for runner in (self.policy, self.critic):
+                    if runner is not None:
+                        runner.reset()  # wait out the launched chunk: the episode ends before it
+                self._stop(reason)
+                return True
+        return False
+
     def _step(self, ep: _Episode, policy_action: np.ndarray, actor: int, out: list[StepEvent]) -> str | object | None:
         self.events.hold()  # paused: nothing is stepped
         stop = self.events.poll_stop()
@@ -471,6 +498,8 @@ class RolloutHost:
         ep.human = human is not None
         action, who = (human, ACTOR_HUMAN) if human is not None else (policy_action, actor)
         state = physics_row(self.state_env.get_state()) if self.state_env is not None else _EMPTY_ROW
+        if self.clock is not None:
+            self.clock.tick()
         new_obs, reward, terminated, truncated, info = self.env.step(action)
         event = StepEvent(ep.index, ep.steps, ep.obs, action, who, state, reward, bool(terminated), bool(truncated), new_obs, info)
         ep.obs = new_obs

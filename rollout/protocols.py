@@ -149,6 +149,9 @@ class ChunkEvent:
     latency_boundary_s: float
     stop_reason: str | None
     """Set when a stop predicate fired: no action of this chunk reaches the env."""
+    carried: dict | None = None
+    """Real-time chunking: the policy's carried state this chunk was guided by (``carried`` ``[H, A]``,
+    ``carried_w`` ``[H]``, ``carried_n``), taken at launch; None for synchronous chunking."""
 
 
 @dataclass(frozen=True)

@@ -178,8 +178,10 @@ def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
     """Mode ``policy``: recorded observations + noise through the policy (and the critic, if the episode had one).
 
     ``policy`` / ``critic`` follow :class:`~rollcap.rollout.protocols.ChunkPolicy` /
-    :class:`~rollcap.rollout.protocols.ChunkCritic`.
+    :class:`~rollcap.rollout.protocols.ChunkCritic`. A real-time-chunking
+    episode's chunks are each fed the carried prefix recorded with them.
     """
+    policy, carried = _policy_for(rec, policy), rec.chunks.get("rtc_carried")
     fp = fingerprint_diff(rec.fingerprints.get("policy", {}), policy.state_fingerprint())
     critic = critic if "critic" in rec.fingerprints else None  # an episode run without a critic has no values to check
     if critic is not None:
@@ -188,6 +190,8 @@ def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
     policy.reset()
     for k in range(rec.num_chunks):
         obs = _obs_at(rec, int(rec.chunks["chunk_start"][k]))
+        if carried is not None:  # real-time chunking: the prefix this chunk was guided by, as recorded
+            policy.load_carried(carried[k], rec.chunks["rtc_weights"][k], 0)
         policy.start(obs, rec.chunks["noise"][k])
         checks = [("policy_chunk", policy.result(), rec.chunks["policy_chunk"][k])]
         if critic is not None:
@@ -232,6 +236,17 @@ def replay_env(rec: EpisodeRecord, env) -> ReplayResult:
     return ReplayResult(rec.index, "env", first is None, first, fp, worst)
 
 
+def _policy_for(rec: EpisodeRecord, policy):
+    """The runner that replays ``rec``: a real-time-chunking episode needs one that carries a prefix."""
+    if "rtc_carried" not in rec.chunks or callable(getattr(policy, "load_carried", None)):
+        return policy
+    from rollcap.policies.rtc import rtc_twin
+
+    if not hasattr(policy, "model"):
+        raise ValueError(f"episode {rec.index} used real-time chunking; {type(policy).__name__} carries no prefix")
+    return rtc_twin(policy)
+
+
 OWN_STOPS = frozenset({"success", "terminated", "truncated", "error", "critic", "timeout_chunks", "timeout_seconds", "nonfinite_action"})
 """Stop reasons the host and its predicates reach by themselves; any other came from outside (a key, a caller)."""
 
@@ -250,6 +265,7 @@ def closed_loop_host(rec: EpisodeRecord, env, policy, critic=None):
 
     critic = critic if "critic" in rec.fingerprints else None
     config = HostConfig.from_json(rec.config)
+    policy = _policy_for(rec, policy)
     if rec.stop_reason in OWN_STOPS and not (np.asarray(rec.steps["actor"]) == ACTOR_HUMAN).any():
         return RolloutHost(env, policy, critic, config)
     from rollcap.rollout.teleop.replay import ReplayInputs

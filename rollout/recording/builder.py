@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from rollcap.envs import physics_row
-from rollcap.rollout.episode import CHUNK_DTYPES, STEP_DTYPES, EpisodeRecord
+from rollcap.rollout.episode import CHUNK_DTYPES, RTC_CHUNK_DTYPES, STEP_DTYPES, EpisodeRecord
 from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, StepEvent, Subscriber, recorded_obs
 
 _STEP_COLS = tuple(k for k in STEP_DTYPES if k != "dones")  # dones is derived
@@ -41,6 +41,9 @@ class RecordBuilder(Subscriber):
         c["latency_policy_s"].append(e.latency_policy_s)
         c["latency_critic_s"].append(e.latency_critic_s)
         c["latency_boundary_s"].append(e.latency_boundary_s)
+        if e.carried is not None:  # real-time chunking: what the chunk was guided by
+            c.setdefault("rtc_carried", []).append(e.carried["carried"])
+            c.setdefault("rtc_weights", []).append(e.carried["carried_w"])
 
     def on_step(self, e: StepEvent) -> None:
         for k, v in recorded_obs(e.obs).items():
@@ -80,6 +83,10 @@ class RecordBuilder(Subscriber):
             rows = self._chunks[k]
             shape = (len(rows), *horizon_shape) if k in ("noise", "policy_chunk") else (len(rows),)
             chunks[k] = np.asarray(rows, dtype=dt).reshape(shape)
+        if "rtc_carried" in self._chunks:
+            n = len(self._chunks["noise"])
+            chunks["rtc_carried"] = np.asarray(self._chunks["rtc_carried"], RTC_CHUNK_DTYPES["rtc_carried"]).reshape(n, *horizon_shape)
+            chunks["rtc_weights"] = np.asarray(self._chunks["rtc_weights"], RTC_CHUNK_DTYPES["rtc_weights"]).reshape(n, horizon_shape[0])
         record = EpisodeRecord(
             index=start.index,
             seed=start.seed,
