@@ -30,3 +30,9 @@ def branch_seed(parent_seed: int, chunk: int, branch: int) -> int:
     """
     ss = np.random.SeedSequence(entropy=int(parent_seed), spawn_key=(0xB4A7, int(chunk), int(branch)))
     return int(ss.generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+def retry_seed(parent_seed: int, chunk: int, attempt: int) -> int:
+    """The seed of retry ``attempt`` (>= 1) after a live rewind to chunk ``chunk`` of the episode with seed ``parent_seed``."""
+    ss = np.random.SeedSequence(entropy=int(parent_seed), spawn_key=(0x5E77, int(chunk), int(attempt)))
+    return int(ss.generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
