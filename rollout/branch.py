@@ -67,7 +67,7 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
         parent: the parent's file, recorded in each branch's origin.
 
     Raises:
-        ConfigError: a chunk out of range, or an episode without exact state.
+        ConfigError: a chunk out of range, an episode without exact state, or one with real-time chunking.
         PrefixDiverged: a re-applied step's physics state differs from the recording's.
     """
     wanted = sorted({int(k) for k in chunks})
@@ -75,6 +75,8 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
         return {}
     if wanted[0] < 0 or wanted[-1] >= rec.num_chunks:
         raise ConfigError("chunk", f"episode {rec.index} has chunks 0..{rec.num_chunks - 1}, got {wanted[-1] if wanted[-1] >= 0 else wanted[0]}")
+    if "rtc_carried" in rec.chunks:
+        raise ConfigError("chunk", f"episode {rec.index} used real-time chunking; branching it is not supported yet (the chunk its policy carries is not restored at a boundary)")
     layer = exact_state_of(env)
     if layer is None or not rec.initial_state:
         raise ConfigError("env_id", f"episode {rec.index} ({rec.env_id}) has no exact state to branch from")
