@@ -144,8 +144,8 @@ class RTCPolicyRunner(PolicyRunner):
             BufferSpec("carried_n", (1,), torch.int64),
         ]
         ObsRunner.__init__(self, model, ins, [BufferSpec("actions", (1, h, a), torch.float32)], device, backend, lane, threads)
-        self.delay, self.shift, self.guidance = 0, model.cfg.execute_steps, "rtc"
-        self._weights = prefix_weights(h, self.shift, 0)
+        self.delay, self.shift, self.guidance = 0, model.cfg.execute_steps, "naive"
+        self._weights = np.zeros(h, np.float32)  # unconfigured: no guidance, no queue (the plain chunk)
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]

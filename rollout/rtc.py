@@ -30,6 +30,8 @@ def configure_policy(policy, config) -> None:
         ConfigError: naming ``chunking`` (the policy carries no prefix) or ``inference_delay`` (out of range).
     """
     if config.chunking == "sync":
+        if callable(getattr(policy, "configure", None)):  # a carrying policy run synchronously: nothing carried, no guidance
+            policy.configure(0, config.execute_steps, "naive")
         return
     if not callable(getattr(policy, "configure", None)) or not callable(getattr(policy, "queue", None)):
         raise ConfigError("chunking", f"{config.chunking} needs a policy that carries a prefix (RTCPolicyRunner: make_runners(..., rtc=True)); got {type(policy).__name__}")
