@@ -107,10 +107,15 @@ class EpisodeRecord:
         """``[T, A]``: the action the policy would have taken at each step (its planned chunk at that
         step's boundary), beside ``steps["actions"]``, what the env received (they differ on intervened
         and agent steps). Derived from ``chunks["policy_chunk"]`` and ``chunks["chunk_start"]``, which
-        every recording holds; the policy keeps planning at every boundary while a human drives."""
+        every recording holds; the policy keeps planning at every boundary while a human drives. With
+        real-time chunking (``rtc_carried`` present) chunk k's own actions begin ``inference_delay`` steps
+        after its launch; the steps before come from the previous chunk."""
         starts = self.chunks["chunk_start"]
         t = np.arange(self.num_steps)
-        k = np.searchsorted(starts, t, side="right") - 1
+        own = starts.copy()
+        if "rtc_carried" in self.chunks and len(own) > 1:
+            own[1:] += int(self.config.get("inference_delay", 0) or 0)
+        k = np.searchsorted(own, t, side="right") - 1
         return self.chunks["policy_chunk"][k, t - starts[k]]
 
     def validate(self) -> None:

@@ -60,6 +60,7 @@ def test_the_schedule_executes_the_carried_queue_then_the_new_chunk(runners, rtc
         assert np.array_equal(acts[t + d : t + s], chunks[k][d:s]), f"chunk {k}: own actions"
         assert np.array_equal(rec.chunks["rtc_carried"][k][: h - s], chunks[k - 1][s:])
     assert not rec.chunks["rtc_weights"][0].any() and rec.chunks["rtc_weights"][1][0] == 1.0
+    assert np.array_equal(rec.policy_actions(), acts)  # every step's action was the policy's, queue steps included
 
 
 def test_naive_with_no_delay_is_the_synchronous_episode(runners, rtc_policy):
