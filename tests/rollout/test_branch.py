@@ -144,3 +144,25 @@ def test_cli_branch_then_replay_in_a_fresh_process(ckpt, tmp_path):
     bad = rollcap("branch", run / "episodes.hdf5", "--chunk", 99, "--out", tmp_path / "x", *ckpt[:4])
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
     assert "--chunk" in bad.stderr and not (tmp_path / "x").exists()
+
+
+def test_branch_actor_without_ray_matches_the_local_branch(ckpt):
+    """BranchActor (the Ray actor's class, used plainly) runs a branch identical to the in-process one."""
+    from pathlib import Path
+
+    from rollcap.rollout.branch import BranchActor, branch_resume
+    from rollcap.rollout.build import Parts
+    from rollcap.rollout.recording import episode_digest
+
+    config = HostConfig(seed=4, max_chunks=5)
+    actor = BranchActor(Parts(env_kwargs=json.loads(ckpt[5]), policy=Path(ckpt[1]), critic=Path(ckpt[3])), config)
+    try:
+        rec = actor.run(0, 123, config)
+        at = boundaries(rec, actor.env, [2])[2]
+        seed, resume = branch_resume(at, rec, 1)
+        remote = actor.branch(1, seed, config, resume)
+        local = run_branches(actor.host(config), rec, 2, 1, at=at)
+        assert local.control_diff is None
+        assert episode_digest(remote) == episode_digest(local.records[1])
+    finally:
+        actor.close()
