@@ -110,56 +110,55 @@ def _summary_table(s: dict) -> str:
 
 # ------------------------------------------------------------------ replay
 def cmd_replay(args) -> int:
-    from rollcap.rollout.build import Parts, make_env, make_runners
-    from rollcap.rollout.replay import MODES, ReplayResult, closed_loop_host, episodes_of, replay_closed, replay_env, replay_policy, summary_line
+    from rollcap.rollout.build import Parts
+    from rollcap.rollout.replay import MODES, Replayer, ReplayResult, episodes_of, summary_line
 
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         raise UserError(f"--mode: expected a comma list of {','.join(MODES)}, got {args.mode!r}")
+    if args.actors < 0:
+        raise UserError(f"--actors: expected an integer >= 0, got {args.actors}")
+    if args.address is not None and not args.actors:
+        raise UserError(f"--address {args.address}: joining a Ray cluster needs --actors >= 1")
     items = [item for f in args.files for item in episodes_of(f)]
+    for source, rec in items:  # a mismatched --env / --env-kwargs stops the replay before anything runs
+        if not isinstance(rec, Exception):
+            _check_replay_env(args, rec, source)
     parts = Parts(**{k: v for k, v in args.options.values(args, Parts).items() if k not in ("env_id", "env_kwargs")})
-    policy, critic = make_runners(parts)
-    envs: dict[str, object] = {}
-    results: list[ReplayResult] = []
+    import_env = args.env is not None
+    results, pool = [], {}
+    if args.actors:
+        from rollcap.rollout.ray_replay import replay_on_actors
+        from rollcap.rollout.ray_rollout import check_actor_run
+
+        check_actor_run("env", parts.policy, parts.critic)
+        per_episode = replay_on_actors(items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool)
+    else:
+        replayer = Replayer(parts)
+        per_episode = ([ReplayResult.could_not(source, "all", rec)] if isinstance(rec, Exception) else replayer.check(source, rec, modes, import_env) for source, rec in items)
     try:
-        for source, rec in items:
-            if isinstance(rec, Exception):
-                results.append(ReplayResult.could_not(source, "all", rec))
-                print(results[-1].line())
-                continue
-            for mode in modes:
-                try:
-                    if mode == "policy":
-                        res = replay_policy(rec, policy, critic)
-                    else:
-                        env = _replay_env(args, rec, source, envs, make_env)
-                        if mode == "env":
-                            res = replay_env(rec, env)
-                        else:
-                            res = replay_closed(rec, closed_loop_host(rec, env, policy, critic))
-                except (ValueError, KeyError, TypeError) as err:
-                    res = ReplayResult.could_not(source, mode, err, rec.index)
+        for batch in per_episode:  # one episode's results, in the order of the files
+            for res in batch:
                 results.append(res)
                 print(res.line())
     finally:
-        for part in (policy, critic, *envs.values()):
-            if part is not None:
-                part.close()
+        if args.actors:
+            per_episode.close()
+        else:
+            replayer.close()
     line, ok = summary_line(results, accept_not_comparable=args.accept_not_comparable)
+    if pool:
+        line += f" (on {pool['actors']} Ray actor(s), {pool['nodes']} node(s); {pool['retries']} retried)"
     print(line)
     return 0 if ok else 1
 
 
-def _replay_env(args, rec, source: str, cache: dict, make_env):
-    """The recording's env; an explicit --env / --env-kwargs must name the same one."""
+def _check_replay_env(args, rec, source: str) -> None:
+    """An explicit --env / --env-kwargs must name the recording's env."""
     if args.env is not None and args.env != rec.env_id:
         raise UserError(f"--env {args.env}: {source} was recorded in {rec.env_id}; replay runs the recording's env (drop --env)")
     if args.env_kwargs is not None and args.env_kwargs != rec.env_kwargs:
         raise UserError(f"--env-kwargs {json.dumps(args.env_kwargs)}: {source} was recorded with {json.dumps(rec.env_kwargs)}; replay uses the recording's")
-    key = json.dumps([rec.env_id, rec.env_kwargs], sort_keys=True)
-    if key not in cache:  # an id read from a file is only imported when the user named it with --env
-        cache[key] = make_env(rec.env_id, rec.env_kwargs, source=None if args.env else source)
-    return cache[key]
 
 
 # ----------------------------------------------------------------- inspect
@@ -219,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accept-not-comparable", action="store_true", help="exit 0 when episodes recorded on another deployment fingerprint could only be compared, not proven exact")
     p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise")
     p.add_argument("--env-kwargs", default=None, type=_json_object, metavar="JSON", help="must equal the recording's (replay always uses the recording's env kwargs)")
+    p.add_argument("--actors", type=int, default=0, metavar="N", help="replay on N Ray actors (0: in this process); output and verdicts are the same; needs pip install 'rollcap[ray]'")
+    p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
     p.set_defaults(options=_parts_options(p, skip=("env_id", "env_kwargs")))
 
     p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions", "Print a table of the episodes in an npz file, an HDF5 file or a run directory.", "rollcap inspect runs/eval --plot runs/eval/plots")
@@ -321,6 +322,8 @@ def _main(argv: list[str] | None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as err:
         flag = args.options.flag(err.field) if getattr(args, "options", None) else None
+        if flag is None and hasattr(args, err.field):  # a flag the command declares itself (replay --actors)
+            flag = "--" + err.field.replace("_", "-")
         print(f"rollcap {args.command}: error: {flag or err.field}: {err.problem}", file=sys.stderr)
         return 2
     except RecordingFailed as err:

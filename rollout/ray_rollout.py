@@ -347,38 +347,52 @@ class ActorPool:
         ``run`` raised on it) runs again on a live or new actor; after
         ``max_tries`` the episode goes to :attr:`failed`.
         """
+        call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
+        for _, record in self.map(call, specs, lambda spec: spec.index, max_tries):
+            yield emit(record, subscribers)
+
+    def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES) -> Iterator[tuple[object, object]]:
+        """Run ``call(actor_handle, item)`` (it returns a Ray ref) for every item; yield ``(item, result)`` as each finishes.
+
+        One call per actor at a time. A call that fails (its actor died, or the
+        method raised) runs again on a live or new actor; after ``max_tries``
+        the item's ``key`` goes to :attr:`failed` with the one-line reason.
+        The next item is submitted before a result is yielded, so actors stay
+        busy while the caller handles it.
+        """
         ray = self._ray
-        todo = deque(specs)
-        tries: dict[int, int] = {}
+        todo = deque(items)
+        tries: dict = {}
         idle = list(range(len(self.slots)))
-        busy: dict[object, tuple[int, EpisodeSpec]] = {}
+        busy: dict[object, tuple[int, object]] = {}
 
         def submit() -> None:
             while todo and idle:
-                slot, spec = idle.pop(0), todo.popleft()
-                busy[self.slots[slot].handle.run.remote(spec.index, spec.seed, spec.config)] = (slot, spec)
+                slot, item = idle.pop(0), todo.popleft()
+                busy[call(self.slots[slot].handle, item)] = (slot, item)
 
         while todo or busy:
             submit()
             self._note_ready()
             done, _ = ray.wait(list(busy), num_returns=1, timeout=0.5)
             for ref in done:
-                slot, spec = busy.pop(ref)
+                slot, item = busy.pop(ref)
                 idle.append(slot)
                 try:
-                    record = ray.get(ref)
+                    result = ray.get(ref)
                 except ray.exceptions.RayError as err:
                     if isinstance(err, ray.exceptions.RayActorError):  # the actor process died
                         self._replace(slot)
-                    tries[spec.index] = tries.get(spec.index, 0) + 1
-                    if tries[spec.index] >= max_tries:
-                        self.failed[spec.index] = _one_line(err)
+                    k = key(item)
+                    tries[k] = tries.get(k, 0) + 1
+                    if tries[k] >= max_tries:
+                        self.failed[k] = _one_line(err)
                     else:
                         self.retries += 1
-                        todo.appendleft(spec)
+                        todo.appendleft(item)
                     continue
-                submit()  # the actor gets its next episode before this process records this one
-                yield emit(record, subscribers)
+                submit()
+                yield item, result
 
     def _replace(self, slot: int) -> None:
         """Replace a dead actor (its Ray handle is unusable) with a new one; its run calls queue until it is built."""

@@ -292,3 +292,48 @@ def replay_closed(rec: EpisodeRecord, host) -> ReplayResult:
             worst = max(worst, d.max_abs_diff if np.isfinite(d.max_abs_diff) else float("inf"))
             first = first or d
     return ReplayResult(rec.index, "closed", first is None, first, fp, worst)
+
+
+class Replayer:
+    """One policy and critic for a whole replay, and one env per recorded (env id, kwargs); checks an episode at a time.
+
+    ``rollcap replay`` uses one in this process; with ``--actors`` each Ray
+    actor is one (:class:`~rollcap.rollout.ray_replay.ReplayActor`).
+    """
+
+    def __init__(self, parts):
+        from rollcap.rollout.build import make_runners
+
+        self.policy, self.critic = make_runners(parts)
+        self.envs: dict[str, object] = {}
+
+    def env_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
+        """The recording's env (built once per id and kwargs). ``import_env``: the user named a ``module:Env`` id, so it may be imported."""
+        import json
+
+        from rollcap.rollout.build import make_env
+
+        key = json.dumps([rec.env_id, rec.env_kwargs], sort_keys=True)
+        if key not in self.envs:
+            self.envs[key] = make_env(rec.env_id, rec.env_kwargs, source=None if import_env else source)
+        return self.envs[key]
+
+    def check(self, source: str, rec: EpisodeRecord, modes, import_env: bool = False) -> list[ReplayResult]:
+        """Replay ``rec`` in each of ``modes``; a mode that cannot run on it is reported as failed, the others still run."""
+        out = []
+        for mode in modes:
+            try:
+                if mode == "policy":
+                    res = replay_policy(rec, self.policy, self.critic)
+                else:
+                    env = self.env_for(rec, source, import_env)
+                    res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, self.policy, self.critic))
+            except (ValueError, KeyError, TypeError) as err:
+                res = ReplayResult.could_not(source, mode, err, rec.index)
+            out.append(res)
+        return out
+
+    def close(self) -> None:
+        for part in (self.policy, self.critic, *self.envs.values()):
+            if part is not None:
+                part.close()

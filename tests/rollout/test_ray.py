@@ -17,6 +17,7 @@ from rollcap.rollout.build import Parts
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording import EpisodeRecorder, episode_digest, h5_indices
 from rollcap.rollout.ray_rollout import ActorPool, RolloutActor, batch_rollout, emit, episode_specs
+from rollcap.rollout.ray_replay import ReplayActor
 from rollcap.rollout.subscribers import Metrics
 from tests.rollout._tiny import ENV_KW
 
@@ -262,3 +263,55 @@ def test_ctrl_c_on_the_driver_stops_the_actors_and_keeps_finished_episodes(ray_l
     with EpisodeRecorder(out, resume=True) as rec:
         assert [r.index for r in rec.verify()] == sorted(kept)
     assert actors and not [p for p in actors if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+# ------------------------------------------------------- replay on actors
+def _replay_cli(capsys, *argv) -> tuple[int, list[str]]:
+    from rollcap.rollout.cli import main
+
+    code = main(["replay", *argv])
+    return code, capsys.readouterr().out.splitlines()
+
+
+def test_replay_on_two_actors_prints_what_a_local_replay_prints(ray_local, ckpt, local, capsys):
+    """`rollcap replay --actors 2`: the same lines in the same order as in this process, every episode exact, the actors named in the summary."""
+    run_dir = str(local[0].run_dir)
+    code0, here = _replay_cli(capsys, run_dir, *ckpt)
+    code2, there = _replay_cli(capsys, run_dir, "--actors", "2", *ckpt)
+    assert code0 == code2 == 0
+    assert there[:-1] == here[:-1] and len(here) == EPISODES * 3 + 1
+    assert there[-1].startswith(here[-1]) and "on 2 Ray actor(s)" in there[-1] and "0 retried" in there[-1]
+
+
+def _dies_at_episode_3(marker: Path | None) -> type:
+    """A ReplayActor whose check of episode 3 kills the process running it: once (the first try makes ``marker``), or every time (``marker`` None)."""
+
+    class Dies(ReplayActor):  # defined here, so Ray ships the class (and ``marker``) by value
+        def check(self, source, rec, modes, import_env=False):
+            if rec.index == 3 and (marker is None or not marker.exists()):
+                if marker is not None:
+                    marker.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().check(source, rec, modes, import_env)
+
+    return Dies
+
+
+def test_a_replay_actor_killed_mid_episode_is_replaced_and_an_episode_that_keeps_killing_is_failed(ray_local, parts, local, tmp_path):
+    """Killed once: the episode is checked again and is exact. Killed every try: FAILED after max_tries, never exact; the rest still exact."""
+    from rollcap.rollout import ray_replay
+    from rollcap.rollout.replay import episodes_of, summary_line
+
+    items = [it for it in episodes_of(local[0].run_dir) if it[1].index < 6]
+    for marker, tries in ((tmp_path / "died", 3), (None, 2)):
+        summary: dict = {}
+        batches = ray_replay.replay_on_actors(items, ("policy", "env"), parts, 2, max_tries=tries, summary=summary, actor_cls=_dies_at_episode_3(marker))
+        results = [r for batch in batches for r in batch]
+        by = {(r.episode, r.mode): r.status for r in results}
+        assert {k: v for k, v in by.items() if k[0] != 3} == {(i, m): "exact" for i in (0, 1, 2, 4, 5) for m in ("policy", "env")}
+        assert summary["retries"] >= 1 and summary["actors_replaced"] >= 1
+        if marker is not None:
+            assert (tmp_path / "died").exists() and by[(3, "policy")] == by[(3, "env")] == "exact"
+        else:
+            assert by[(3, "all")] == "failed" and "2 tries" in next(r.error for r in results if r.episode == 3)
+            assert summary_line(results)[1] is False
