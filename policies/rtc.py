@@ -54,16 +54,22 @@ GUIDANCE = ("rtc", "naive")
 """``rtc``: guided towards the carried prefix; ``naive``: the queue executes, the new chunk is unconstrained."""
 
 
-def prefix_weights(horizon: int, execute_steps: int, delay: int) -> np.ndarray:
-    """The RTC paper's soft mask over the new chunk's ``horizon`` indices.
+MASKS = ("hard", "soft")
 
-    1 for the ``delay`` actions that execute during inference, an exponential
-    decay over the rest of the overlap with the previous chunk (indices below
-    ``horizon - execute_steps``), 0 where the previous chunk has no plan.
+
+def prefix_weights(horizon: int, execute_steps: int, delay: int, mask: str = "soft") -> np.ndarray:
+    """The guidance weight of each of the new chunk's ``horizon`` indices.
+
+    1 for the ``delay`` actions that execute during inference; with ``soft``
+    (the RTC paper's mask) an exponential decay over the rest of the overlap
+    with the previous chunk (indices below ``horizon - execute_steps``); 0
+    elsewhere.
     """
     h, s, d = int(horizon), int(execute_steps), int(delay)
     w = np.zeros(h, np.float32)
     w[:d] = 1.0
+    if mask == "hard":
+        return w
     for i in range(d, h - s):
         c = (h - s - i) / (h - s - d + 1)
         w[i] = c * (math.exp(c) - 1.0) / (math.e - 1.0)
@@ -151,19 +157,19 @@ class RTCPolicyRunner(PolicyRunner):
         images = [b[k] for k in self.cfg.image_keys]
         return {"actions": guided_sample(self.model, images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
 
-    def configure(self, delay: int, execute_steps: int, guidance: str = "rtc") -> None:
+    def configure(self, delay: int, execute_steps: int, guidance: str = "rtc", mask: str = "hard") -> None:
         """Set the schedule (called by a host when it is built) and empty the carried state.
 
         Raises:
             ValueError: ``guidance`` unknown, or ``delay``/``execute_steps`` outside ``0 <= d <= s``, ``d + s <= H``.
         """
         h = self.cfg.horizon
-        if guidance not in GUIDANCE:
-            raise ValueError(f"guidance: expected one of {GUIDANCE}, got {guidance!r}")
+        if guidance not in GUIDANCE or mask not in MASKS:
+            raise ValueError(f"guidance / mask: expected one of {GUIDANCE} / {MASKS}, got {guidance!r} / {mask!r}")
         if not (1 <= execute_steps <= h and 0 <= delay <= execute_steps and delay + execute_steps <= h):
             raise ValueError(f"inference delay {delay} with execution horizon {execute_steps}: need 0 <= delay <= execute_steps and delay + execute_steps <= {h} (the chunk length)")
         self.delay, self.shift, self.guidance = int(delay), int(execute_steps), guidance
-        w = prefix_weights(h, execute_steps, delay) if guidance == "rtc" else np.zeros(h, np.float32)
+        w = prefix_weights(h, execute_steps, delay, mask) if guidance == "rtc" else np.zeros(h, np.float32)
         self._weights = w
         self.load_carried(np.zeros((h, self.cfg.action_dim), np.float32), np.zeros(h, np.float32), 0)
 

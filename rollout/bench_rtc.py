@@ -76,6 +76,8 @@ def seams_of(rec, delay: int) -> list[int]:
 def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
     if mode == "sync":
         return HostConfig(seed=seed, **kw)
+    if mode == "rtc-soft":  # the RTC paper's soft mask
+        return HostConfig(seed=seed, chunking="rtc", rtc_mask="soft", inference_delay=delay, **kw)
     return HostConfig(seed=seed, chunking=mode, inference_delay=delay, **kw)
 
 
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=200, help="held-out episodes per success configuration")
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
-    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync")
+    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)

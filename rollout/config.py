@@ -37,6 +37,8 @@ class HostConfig:
     """sync: the env waits for each chunk; naive / rtc: the next chunk is inferred while inference_delay actions of the current one execute (naive: no constraint on the new chunk; rtc: its first actions are pinned to those, see docs/design-notes.md). naive / rtc need a policy that carries a prefix (RTCPolicyRunner)."""
     inference_delay: int = 0
     """Real-time chunking's delay d in env steps: inference of the next chunk starts d steps before the current one's execute_steps run out (0 <= d <= execute_steps, d + execute_steps <= the chunk length; 0 with sync)."""
+    rtc_mask: Literal["hard", "soft"] = "hard"
+    """With chunking rtc, which actions of the new chunk are guided: hard pins the inference_delay actions that execute during inference; soft also pulls the rest of the overlap towards the previous plan with the RTC paper's decaying weights (measured worse here: docs/design-notes.md)."""
     control_period_s: float | None = None
     """Simulated control clock: every env step waits for its tick of this period in seconds, and a late step counts as stall (not replay-relevant; None: step as fast as possible)."""
 
@@ -52,6 +54,8 @@ class HostConfig:
             bad("chunking", "expected sync, naive or rtc")
         if not _is_int(self.inference_delay) or self.inference_delay < 0:
             bad("inference_delay", "expected an integer >= 0")
+        if self.rtc_mask not in ("hard", "soft"):
+            bad("rtc_mask", "expected hard or soft")
         if self.chunking == "sync" and self.inference_delay:
             bad("inference_delay", "is for chunking naive or rtc (sync waits for every chunk)")
         if self.control_period_s is not None and not (_is_num(self.control_period_s) and 0 < self.control_period_s < float("inf")):

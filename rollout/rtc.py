@@ -36,7 +36,7 @@ def configure_policy(policy, config) -> None:
     if not callable(getattr(policy, "configure", None)) or not callable(getattr(policy, "queue", None)):
         raise ConfigError("chunking", f"{config.chunking} needs a policy that carries a prefix (RTCPolicyRunner: make_runners(..., rtc=True)); got {type(policy).__name__}")
     try:
-        policy.configure(config.inference_delay, config.execute_steps, config.chunking)
+        policy.configure(config.inference_delay, config.execute_steps, config.chunking, config.rtc_mask)
     except ValueError as err:
         raise ConfigError("inference_delay", str(err)) from err
 

@@ -37,6 +37,7 @@ def test_prefix_weights_follow_the_papers_soft_mask():
     assert w[:2].tolist() == [1.0, 1.0] and (w[4:] == 0).all()
     assert 1.0 > w[2] > w[3] > 0.0
     assert (prefix_weights(8, 4, 0)[:4] > 0).all() and prefix_weights(8, 8, 0).sum() == 0
+    assert prefix_weights(8, 4, 2, "hard").tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
 
 
 def test_zero_weights_give_the_plain_chunk_bit_for_bit(pair):
@@ -80,7 +81,7 @@ def test_configure_refuses_a_schedule_that_does_not_fit(pair):
     for d, s in ((3, 2), (1, 4), (-1, 2)):
         with pytest.raises(ValueError, match="inference delay"):
             rtc.configure(d, s)
-    with pytest.raises(ValueError, match="guidance"):
+    with pytest.raises(ValueError, match="guidance / mask"):
         rtc.configure(1, 2, "bogus")
 
 
