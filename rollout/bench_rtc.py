@@ -90,6 +90,9 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
     try:
         runs = [("sync", 0)] + [(m, d) for d in delays for m in modes]
         for mode, d in runs:
+            if d == 0 and mode in ("naive", "rtc"):  # nothing carried is guided or queued: the sync episodes (tested bit-identical)
+                print(f"success {mode:>5} d=0: the synchronous episodes by construction (not run again)", flush=True)
+                continue
             host = RolloutHost(env, policy, None, _config(mode, d, HELD_OUT_SEED))
             t0 = time.perf_counter()
             ok, seam, other = [], [], []
