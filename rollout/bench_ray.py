@@ -1,11 +1,13 @@
-"""``python3 -m rollcap.rollout.bench_ray``: Ray batch rollouts against the alternatives on this machine.
+"""``rollcap bench --actors N`` (section ``ray``): Ray batch rollouts against the alternatives on this machine.
 
-- episodes/s of ``rollcap.run`` with 1 and 2 Ray actors (both formats recorded
+Also ``python3 -m rollcap.rollout.bench_ray``. With N actors (default 2):
+
+- episodes/s of ``rollcap.run`` with 1 and N Ray actors (both formats recorded
   by the driver; start-up excluded, reported beside), and in this process
   without Ray;
-- the same with 2 actors recording nothing (an :class:`ActorPool` whose
+- the same with N actors recording nothing (an :class:`ActorPool` whose
   records are dropped on arrival);
-- episodes/s of ``AsyncVectorEnv`` with 2 spawned ``NoiseSteeringEnv``
+- episodes/s of ``AsyncVectorEnv`` with N spawned ``NoiseSteeringEnv``
   workers (the same env, policy and critic; the agent's noise drawn from the
   policy's own N(0, 1); nothing recorded), and of one such env in-process;
 - Ray on its own: ``connect()`` time and the memory of a local instance
@@ -149,38 +151,42 @@ def pool_rate(episodes: int, actors: int) -> dict:
     return {"episodes": len(ends), "chunks": chunks, "wall_s": wall, "episodes_per_s": len(ends) / wall, "chunks_per_s": chunks / wall}
 
 
-ROWS = ("actors_1", "actors_2", "in_process", "pool_2_unrecorded", "vector_1", "vector_async_2")
+def rows(actors: int) -> tuple[str, ...]:
+    return ("actors_1", f"actors_{actors}", "in_process", f"pool_{actors}_unrecorded", "vector_1", f"vector_async_{actors}")
 
 
-def run_bench(episodes: int = 40, steps: int = 300, rounds: int = 2) -> dict:
+def run_bench(episodes: int = 40, steps: int = 300, rounds: int = 2, actors: int = 2) -> dict:
     """``rounds`` rounds of every row (interleaved, so a busy machine's load falls on all of them alike)."""
-    report: dict = {"ray_alone": ray_alone(), "rounds": []}
+    if actors < 2:
+        raise ValueError(f"--actors: the Ray section compares 1 actor with N >= 2, got {actors}")
+    report: dict = {"actors": actors, "ray_alone": ray_alone(), "rounds": []}
     for _ in range(rounds):
         with tempfile.TemporaryDirectory(prefix="rollcap-bench-ray-") as tmp:
             root = Path(tmp)
-            r = {f"actors_{n}": run_rate(episodes, n, root) for n in (1, 2)}
+            r = {f"actors_{n}": run_rate(episodes, n, root) for n in (1, actors)}
             r["in_process"] = run_rate(episodes, 0, root)
-        r["pool_2_unrecorded"] = pool_rate(episodes, 2)
+        r[f"pool_{actors}_unrecorded"] = pool_rate(episodes, actors)
         r["vector_1"] = vector_rate(1, steps)
-        r["vector_async_2"] = vector_rate(2, steps)
-        r["actors_2_over_1"] = r["actors_2"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
-        r["actors_2_over_async_2"] = r["actors_2"]["episodes_per_s"] / r["vector_async_2"]["episodes_per_s"]
+        r[f"vector_async_{actors}"] = vector_rate(actors, steps)
+        r["actors_n_over_1"] = r[f"actors_{actors}"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
+        r["actors_n_over_async_n_chunks"] = r[f"actors_{actors}"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
+        r["unrecorded_over_async_n_chunks"] = r[f"pool_{actors}_unrecorded"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
         report["rounds"].append(r)
     return report
 
 
 def format_report(report: dict) -> str:
-    a = report["ray_alone"]
+    a, n = report["ray_alone"], report["actors"]
     lines = [f"Ray alone: start {a['ray_start_s']:.2f} s, {a['ray_processes']} processes, {a['ray_total_rss_mb']:.0f} MiB RSS ({a['driver_rss_growth_mb']:.0f} driver growth + {a['ray_processes_rss_mb']:.0f})"]
     for i, r in enumerate(report["rounds"], 1):
         lines.append(f"round {i}:")
-        for key in ROWS:
+        for key in rows(n):
             x = r[key]
             extra = f"; start-up {x['actors_start_s']:.1f} s (Ray {x['ray_start_s']:.1f} s), {x['retries']} retries" if "actors_start_s" in x else ""
             if "cores_used" in x:
                 extra += "; cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(x["cores_used"].items()))
             lines.append(f"  {key:<18} {x['episodes_per_s']:6.2f} episodes/s  {x['chunks_per_s']:7.1f} chunks/s  ({x['episodes']} episodes in {x['wall_s']:.1f} s{extra})")
-        lines.append(f"  2 actors / 1 actor: {r['actors_2_over_1']:.2f}x; 2 actors / AsyncVectorEnv(2): {r['actors_2_over_async_2']:.2f}x")
+        lines.append(f"  {n} actors / 1 actor: {r['actors_n_over_1']:.2f}x episodes/s; in chunks/s vs AsyncVectorEnv({n}): {r['actors_n_over_async_n_chunks']:.2f}x recorded, {r['unrecorded_over_async_n_chunks']:.2f}x unrecorded")
     return "\n".join(lines)
 
 
@@ -189,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=40, help="episodes per rollcap.run (default: 40)")
     ap.add_argument("--steps", type=int, default=300, help="vector-env steps (chunks per worker) (default: 300)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every row (default: 2)")
+    ap.add_argument("--actors", type=int, default=2, help="N: compare 1 actor with N, and AsyncVectorEnv with N workers (default: 2)")
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
-    report = run_bench(args.episodes, args.steps, args.rounds)
+    report = run_bench(args.episodes, args.steps, args.rounds, args.actors)
     print(format_report(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -181,8 +181,18 @@ def cmd_bench(args) -> int:
     from rollcap.rollout.build import Parts
 
     parts = Parts(**args.options.values(args, Parts))
-    report = run_bench(parts, quick=args.quick, only=tuple(s for s in args.only.split(",") if s) if args.only else None)
-    print(format_report(report))
+    only = [s for s in args.only.split(",") if s] if args.only else None
+    actors = args.actors or (2 if only and "ray" in only else 0)
+    if args.actors < 0 or args.actors == 1:
+        raise UserError(f"--actors: the Ray section compares 1 actor with N >= 2, got {args.actors}")
+    report = run_bench(parts, quick=args.quick, only=tuple(s for s in only if s != "ray") or None) if only != ["ray"] else {}
+    if report:
+        print(format_report(report))
+    if actors:  # Ray batch rollouts: 1 vs N actors vs AsyncVectorEnv(N), the shipped policy and critic
+        from rollcap.rollout.bench_ray import format_report as format_ray, run_bench as run_ray
+
+        report["ray"] = run_ray(episodes=8 if args.quick else 40, steps=40 if args.quick else 300, rounds=1 if args.quick else 2, actors=actors)
+        print("ray (Ray batch rollouts, shipped policy and critic):\n" + format_ray(report["ray"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
@@ -229,6 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("bench", cmd_bench, "measure latency, overlap, capsules, env and host overhead", "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.", "rollcap bench --quick --json bench.json")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
+    p.add_argument("--actors", type=int, default=0, metavar="N", help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)")
     p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch")
     p.set_defaults(options=_parts_options(p))
 

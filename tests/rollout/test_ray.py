@@ -315,3 +315,12 @@ def test_a_replay_actor_killed_mid_episode_is_replaced_and_an_episode_that_keeps
         else:
             assert by[(3, "all")] == "failed" and "2 tries" in next(r.error for r in results if r.episode == 3)
             assert summary_line(results)[1] is False
+
+
+def test_bench_refuses_one_actor_before_measuring_anything(capsys):
+    """`rollcap bench --actors 1`: the Ray section compares 1 actor with N >= 2; one line, exit 2, nothing run."""
+    from rollcap.rollout.cli import main
+
+    assert main(["bench", "--actors", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "rollcap bench: error: --actors: the Ray section compares 1 actor with N >= 2, got 1"
