@@ -9,6 +9,7 @@ Ctrl-C included. The CLI's ``run`` is a thin layer over :func:`run`.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import signal
 import sys
@@ -254,7 +255,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
             if pool is not None:
                 episodes = pool.episodes(todo, subs)
             elif tele is not None:
-                episodes = _with_person(host, todo, tele)
+                episodes = _with_person(host, todo, tele, _rewinds(host), itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1))
             else:
                 episodes = (host.run_episode(i) for i in todo)
             for end in episodes:
@@ -294,16 +295,35 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     return result
 
 
-def _with_person(host: RolloutHost, todo: list[int], tele):
-    """Episodes with a person in the loop: a discarded one is re-recorded under its index; quit ends the run after the episode."""
+def _with_person(host: RolloutHost, todo: list[int], tele, rewind=None, spare=None):
+    """Episodes with a person in the loop: a discarded one is re-recorded under its index; quit ends the run after the episode.
+
+    A rewound episode (the rewind key) is kept as it ran; its retry, from the boundary before the chunk that
+    was running, is recorded under the next ``spare`` index (after the run's own), and may be rewound again.
+    """
     for i in todo:
         while True:
             end = host.run_episode(i)
             yield end
             if not end.dropped or tele.quit_requested:
                 break
+        while rewind is not None and end.stop_reason == "rewind" and rewind.kept and not tele.quit_requested:
+            from rollcap.rollout.seeding import retry_seed
+
+            at = rewind.resume_requested()
+            end = host.run_episode(next(spare), retry_seed(end.seed, at.chunk, rewind.attempts), at)
+            yield end
         if tele.quit_requested:
             return
+
+
+def _rewinds(host: RolloutHost):
+    """The teleop rewind buffer (the last 8 boundaries), or None for an env without exact state."""
+    if host.state_env is None:
+        return None
+    from rollcap.rollout.rewind import RewindBuffer
+
+    return RewindBuffer.on(host)
 
 
 def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:

@@ -115,8 +115,10 @@ def continuation(parent: EpisodeRecord, chunk: int, like: EpisodeRecord) -> Epis
     """The part of ``parent`` from chunk ``chunk`` on, as the record a control branch ``like`` must equal.
 
     Index, seed, origin, initial state and the (wall-clock) timings are
-    ``like``'s; everything else is the parent's, steps and chunks sliced and
-    ``chunk_start`` shifted to the branch's own step count.
+    ``like``'s, and its config when it is the parent's read by this version
+    (a parent recorded before a config field existed lacks it); everything
+    else is the parent's, steps and chunks sliced and ``chunk_start`` shifted
+    to the branch's own step count.
     """
     t = int(parent.chunks["chunk_start"][chunk])
     chunks = {k: v[chunk:] for k, v in parent.chunks.items()}
@@ -124,8 +126,11 @@ def continuation(parent: EpisodeRecord, chunk: int, like: EpisodeRecord) -> Epis
     for name in TIMINGS:
         key = name.split("/", 1)[1]
         chunks[key] = like.chunks[key]
+    from rollcap.rollout.config import HostConfig
+
+    same = HostConfig.from_json(parent.config) == HostConfig.from_json(like.config)  # fields added since the parent was recorded, at their defaults
     return dataclasses.replace(
-        parent, index=like.index, seed=like.seed, origin=like.origin, initial_state=like.initial_state,
+        parent, index=like.index, seed=like.seed, origin=like.origin, initial_state=like.initial_state, config=like.config if same else parent.config,
         obs={k: v[t:] for k, v in parent.obs.items()} if t < parent.num_steps else {}, steps={k: v[t:] for k, v in parent.steps.items()}, chunks=chunks,
     )  # fmt: skip
 

@@ -86,6 +86,12 @@ class RewindBuffer(Subscriber):
             self._back = int(back)
         self.host.events.request_stop(REWIND)
 
+    def resume_requested(self) -> Resume:
+        """The retry's :class:`Resume` for the last rewind: :meth:`request`'s ``back``, or (a rewind key, which
+        sends only the stop) the boundary before the running chunk when one is kept."""
+        back = self.take_request()
+        return self.resume(min(1, len(self.kept) - 1) if back is None else back)
+
     def take_request(self) -> int | None:
         """The pending request's ``back`` (None: none), cleared."""
         with self._lock:
@@ -130,7 +136,7 @@ class RewindBuffer(Subscriber):
             ValueError: that boundary is not kept (too far back, or dropped by the byte budget).
         """
         kept = self.kept
-        if self._start is None or back >= len(kept):
+        if self._start is None or not 0 <= back < len(kept):
             raise ValueError(f"rewind: {len(kept)} boundar{'y' if len(kept) == 1 else 'ies'} kept, cannot go {back} back (max_boundaries={self.max_boundaries})")
         k = kept[-1 - back]
         cap = self.registry.get(f"chunk{k}")
@@ -153,8 +159,7 @@ def run_with_rewinds(host, buffer: RewindBuffer, index: int, seed: int | None = 
     """
     ends = [host.run_episode(index, seed)]
     while ends[-1].stop_reason == REWIND:
-        back = buffer.take_request() or 0
-        at = buffer.resume(back)
+        at = buffer.resume_requested()
         parent = ends[-1]
         new = next_index() if next_index is not None else parent.index + 1
         ends.append(host.run_episode(new, retry_seed(parent.seed, at.chunk, buffer.attempts), at))

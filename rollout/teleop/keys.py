@@ -23,7 +23,7 @@ from rollcap.rollout.protocols import EpisodeStart, Subscriber
 SPECIAL_KEYS = ("up", "down", "left", "right", "space", "enter", "esc", "tab", "backspace")
 """Key names besides single printable characters."""
 
-VERBS = ("end", "pause", "success", "failure", "discard", "quit", "go", "takeover")
+VERBS = ("end", "pause", "success", "failure", "discard", "quit", "go", "takeover", "rewind")
 """The :class:`TeleopKeys` fields that name a bus verb (in help-line order)."""
 
 _DIRECTIONS = ("up", "down", "left", "right")
@@ -37,6 +37,7 @@ _HELP = {
     "quit": "quit",
     "go": "next episode",
     "takeover": "take over",
+    "rewind": "rewind",
 }
 
 
@@ -73,6 +74,9 @@ class TeleopKeys:
     """Start the next episode (while awaiting reset)."""
     takeover: tuple[str, ...] = ("t",)
     """Take over the arm / hand it back (toggle). While taken over, the movement keys drive it."""
+    rewind: tuple[str, ...] = ("b",)
+    """Rewind: end the episode (stop reason ``rewind``, recorded) and, after the go key, retry it from the
+    boundary before the running chunk with new noise (a new episode; needs an env with exact state)."""
     up: tuple[str, ...] = ("up", "w")
     """Move up in the camera image (+y for the PushBlock pusher)."""
     down: tuple[str, ...] = ("down", "s")
@@ -248,6 +252,8 @@ class KeyController(Subscriber):
             bus.quit()
         elif verb == "go":
             bus.go()
+        elif verb == "rewind":
+            bus.request_stop("rewind")  # rollcap.rollout.rewind.REWIND; the run loop starts the retry
         elif verb == "takeover":
             self._taken = not self._taken
             if self._taken:

@@ -59,3 +59,28 @@ def test_the_buffer_is_bounded(runners):
     tiny.host.run_episode(0)
     assert tiny.kept == [] and tiny.registry.stats().drops == 4
     assert buffer.resume(0).chunk == 5 and buffer.resume(1).chunk == 4
+
+
+@pytest.mark.slow
+def test_rewind_key_in_a_teleop_run_then_replay(ckpt, tmp_path):
+    """rollcap run --teleop: the rewind key mid-chunk 2 keeps episode 0 (stop 'rewind') and, after go, records the retry
+    from chunk 1 under the next free index; both replay exactly in a fresh process."""
+    import subprocess
+    import sys
+
+    from rollcap.rollout.inspect import load_any
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("step=9 b\n0.05 g\nstep=3 q\n")
+    out = tmp_path / "r"
+    cmd = [sys.executable, "-m", "rollcap.rollout.cli"]
+    args = ["run", "--episodes", 2, "--max-chunks", 6, "--out", out, "--teleop", f"scripted:{keys}", "--no-progress", *ckpt]
+    res = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    recs = load_any(out)
+    assert [r.index for r in recs] == [0, 2] == [r.index for r in load_any(out / "episodes.hdf5")]
+    rewound, retry = recs
+    assert rewound.stop_reason == "rewind" and rewound.num_steps == 9
+    assert retry.origin["episode"] == 0 and retry.origin["chunk"] == 1 and retry.origin["rewind"] == 1
+    res = subprocess.run([*cmd, "replay", str(out), *ckpt], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and "-- all exact" in res.stdout, res.stdout + res.stderr[-2000:]

@@ -35,7 +35,7 @@ def test_keys_validate_and_describe_themselves():
     with pytest.raises(ValueError, match="unknown key"):
         TeleopKeys(end=("F13",))
     line = TeleopKeys().help_line()
-    assert line == "e end · p/space pause · y success · n failure · r re-record · q quit · g/enter next episode · t take over · arrows/wasd move"
+    assert line == "e end · p/space pause · y success · n failure · r re-record · q quit · g/enter next episode · t take over · b rewind · arrows/wasd move"
     assert "x end" in TeleopKeys(end=("X",)).help_line()  # names fold to lower case
 
 
