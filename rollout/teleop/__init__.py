@@ -1,4 +1,4 @@
-"""Teleop: keys that stop, pause, label, discard and take over an episode, and a live view.
+"""Teleop: keys that stop, pause, label, discard, rewind and take over an episode, and a live view.
 
 A person drives a running :class:`~rollcap.rollout.host.RolloutHost` only
 through its :class:`~rollcap.rollout.events.EventBus`:
