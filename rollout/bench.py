@@ -4,7 +4,12 @@ Sections: ``models`` (policy eager vs captured, critic, policy || critic vs
 serial, capture time, exactness), ``capsule`` (snapshot/restore per tier vs a
 plain copy, restore vs rebuild-and-recapture), ``env`` (steps/s), ``host``
 (overhead per chunk, recording overhead, capsule reset vs env.reset + runner
-re-creation), ``branch`` (:mod:`rollcap.rollout.bench_branch`).
+re-creation), ``branch`` (:mod:`rollcap.rollout.bench_branch`), ``scaling``
+(capsule restore/snapshot vs copy from 25 KB to 256 MB,
+:mod:`rollcap.capsule.bench_scaling`), ``peer`` (the loop users write today,
+:mod:`rollcap.rollout.bench_peer`), ``recording`` (the writer's stages,
+:mod:`rollcap.rollout.bench_recording`). Each section's seconds are in
+``section_s``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from rollcap.kernels.graph import capture_count
 from rollcap.kernels.lanes import CpuLane, make_lane
 from rollcap.rollout.build import Parts, make_env, make_runners
 
-SECTIONS = ("models", "capsule", "env", "host", "gym", "branch")
+SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording")
 
 
 def _stats(xs: list[float]) -> dict:
@@ -217,9 +222,29 @@ def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = 
     from rollcap.rollout.bench_branch import bench_branch
 
     fns = {"models": bench_models, "capsule": bench_capsule, "env": bench_env, "host": bench_host, "gym": bench_gym, "branch": bench_branch}
+    from rollcap.rollout.bench_peer import bench_peer
+    from rollcap.rollout.bench_recording import bench_recording
+
+    fns.update({"scaling": bench_scaling, "peer": bench_peer, "recording": bench_recording})
+    report["section_s"] = {}
     for s in only:
+        t0 = time.perf_counter()
         report[s] = fns[s](parts, n)
+        report["section_s"][s] = time.perf_counter() - t0
     return report
+
+
+def bench_scaling(parts: Parts, n: int) -> dict:
+    """Capsule restore / snapshot vs a plain copy: the shipped runners' capsule, then VLA-shaped ones up to 256 MB (4 MB with --quick)."""
+    from rollcap.capsule.bench_scaling import DEFAULT_SIZES, MB, bench_scaling as _scaling
+
+    policy, critic = make_runners(parts)
+    try:
+        quick = n < 100
+        return _scaling({"policy": policy, "critic": critic}, [s for s in DEFAULT_SIZES if s <= 4 * MB] if quick else DEFAULT_SIZES, quick=quick)
+    finally:
+        policy.close()
+        critic.close()
 
 
 def format_report(r: dict) -> str:
@@ -268,6 +293,23 @@ def format_report(r: dict) -> str:
 
         lines.append("gym (ChunkEnv / NoiseSteeringEnv):")
         format_gym(r["gym"], row)
+    if "scaling" in r:
+        from rollcap.capsule.bench_scaling import format_scaling
+
+        lines.append("capsule scaling (restore / snapshot vs a plain copy; ratio median, min-max over rounds):")
+        lines += [f"  {x}" for x in format_scaling(r["scaling"])]
+    if "peer" in r:
+        from rollcap.rollout.bench_peer import format_peer
+
+        lines.append("peer (the same env and policy driven as LeRobot / openpi loops do):")
+        format_peer(r["peer"], row)
+    if "recording" in r:
+        from rollcap.rollout.bench_recording import format_recording
+
+        lines.append("recording (the writer's stages per episode, real episodes of the shipped task):")
+        format_recording(r["recording"], row)
+    if "section_s" in r:
+        lines.append("seconds per section: " + ", ".join(f"{k} {v:.1f}" for k, v in r["section_s"].items()))
     if "branch" in r:
         from rollcap.rollout.bench_branch import format_branch
 

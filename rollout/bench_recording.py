@@ -1,0 +1,109 @@
+"""``rollcap bench --only recording``: what the writer thread spends per episode, stage by stage.
+
+Why: recording with images cost 13-20% of rollout wall on this 2-core
+machine, and image compression was the suspect. This times each stage of
+writing real episodes of the shipped task (wall and the writing thread's CPU
+time), the compression of the image frames on its own (what the npz deflate
+and the HDF5 gzip filter do to them), and the background writer's overhead
+against an unrecorded rollout of the same episodes, in interleaved rounds.
+On two cores the writer's CPU time, not its wall (fsyncs wait on the disk),
+is what it takes from the lanes and the host.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from rollcap.rollout.build import Parts, make_env, make_runners
+
+
+def _timed(fn) -> tuple[float, float]:
+    """(wall s, this thread's CPU s) of ``fn()``."""
+    w0, c0 = time.perf_counter(), time.thread_time()
+    fn()
+    return time.perf_counter() - w0, time.thread_time() - c0
+
+
+def bench_recording(parts: Parts, n: int) -> dict:
+    """Per-stage writer cost per episode, as a share of the unrecorded rollout's wall, and the background overhead.
+
+    Returns:
+        JSON-able: ``episodes``, ``rollout_ms`` (wall per episode, unrecorded),
+        ``image_bytes`` per episode, ``stages`` -> name -> ``wall_ms`` /
+        ``cpu_ms`` per episode and ``cpu_share`` (CPU over rollout wall), and
+        ``background_overhead`` / ``sync_overhead`` (median, min, max over rounds).
+    """
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.host import RolloutHost
+    from rollcap.rollout.recording import EpisodeRecorder
+    from rollcap.rollout.recording.codec import episode_digest, is_image
+    from rollcap.rollout.recording.h5 import H5Writer
+    from rollcap.rollout.recording.npz import write_npz
+    from rollcap.rollout.subscribers import InBackground
+
+    quick = n < 100
+    episodes, rounds = (2, 2) if quick else (10, 3)
+    env = make_env(parts.env_id, parts.env_kwargs)
+    policy, critic = make_runners(parts)
+    env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(parts.env_kwargs or {})}
+    walls: dict[str, list[float]] = {"plain": [], "background": [], "sync": []}
+    with tempfile.TemporaryDirectory(prefix="rollcap-recbench-") as tmp:
+        for r in range(rounds):  # interleaved, so drift on a shared machine hits each mode alike
+            for mode in walls:
+                rec = EpisodeRecorder(Path(tmp) / f"{mode}{r}", formats=("npz", "h5"), env_meta=env_meta)
+                subs = {"plain": [], "background": [InBackground(rec)], "sync": [rec]}[mode]
+                host = RolloutHost(env, policy, critic, HostConfig(seed=11), subs, records=True)
+                t0 = time.perf_counter()
+                ends = host.run(episodes)
+                walls[mode].append(time.perf_counter() - t0)
+                rec.close()
+        records = [e.record for e in ends if e.record is not None]
+        stage_s: dict[str, list[tuple[float, float]]] = {k: [] for k in ("digest", "npz write (whole)", "h5 append (whole)", "image deflate-1 (npz's)", "image gzip-4 per frame (h5's)", "image gzip-1 per frame")}
+        h5 = H5Writer(Path(tmp) / "stages.hdf5", env_meta)
+        for rec in records:
+            images = [a for a in rec.obs.values() if is_image(a)]
+            stage_s["digest"].append(_timed(lambda: episode_digest(rec)))
+            stage_s["npz write (whole)"].append(_timed(lambda: write_npz(rec, Path(tmp) / f"stage_{rec.index}.npz")))
+            stage_s["h5 append (whole)"].append(_timed(lambda: h5.append(rec)))
+            stage_s["image deflate-1 (npz's)"].append(_timed(lambda: [zlib.compress(a.tobytes(), 1) for a in images]))
+            stage_s["image gzip-4 per frame (h5's)"].append(_timed(lambda: [zlib.compress(f.tobytes(), 4) for a in images for f in a]))
+            stage_s["image gzip-1 per frame"].append(_timed(lambda: [zlib.compress(f.tobytes(), 1) for a in images for f in a]))
+    policy.close()
+    critic.close()
+    env.close()
+    plain = statistics.median(walls["plain"]) / episodes
+    spread = lambda xs: {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}  # noqa: E731
+    stages = {}
+    for name, samples in stage_s.items():
+        wall = statistics.mean(w for w, _ in samples)
+        cpu = statistics.mean(c for _, c in samples)
+        stages[name] = {"wall_ms": wall * 1e3, "cpu_ms": cpu * 1e3, "cpu_share": cpu / plain}
+    writer_cpu = stages["digest"]["cpu_ms"] + stages["npz write (whole)"]["cpu_ms"] + stages["h5 append (whole)"]["cpu_ms"]
+    return {
+        "episodes": episodes,
+        "rounds": rounds,
+        "rollout_ms": plain * 1e3,
+        "steps_per_episode": float(np.mean([r.num_steps for r in records])),
+        "image_bytes": float(np.mean([sum(a.nbytes for a in r.obs.values() if is_image(a)) for r in records])),
+        "stages": stages,
+        "writer_cpu_share": writer_cpu / 1e3 / plain,
+        "background_overhead": spread([b / p - 1 for b, p in zip(walls["background"], walls["plain"])]),
+        "sync_overhead": spread([s / p - 1 for s, p in zip(walls["sync"], walls["plain"])]),
+    }
+
+
+def format_recording(r: dict, row) -> None:
+    """Rows for the human table (``row(name, value)``)."""
+    row("rollout, unrecorded (wall per episode)", f"{r['rollout_ms']:.1f} ms ({r['steps_per_episode']:.0f} steps, {r['image_bytes'] / 1e3:.0f} KB of image frames)")
+    for name, s in r["stages"].items():
+        row(f"  {name}", f"wall {s['wall_ms']:.2f} ms, CPU {s['cpu_ms']:.2f} ms ({s['cpu_share']:.1%} of rollout wall)")
+    row("writer CPU (digest + npz + h5) / rollout wall", f"{r['writer_cpu_share']:.1%}")
+    for key in ("background_overhead", "sync_overhead"):
+        o = r[key]
+        row(key.replace("_", " "), f"{o['median']:.1%} ({o['min']:.1%} to {o['max']:.1%} over {r['rounds']} rounds)")
