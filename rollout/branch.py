@@ -48,7 +48,7 @@ from rollcap.rollout.recording.codec import TIMINGS
 from rollcap.rollout.recording.recorder import records_equal
 from rollcap.rollout.ray_rollout import RolloutActor
 from rollcap.rollout.replay import _obs_at, fingerprint_diff
-from rollcap.rollout.resume import Resume
+from rollcap.rollout.resume import Resume, offset_of
 from rollcap.rollout.seeding import branch_seed
 
 
@@ -82,6 +82,7 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
         raise ConfigError("env_id", f"episode {rec.index} ({rec.env_id}) has no exact state to branch from")
     starts = rec.chunks["chunk_start"]
     values = tuple(float(v) for v in rec.chunks["critic_value"])
+    base = offset_of(rec)  # a parent that itself began mid-way (a branch, a retry): counts continue from there
     env.reset(seed=rec.seed)
     layer.set_state(rec.initial_state)
     out, t = {}, 0
@@ -92,8 +93,11 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
                 raise PrefixDiverged(f"episode {rec.index}: re-applying the recorded actions diverged at step {t} (physics state); the env differs from the recording's")
             env.step(rec.steps["actions"][t])
             t += 1
-        origin = {"parent": parent, "episode": rec.index, "chunk": k, "step": t, "prior_values": list(values[:k])}
-        out[k] = Resume(layer.get_state(), _obs_at(rec, t), k, t, origin, prior_values=values[:k])
+        prior = base.prior_values + values[:k]
+        origin = {"parent": parent, "episode": rec.index, "chunk": k, "step": t, "prior_values": list(prior)}
+        if base.chunk or base.step:
+            origin["offset"] = [base.chunk, base.step]
+        out[k] = Resume(layer.get_state(), _obs_at(rec, t), base.chunk + k, base.step + t, origin, prior_values=prior)
     return out
 
 
@@ -103,7 +107,7 @@ def branch_resume(at: Resume, rec: EpisodeRecord, branch: int, seed: int | None 
     A seeded branch's seed is :func:`~rollcap.rollout.seeding.branch_seed` of
     (``seed``, default the parent's episode seed; the chunk; the branch).
     """
-    k = at.chunk
+    k = int(at.origin["chunk"])  # in the parent's own count
     if branch == 0:
         return rec.seed, dataclasses.replace(at, noise=rec.chunks["noise"][k:], origin={**at.origin, "branch": 0, "noise": "parent"})
     base = rec.seed if seed is None else int(seed)

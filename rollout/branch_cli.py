@@ -90,7 +90,7 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
             result = run_branches(host, rec, chunk, n, control=control, parent=str(source), at=at, pool=pool, recorder=recorder, seed=seed)
         finally:
             recorder.close()
-    summary = {"parent": str(source), "episode": rec.index, "chunk": chunk, "step": at.step, "out": str(out), **result.summary()}
+    summary = {"parent": str(source), "episode": rec.index, "chunk": chunk, "step": at.origin["step"], "out": str(out), **result.summary()}
     atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
     return result, summary
 

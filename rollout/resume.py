@@ -42,16 +42,17 @@ class Resume:
     obs: Observation
     """The observation the boundary sees (instruction included for dict observations)."""
     chunk: int
-    """Chunk boundaries the parent passed before this one (``K``)."""
+    """Chunk boundaries passed before this one (``K``), counted from the root episode (a parent that
+    itself began mid-way adds where it began)."""
     step: int
-    """Env steps the parent executed before this boundary."""
+    """Env steps executed before this boundary, counted the same way."""
     origin: dict
     """Lineage, recorded with the new episode (JSON-able): parent file, episode, chunk, branch, noise, ..."""
     noise: np.ndarray | None = None
     """``[C, H, A]`` float32 noise for the new episode's first ``C`` chunks (the control branch: the
     parent's own); later chunks, and all of them when None, are derived from the episode seed."""
     prior_values: tuple[float, ...] = ()
-    """The parent's critic values at chunks ``0 .. K-1``, replayed into the stop predicates."""
+    """The critic values at chunks ``0 .. K-1`` (same count), replayed into the stop predicates."""
     capsule: object | None = None
     """A :class:`~rollcap.capsule.Capsule` of the host's components to restore after the
     episode-initial one (a live rewind); None: the episode-initial capsule only."""
@@ -63,8 +64,28 @@ class Resume:
             raise ValueError(f"Resume: prior_values holds {len(self.prior_values)} values, expected one per earlier chunk ({self.chunk})")
 
 
-ORIGIN_KEYS = ("parent", "episode", "chunk", "step", "branch", "noise", "prior_values")
-"""What :attr:`Resume.origin` holds for a branch (see :mod:`rollcap.rollout.branch`)."""
+ORIGIN_KEYS = ("parent", "episode", "chunk", "step", "branch", "noise", "prior_values", "offset")
+"""What :attr:`Resume.origin` holds for a branch (see :mod:`rollcap.rollout.branch`): ``chunk`` and ``step``
+count in the parent's own episode; ``offset`` (only when the parent itself began mid-way) is where the
+parent began, so the new episode's predicates count from ``offset + (chunk, step)``."""
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Where an episode began in its root episode's counts, and the root's critic values before that."""
+
+    chunk: int = 0
+    step: int = 0
+    prior_values: tuple[float, ...] = ()
+
+
+def offset_of(record) -> Offset:
+    """Where ``record`` began (zero for an ordinary episode), from its ``origin``."""
+    origin = record.origin
+    if origin is None:
+        return Offset()
+    k0, t0 = origin.get("offset", (0, 0))
+    return Offset(int(k0) + int(origin["chunk"]), int(t0) + int(origin["step"]), tuple(float(v) for v in origin.get("prior_values", ())))
 
 
 def resume_of(record) -> Resume | None:
@@ -81,7 +102,5 @@ def resume_of(record) -> Resume | None:
     from rollcap.rollout.replay import _obs_at
 
     noise = record.chunks["noise"] if origin.get("noise") == "parent" else None
-    return Resume(
-        dict(record.initial_state), _obs_at(record, 0), int(origin["chunk"]), int(origin["step"]), dict(origin),
-        noise=noise, prior_values=tuple(float(v) for v in origin.get("prior_values", ())),
-    )  # fmt: skip
+    at = offset_of(record)
+    return Resume(dict(record.initial_state), _obs_at(record, 0), at.chunk, at.step, dict(origin), noise=noise, prior_values=at.prior_values)

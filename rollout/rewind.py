@@ -32,7 +32,7 @@ from rollcap.capsule.registry import CapsuleRegistry, TierBudgets
 from rollcap.capsule.verbs import snapshot
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.protocols import ChunkEvent, EpisodeStart, Subscriber
-from rollcap.rollout.resume import Resume
+from rollcap.rollout.resume import Resume, offset_of
 from rollcap.rollout.seeding import retry_seed
 
 REWIND = "rewind"
@@ -142,13 +142,14 @@ class RewindBuffer(Subscriber):
         cap = self.registry.get(f"chunk{k}")
         obs, step = self._boundary[k]
         s = self._start
-        base = s.origin or {}
-        k0, t0 = int(base.get("chunk", 0)), int(base.get("step", 0))
-        prior = tuple(float(v) for v in base.get("prior_values", ())) + tuple(self._values[:k])
+        base = offset_of(s)  # the running episode may itself be a retry
+        prior = base.prior_values + tuple(self._values[:k])
         self.attempts += 1
-        origin = {"parent": "live", "episode": s.index, "chunk": k0 + k, "step": t0 + step, "rewind": self.attempts, "noise": "seed", "prior_values": list(prior)}
+        origin = {"parent": "live", "episode": s.index, "chunk": k, "step": step, "rewind": self.attempts, "noise": "seed", "prior_values": list(prior)}
+        if base.chunk or base.step:
+            origin["offset"] = [base.chunk, base.step]
         state = {name: v.copy() for name, v in cap.buffers("env").items()}
-        return Resume(state, obs, k0 + k, t0 + step, origin, prior_values=prior)
+        return Resume(state, obs, base.chunk + k, base.step + step, origin, prior_values=prior)
 
 
 def run_with_rewinds(host, buffer: RewindBuffer, index: int, seed: int | None = None, next_index=None) -> list:

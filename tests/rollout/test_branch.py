@@ -166,3 +166,16 @@ def test_branch_actor_without_ray_matches_the_local_branch(ckpt):
         assert episode_digest(remote) == episode_digest(local.records[1])
     finally:
         actor.close()
+
+
+def test_a_branch_of_a_branch_counts_from_the_root(parent, runners):
+    """The control of a control reproduces it, stopping by the critic predicate at the root's chunk count."""
+    _, rec = parent
+    host = _host(rec, runners)
+    first = run_branches(host, rec, 1, 0).control
+    assert first.stop_reason == "critic" and first.num_chunks == 3
+    second = run_branches(host, first, 1, 1)
+    assert second.control_diff is None, second.control_diff
+    assert second.control.origin["offset"] == [1, int(rec.chunks["chunk_start"][1])] and second.control.num_chunks == 2
+    res = replay_closed(second.records[1], _host(rec, runners))
+    assert res.exact, res.line()
