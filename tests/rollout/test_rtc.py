@@ -120,6 +120,20 @@ def test_rtc_episodes_replay_exactly_in_all_three_modes_in_a_fresh_process(ckpt,
         assert "2 episode(s), 3 mode(s): 6 exact" in rep.stdout, rep.stdout
 
 
+def test_a_host_on_a_control_clock_steps_at_its_period(rtc_policy):
+    """With control_period_s every env step waits for its tick; the recorded episode is the unpaced one."""
+    import time
+
+    cfg = dict(seed=5, max_chunks=3, **RTC)
+    env = make_env()
+    plain = RolloutHost(env, rtc_policy, None, HostConfig(**cfg)).run_episode(0).record
+    host = RolloutHost(env, rtc_policy, None, HostConfig(control_period_s=0.01, **cfg))
+    t0 = time.perf_counter()
+    paced = host.run_episode(0).record
+    assert time.perf_counter() - t0 >= 0.01 * (paced.num_steps - 1)
+    assert paced.steps["actions"].tobytes() == plain.steps["actions"].tobytes() and host.clock.late_s >= 0.0
+
+
 def test_control_clock_paces_steps_and_counts_lateness():
     """Steps wait for their tick; a step after a long pause is late by the pause minus one period, and the clock does not catch up."""
     import time
