@@ -92,3 +92,21 @@ def test_rtc_twin_shares_model_and_lane_and_is_built_once(pair):
     twin = rtc_twin(plain)
     assert rtc_twin(plain) is twin and twin.lane is plain.lane and twin.model is plain.model
     assert capture_count() == before + 1 and rtc_twin(twin) is twin
+
+
+@pytest.mark.cuda
+def test_the_guided_sampler_captures_as_a_cuda_graph():
+    """On a GPU the carrying runner captures a CUDA graph, pins the delay's actions and matches its eager path."""
+    torch.manual_seed(0)
+    rtc = RTCPolicyRunner(FlowVLA(POLICY).eval(), device="cuda")
+    try:
+        assert rtc.backend == "cuda"
+        rtc.configure(1, 2, "rtc")
+        obs = _obs(7)
+        first = rtc.act(obs, _noise(8))
+        eager = rtc.act_eager(obs, _noise(9))
+        second = rtc.act(obs, _noise(9))
+        np.testing.assert_allclose(second[0], first[2], atol=1e-5)
+        np.testing.assert_allclose(second, eager, atol=1e-5)
+    finally:
+        rtc.close()
