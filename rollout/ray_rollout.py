@@ -194,9 +194,11 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
     SIGINT / SIGTERM handlers are kept (``ray.init`` replaces SIGTERM's).
     """
     local = address is None
-    saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}
+    saved_env = {k: os.environ.get(k) for k in (*_LOCAL_ENV, "RAY_AUTH_MODE")}
     if local:
         os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
+    elif address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ and _have_token():
+        os.environ["RAY_AUTH_MODE"] = "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
     try:
         ray = import_ray()
         if ray.is_initialized():
@@ -228,6 +230,11 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _have_token() -> bool:
+    """A Ray auth token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)."""
+    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").is_file()
 
 
 @dataclass

@@ -13,13 +13,23 @@ from tests.rollout._tiny import ENV_KW
 pytestmark = pytest.mark.slow
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A head node and a worker node with one CPU each (so two actors land on two nodes)."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    port = _free_port()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "ray_client_server_port": port})
+    c.client_address = f"ray://127.0.0.1:{port}"  # the head's Ray Client server
     try:
         c.add_node(num_cpus=1, include_dashboard=False)
         c.wait_for_nodes()
@@ -38,3 +48,14 @@ def test_a_two_node_cluster_records_the_local_run_s_episodes_in_the_driver_s_run
     assert digests == {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
     assert sorted(p.name for p in (remote.run_dir / "episodes").glob("*.npz")) == [f"episode_{i:05d}.npz" for i in range(8)]
     assert h5_indices(remote.run_dir / "episodes.hdf5") == list(range(8))
+
+
+def test_a_ray_client_address_runs_the_same_episodes(cluster, ckpt, tmp_path):
+    """address='ray://…' (Ray Client, the head's client server): the driver is a client, the actors run on the cluster; digests equal an in-process run's."""
+    pytest.importorskip("grpc")  # Ray Client needs ray[client]
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False, "seed": 5, "max_chunks": 4}
+    local = rollcap.run(4, out=tmp_path / "local", **names)
+    address = cluster.client_address
+    remote = rollcap.run(4, out=tmp_path / "client", actors=2, address=address, **names)
+    assert remote.summary["address"] == address and remote.summary["failed"] == {}
+    assert {r.index: episode_digest(r) for r in rollcap.load(remote.run_dir)} == {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
