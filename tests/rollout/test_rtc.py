@@ -150,3 +150,17 @@ def test_control_clock_paces_steps_and_counts_lateness():
     assert time.perf_counter() - t1 >= 0.009 and clock.last_late_s == 0.0
     with pytest.raises(ValueError):
         ControlClock(0)
+
+
+@pytest.mark.slow
+def test_bench_rtc_smoke(tmp_path):
+    """The RTC benchmark's sections run end to end with a tiny budget and write their JSON."""
+    from rollcap.rollout.bench_rtc import main, paired_diff, wilson
+
+    out = tmp_path / "rtc.json"
+    assert main(["--episodes", "1", "--stall-episodes", "1", "--delays", "2", "--modes", "rtc-soft", "--period-ms", "2", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["stall"]) == {"sync/d0", "rtc/d2"} and set(res["success"]) == {"sync/d0", "rtc-soft/d2"}
+    assert res["success"]["rtc-soft/d2"]["episodes"] == 1 and "minus_sync" in res["success"]["rtc-soft/d2"]
+    lo, hi = wilson(172, 200)
+    assert 0.80 < lo < 0.86 < hi < 0.91 and paired_diff(np.array([1, 1, 0]), np.array([1, 1, 0]))[0] == 0.0
