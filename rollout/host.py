@@ -461,10 +461,8 @@ class RolloutHost:
 
     # -- private -------------------------------------------------------------
     def _resume(self, at: Resume) -> None:
-        """Put a parent's boundary in place (after the reset): env state, carried state, predicate counters."""
+        """Put a parent's boundary in place (after the reset): env state, observation, predicate counters."""
         self.state_env.set_state(at.env_state)
-        if at.capsule is not None:
-            restore(at.capsule, self.components)
         self._ep.obs = at.obs
         self.book.counters[1:] = (at.chunk, at.step)
         blank = np.zeros(self.noise_shape, np.float32)

@@ -17,10 +17,10 @@ What a boundary's future depends on, and where each part comes from:
   critic values of its earlier chunks (``prior_values``), replayed into the
   predicates;
 - the policy's and critic's carried state: the episode-initial capsule, which
-  is exact for runners that carry nothing from one chunk to the next (every
-  runner today); ``capsule`` restores another one on top (a live rewind).
+  is exact for runners that carry nothing from one chunk to the next (a
+  real-time-chunking runner carries its last chunk: not supported yet).
 
-Imports point downward: this module knows ``capsule`` and ``protocols`` only.
+Imports point downward: this module knows ``protocols`` only (and ``replay``'s observation helper).
 """
 
 from __future__ import annotations
@@ -53,9 +53,6 @@ class Resume:
     parent's own); later chunks, and all of them when None, are derived from the episode seed."""
     prior_values: tuple[float, ...] = ()
     """The critic values at chunks ``0 .. K-1`` (same count), replayed into the stop predicates."""
-    capsule: object | None = None
-    """A :class:`~rollcap.capsule.Capsule` of the host's components to restore after the
-    episode-initial one (a live rewind); None: the episode-initial capsule only."""
 
     def __post_init__(self):
         if self.chunk < 0 or self.step < 0:
