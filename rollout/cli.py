@@ -163,14 +163,13 @@ def _check_replay_env(args, rec, source: str) -> None:
 
 # ----------------------------------------------------------------- inspect
 def cmd_inspect(args) -> int:
-    from rollcap.rollout.inspect import check_plot_dir, episode_table, load_any, plot_episodes
+    from rollcap.rollout.inspect import check_plot_dir, episode_table, iter_any, load_any, plot_episodes
 
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
-    records = load_any(args.file)
-    print(episode_table(records))
+    print(episode_table(iter_any(args.file)))  # streamed: memory is one episode's, whatever the run's size
     if args.plot is not None:
-        for path in plot_episodes(records, args.plot):
+        for path in plot_episodes(load_any(args.file), args.plot):  # branch fans need the episodes together
             print(f"wrote {path}")
     return 0
 
@@ -240,7 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
     p.add_argument("--actors", type=int, default=0, metavar="N", help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)")
-    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch")
+    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording")
     p.set_defaults(options=_parts_options(p))
 
     from rollcap.rollout.branch_cli import add_parser as add_branch_parser

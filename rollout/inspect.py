@@ -11,14 +11,14 @@ Imports point downward: this module knows ``kernels.files``, ``episode``,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from rollcap.kernels.files import atomic_write
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
-from rollcap.rollout.recording import EPISODES_DIR, H5_NAME, read_h5, read_npz
+from rollcap.rollout.recording import EPISODES_DIR, H5_NAME, h5_indices, read_h5_episode, read_npz
 from rollcap.rollout.recording.codec import corrupt
 from rollcap.rollout.recording.npz import npz_name_index
 
@@ -30,30 +30,50 @@ def load_any(path) -> list[EpisodeRecord]:
 
     A run directory is read from its ``episodes/episode_NNNNN.npz`` when it
     has any (each must hold the episode its name gives), else from
-    ``episodes.hdf5``.
+    ``episodes.hdf5``. The whole run is in memory at once: to go through a
+    large run, iterate :func:`iter_any` instead.
 
     Raises:
         CorruptEpisode: a file that is neither format, a damaged one, or an
             npz of a run directory holding another episode than its name says.
         FileNotFoundError: nothing to read at ``path``.
     """
+    return list(iter_any(path))
+
+
+def iter_any(path) -> Iterator[EpisodeRecord]:
+    """The episodes :func:`load_any` returns, in the same order, read one at a time.
+
+    Memory stays that of one episode however large the run. The path is
+    checked on the first ``next()``; the errors are :func:`load_any`'s.
+    """
     path = Path(path)
     if path.is_dir():
         npz = _named_npz(path / EPISODES_DIR) or _named_npz(path)
-        if npz:
-            return sorted((read_npz(p, expect_index=i) for i, p in npz), key=lambda r: r.index)
+        if npz:  # sorted by the index in the name, and each file must hold that index
+            for i, p in npz:
+                yield read_npz(p, expect_index=i)
+            return
         if (path / H5_NAME).is_file():
-            return read_h5(path / H5_NAME)
+            yield from _iter_h5(path / H5_NAME)
+            return
         raise FileNotFoundError(f"{path}: no {EPISODES_DIR}/episode_*.npz and no {H5_NAME}; is it a run directory?")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file or run directory")
     with open(path, "rb") as fh:
         head = fh.read(8)
     if head.startswith(_ZIP_MAGIC):
-        return [read_npz(path)]
-    if head == _HDF5_MAGIC:
-        return read_h5(path)
-    raise corrupt(path, "neither an npz archive nor an HDF5 file")
+        yield read_npz(path)
+    elif head == _HDF5_MAGIC:
+        yield from _iter_h5(path)
+    else:
+        raise corrupt(path, "neither an npz archive nor an HDF5 file")
+
+
+def _iter_h5(path: Path) -> Iterator[EpisodeRecord]:
+    """``read_h5(path)``, one demo at a time (each read under its own short shared lock)."""
+    for i in h5_indices(path):
+        yield read_h5_episode(path, i)
 
 
 def _named_npz(directory: Path) -> list[tuple[int, Path]]:
@@ -70,8 +90,8 @@ def _fmt(x: float) -> str:
     return "-" if not np.isfinite(x) else f"{x:.3f}"
 
 
-def episode_table(records: list[EpisodeRecord], instruction_width: int = 40) -> str:
-    """A plain-text table, one row per episode.
+def episode_table(records: Iterable[EpisodeRecord], instruction_width: int = 40) -> str:
+    """A plain-text table, one row per episode (``records`` is gone through once: pass :func:`iter_any` for a large run).
 
     Columns: index, seed, steps, chunks, human (steps a person acted), stop
     reason, success, mean / min critic value over the chunks, instruction
@@ -79,7 +99,9 @@ def episode_table(records: list[EpisodeRecord], instruction_width: int = 40) -> 
     """
     header = ("index", "seed", "steps", "chunks", "human", "stop", "success", "v_mean", "v_min", "instruction")
     rows = []
+    n = ok = steps = 0
     for r in records:
+        n, ok, steps = n + 1, ok + bool(r.success), steps + r.num_steps
         v = r.chunks["critic_value"].astype(np.float64)
         v = v[np.isfinite(v)]
         text = " ".join(r.instruction.split())
@@ -107,10 +129,8 @@ def episode_table(records: list[EpisodeRecord], instruction_width: int = 40) -> 
 
     out = [line(header), line(["-" * w for w in widths])]
     out += [line(row) for row in rows]
-    n = len(records)
     if n:
-        ok = sum(bool(r.success) for r in records)
-        out.append(f"{n} episode(s), {ok} successful ({ok / n:.0%}), {sum(r.num_steps for r in records)} steps")
+        out.append(f"{n} episode(s), {ok} successful ({ok / n:.0%}), {steps} steps")
     return "\n".join(out)
 
 

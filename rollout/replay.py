@@ -15,6 +15,7 @@ the result says so and reports the largest deviation instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,36 +112,46 @@ def episodes_of(path) -> list[tuple[str, EpisodeRecord | Exception]]:
 
     A damaged episode inside an otherwise readable file comes back as its
     exception, so the rest can still be checked. A path that cannot be read at
-    all raises (``CorruptEpisode`` / ``FileNotFoundError``).
+    all raises (``CorruptEpisode`` / ``FileNotFoundError``). The whole run is
+    in memory at once; :func:`iter_episodes` reads one episode at a time.
+    """
+    return list(iter_episodes(path))
+
+
+def iter_episodes(path) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
+    """:func:`episodes_of`, one ``(source, record or error)`` at a time: memory is one episode's, however large the run.
+
+    A path that cannot be read at all raises on the first ``next()``.
     """
     from rollcap.rollout.errors import CorruptEpisode
-    from rollcap.rollout.inspect import load_any
+    from rollcap.rollout.inspect import iter_any
     from rollcap.rollout.recording import EPISODES_DIR, H5_NAME, h5_indices, read_h5_episode, read_npz
     from rollcap.rollout.recording.npz import npz_name_index
 
     path = Path(path)
     npz = sorted((path / EPISODES_DIR).glob("episode_*.npz")) if path.is_dir() else []
     h5 = path / H5_NAME if path.is_dir() and not npz else path
-    out: list[tuple[str, EpisodeRecord | Exception]] = []
     if npz:
         for p in npz:
             try:
-                out.append((str(p), read_npz(p, expect_index=npz_name_index(p))))
+                yield str(p), read_npz(p, expect_index=npz_name_index(p))
             except CorruptEpisode as err:
-                out.append((str(p), err))
-        return out
+                yield str(p), err
+        return
     if h5.is_file() and h5.suffix in (".hdf5", ".h5"):
         try:
             indices = h5_indices(h5)
         except CorruptEpisode:
-            return [(str(path), r) for r in load_any(path)]  # raises the one-line error
-        for i in indices:
-            try:
-                out.append((f"{h5}:demo_{i}", read_h5_episode(h5, i)))
-            except CorruptEpisode as err:
-                out.append((f"{h5}:demo_{i}", err))
-        return out
-    return [(str(path), r) for r in load_any(path)]
+            indices = None
+        if indices is not None:
+            for i in indices:
+                try:
+                    yield f"{h5}:demo_{i}", read_h5_episode(h5, i)
+                except CorruptEpisode as err:
+                    yield f"{h5}:demo_{i}", err
+            return
+    for r in iter_any(path):  # raises the one-line error for what cannot be read
+        yield str(path), r
 
 
 def fingerprint_diff(recorded: dict, current: dict, prefix: str = "") -> list[str]:
