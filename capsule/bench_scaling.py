@@ -118,9 +118,9 @@ def bench_size(components: dict, rounds: int) -> dict:
 
 def _rounds(nbytes: int, quick: bool) -> int:
     if nbytes <= 2 * MB:
-        return 200 if quick else 1000
+        return 50 if quick else 1000
     if nbytes <= 16 * MB:
-        return 20 if quick else 60
+        return 10 if quick else 60
     return 5 if quick else 15
 
 
