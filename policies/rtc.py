@@ -141,7 +141,14 @@ class RTCPolicyRunner(PolicyRunner):
     inputs), so a plain recording never claims to be comparable with it.
     """
 
-    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1):
+    SAMPLERS = ("identity", "pigdm")
+
+    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1, sampler: str = "identity"):
+        if sampler not in self.SAMPLERS:
+            raise ValueError(f"sampler: expected one of {self.SAMPLERS}, got {sampler!r}")
+        if sampler == "pigdm" and backend != "eager":
+            raise ValueError("sampler 'pigdm' differentiates through the network at every step: it runs on backend 'eager' only")
+        self.sampler = sampler
         h, a = model.cfg.horizon, model.cfg.action_dim
         ins = [
             BufferSpec("noise", (1, h, a), torch.float32),
@@ -155,7 +162,13 @@ class RTCPolicyRunner(PolicyRunner):
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]
-        return {"actions": guided_sample(self.model, images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
+        sample = pigdm_sample if self.sampler == "pigdm" else guided_sample
+        return {"actions": sample(self.model, images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
+
+    def _make_fingerprint(self) -> dict:
+        fp = super()._make_fingerprint()
+        fp["rtc_sampler"] = self.sampler
+        return fp
 
     def configure(self, delay: int, execute_steps: int, guidance: str = "rtc", mask: str = "hard") -> None:
         """Set the schedule (called by a host when it is built) and empty the carried state.

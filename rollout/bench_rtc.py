@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from rollcap.policies import load_policy
+from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.build import Parts, make_env, make_runners
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
@@ -76,14 +78,15 @@ def seams_of(rec, delay: int) -> list[int]:
 def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
     if mode == "sync":
         return HostConfig(seed=seed, **kw)
-    if mode == "rtc-soft":  # the RTC paper's soft mask
+    if mode in ("rtc-soft", "rtc-pigdm"):  # the RTC paper's soft mask (and its guidance, on the eager runner)
         return HostConfig(seed=seed, chunking="rtc", rtc_mask="soft", inference_delay=delay, **kw)
     return HostConfig(seed=seed, chunking=mode, inference_delay=delay, **kw)
 
 
-def success_section(episodes: int, delays: list[int], modes: list[str], out: dict) -> None:
+def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED) -> None:
     parts = Parts(critic="none")  # no critic threshold: the critic cannot change an outcome
     policy, _ = make_runners(parts, rtc=True)
+    pigdm = None
     env = make_env()
     rows = out.setdefault("success", {})
     ref = None
@@ -93,7 +96,9 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
             if d == 0 and mode in ("naive", "rtc"):  # nothing carried is guided or queued: the sync episodes (tested bit-identical)
                 print(f"success {mode:>5} d=0: the synchronous episodes by construction (not run again)", flush=True)
                 continue
-            host = RolloutHost(env, policy, None, _config(mode, d, HELD_OUT_SEED))
+            if mode == "rtc-pigdm" and pigdm is None:
+                pigdm = RTCPolicyRunner(load_policy(parts.policy), backend="eager", sampler="pigdm")
+            host = RolloutHost(env, pigdm if mode == "rtc-pigdm" else policy, None, _config(mode, d, seed))
             t0 = time.perf_counter()
             ok, seam, other = [], [], []
             for i in range(episodes):
@@ -117,7 +122,9 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
             print(f"success {mode:>5} d={d}: {row['success']:.1%} [{lo:.1%}, {hi:.1%}] of {len(ok_a)}{diff}; "
                   f"jerk at seams {row['jerk_seam']:.3f} (other steps {row['jerk_other']:.3f}); {row['wall_s']:.0f} s", flush=True)  # fmt: skip
     finally:
-        policy.close()
+        for runner in (policy, pigdm):
+            if runner is not None:
+                runner.close()
 
 
 class _Stall(Subscriber):
@@ -169,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=200, help="held-out episodes per success configuration")
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
-    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft")
+    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower)")
+    ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -179,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if "stall" in only:
         stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out)
     if "success" in only:
-        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out)
+        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed)
     if args.out is not None:
         from rollcap.kernels.files import atomic_write
 

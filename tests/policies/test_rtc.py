@@ -110,3 +110,22 @@ def test_the_guided_sampler_captures_as_a_cuda_graph():
         np.testing.assert_allclose(second, eager, atol=1e-5)
     finally:
         rtc.close()
+
+
+def test_the_papers_pigdm_guidance_runs_eager_only_and_pulls_towards_the_prefix(pair):
+    """The comparison sampler: refused on a captured backend; with nothing carried it is the plain chunk; it pulls index 0 to the queue."""
+    plain, _ = pair
+    with pytest.raises(ValueError, match="eager"):
+        RTCPolicyRunner(plain.model, sampler="pigdm")
+    pig = RTCPolicyRunner(plain.model, backend="eager", sampler="pigdm")
+    try:
+        pig.configure(1, 2, "rtc")
+        obs = _obs(5)
+        first = pig.act(obs, _noise(10))
+        assert first.tobytes() == plain.act(obs, _noise(10)).tobytes()
+        free = plain.act(obs, _noise(11))
+        guided = pig.act(obs, _noise(11))
+        assert abs(guided[0] - first[2]).max() < abs(free[0] - first[2]).max()
+        assert pig.state_fingerprint()["rtc_sampler"] == "pigdm"
+    finally:
+        pig.close()
