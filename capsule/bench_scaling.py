@@ -12,7 +12,7 @@ runners (capsule validation, then ``load_live_state``).
 
 Each size is timed in interleaved rounds (copy floor, restore, snapshot,
 clone floor), so a ratio is taken within one round; its spread over rounds
-is reported (median, min, max). Copies run on one intra-op thread.
+is reported (median, quartiles, min, max). Copies run on one intra-op thread.
 """
 
 from __future__ import annotations
@@ -78,7 +78,9 @@ def _sample(fn: Callable[[], object]) -> float:
 
 
 def _spread(xs: Sequence[float]) -> dict:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+    """Median, quartiles and extremes: on a shared machine one preempted sample makes min/max meaningless."""
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": min(xs), "max": max(xs)}
 
 
 def bench_size(components: dict, rounds: int) -> dict:
@@ -156,13 +158,13 @@ def _bench_scaling(default_components: dict | None, sizes: Sequence[int], quick:
 
 
 def format_scaling(report: dict) -> list[str]:
-    """One line per capsule: sizes, medians and ratios with their min-max over rounds."""
+    """One line per capsule: sizes, medians and ratios with their interquartile range over rounds."""
     out = []
     for r in report["rows"]:
         s, ro, so, sc = r["seconds"], r["restore_over_copy"], r["snapshot_over_copy"], r["snapshot_over_clone"]
         out.append(
             f"{r['bytes'] / 1e6:9.3f} MB  copy {s['copy']['median'] * 1e3:8.3f} ms  restore {s['restore']['median'] * 1e3:8.3f} ms "
-            f"({ro['median']:.2f}x, {ro['min']:.2f}-{ro['max']:.2f})  snapshot {s['snapshot']['median'] * 1e3:8.3f} ms "
+            f"({ro['median']:.2f}x, IQR {ro['p25']:.2f}-{ro['p75']:.2f})  snapshot {s['snapshot']['median'] * 1e3:8.3f} ms "
             f"({so['median']:.2f}x copy, {sc['median']:.2f}x clone)"
         )
     out.append(f"fixed cost per restore (restore - copy, smallest capsule): {report['fixed_cost_us']:.1f} us; snapshot - clone: {report['snapshot_fixed_cost_us']:.1f} us")
@@ -188,10 +190,10 @@ def plot_scaling(report: dict, path: str | Path) -> Path:
     a.legend()
     for key, color in (("restore_over_copy", "C0"), ("snapshot_over_clone", "C1")):
         med = np.array([r[key]["median"] for r in rows])
-        lo, hi = np.array([r[key]["min"] for r in rows]), np.array([r[key]["max"] for r in rows])
+        lo, hi = np.array([r[key]["p25"] for r in rows]), np.array([r[key]["p75"] for r in rows])
         b.errorbar(x, med, yerr=[med - lo, hi - med], fmt="o-", color=color, capsize=3, label=key.replace("_", " "))
     b.axhline(1.2, color="grey", lw=0.8, ls="--", label="goal 1.2x")
-    b.set(xscale="log", yscale="log", xlabel="capsule bytes", ylabel="ratio (median, min-max over rounds)", title="over the floor")
+    b.set(xscale="log", yscale="log", xlabel="capsule bytes", ylabel="ratio (median, IQR over rounds)", title="over the floor")
     b.legend()
     fig.tight_layout()
     path = Path(path)

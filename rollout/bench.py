@@ -296,7 +296,7 @@ def format_report(r: dict) -> str:
     if "scaling" in r:
         from rollcap.capsule.bench_scaling import format_scaling
 
-        lines.append("capsule scaling (restore / snapshot vs a plain copy; ratio median, min-max over rounds):")
+        lines.append("capsule scaling (restore / snapshot vs a plain copy; ratio median, IQR over rounds):")
         lines += [f"  {x}" for x in format_scaling(r["scaling"])]
     if "peer" in r:
         from rollcap.rollout.bench_peer import format_peer
