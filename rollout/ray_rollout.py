@@ -17,28 +17,19 @@
   runs again (``retries``); an episode that fails ``max_tries`` times is
   reported in ``failed``, not recorded (``--resume`` runs it again). Ctrl-C
   stops the actors; finished episodes are kept (:func:`rollcap.rollout.api.run`).
-- Local by default, on 127.0.0.1 only. Ray 2.60 has no ``ray.init`` option
-  for that on Linux: its servers bind ``::``, and ``_node_ip_address="127.0.0.1"``
-  is rewritten to the routable address. The single-machine mode Ray uses on
-  macOS and Windows (node IP 127.0.0.1, every server on loopback) is chosen by
-  ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, read when ``ray`` is imported;
-  :func:`connect` sets it (and the constant it feeds, for a ``ray`` imported
-  earlier) for a local start only, checks the node IP, and starts no dashboard
-  and no usage-stats reporting (Ray's token authentication stays on).
+- Local by default, on 127.0.0.1 only: :func:`~rollcap.rollout.ray_connect.connect`.
 
 ``ray`` is imported lazily (``pip install 'rollcap[ray]'``). Imports point
 downward: this module knows ``build``, ``config``, ``host``, ``protocols``,
-``seeding``, ``episode``, ``policies`` and ``critics``; only ``api`` imports it.
+``seeding``, ``episode``, ``policies``, ``critics`` and ``ray_connect``; the entry
+points (``api``, ``ray_replay``, ``branch``, the CLI, the benches) import it.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
-import signal
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -53,22 +44,12 @@ from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, Subscriber
+from rollcap.rollout.ray_connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
 from rollcap.rollout.seeding import episode_seed
 
-EXTRA = "pip install 'rollcap[ray]'"
 MAX_TRIES = 3
 """Tries per episode before it is reported failed (each try that kills its actor costs one)."""
 _SHIPPED = {"policy": DEFAULT_POLICY, "critic": DEFAULT_CRITIC}
-_LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def import_ray():
-    """``import ray``, or an ImportError naming the extra to install."""
-    try:
-        import ray
-    except ImportError as err:
-        raise ImportError(f"Ray batch rollouts need Ray: {EXTRA}") from err
-    return ray
 
 
 def check_actor_run(env, policy, critic) -> None:
@@ -183,58 +164,6 @@ def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd
     for s in subscribers:
         s.on_episode_end(end)
     return end
-
-
-# ------------------------------------------------------------- Ray itself
-def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
-    """Join the Ray cluster at ``address``, or start a local one on 127.0.0.1 only; True if this call did.
-
-    A process already connected to Ray is left as it is (False: the caller does not shut it down).
-    The local instance has ``num_cpus`` CPUs (default: this machine's), no dashboard, no usage stats.
-    SIGINT / SIGTERM handlers are kept (``ray.init`` replaces SIGTERM's).
-    """
-    local = address is None
-    saved_env = {k: os.environ.get(k) for k in (*_LOCAL_ENV, "RAY_AUTH_MODE")}
-    if local:
-        os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
-    elif address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ and _have_token():
-        os.environ["RAY_AUTH_MODE"] = "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
-    try:
-        ray = import_ray()
-        if ray.is_initialized():
-            return False
-        import ray._private.ray_constants as constants  # the flag the env var feeds, for a ray imported earlier
-
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() else {}
-        cluster_mode, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, not local
-        auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        auth_level = auth_log.level
-        if local:  # "token authentication is enabled" (Ray's default), said at every start: not news for a loopback-only instance
-            auth_log.setLevel(logging.ERROR)
-        try:
-            kw = {"num_cpus": num_cpus} if local and num_cpus is not None else {}
-            ray.init(address="local" if local else address, include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
-        finally:
-            constants.ENABLE_RAY_CLUSTER = cluster_mode
-            auth_log.setLevel(auth_level)
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-        if local and ray.util.get_node_ip_address() != "127.0.0.1":
-            ip = ray.util.get_node_ip_address()
-            ray.shutdown()
-            raise RuntimeError(f"the local Ray instance came up on {ip}, expected 127.0.0.1 only; not running on it")
-        return True
-    finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _have_token() -> bool:
-    """A Ray auth token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)."""
-    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").is_file()
 
 
 @dataclass
