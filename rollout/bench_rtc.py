@@ -2,6 +2,8 @@
 
 Sections (``--only``):
 
+- ``graph``: the guided captured graph's latency against the plain one's,
+  interleaved on the same observation.
 - ``stall``: a simulated control clock with a period shorter than one chunk's
   inference; per chunk boundary, the seconds the env's steps came late
   (:class:`~rollcap.rollout.rtc.ControlClock`), synchronous vs RTC at each
@@ -170,9 +172,36 @@ def stall_section(episodes: int, delays: list[int], period_s: float, out: dict) 
         critic.close()
 
 
+def graph_section(chunks: int, out: dict) -> None:
+    """Plain vs guided captured graph, interleaved, on one observation (median latency per chunk)."""
+    from rollcap.policies import PolicyRunner
+
+    model = load_policy(Parts().policy)
+    plain, rtc = PolicyRunner(model), RTCPolicyRunner(model)
+    rtc.configure(2, model.cfg.execute_steps, "rtc", "soft")
+    obs, _ = make_env().reset(seed=0)
+    noise = np.zeros(plain.chunk_shape, np.float32)
+    a, b = [], []
+    try:
+        for i in range(chunks + 10):
+            t = time.perf_counter()
+            plain.act(obs, noise)
+            a.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            rtc.act(obs, noise)
+            b.append(time.perf_counter() - t)
+    finally:
+        plain.close()
+        rtc.close()
+    a, b = np.array(a[10:]), np.array(b[10:])
+    row = {"plain_ms_p50": float(np.median(a) * 1e3), "rtc_ms_p50": float(np.median(b) * 1e3), "ratio": float(np.median(b) / np.median(a)), "chunks": chunks}
+    out["graph"] = row
+    print(f"graph: plain {row['plain_ms_p50']:.2f} ms, guided {row['rtc_ms_p50']:.2f} ms per chunk (medians of {chunks}, interleaved): {row['ratio']:.2f}x", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.bench_rtc", description=__doc__.split("\n")[0])
-    ap.add_argument("--only", default="stall,success", help="comma list of stall,success")
+    ap.add_argument("--only", default="graph,stall,success", help="comma list of graph,stall,success")
     ap.add_argument("--episodes", type=int, default=200, help="held-out episodes per success configuration")
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
@@ -184,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     delays = [int(x) for x in args.delays.split(",") if x]
     out: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     only = set(args.only.split(","))
+    if "graph" in only:
+        graph_section(50, out)
     if "stall" in only:
         stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out)
     if "success" in only:
