@@ -184,7 +184,7 @@ def cmd_bench(args) -> int:
     actors = args.actors or (2 if only and "ray" in only else 0)
     if args.actors < 0 or args.actors == 1:
         raise UserError(f"--actors: the Ray section compares 1 actor with N >= 2, got {args.actors}")
-    report = run_bench(parts, quick=args.quick, only=tuple(s for s in only if s != "ray") or None) if only != ["ray"] else {}
+    report = run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None) if only != ["ray"] else {}
     if report:
         print(format_report(report))
     if actors:  # Ray batch rollouts: 1 vs N actors vs AsyncVectorEnv(N), the shipped policy and critic
