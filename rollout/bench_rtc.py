@@ -78,6 +78,7 @@ def seams_of(rec, delay: int) -> list[int]:
 
 
 def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
+    kw = {k: v for k, v in kw.items() if v is not None}
     if mode == "sync":
         return HostConfig(seed=seed, **kw)
     if mode in ("rtc-soft", "rtc-pigdm"):  # the RTC paper's soft mask (and its guidance, on the eager runner)
@@ -85,7 +86,7 @@ def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
     return HostConfig(seed=seed, chunking=mode, inference_delay=delay, **kw)
 
 
-def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED) -> None:
+def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED, execute_steps: int | None = None) -> None:
     parts = Parts(critic="none")  # no critic threshold: the critic cannot change an outcome
     policy, _ = make_runners(parts, rtc=True)
     pigdm = None
@@ -100,7 +101,7 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
                 continue
             if mode == "rtc-pigdm" and pigdm is None:
                 pigdm = RTCPolicyRunner(load_policy(parts.policy), backend="eager", sampler="pigdm")
-            host = RolloutHost(env, pigdm if mode == "rtc-pigdm" else policy, None, _config(mode, d, seed))
+            host = RolloutHost(env, pigdm if mode == "rtc-pigdm" else policy, None, _config(mode, d, seed, execute_steps=execute_steps))
             t0 = time.perf_counter()
             ok, seam, other = [], [], []
             for i in range(episodes):
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
     ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower)")
+    ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the success runs (default: the policy's)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -218,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     if "stall" in only:
         stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out)
     if "success" in only:
-        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed)
+        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps)
     if args.out is not None:
         from rollcap.kernels.files import atomic_write
 
