@@ -2,9 +2,12 @@
 
 With RTC the next chunk is inferred while the current one still executes
 (Black, Galliker & Levine 2025). The new chunk's first ``d`` actions (the ones
-that execute while it is being inferred) must equal the previous chunk's, and
-the actions after them should stay close to the previous plan so the seam is
-smooth. Both are an inpainting problem for the flow sampler.
+that execute while it is being inferred) must equal the previous chunk's; the
+paper's soft mask also pulls the actions after them towards the previous plan
+so the seam is smooth. Both are an inpainting problem for the flow sampler.
+Which indices are guided is the mask (:func:`prefix_weights`: ``hard``, the
+``d`` executing actions only, the host's default; or ``soft``); the
+measurement behind that default is in docs/design-notes.md.
 
 The form here is training-free and capturable: at every Euler step the
 sampler's clean-action estimate ``x0 = x - t * v`` is blended towards the
