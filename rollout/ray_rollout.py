@@ -103,7 +103,7 @@ class RolloutActor:
         """Build the parts (``shipped``: "policy" / "critic" use this machine's copy of the shipped checkpoint)."""
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
         self.env = make_env(parts.env_id, parts.env_kwargs)
-        self.policy, self.critic = make_runners(parts, self.env)
+        self.policy, self.critic = make_runners(parts, self.env, rtc=config.chunking != "sync")  # real-time chunking needs the carrying runner
         self._hosts: dict[HostConfig, RolloutHost] = {}
         self.host(config)
 
