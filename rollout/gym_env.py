@@ -50,6 +50,7 @@ from gymnasium import spaces
 from rollcap.kernels.errors import BadInput
 from rollcap.policies.observation import EOS, tokenize
 from rollcap.rollout.config import HostConfig
+from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import HostState, RolloutHost
 from rollcap.rollout.protocols import ChunkCritic, ChunkPolicy, Subscriber
 
@@ -75,6 +76,8 @@ class _CoreEnv(gym.Env):
     def __init__(self, env: gym.Env, policy: ChunkPolicy, critic: ChunkCritic | None = None, config: HostConfig | None = None, subscribers: tuple[Subscriber, ...] = (), max_tokens: int = MAX_TOKENS):
         if not isinstance(env, gym.Env):
             raise TypeError(f"env: expected a gymnasium.Env, got {type(env).__name__}")
+        if config is not None and config.chunking != "sync":  # step() would not see the queue's steps (run during boundary())
+            raise ConfigError("chunking", f"the gymnasium envs step whole chunks synchronously; got {config.chunking!r}")
         self.env = env
         self.host = RolloutHost(env, policy, critic, config, subscribers, records=any(getattr(s, "wants_records", False) for s in subscribers), on_error="raise")
         self.chunk_shape = tuple(int(n) for n in policy.chunk_shape)

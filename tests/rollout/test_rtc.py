@@ -87,6 +87,10 @@ def test_bad_real_time_configs_are_refused_by_field(runners, rtc_policy):
         HostConfig(inference_delay=1)
     with pytest.raises(ConfigError, match="control_period_s"):
         HostConfig(control_period_s=-1.0)
+    from rollcap.rollout.gym_env import ChunkEnv
+
+    with pytest.raises(ConfigError, match="chunking"):  # its step() would miss the queue's steps
+        ChunkEnv(make_env(), rtc_policy, None, HostConfig(**RTC))
 
 
 @pytest.mark.slow
