@@ -13,7 +13,8 @@ the recorded actions re-applied, no inference). Then, interleaved:
 - **branches**: ``n`` seeded branches, each a restore and its continuation.
 
 With Ray installed, the same branches on 1 and 2 local actors (Ray's start-up
-and the actors' build are excluded; both pools warm up with one branch first).
+and the actors' build are excluded; both pools warm up with one branch first);
+not with ``--quick``, which also takes the longer of 2 parents instead of 6.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def bench_branch(parts: Parts, n: int) -> dict:
     env = make_env(parts.env_id, parts.env_kwargs)
     policy, critic = make_runners(parts, env)
     host = RolloutHost(env, policy, critic, HostConfig(seed=7))
-    rec = max((host.run_episode(i).record for i in range(6)), key=lambda r: r.num_chunks)  # a long parent
+    quick = n < 100  # rollcap bench --quick
+    rec = max((host.run_episode(i).record for i in range(2 if quick else 6)), key=lambda r: r.num_chunks)  # a long parent
     k = rec.num_chunks // 2
     t0 = time.perf_counter()
     at = boundaries(rec, env, [k])[k]
@@ -108,9 +110,12 @@ def bench_branch(parts: Parts, n: int) -> dict:
     except ImportError:
         out["ray"] = "skipped: ray is not installed (pip install 'rollcap[ray]')"
     else:
-        rb = max(8, n // 6)
-        out["ray"] = {"branches": rb, "one": _ray_branches(parts, host, rec, k, at, rb, 1), "two": _ray_branches(parts, host, rec, k, at, rb, 2)}
-        out["ray"]["two_over_one"] = out["ray"]["two"]["branches_per_s"] / out["ray"]["one"]["branches_per_s"]
+        if quick:
+            out["ray"] = "skipped with --quick (Ray and two actor pools take 10-60 s to start)"
+        else:
+            rb = max(8, n // 6)
+            out["ray"] = {"branches": rb, "one": _ray_branches(parts, host, rec, k, at, rb, 1), "two": _ray_branches(parts, host, rec, k, at, rb, 2)}
+            out["ray"]["two_over_one"] = out["ray"]["two"]["branches_per_s"] / out["ray"]["one"]["branches_per_s"]
     host.close()
     return out
 
