@@ -142,16 +142,16 @@ class _Stall(Subscriber):
             self.windows[(e.episode, k)] = self.windows.get((e.episode, k), 0.0) + self.host_ref[0].clock.last_late_s
 
 
-def stall_section(episodes: int, delays: list[int], period_s: float, out: dict) -> None:
+def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, execute_steps: int | None = None) -> None:
     policy, critic = make_runners(Parts(), rtc=True)
     env = make_env()
     rows = out.setdefault("stall", {})
     try:
         for mode, d in [("sync", 0)] + [("rtc", d) for d in delays]:
             ref: list = []
-            s = policy.cfg.execute_steps
+            s = execute_steps or policy.cfg.execute_steps
             sub = _Stall(ref, s)
-            host = RolloutHost(env, policy, critic, _config(mode, d, 0, control_period_s=period_s), [sub])
+            host = RolloutHost(env, policy, critic, _config(mode, d, 0, control_period_s=period_s, execute_steps=execute_steps), [sub])
             ref.append(host)
             lat = []
             for i in range(episodes):
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
     ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower)")
-    ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the success runs (default: the policy's)")
+    ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the stall and success runs (default: the policy's)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     if "graph" in only:
         graph_section(50, out)
     if "stall" in only:
-        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out)
+        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps)
     if "success" in only:
         success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps)
     if args.out is not None:
