@@ -111,7 +111,7 @@ def _summary_table(s: dict) -> str:
 # ------------------------------------------------------------------ replay
 def cmd_replay(args) -> int:
     from rollcap.rollout.build import Parts
-    from rollcap.rollout.replay import MODES, Replayer, ReplayResult, episodes_of, summary_line
+    from rollcap.rollout.replay import MODES, Replayer, ReplayResult, iter_episodes, summary_line
 
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
@@ -120,10 +120,17 @@ def cmd_replay(args) -> int:
         raise UserError(f"--actors: expected an integer >= 0, got {args.actors}")
     if args.address is not None and not args.actors:
         raise UserError(f"--address {args.address}: joining a Ray cluster needs --actors >= 1")
-    items = [item for f in args.files for item in episodes_of(f)]
-    for source, rec in items:  # a mismatched --env / --env-kwargs stops the replay before anything runs
-        if not isinstance(rec, Exception):
-            _check_replay_env(args, rec, source)
+
+    def episodes():  # streamed: one episode in memory at a time, however large the run
+        return (item for f in args.files for item in iter_episodes(f))
+
+    for f in args.files:  # an unreadable path stops the replay before anything runs (reads one episode)
+        next(iter_episodes(f), None)
+    if args.env is not None or args.env_kwargs is not None:
+        for source, rec in episodes():  # a mismatched --env / --env-kwargs stops the replay before anything runs
+            if not isinstance(rec, Exception):
+                _check_replay_env(args, rec, source)
+    items = list(episodes()) if args.actors else episodes()  # the Ray path keeps them for its retries
     parts = Parts(**{k: v for k, v in args.options.values(args, Parts).items() if k not in ("env_id", "env_kwargs")})
     import_env = args.env is not None
     results, pool = [], {}
