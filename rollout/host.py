@@ -300,7 +300,11 @@ class RolloutHost:
         (an error, or a stop requested through the event bus: then nothing is
         launched). While the bus is paused it waits first. If a predicate
         fired, the episode is stopped and nothing of the chunk will execute;
-        otherwise call :meth:`execute` next.
+        otherwise call :meth:`execute` next. With real-time chunking
+        (``config.chunking`` naive / rtc) the previous chunk's carried queue
+        executes between the launch and the wait (its step events come before
+        this boundary's chunk event, which keeps the launch step and
+        observation; see :mod:`rollcap.rollout.rtc`).
         """
         self._require(HostState.RUNNING, "boundary()")
         ep = self._ep
