@@ -52,7 +52,11 @@ class ChunkPolicy(Protocol):
     noise has the same shape). Optional members the host uses when present:
     ``execute_steps`` (actions of each chunk executed before the next
     boundary; default H), ``last_latency_s`` (seconds the last inference ran on
-    its lane; default: the host's start-to-result time), ``close()``.
+    its lane; default: the host's start-to-result time), ``close()``. Real-time
+    chunking (``HostConfig.chunking`` naive / rtc) needs a policy that carries
+    a prefix: ``configure(delay, execute_steps, guidance, mask)`` (when the
+    host is built), ``carried_state()`` and ``queue()`` (before each launch),
+    ``load_carried()`` (replay); see :class:`~rollcap.policies.rtc.RTCPolicyRunner`.
 
     Single caller: the host's thread. One inference in flight at a time.
     """
