@@ -214,6 +214,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
             raise ConfigError("out", f"{p} is a {'file' if want_dir else 'directory'}, expected a {'directory' if want_dir else 'file'}; not a rollcap run directory")
     env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
     env_meta = {"env_name": env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {}}
+    before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     recorder = EpisodeRecorder(out, formats=cfg.formats, env_meta=env_meta, resume=cfg.resume)
     earlier = recorder.verify() if cfg.resume else []  # every finished episode is read back before appending
     before = set(recorder.indices)
@@ -246,6 +247,8 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         if tele is not None:
             tele.__exit__(None, None, None)
         writer.close()
+        if not recorder.indices:  # nothing recorded, ever: leave no trace of this call (a bad option is found here)
+            _remove_new(out, before_setup)
         raise
     ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
@@ -293,6 +296,17 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     if interrupted is not None:
         raise Interrupted(result, interrupted)
     return result
+
+
+def _remove_new(out: Path, before: set | None) -> None:
+    """Remove what set-up created in ``out``: the whole directory if it did not exist, else the entries it added."""
+    import shutil
+
+    for p in [out] if before is None else sorted(set(out.iterdir()) - before):
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
 
 
 def _with_person(host: RolloutHost, todo: list[int], tele, rewind=None, spare=None):

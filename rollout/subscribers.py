@@ -89,12 +89,17 @@ class Progress(Subscriber):
     """A tqdm bar over episodes showing success rate, last stop reason and chunk latency."""
 
     def __init__(self, total: int, file=None):
-        from tqdm import tqdm
-
-        self._bar = tqdm(total=total, unit="ep", file=file or sys.stderr, dynamic_ncols=True, leave=True)
+        self._total, self._file = total, file or sys.stderr
+        self._bar = None  # drawn at the first episode: a run that fails to start leaves no bar behind
         self._ok = 0
         self._done = 0
         self._lat: list[float] = []
+
+    def on_episode_start(self, start: EpisodeStart) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=self._total, unit="ep", file=self._file, dynamic_ncols=True, leave=True)
 
     def on_chunk(self, chunk: ChunkEvent) -> None:
         self._lat.append(chunk.latency_boundary_s)
@@ -107,7 +112,8 @@ class Progress(Subscriber):
         self._bar.update(1)
 
     def on_run_end(self) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
 
 
 class InBackground(Subscriber):

@@ -150,3 +150,14 @@ def test_good_npz_still_reads_exactly(run_dir):
     back = read_npz(run_dir / "episodes" / "episode_00001.npz", expect_index=1)
     assert records_equal(back, synthetic_record(1, 8, steps=6, image_size=16)) is None
     assert all(a.flags.writeable for a in back.obs.values())
+
+
+def test_a_run_refused_at_set_up_leaves_no_directory_and_no_progress_bar(tmp_path):
+    """`--execute-steps 9` on 8-action chunks is found once the policy is built: one line, exit 2, no run directory, no bar fragment; an existing empty --out stays empty."""
+    proc = _cli("run", "--episodes", "2", "--execute-steps", "9", "--out", str(tmp_path / "new"))
+    _assert_one_line_exit_2(proc, "--execute-steps")
+    assert "ep/s" not in proc.stderr and not (tmp_path / "new").exists()
+    (tmp_path / "empty").mkdir()
+    proc = _cli("run", "--episodes", "2", "--execute-steps", "9", "--out", str(tmp_path / "empty"))
+    _assert_one_line_exit_2(proc, "--execute-steps")
+    assert list((tmp_path / "empty").iterdir()) == []
