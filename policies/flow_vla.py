@@ -118,6 +118,11 @@ class FlowVLA(nn.Module):
         hidden, _, valid = self.encoder(images, state, tokens, self.adv_emb(adv)[:, None, :])
         return self.expert.prefix_kv(hidden), valid
 
+    def cfg_prefix(self, images, state, tokens):
+        """The prefix of one observation for classifier-free guidance: batch 2, advantage positive / dropped."""
+        adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
+        return self._prefix([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), adv)
+
     def velocity(self, images, state, tokens, adv, x_t, t) -> torch.Tensor:
         """Predicted flow velocity for a batch (training and tests)."""
         kv, valid = self._prefix(images, state, tokens, adv)
@@ -138,9 +143,7 @@ class FlowVLA(nn.Module):
     def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """Batch-1 guided sampling: ``noise [1,H,A]`` -> actions ``[1,H,A]`` (capturable)."""
         cfg = self.cfg
-        two = [img.expand(2, -1, -1, -1) for img in images]
-        adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
-        kv, valid = self._prefix(two, state.expand(2, -1), tokens.expand(2, -1), adv)
+        kv, valid = self.cfg_prefix(images, state, tokens)
         x = noise
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):

@@ -49,7 +49,7 @@ import torch
 
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
-from rollcap.policies.flow_vla import ADV_DROPPED, ADV_POSITIVE, FlowVLA
+from rollcap.policies.flow_vla import FlowVLA
 from rollcap.policies.observation import ObsRunner
 from rollcap.policies.runner import PolicyRunner
 
@@ -85,9 +85,7 @@ def guided_sample(model: FlowVLA, images, state, tokens, noise, carried, weights
     ``weights`` ``[1, H, 1]``; all-zero weights give ``FlowVLA.sample``'s chunk bit for bit on CPU.
     """
     cfg = model.cfg
-    two = [img.expand(2, -1, -1, -1) for img in images]
-    adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
-    kv, valid = model._prefix(two, state.expand(2, -1), tokens.expand(2, -1), adv)
+    kv, valid = model.cfg_prefix(images, state, tokens)
     x = noise
     dt = -1.0 / cfg.num_steps
     for k in range(cfg.num_steps):
@@ -111,10 +109,8 @@ def pigdm_sample(model: FlowVLA, images, state, tokens, noise, carried, weights,
     project ships; docs/design-notes.md has the measurement between them.
     """
     cfg = model.cfg
-    two = [img.expand(2, -1, -1, -1) for img in images]
-    adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
     with torch.no_grad():
-        kv, valid = model._prefix(two, state.expand(2, -1), tokens.expand(2, -1), adv)
+        kv, valid = model.cfg_prefix(images, state, tokens)
     x = noise
     dt = -1.0 / cfg.num_steps
     for k in range(cfg.num_steps):
