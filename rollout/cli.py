@@ -111,7 +111,7 @@ def _summary_table(s: dict) -> str:
 # ------------------------------------------------------------------ replay
 def cmd_replay(args) -> int:
     from rollcap.rollout.build import Parts
-    from rollcap.rollout.replay import MODES, Replayer, ReplayResult, iter_episodes, summary_line
+    from rollcap.rollout.replay import MODES, Replayer, iter_episodes, summary_line
 
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
@@ -142,7 +142,7 @@ def cmd_replay(args) -> int:
         per_episode = replay_on_actors(items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool)
     else:
         replayer = Replayer(parts)
-        per_episode = ([ReplayResult.could_not(source, "all", rec)] if isinstance(rec, Exception) else replayer.check(source, rec, modes, import_env) for source, rec in items)
+        per_episode = (replayer.check(source, rec, modes, import_env) for source, rec in items)
     try:
         for batch in per_episode:  # one episode's results, in the order of the files
             for res in batch:

@@ -55,17 +55,17 @@ def replay_on_actors(
     its ``FAILED`` result without reaching an actor. ``summary``, if given, is
     kept up to date with the pool's :meth:`~ActorPool.summary`.
     """
-    items = list(enumerate(items))
+    items = list(items)
     done: dict[int, list[ReplayResult]] = {}
     next_out = 0
     with ActorPool(parts, HostConfig(), num_actors, address, resources, actor_cls=actor_cls) as pool:
         work = []
-        for pos, (source, rec) in items:
+        for pos, (source, rec) in enumerate(items):
             if isinstance(rec, Exception):
                 done[pos] = [ReplayResult.could_not(source, "all", rec)]
             else:
                 work.append(pos)
-        call = lambda handle, pos: handle.check.remote(items[pos][1][0], items[pos][1][1], tuple(modes), import_env)  # noqa: E731
+        call = lambda handle, pos: handle.check.remote(*items[pos], tuple(modes), import_env)  # noqa: E731
         results = pool.map(call, work, max_tries=max_tries)
         while next_out < len(items):
             while next_out in done:
@@ -80,7 +80,7 @@ def replay_on_actors(
             except StopIteration:  # the rest failed on every try
                 for pos, why in pool.failed.items():
                     if pos >= next_out and pos not in done:
-                        source, rec = items[pos][1]
+                        source, rec = items[pos]
                         done[pos] = [ReplayResult.could_not(source, "all", RuntimeError(f"on a Ray actor, {max_tries} tries: {why}"), rec.index)]
                 if next_out not in done:
                     raise RuntimeError(f"replay on actors: no result for item {next_out}") from None

@@ -329,8 +329,13 @@ class Replayer:
             self.envs[key] = make_env(rec.env_id, rec.env_kwargs, source=None if import_env else source)
         return self.envs[key]
 
-    def check(self, source: str, rec: EpisodeRecord, modes, import_env: bool = False) -> list[ReplayResult]:
-        """Replay ``rec`` in each of ``modes``; a mode that cannot run on it is reported as failed, the others still run."""
+    def check(self, source: str, rec: EpisodeRecord | Exception, modes, import_env: bool = False) -> list[ReplayResult]:
+        """Replay ``rec`` in each of ``modes``; a mode that cannot run on it is reported as failed, the others still run.
+
+        ``rec`` may be the error an unreadable episode came back as (:func:`iter_episodes`): one failed result.
+        """
+        if isinstance(rec, Exception):
+            return [ReplayResult.could_not(source, "all", rec)]
         out = []
         for mode in modes:
             try:
