@@ -37,7 +37,6 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -47,7 +46,8 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording.codec import TIMINGS
 from rollcap.rollout.recording.recorder import records_equal
 from rollcap.rollout.ray_rollout import RolloutActor
-from rollcap.rollout.replay import _obs_at, fingerprint_diff
+from rollcap.rollout.protocols import observation_at
+from rollcap.rollout.replay import fingerprint_diff
 from rollcap.rollout.resume import Resume, offset_of
 from rollcap.rollout.seeding import branch_seed
 
@@ -97,7 +97,7 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
         origin = {"parent": parent, "episode": rec.index, "chunk": k, "step": t, "prior_values": list(prior)}
         if base.chunk or base.step:
             origin["offset"] = [base.chunk, base.step]
-        out[k] = Resume(layer.get_state(), _obs_at(rec, t), base.chunk + k, base.step + t, origin, prior_values=prior)
+        out[k] = Resume(layer.get_state(), observation_at(rec, t), base.chunk + k, base.step + t, origin, prior_values=prior)
     return out
 
 

@@ -44,6 +44,20 @@ def recorded_obs(obs: Observation) -> dict[str, Any]:
     return {RAW_OBS_KEY: obs}
 
 
+def observation_at(record: EpisodeRecord, step: int) -> Observation:
+    """The observation the host saw before ``step`` of a recorded episode (``final_obs`` from ``num_steps`` on).
+
+    The inverse of :func:`recorded_obs`: a plain array back as itself, a dict
+    with the episode's instruction under ``"instruction"``.
+    """
+    src = record.final_obs if step >= record.num_steps else {k: v[step] for k, v in record.obs.items()}
+    obs = {k: np.asarray(v) for k, v in src.items()}
+    if set(obs) == {RAW_OBS_KEY} and not record.instruction:  # the env's observation was one array
+        return obs[RAW_OBS_KEY]
+    obs["instruction"] = record.instruction
+    return obs
+
+
 @runtime_checkable
 class ChunkPolicy(Protocol):
     """Maps an observation and a noise array to an action chunk.

@@ -43,7 +43,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
-from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, Subscriber
+from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, Subscriber, observation_at
 from rollcap.rollout.ray_connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
 from rollcap.rollout.seeding import episode_seed
 
@@ -132,14 +132,6 @@ class RolloutActor:
 
 
 # ------------------------------------------------------ records to events
-def _obs_at(record: EpisodeRecord, t: int):
-    """The observation the host saw before step ``t`` (``final_obs`` at the end), as recorded."""
-    obs = {k: v[t] for k, v in record.obs.items()} if t < record.num_steps else dict(record.final_obs)
-    if set(obs) == {"observation"}:
-        return obs["observation"]
-    return {**obs, "instruction": record.instruction} if record.instruction else obs
-
-
 def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd:
     """Hand an episode finished elsewhere to ``subscribers``: its start, chunks and end, replayed from ``record``.
 
@@ -147,14 +139,14 @@ def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd
     """
     chunks, n = record.chunks, record.num_chunks
     shape = tuple(chunks["noise"].shape[1:]) if n else (0, 0)
-    start = EpisodeStart(record.index, record.seed, record.instruction, _obs_at(record, 0), record.initial_state, record.env_id, record.env_kwargs, record.config, record.fingerprints, shape)
+    start = EpisodeStart(record.index, record.seed, record.instruction, observation_at(record, 0), record.initial_state, record.env_id, record.env_kwargs, record.config, record.fingerprints, shape)
     for s in subscribers:
         s.on_episode_start(start)
     for k in range(n):
         step = int(chunks["chunk_start"][k])
         stopped_here = k == n - 1 and step == record.num_steps and record.stop_reason not in ("error", "caller")
         event = ChunkEvent(
-            record.index, k, step, _obs_at(record, step), chunks["noise"][k], chunks["policy_chunk"][k], float(chunks["critic_value"][k]),
+            record.index, k, step, observation_at(record, step), chunks["noise"][k], chunks["policy_chunk"][k], float(chunks["critic_value"][k]),
             float(chunks["latency_policy_s"][k]), float(chunks["latency_critic_s"][k]), float(chunks["latency_boundary_s"][k]),
             record.stop_reason if stopped_here else None,
         )  # fmt: skip

@@ -23,7 +23,7 @@ import numpy as np
 
 from rollcap.envs import exact_state_of, physics_row
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.protocols import RAW_OBS_KEY, recorded_obs
+from rollcap.rollout.protocols import observation_at, recorded_obs
 
 MODES = ("policy", "env", "closed")
 _TIMING = ("latency_policy_s", "latency_critic_s", "latency_boundary_s")
@@ -176,15 +176,6 @@ def _cmp(key: str, got: np.ndarray, want: np.ndarray, **where) -> Divergence | N
     return Divergence(key, max_abs_diff=float(np.nanmax(diff)) if diff.size else 0.0, **where)
 
 
-def _obs_at(rec: EpisodeRecord, step: int) -> dict:
-    src = rec.final_obs if step >= rec.num_steps else {k: v[step] for k, v in rec.obs.items()}
-    obs = {k: np.asarray(v) for k, v in src.items()}
-    if set(obs) == {RAW_OBS_KEY} and not rec.instruction:  # the env's observation was one array
-        return obs[RAW_OBS_KEY]
-    obs["instruction"] = rec.instruction
-    return obs
-
-
 def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
     """Mode ``policy``: recorded observations + noise through the policy (and the critic, if the episode had one).
 
@@ -200,7 +191,7 @@ def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
     first, worst = None, 0.0
     policy.reset()
     for k in range(rec.num_chunks):
-        obs = _obs_at(rec, int(rec.chunks["chunk_start"][k]))
+        obs = observation_at(rec, int(rec.chunks["chunk_start"][k]))
         if carried is not None:  # real-time chunking: the prefix this chunk was guided by, as recorded
             policy.load_carried(carried[k], rec.chunks["rtc_weights"][k], 0)
         policy.start(obs, rec.chunks["noise"][k])
@@ -225,7 +216,7 @@ def replay_env(rec: EpisodeRecord, env) -> ReplayResult:
     obs, _ = env.reset(seed=rec.seed)  # the recorded episode began from this reset, then its exact state
     layer.set_state(rec.initial_state)
     if rec.origin is not None:  # began at another episode's boundary (a branch): it saw the recorded observation there
-        obs = _obs_at(rec, 0)
+        obs = observation_at(rec, 0)
     first, worst = None, 0.0
 
     def note(d):

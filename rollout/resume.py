@@ -96,8 +96,8 @@ def resume_of(record) -> Resume | None:
     origin = record.origin
     if origin is None:
         return None
-    from rollcap.rollout.replay import _obs_at
+    from rollcap.rollout.protocols import observation_at
 
     noise = record.chunks["noise"] if origin.get("noise") == "parent" else None
     at = offset_of(record)
-    return Resume(dict(record.initial_state), _obs_at(record, 0), at.chunk, at.step, dict(origin), noise=noise, prior_values=at.prior_values)
+    return Resume(dict(record.initial_state), observation_at(record, 0), at.chunk, at.step, dict(origin), noise=noise, prior_values=at.prior_values)
