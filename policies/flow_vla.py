@@ -59,6 +59,10 @@ class FlowVLAConfig(ObsModelConfig):
     """Guidance weight beta (1.0: conditioned branch only in effect)."""
     adv_dropout: float = 0.3
     """Training: probability the advantage indicator is dropped (enables CFG)."""
+    prefix_conditioning: bool = False
+    """Trained with a clean action prefix (real-time chunking's hard-prefix variant): each action token has its own
+    flow time, 0 on the prefix; sampling pins the prefix (:meth:`FlowVLA.inpaint_sample`). Omitted from the JSON when
+    False, so checkpoints without it keep their config and fingerprint."""
 
     LIMITS = {**ObsModelConfig.LIMITS, "action_dim": 4096, "horizon": 4096, "num_steps": 1000}
 
@@ -73,6 +77,14 @@ class FlowVLAConfig(ObsModelConfig):
         self._require_number("adv_dropout")
         if not 0.0 <= self.adv_dropout < 1.0:
             raise self._fail("adv_dropout", "a probability in [0, 1)")
+        if not isinstance(self.prefix_conditioning, bool):
+            raise self._fail("prefix_conditioning", "true or false")
+
+    def to_json(self) -> dict:
+        d = super().to_json()
+        if not self.prefix_conditioning:
+            del d["prefix_conditioning"]  # a plain checkpoint's config (and fingerprint) as before the field existed
+        return d
 
 
 class ActionExpert(nn.Module):
@@ -96,8 +108,12 @@ class ActionExpert(nn.Module):
         return [blk.attn.project_kv(ln(h)) for blk, ln, h in zip(self.blocks, self.prefix_ln, hidden)]
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, kv: list, mask: torch.Tensor) -> torch.Tensor:
+        """``t``: flow time ``[B]`` (one per chunk), or ``[B, H]`` (one per action token: prefix-conditioned models)."""
         b, h, _ = x.shape
-        z = self.in_proj(x) + self.pos + self.time_mlp(timestep_embedding(t, self.width))[:, None, :]
+        if t.dim() == 1:
+            z = self.in_proj(x) + self.pos + self.time_mlp(timestep_embedding(t, self.width))[:, None, :]
+        else:
+            z = self.in_proj(x) + self.pos + self.time_mlp(timestep_embedding(t.reshape(-1), self.width)).view(b, h, -1)
         full_mask = torch.cat([mask, torch.ones(b, h, dtype=torch.bool, device=x.device)], dim=1)
         for blk, pkv in zip(self.blocks, kv):
             z = blk(z, full_mask, pkv)
@@ -141,8 +157,14 @@ class FlowVLA(nn.Module):
         return F.mse_loss(v, noise - actions)
 
     def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """Batch-1 guided sampling: ``noise [1,H,A]`` -> actions ``[1,H,A]`` (capturable)."""
+        """Batch-1 guided sampling: ``noise [1,H,A]`` -> actions ``[1,H,A]`` (capturable).
+
+        A prefix-conditioned model samples through :meth:`inpaint_sample` with an empty prefix (its per-token time path).
+        """
         cfg = self.cfg
+        if cfg.prefix_conditioning:
+            zero = torch.zeros_like(noise)
+            return self.inpaint_sample(images, state, tokens, noise, zero, zero[..., :1])
         kv, valid = self.cfg_prefix(images, state, tokens)
         x = noise
         dt = -1.0 / cfg.num_steps
@@ -150,4 +172,23 @@ class FlowVLA(nn.Module):
             t = torch.full((2,), 1.0 - k / cfg.num_steps, device=state.device)
             v = self.expert(x.expand(2, -1, -1), t, kv, valid)
             x = cfg_euler_step(x, v[1:2], v[0:1], dt, cfg.cfg_beta)
+        return x
+
+    def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
+        """Hard-prefix sampling for a prefix-conditioned model: where ``weights`` ``[1,H,1]`` is 1 the token is ``carried``.
+
+        Those tokens are clean (flow time 0) at every Euler step, as in training, and the rest are denoised
+        conditioned on them; the output holds ``carried`` exactly there. No guidance term: the same work as
+        :meth:`sample`, capturable. ``weights`` must be 0/1 (real-time chunking's hard mask).
+        """
+        cfg = self.cfg
+        kv, valid = self.cfg_prefix(images, state, tokens)
+        keep = 1.0 - weights
+        pinned = carried * weights
+        x = noise * keep + pinned
+        dt = -1.0 / cfg.num_steps
+        for k in range(cfg.num_steps):
+            t = (keep[..., 0] * (1.0 - k / cfg.num_steps)).expand(2, -1)
+            v = self.expert(x.expand(2, -1, -1), t, kv, valid)
+            x = cfg_euler_step(x, v[1:2], v[0:1], dt, cfg.cfg_beta) * keep + pinned
         return x
