@@ -20,6 +20,13 @@ It is the paper's guided inpainting with the vector-Jacobian product replaced
 by the identity, which keeps it to element-wise ops on static buffers (no
 autograd inside the graph), so it is captured like the plain sampler.
 
+The trained alternative (the issue's "hard-prefix variant"): a checkpoint
+fine-tuned with ``prefix_conditioning`` (:mod:`rollcap.rollout.train_prefix`)
+is sampled with :meth:`FlowVLA.inpaint_sample`, which writes the carried
+targets into the pinned tokens at every Euler step with flow time 0, as in its
+training; no guidance term. The runner picks it from the checkpoint's config
+(``sampler="prefix"``), and it takes the hard mask only.
+
 The carried state lives in the runner's static input buffers, so it is
 captured with the graph and is part of the runner's capsule state:
 
@@ -140,11 +147,17 @@ class RTCPolicyRunner(PolicyRunner):
     inputs), so a plain recording never claims to be comparable with it.
     """
 
-    SAMPLERS = ("identity", "pigdm")
+    SAMPLERS = ("identity", "pigdm", "prefix")
+    """``identity``: the capturable guided inpainting (:func:`guided_sample`); ``pigdm``: the paper's guidance
+    (eager); ``prefix``: hard inpainting by a prefix-conditioned checkpoint (:meth:`FlowVLA.inpaint_sample`)."""
 
-    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1, sampler: str = "identity"):
+    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1, sampler: str | None = None):
+        if sampler is None:  # the checkpoint decides: a prefix-conditioned one is sampled the way it was trained
+            sampler = "prefix" if model.cfg.prefix_conditioning else "identity"
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler: expected one of {self.SAMPLERS}, got {sampler!r}")
+        if sampler == "prefix" and not model.cfg.prefix_conditioning:
+            raise ValueError("sampler 'prefix' needs a checkpoint trained with prefix_conditioning (python3 -m rollcap.rollout.train_prefix)")
         if sampler == "pigdm" and backend != "eager":
             raise ValueError("sampler 'pigdm' differentiates through the network at every step: it runs on backend 'eager' only")
         self.sampler = sampler
@@ -161,6 +174,8 @@ class RTCPolicyRunner(PolicyRunner):
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]
+        if self.sampler == "prefix":
+            return {"actions": self.model.inpaint_sample(images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
         sample = pigdm_sample if self.sampler == "pigdm" else guided_sample
         return {"actions": sample(self.model, images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
 
@@ -178,6 +193,8 @@ class RTCPolicyRunner(PolicyRunner):
         h = self.cfg.horizon
         if guidance not in GUIDANCE or mask not in MASKS:
             raise ValueError(f"guidance / mask: expected one of {GUIDANCE} / {MASKS}, got {guidance!r} / {mask!r}")
+        if self.sampler == "prefix" and guidance == "rtc" and mask != "hard":
+            raise ValueError(f"rtc_mask {mask!r}: a prefix-conditioned checkpoint pins its prefix (hard mask only)")
         if not (1 <= execute_steps <= h and 0 <= delay <= execute_steps and delay + execute_steps <= h):
             raise ValueError(f"inference delay {delay} with execution horizon {execute_steps}: need 0 <= delay <= execute_steps and delay + execute_steps <= {h} (the chunk length)")
         self.delay, self.shift, self.guidance = int(delay), int(execute_steps), guidance

@@ -35,6 +35,8 @@ def configure_policy(policy, config) -> None:
         return
     if not callable(getattr(policy, "configure", None)) or not callable(getattr(policy, "queue", None)):
         raise ConfigError("chunking", f"{config.chunking} needs a policy that carries a prefix (RTCPolicyRunner: make_runners(..., rtc=True)); got {type(policy).__name__}")
+    if config.chunking == "rtc" and config.rtc_mask != "hard" and getattr(policy, "sampler", None) == "prefix":
+        raise ConfigError("rtc_mask", f"{config.rtc_mask}: the policy is a prefix-conditioned checkpoint, which pins its prefix (hard only)")
     try:
         policy.configure(config.inference_delay, config.execute_steps, config.chunking, config.rtc_mask)
     except ValueError as err:
