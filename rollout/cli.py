@@ -1,4 +1,4 @@
-"""The ``rollcap`` command line: run, replay, inspect, branch, bench, capsule inspect."""
+"""The ``rollcap`` command line: run, replay, inspect, branch, recap, bench, capsule inspect."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ EXAMPLES = """examples:
   rollcap branch runs/latest --episode 0 --chunk 5 --n 16    16 continuations + the control; Monte-Carlo value
   rollcap bench --json bench.json               latency, overlap, capsule, env, host, recording figures
   rollcap capsule inspect path/to/capsule       a disk capsule's manifest and digest check
+  rollcap recap runs/collect --out runs/recap1  refit the critic, fine-tune the policy on the run, evaluate (RECAP)
 """
 
 
@@ -252,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rollcap.rollout.branch_cli import add_parser as add_branch_parser
 
     add_branch_parser(command, _parts_options)
+    from rollcap.rollout.recap.cli import add_parser as add_recap_parser
+
+    add_recap_parser(command)
 
     p = sub.add_parser("capsule", help="capsule tools", description="Tools for disk capsules.")
     csub = p.add_subparsers(dest="capsule_command", metavar="COMMAND", parser_class=_Parser)

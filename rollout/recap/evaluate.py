@@ -1,0 +1,112 @@
+"""RECAP stage 5, evaluate: before vs after on held-out seeds, with intervals and a paired test.
+
+Held-out episode seeds come from a seed stream of their own
+(:func:`stream_seeds`: spawn key ``(0x2EC4, stream, i)`` under the iteration
+seed), distinct from ``episode_seed`` (which every ``rollcap run`` and the
+demonstrations use), and :func:`check_disjoint` refuses any overlap with the
+collected episodes. Stream 1 is validation (the guidance weight), stream 2
+the final evaluation.
+
+Each policy runs every seed through the real :class:`~rollcap.rollout.host.RolloutHost`
+(captured graph, no critic: without a threshold it cannot change an outcome),
+so an outcome is the one ``rollcap run`` gives for that seed. Both policies
+see the same seeds, so the comparison is paired: the success rates carry 95%
+Wilson intervals, the difference a 95% interval over the paired differences
+(normal approximation), and the exact McNemar test counts the seeds only one
+of them solved.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+VALIDATION, TEST = 1, 2
+"""Seed streams of :func:`stream_seeds`."""
+
+
+def stream_seeds(seed: int, stream: int, n: int) -> list[int]:
+    """``n`` 63-bit episode seeds of stream ``stream`` under iteration seed ``seed``."""
+    out = []
+    for i in range(n):
+        ss = np.random.SeedSequence(entropy=int(seed), spawn_key=(0x2EC4, int(stream), i))
+        out.append(int(ss.generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1)))
+    return out
+
+
+def check_disjoint(seeds: list[int], used: set[int], what: str) -> None:
+    """Refuse ``seeds`` that share one with ``used`` (the collected and demonstration seeds)."""
+    both = sorted(set(seeds) & used)
+    if both:
+        raise ValueError(f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another --seed")
+
+
+def successes(model, seeds: list[int], execute_steps: int, env_id: str | None = None, threads: int = 1) -> np.ndarray:
+    """``[len(seeds)]`` bool: did ``model`` (a FlowVLA) solve each seed with ``execute_steps`` actions per chunk."""
+    from rollcap.kernels.lanes import make_lane
+    from rollcap.policies import PolicyRunner
+    from rollcap.rollout.build import DEFAULT_ENV, make_env
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.host import RolloutHost
+
+    env = make_env(env_id or DEFAULT_ENV)
+    host = RolloutHost(env, PolicyRunner(model, lane=make_lane("policy", "cpu", threads)), None, HostConfig(execute_steps=execute_steps), records=False)
+    try:
+        return np.array([host.run_episode(i, s).success for i, s in enumerate(seeds)], bool)
+    finally:
+        host.close()
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Rate ``k / n`` and its Wilson score interval."""
+    if n == 0:
+        return float("nan"), 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return p, max(0.0, mid - half), min(1.0, mid + half)
+
+
+def mcnemar_exact(fixed: int, broken: int) -> float:
+    """Two-sided exact McNemar p: the discordant pairs against Binomial(fixed + broken, 1/2)."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    k = min(fixed, broken)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired(before: np.ndarray, after: np.ndarray) -> dict:
+    """Success before / after on the same seeds: rates with Wilson intervals, the paired difference, McNemar."""
+    before, after = np.asarray(before, bool), np.asarray(after, bool)
+    n = len(before)
+    d = after.astype(float) - before.astype(float)
+    half = 1.96 * d.std(ddof=1) / math.sqrt(n) if n > 1 else float("inf")
+    fixed, broken = int((after & ~before).sum()), int((before & ~after).sum())
+    return {
+        "episodes": n,
+        "before": {"successes": int(before.sum()), "rate_ci": wilson(int(before.sum()), n)},
+        "after": {"successes": int(after.sum()), "rate_ci": wilson(int(after.sum()), n)},
+        "difference_ci": (float(d.mean()), float(d.mean() - half), float(d.mean() + half)),
+        "fixed": fixed,
+        "broken": broken,
+        "mcnemar_p": mcnemar_exact(fixed, broken),
+        "failure_rate_ratio": float((~after).sum() / (~before).sum()) if (~before).any() else float("nan"),
+    }
+
+
+def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], threads: int = 1, log=lambda line: None) -> dict:
+    """Stage 5: ``before`` and ``after`` (FlowVLA models) on ``seeds`` at each ``execute_steps``; :func:`paired` per setting."""
+    out = {}
+    for s in execute_steps:
+        b = successes(before, seeds, s, threads=threads)
+        a = successes(after, seeds, s, threads=threads)
+        res = paired(b, a)
+        res["outcomes"] = {"before": b.astype(int).tolist(), "after": a.astype(int).tolist()}
+        out[str(s)] = res
+        log(f"evaluate: execute_steps {s}: before {b.mean():.1%}, after {a.mean():.1%} over {len(seeds)} held-out seeds; "
+            f"fixed {res['fixed']}, broken {res['broken']}, McNemar p {res['mcnemar_p']:.3g}")  # fmt: skip
+    return out
