@@ -2,7 +2,8 @@
 
 Sections (``--only``):
 
-- ``graph``: the guided captured graph's latency against the plain one's,
+- ``graph``: the guided captured graph's latency against the plain one's
+  (and the prefix checkpoint's hard-inpainting graph's, if it exists),
   interleaved on the same observation.
 - ``stall``: a simulated control clock with a period shorter than one chunk's
   inference; per chunk boundary, the seconds the env's steps came late
@@ -16,7 +17,10 @@ Sections (``--only``):
   each delay; with each, the paired difference to synchronous and its 95%
   interval, and the action jerk at chunk seams (mean ``|a[t+1] - 2 a[t] +
   a[t-1]|`` over the steps ``t`` where the executed action's source chunk
-  changes, beside the same over all other steps).
+  changes, beside the same over all other steps). Modes ``naive-prefix`` /
+  ``rtc-prefix`` run the trained hard-prefix checkpoint
+  (``--prefix-policy``); its synchronous episodes (``sync-prefix``) run
+  then too, and those rows add the paired difference to them.
 
 Everything prints as it goes and lands in ``--out`` as JSON. The machine is
 shared: say so next to any figure taken from it.
@@ -38,6 +42,7 @@ from rollcap.rollout.build import Parts, make_env, make_runners
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
+from rollcap.rollout.train_prefix import PREFIX_CHECKPOINT
 
 HELD_OUT_SEED = 2
 
@@ -79,6 +84,7 @@ def seams_of(rec, delay: int) -> list[int]:
 
 def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
     kw = {k: v for k, v in kw.items() if v is not None}
+    mode = mode.removesuffix("-prefix")  # the prefix checkpoint: its runner picks the sampler
     if mode == "sync":
         return HostConfig(seed=seed, **kw)
     if mode in ("rtc-soft", "rtc-pigdm"):  # the RTC paper's soft mask (and its guidance, on the eager runner)
@@ -86,22 +92,26 @@ def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
     return HostConfig(seed=seed, chunking=mode, inference_delay=delay, **kw)
 
 
-def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED, execute_steps: int | None = None) -> None:
+def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED, execute_steps: int | None = None,
+                    prefix_policy: Path = PREFIX_CHECKPOINT) -> None:  # fmt: skip
     parts = Parts(critic="none")  # no critic threshold: the critic cannot change an outcome
     policy, _ = make_runners(parts, rtc=True)
-    pigdm = None
+    pigdm = prefixed = None
     env = make_env()
     rows = out.setdefault("success", {})
-    ref = None
+    ref = ref_prefix = None
     try:
-        runs = [("sync", 0)] + [(m, d) for d in delays for m in modes]
+        runs = [("sync", 0)] + [("sync-prefix", 0)] * any(m.endswith("-prefix") for m in modes) + [(m, d) for d in delays for m in modes if m != "sync-prefix"]
         for mode, d in runs:
-            if d == 0 and mode in ("naive", "rtc"):  # nothing carried is guided or queued: the sync episodes (tested bit-identical)
+            if d == 0 and mode in ("naive", "rtc", "naive-prefix", "rtc-prefix"):  # nothing carried is guided or queued: the sync episodes (tested bit-identical)
                 print(f"success {mode:>5} d=0: the synchronous episodes by construction (not run again)", flush=True)
                 continue
             if mode == "rtc-pigdm" and pigdm is None:
                 pigdm = RTCPolicyRunner(load_policy(parts.policy), backend="eager", sampler="pigdm")
-            host = RolloutHost(env, pigdm if mode == "rtc-pigdm" else policy, None, _config(mode, d, seed, execute_steps=execute_steps))
+            if mode.endswith("-prefix") and prefixed is None:  # the trained hard-prefix checkpoint, on its own lane
+                prefixed, _ = make_runners(Parts(policy=prefix_policy, critic="none"), rtc=True)
+            runner = pigdm if mode == "rtc-pigdm" else prefixed if mode.endswith("-prefix") else policy
+            host = RolloutHost(env, runner, None, _config(mode, d, seed, execute_steps=execute_steps))
             t0 = time.perf_counter()
             ok, seam, other = [], [], []
             for i in range(episodes):
@@ -112,6 +122,7 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
                 other += o
             ok_a = np.array(ok)
             ref = ok_a if mode == "sync" else ref
+            ref_prefix = ok_a if mode == "sync-prefix" else ref_prefix
             lo, hi = wilson(int(ok_a.sum()), len(ok_a))
             row = {
                 "mode": mode, "delay": d, "episodes": len(ok_a), "success": float(ok_a.mean()), "ci95": [lo, hi],
@@ -120,12 +131,14 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
             }  # fmt: skip
             if mode != "sync":
                 row["minus_sync"] = list(paired_diff(ok_a, ref))
+            if mode.endswith("-prefix") and mode != "sync-prefix":
+                row["minus_sync_prefix"] = list(paired_diff(ok_a, ref_prefix))
             rows[f"{mode}/d{d}"] = row
             diff = f"  vs sync {row['minus_sync'][0]:+.1%} [{row['minus_sync'][1]:+.1%}, {row['minus_sync'][2]:+.1%}]" if "minus_sync" in row else ""
             print(f"success {mode:>5} d={d}: {row['success']:.1%} [{lo:.1%}, {hi:.1%}] of {len(ok_a)}{diff}; "
                   f"jerk at seams {row['jerk_seam']:.3f} (other steps {row['jerk_other']:.3f}); {row['wall_s']:.0f} s", flush=True)  # fmt: skip
     finally:
-        for runner in (policy, pigdm):
+        for runner in (policy, pigdm, prefixed):
             if runner is not None:
                 runner.close()
 
@@ -180,24 +193,31 @@ def graph_section(chunks: int, out: dict) -> None:
     model = load_policy(Parts().policy)
     plain, rtc = PolicyRunner(model), RTCPolicyRunner(model)
     rtc.configure(2, model.cfg.execute_steps, "rtc", "soft")
+    pre = RTCPolicyRunner(load_policy(PREFIX_CHECKPOINT)) if PREFIX_CHECKPOINT.is_file() else None
+    if pre is not None:
+        pre.configure(2, model.cfg.execute_steps, "rtc", "hard")
     obs, _ = make_env().reset(seed=0)
     noise = np.zeros(plain.chunk_shape, np.float32)
-    a, b = [], []
+    times: dict = {"plain": [], "rtc": [], "prefix": []}
     try:
         for i in range(chunks + 10):
-            t = time.perf_counter()
-            plain.act(obs, noise)
-            a.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            rtc.act(obs, noise)
-            b.append(time.perf_counter() - t)
+            for name, runner in (("plain", plain), ("rtc", rtc), ("prefix", pre)):
+                if runner is not None:
+                    t = time.perf_counter()
+                    runner.act(obs, noise)
+                    times[name].append(time.perf_counter() - t)
     finally:
-        plain.close()
-        rtc.close()
-    a, b = np.array(a[10:]), np.array(b[10:])
+        for runner in (plain, rtc, pre):
+            if runner is not None:
+                runner.close()
+    a, b = np.array(times["plain"][10:]), np.array(times["rtc"][10:])
     row = {"plain_ms_p50": float(np.median(a) * 1e3), "rtc_ms_p50": float(np.median(b) * 1e3), "ratio": float(np.median(b) / np.median(a)), "chunks": chunks}
+    if pre is not None:
+        c = np.array(times["prefix"][10:])
+        row.update(prefix_ms_p50=float(np.median(c) * 1e3), prefix_ratio=float(np.median(c) / np.median(a)))
     out["graph"] = row
-    print(f"graph: plain {row['plain_ms_p50']:.2f} ms, guided {row['rtc_ms_p50']:.2f} ms per chunk (medians of {chunks}, interleaved): {row['ratio']:.2f}x", flush=True)
+    extra = f"; hard-prefix {row['prefix_ms_p50']:.2f} ms ({row['prefix_ratio']:.2f}x)" if pre is not None else ""
+    print(f"graph: plain {row['plain_ms_p50']:.2f} ms, guided {row['rtc_ms_p50']:.2f} ms per chunk (medians of {chunks}, interleaved): {row['ratio']:.2f}x{extra}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=200, help="held-out episodes per success configuration")
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
-    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower)")
+    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower); "
+                    "naive-prefix, rtc-prefix: the same through the --prefix-policy checkpoint (hard-prefix RTC), whose synchronous episodes (sync-prefix) then run too")
+    ap.add_argument("--prefix-policy", type=Path, default=PREFIX_CHECKPOINT, help="the prefix-conditioned checkpoint of the -prefix modes")
     ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the stall and success runs (default: the policy's)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
@@ -220,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if "stall" in only:
         stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps)
     if "success" in only:
-        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps)
+        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps, args.prefix_policy)
     if args.out is not None:
         from rollcap.kernels.files import atomic_write
 
