@@ -88,7 +88,7 @@ def episode_steps(rec, horizon: int, image_key: str, max_tokens: int) -> dict:
     tokens = tokenize(rec.instruction, max_tokens)
     censored = rec.stop_reason not in NATURAL_ENDS
     row = {
-        "index": int(rec.index), "seed": int(rec.seed), "task": rec.env_id, "steps": int(t_len), "success": bool(rec.success),
+        "index": int(rec.index), "seed": int(rec.seed), "task": rec.env_id, "env_kwargs": plain_json(rec.env_kwargs or {}), "steps": int(t_len), "success": bool(rec.success),
         "stop_reason": rec.stop_reason, "censored": bool(censored and not rec.success), "max_steps": _max_steps(rec),
         "humans": int(np.count_nonzero(rec.steps["actor"] == ACTOR_HUMAN)), "branch_of": _branch_of(rec),
         "critic_at_boundaries": rec.chunks["critic_value"].astype(float).tolist(),
@@ -159,14 +159,16 @@ def collected_seeds(steps: Steps) -> set[int]:
     return {r["seed"] for r in steps.episodes}
 
 
-def demo_config(seed: int, demos: int):
-    """The :class:`~rollcap.rollout.training.TrainConfig` that regenerates ``demos`` shipped-style demonstrations."""
+def demo_config(seed: int, demos: int, policy_cfg=None):
+    """The :class:`~rollcap.rollout.training.TrainConfig` that regenerates ``demos`` shipped-style demonstrations
+    (images, chunk length and tokens shaped for ``policy_cfg``, default the shipped policy's)."""
     from rollcap.rollout.training import TrainConfig
 
-    return dataclasses.replace(TrainConfig(), seed=seed, demos=max(1, demos))
+    base = TrainConfig()
+    return dataclasses.replace(base, seed=seed, demos=max(1, demos), policy=policy_cfg or base.policy)
 
 
-def collect(paths, *, demos: int = 200, seed: int = 0, horizon: int = 8, log=lambda line: None) -> Collected:
+def collect(paths, *, demos: int = 200, seed: int = 0, policy_cfg=None, log=lambda line: None) -> Collected:
     """Stage 1: the runs' episodes (:func:`read_runs`) and ``demos`` expert demonstrations, regenerated deterministically.
 
     The demonstrations are the shipped training's (:func:`~rollcap.rollout.training.collect_demos`:
@@ -174,10 +176,11 @@ def collect(paths, *, demos: int = 200, seed: int = 0, horizon: int = 8, log=lam
     """
     from rollcap.rollout.training import collect_demos
 
-    steps, runs = read_runs([Path(p) for p in paths], horizon)
+    tc = demo_config(seed, demos, policy_cfg)
+    steps, runs = read_runs([Path(p) for p in paths], tc.policy.horizon, tc.policy.image_keys[0], tc.policy.max_tokens)
     log(f"collect: {len(steps.episodes)} episodes, {len(steps)} steps from {len(runs)} run(s); "
         f"{sum(r['success'] for r in steps.episodes)} successes, {sum(r['censored'] for r in steps.episodes)} censored, {int(steps.human.sum())} human steps")  # fmt: skip
-    d = collect_demos(demo_config(seed, demos)) if demos else None
+    d = collect_demos(tc) if demos else None
     if d is not None:
         log(f"collect: {demos} demonstrations, {len(d.value)} steps, {d.episode_success.mean():.0%} successful")
     return Collected(steps, d, runs)

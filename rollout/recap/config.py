@@ -74,7 +74,7 @@ def _int(v) -> bool:
 
 def _numbers(name: str, values, kind, low) -> tuple:
     """A comma list (from the CLI) or a tuple of numbers -> a tuple of ``kind`` >= ``low``, at least one, no repeats."""
-    items = (values,) if isinstance(values, (str, int, float)) else tuple(values)
+    items = tuple(x for x in values.split(",") if x) if isinstance(values, str) else (values,) if isinstance(values, (int, float)) else tuple(values)
     try:
         out = tuple(kind(float(v)) if kind is int and float(v) == int(float(v)) else kind(v) for v in items)
     except (TypeError, ValueError):

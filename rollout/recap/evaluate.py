@@ -42,15 +42,18 @@ def check_disjoint(seeds: list[int], used: set[int], what: str) -> None:
         raise ValueError(f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another --seed")
 
 
-def successes(model, seeds: list[int], execute_steps: int, env_id: str | None = None, threads: int = 1) -> np.ndarray:
-    """``[len(seeds)]`` bool: did ``model`` (a FlowVLA) solve each seed with ``execute_steps`` actions per chunk."""
+def successes(model, seeds: list[int], execute_steps: int, env: tuple[str, dict] | None = None, threads: int = 1) -> np.ndarray:
+    """``[len(seeds)]`` bool: did ``model`` (a FlowVLA) solve each seed with ``execute_steps`` actions per chunk.
+
+    ``env``: ``(env id, kwargs)`` (default: the built-in task).
+    """
     from rollcap.kernels.lanes import make_lane
     from rollcap.policies import PolicyRunner
     from rollcap.rollout.build import DEFAULT_ENV, make_env
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 
-    env = make_env(env_id or DEFAULT_ENV)
+    env = make_env(*(env or (DEFAULT_ENV, {})))
     host = RolloutHost(env, PolicyRunner(model, lane=make_lane("policy", "cpu", threads)), None, HostConfig(execute_steps=execute_steps), records=False)
     try:
         return np.array([host.run_episode(i, s).success for i, s in enumerate(seeds)], bool)
@@ -98,12 +101,12 @@ def paired(before: np.ndarray, after: np.ndarray) -> dict:
     }
 
 
-def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], threads: int = 1, log=lambda line: None) -> dict:
-    """Stage 5: ``before`` and ``after`` (FlowVLA models) on ``seeds`` at each ``execute_steps``; :func:`paired` per setting."""
+def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], env: tuple[str, dict] | None = None, threads: int = 1, log=lambda line: None) -> dict:
+    """Stage 5: ``before`` and ``after`` (FlowVLA models) on ``seeds`` at each ``execute_steps`` in ``env``; :func:`paired` per setting."""
     out = {}
     for s in execute_steps:
-        b = successes(before, seeds, s, threads=threads)
-        a = successes(after, seeds, s, threads=threads)
+        b = successes(before, seeds, s, env, threads)
+        a = successes(after, seeds, s, env, threads)
         res = paired(b, a)
         res["outcomes"] = {"before": b.astype(int).tolist(), "after": a.astype(int).tolist()}
         out[str(s)] = res

@@ -50,7 +50,7 @@ def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, 
     return fit(policy, loss, sizes, n_steps, batch, lr, seed, log)
 
 
-def choose_beta(policy, betas: tuple[float, ...], seeds: list[int], execute_steps: int, threads: int = 1, log=lambda line: None) -> tuple[float, dict]:
+def choose_beta(policy, betas: tuple[float, ...], seeds: list[int], execute_steps: int, env=None, threads: int = 1, log=lambda line: None) -> tuple[float, dict]:
     """Stage 4b: the guidance weight with the most successes on the validation ``seeds`` (ties: the earlier in ``betas``)."""
     from rollcap.rollout.recap.evaluate import successes
 
@@ -58,7 +58,7 @@ def choose_beta(policy, betas: tuple[float, ...], seeds: list[int], execute_step
         return float(betas[0]), {}
     scores = {}
     for b in betas:
-        scores[float(b)] = int(successes(with_beta(policy, b), seeds, execute_steps, threads=threads).sum())
+        scores[float(b)] = int(successes(with_beta(policy, b), seeds, execute_steps, env, threads).sum())
         log(f"improve: beta {b:g}: {scores[float(b)]}/{len(seeds)} validation successes at execute_steps {execute_steps}")
     best = max(scores, key=lambda b: (scores[b], -list(scores).index(b)))
     return best, {"execute_steps": execute_steps, "episodes": len(seeds), "successes": {f"{b:g}": s for b, s in scores.items()}}

@@ -85,8 +85,9 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         policy_path, critic_path = Path(cfg.policy or POLICY), Path(cfg.critic or CRITIC)
         shipped, critic0 = load_policy(policy_path), load_critic(critic_path)
         tic = time.perf_counter()
-        got = collect.collect(runs, demos=cfg.demos, seed=cfg.seed, horizon=shipped.cfg.horizon, log=log)
+        got = collect.collect(runs, demos=cfg.demos, seed=cfg.seed, policy_cfg=shipped.cfg, log=log)
         steps = got.rollouts
+        env = (steps.episodes[0]["task"], steps.episodes[0]["env_kwargs"])  # validation and evaluation run in the first run's env
         val_seeds = evaluate.stream_seeds(cfg.seed, evaluate.VALIDATION, cfg.val_episodes)
         test_seeds = evaluate.stream_seeds(cfg.seed, evaluate.TEST, cfg.eval_episodes)
         used = collect.collected_seeds(steps) | {episode_seed(cfg.seed + 1, i) for i in range(cfg.demos)}
@@ -117,7 +118,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         policy = copy.deepcopy(shipped)
         policy_losses = improve.fine_tune(policy, steps, labels, got.demos, n_steps=cfg.policy_steps, batch=cfg.batch, lr=cfg.policy_lr, seed=cfg.seed + 22, log=log)
         tic = lap("improve_fit", tic)
-        beta, beta_report = improve.choose_beta(policy, cfg.betas, val_seeds, max(cfg.execute_steps), cfg.threads, log)
+        beta, beta_report = improve.choose_beta(policy, cfg.betas, val_seeds, max(cfg.execute_steps), env, cfg.threads, log)
         stage = _staging(out)
         save_policy(improve.with_beta(policy, beta), stage / "policy")
         save_critic(critic, stage / "critic")
@@ -125,12 +126,12 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         tic = lap("improve_beta", tic)
 
         after = load_policy(stage / "policy.json")  # exactly what was written
-        results = evaluate.evaluate(shipped, after, test_seeds, cfg.execute_steps, cfg.threads, log)
+        results = evaluate.evaluate(shipped, after, test_seeds, cfg.execute_steps, env, cfg.threads, log)
         lap("evaluate", tic)
         times["total"] = round(time.perf_counter() - t0, 1)
         manifest = {
             "rollcap_recap": 1,
-            "config": plain_json(dataclasses.asdict(cfg)),
+            "config": plain_json({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}),
             "inputs": {"runs": got.runs, "demonstrations": {"episodes": cfg.demos, "steps": 0 if got.demos is None else len(got.demos.value), "rule": f"training.collect_demos(TrainConfig(seed={cfg.seed}, demos={cfg.demos}))"}},
             "policy": {"from": str(policy_path), "from_digest": _weights_digest(policy_path),
                        "to": str(policy_json), "to_digest": _weights_digest(stage / "policy.json"), "cfg_beta": beta},
@@ -144,7 +145,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
             "advantage": {"n_step": cfg.n_step, "percentile": cfg.percentile, **adv_stats},
             "improve": {"policy_steps": cfg.policy_steps, "label_steps": int(steps.label_ok.sum()), "loss_first_last": _ends(policy_losses),
                         "beta": beta, "validation": {**beta_report, "seeds": _seed_block(val_seeds, evaluate.VALIDATION, cfg.seed)}},
-            "evaluate": {"seeds": _seed_block(test_seeds, evaluate.TEST, cfg.seed), "results": results},
+            "evaluate": {"env": {"id": env[0], "kwargs": env[1]}, "seeds": _seed_block(test_seeds, evaluate.TEST, cfg.seed), "results": results},
             "seconds": times,
             "torch": torch.__version__,
         }  # fmt: skip

@@ -96,7 +96,7 @@ def fit(model, loss_fn, sizes: tuple[int, ...], steps: int, batch: int, lr: floa
 
 def gather(sources: list[dict], parts: list[np.ndarray], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """One batch from several sources of arrays (dicts of ``key -> [N, ...]``), rows ``parts[j]`` of source ``j``."""
-    return {k: torch.from_numpy(np.concatenate([np.asarray(s[k][p]) for s, p in zip(sources, parts)])) for k in keys}
+    return {k: torch.from_numpy(np.concatenate([np.asarray(s[k][p]) for s, p in zip(sources, parts, strict=True)])) for k in keys}
 
 
 def refit_critic(critic, steps: Steps, targets: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, log=lambda line: None):
