@@ -5,6 +5,7 @@ The few names a user needs, in one place::
     import rollcap
     result = rollcap.run(episodes=5, out="runs/api")   # what `rollcap run` does
     result, summary = rollcap.branch("runs/api", episode=0, chunk=3, n=8)   # `rollcap branch`
+    manifest = rollcap.recap(["runs/api"], "runs/recap1")   # `rollcap recap`: learn from the run
     print(result.summary["success_rate"])
 
 The parts live in subpackages (``rollcap.rollout``, ``rollcap.envs``,
@@ -24,12 +25,14 @@ __all__ = [
     "EventBus",
     "HostConfig",
     "Interrupted",
+    "RecapConfig",
     "RolloutHost",
     "RunResult",
     "Subscriber",
     "branch",
     "load",
     "make_env",
+    "recap",
     "run",
 ]
 

@@ -43,6 +43,8 @@ _NAMES = {
     "make_env": "build",
     "load_any": "inspect",
     "branch_episode": "branch_cli",
+    "recap": "recap",
+    "RecapConfig": "recap",
 }
 
 __all__ = sorted(_NAMES)
