@@ -12,10 +12,14 @@ An episode that did not run to a natural end (``success``, ``terminated``,
 error). Its value targets are bootstrapped from the critic at the stop
 (:mod:`rollcap.rollout.recap.value`), never treated as a natural failure.
 
-Steps whose action window runs past the end of an episode that did not
-succeed carry unknown actions after the end; they get no policy label
-(``label_ok`` False). Successful episodes pad with zeros, as the shipped
-training does.
+Two kinds of policy label (:class:`~rollcap.rollout.recap.config.RecapConfig`
+``windows``): at every step, the ``H`` actions the env received from it on
+(``chunks``; steps whose window runs past the end of an episode that did not
+succeed carry unknown actions and get none, ``label_ok`` False; successful
+episodes pad with zeros, as the shipped training does); or at chunk
+boundaries only, the chunk that ran from there (``plan``: its executed
+actions as the env received them, a person's included, then the rest of the
+policy's planned chunk), which never splices two plans into one label.
 
 Imports point downward: this module knows ``inspect``, ``episode``,
 ``training`` (for the demonstrations) and ``policies``.
@@ -54,6 +58,8 @@ class Steps:
     final_images: np.ndarray | None = None  # [E, S, S, 3] observation after the last step
     final_state: np.ndarray | None = None  # [E, D]
     final_tokens: np.ndarray | None = None  # [E, L]
+    boundary: np.ndarray | None = None  # [N] bool, a chunk began at step t
+    plan: np.ndarray | None = None  # [N, H, A] at a boundary: the chunk run from it (its executed actions as the env got them, then the rest as planned)
 
     def __len__(self) -> int:
         return len(self.t)
@@ -85,6 +91,16 @@ def episode_steps(rec, horizon: int, image_key: str, max_tokens: int) -> dict:
     pad = np.concatenate([acts, np.zeros((horizon, acts.shape[1]), np.float32)])
     chunks = np.stack([pad[t : t + horizon] for t in range(t_len)]) if t_len else np.zeros((0, horizon, acts.shape[1]), np.float32)
     label_ok = np.ones(t_len, bool) if rec.success else (np.arange(t_len) + horizon <= t_len)
+    starts = rec.chunks["chunk_start"].astype(np.int64)
+    boundary = np.zeros(t_len, bool)
+    plan = np.zeros((t_len, horizon, acts.shape[1]), np.float32)
+    for k, t0 in enumerate(starts):
+        if t0 >= t_len:
+            continue  # a chunk stopped before it ran
+        boundary[t0] = True
+        ran = int(min(starts[k + 1] if k + 1 < len(starts) else t_len, t_len) - t0)
+        plan[t0, : rec.chunks["policy_chunk"].shape[1]] = rec.chunks["policy_chunk"][k][:horizon]
+        plan[t0, :ran] = acts[t0 : t0 + min(ran, horizon)]
     tokens = tokenize(rec.instruction, max_tokens)
     censored = rec.stop_reason not in NATURAL_ENDS
     row = {
@@ -96,7 +112,7 @@ def episode_steps(rec, horizon: int, image_key: str, max_tokens: int) -> dict:
     return {
         "images": np.asarray(rec.obs[image_key][:t_len], np.uint8), "state": np.asarray(rec.obs["state"][:t_len], np.float32),
         "tokens": np.repeat(tokens[None], t_len, 0), "chunks": chunks, "t": np.arange(t_len), "human": rec.steps["actor"] == ACTOR_HUMAN,
-        "label_ok": label_ok, "row": row, "final_image": np.asarray(rec.final_obs[image_key], np.uint8),
+        "label_ok": label_ok, "boundary": boundary, "plan": plan, "row": row, "final_image": np.asarray(rec.final_obs[image_key], np.uint8),
         "final_state": np.asarray(rec.final_obs["state"], np.float32), "final_tokens": tokens,
     }  # fmt: skip
 
@@ -118,7 +134,7 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
     """
     from rollcap.rollout.inspect import iter_any
 
-    cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "episode", "final_image", "final_state", "final_tokens")}
+    cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan", "episode", "final_image", "final_state", "final_tokens")}
     rows, runs = [], []
     for path in paths:
         n0 = len(rows)
@@ -126,7 +142,7 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
         for rec in iter_any(path):
             one = episode_steps(rec, horizon, image_key, max_tokens)
             one["row"]["source"] = str(path)
-            for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok"):
+            for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan"):
                 cols[k].append(one[k])
             cols["episode"].append(np.full(len(one["t"]), len(rows), np.int64))
             for k in ("final_image", "final_state", "final_tokens"):
@@ -143,7 +159,7 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
     steps = Steps(
         images=cat["images"], state=cat["state"], tokens=cat["tokens"].astype(np.int64), chunks=cat["chunks"].astype(np.float32),
         episode=cat["episode"], t=cat["t"].astype(np.int64), human=cat["human"].astype(bool), label_ok=cat["label_ok"].astype(bool),
-        episodes=rows, final_images=np.stack(cols["final_image"]), final_state=np.stack(cols["final_state"]), final_tokens=np.stack(cols["final_tokens"]).astype(np.int64),
+        boundary=cat["boundary"].astype(bool), plan=cat["plan"].astype(np.float32), episodes=rows, final_images=np.stack(cols["final_image"]), final_state=np.stack(cols["final_state"]), final_tokens=np.stack(cols["final_tokens"]).astype(np.int64),
     )  # fmt: skip
     return steps, runs
 

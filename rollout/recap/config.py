@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rollcap.rollout.errors import ConfigError
 
@@ -30,6 +31,8 @@ class RecapConfig:
     """AdamW learning rate of the critic refit (cosine decay)."""
     policy_lr: float = 3e-4
     """AdamW learning rate of the policy fine-tune (cosine decay)."""
+    windows: Literal["steps", "boundaries"] = "steps"
+    """Policy labels: every step with the actions executed from it, or chunk boundaries only with the chunk run from there."""
     n_step: int = 8
     """N of the N-step advantage A_t = sum of N rewards + V(o_t+N) - V(o_t) (Monte-Carlo when the episode ends first)."""
     percentile: float = 60.0
@@ -61,6 +64,8 @@ class RecapConfig:
                 raise ConfigError(name, f"expected a learning rate in (0, 1), got {v!r}")
         if not isinstance(self.percentile, (int, float)) or isinstance(self.percentile, bool) or not 0 <= self.percentile < 100:
             raise ConfigError("percentile", f"expected a number in [0, 100), got {self.percentile!r}")
+        if self.windows not in ("steps", "boundaries"):
+            raise ConfigError("windows", f"expected steps or boundaries, got {self.windows!r}")
         object.__setattr__(self, "betas", _numbers("betas", self.betas, float, 0.0))
         object.__setattr__(self, "execute_steps", _numbers("execute_steps", self.execute_steps, int, 1))
         for name in ("policy", "critic"):

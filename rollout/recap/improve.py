@@ -33,10 +33,20 @@ def with_beta(model, beta: float):
     return out.eval()
 
 
-def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, log=lambda line: None) -> list[float]:
-    """Stage 4a: train ``policy`` in place on the labelled rollouts and the demonstrations; returns the losses."""
-    ok = steps.label_ok
-    sources = [{"images": steps.images[ok], "state": steps.state[ok], "tokens": steps.tokens[ok], "chunks": steps.chunks[ok], "adv": labels[ok]}]
+def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, windows: str = "steps", log=lambda line: None) -> list[float]:
+    """Stage 4a: train ``policy`` in place on the labelled rollouts and the demonstrations; returns the losses.
+
+    ``windows``: ``"steps"`` labels every step with the actions executed from it;
+    ``"boundaries"`` only chunk boundaries, with the chunk run from there
+    (:mod:`~rollcap.rollout.recap.collect`).
+    """
+    if windows == "boundaries":
+        ok, chunks = steps.boundary, steps.plan
+    elif windows == "steps":
+        ok, chunks = steps.label_ok, steps.chunks
+    else:
+        raise ValueError(f"windows: expected steps or boundaries, got {windows!r}")
+    sources = [{"images": steps.images[ok], "state": steps.state[ok], "tokens": steps.tokens[ok], "chunks": chunks[ok], "adv": labels[ok]}]
     if demos is not None:
         sources.append({"images": demos.images, "state": demos.state, "tokens": demos.tokens, "chunks": demos.chunks, "adv": demos.adv})
     sizes = tuple(len(s["adv"]) for s in sources)

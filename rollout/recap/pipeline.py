@@ -116,7 +116,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         tic = lap("advantage", tic)
 
         policy = copy.deepcopy(shipped)
-        policy_losses = improve.fine_tune(policy, steps, labels, got.demos, n_steps=cfg.policy_steps, batch=cfg.batch, lr=cfg.policy_lr, seed=cfg.seed + 22, log=log)
+        policy_losses = improve.fine_tune(policy, steps, labels, got.demos, n_steps=cfg.policy_steps, batch=cfg.batch, lr=cfg.policy_lr, seed=cfg.seed + 22, windows=cfg.windows, log=log)
         tic = lap("improve_fit", tic)
         beta, beta_report = improve.choose_beta(policy, cfg.betas, val_seeds, max(cfg.execute_steps), env, cfg.threads, log)
         stage = _staging(out)
@@ -143,7 +143,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
             "value": {"critic_steps": cfg.critic_steps, "held_out_episodes_every": value.HOLDOUT_EVERY, "shipped": before_q, "refit": after_q,
                       "branch_calibration": calib, "loss_first_last": _ends(critic_losses)},
             "advantage": {"n_step": cfg.n_step, "percentile": cfg.percentile, **adv_stats},
-            "improve": {"policy_steps": cfg.policy_steps, "label_steps": int(steps.label_ok.sum()), "loss_first_last": _ends(policy_losses),
+            "improve": {"policy_steps": cfg.policy_steps, "windows": cfg.windows, "label_steps": int((steps.boundary if cfg.windows == "boundaries" else steps.label_ok).sum()), "loss_first_last": _ends(policy_losses),
                         "beta": beta, "validation": {**beta_report, "seeds": _seed_block(val_seeds, evaluate.VALIDATION, cfg.seed)}},
             "evaluate": {"env": {"id": env[0], "kwargs": env[1]}, "seeds": _seed_block(test_seeds, evaluate.TEST, cfg.seed), "results": results},
             "seconds": times,

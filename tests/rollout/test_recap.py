@@ -66,6 +66,10 @@ def test_collect_reads_every_step_of_a_run(tiny_run):
     assert [r["stop_reason"] for r in steps.episodes] == ["timeout_chunks"] * 2
     assert all(r["censored"] and not r["success"] for r in steps.episodes)
     assert not steps.label_ok[e0][-3:].any() and steps.label_ok[e0][:-3].all()  # unknown actions past a failed end
+    b = np.flatnonzero(steps.boundary[e0])  # chunk boundaries: the chunk run from there, executed part as the env got it
+    np.testing.assert_array_equal(b, recs[0].chunks["chunk_start"][:3])
+    np.testing.assert_array_equal(steps.plan[e0][b[1]], recs[0].steps["actions"][4:8])
+    np.testing.assert_array_equal(steps.plan[e0][b[2]], recs[0].chunks["policy_chunk"][2])
     assert runs[0]["episodes"] == 2 and runs[0]["made_with"][0]["policy"] == recs[0].fingerprints["policy"]["weights_digest"]
     assert collect.collected_seeds(steps) == {episode_seed(5, 0), episode_seed(5, 1)}
 
@@ -149,12 +153,13 @@ def test_fine_tune_is_deterministic_and_beta_travels_in_the_checkpoint(tiny_run,
     steps, _ = collect.read_runs([tiny_run], horizon=4)
     labels = np.where(np.arange(len(steps)) % 2 == 0, ADV_POSITIVE, ADV_NEGATIVE)
     digests = []
-    for _ in range(2):
+    for windows in ("steps", "steps", "boundaries"):
         torch.manual_seed(0)
         p = FlowVLA(POLICY)
-        improve.fine_tune(p, steps, labels, None, n_steps=4, batch=8, lr=1e-3, seed=4)
+        improve.fine_tune(p, steps, labels, None, n_steps=4, batch=8, lr=1e-3, seed=4, windows=windows)
         digests.append(tensor_digest(p.state_dict()))
-    assert digests[0] == digests[1]
+    assert digests[0] == digests[1] != digests[2]
+    digests[0] = digests[2]
     q = improve.with_beta(p, 2.5)
     assert q.cfg.cfg_beta == 2.5 and tensor_digest(q.state_dict()) == digests[0]
     save_policy(q, tmp_path / "p")
@@ -190,7 +195,7 @@ def test_config_errors_name_the_field():
     """A bad value is a ConfigError naming its field; comma lists become numbers."""
     assert RecapConfig(betas="1,2.5", execute_steps="4,8").betas == (1.0, 2.5)
     assert RecapConfig(execute_steps=("4", "8")).execute_steps == (4, 8)
-    for kw, field in (({"percentile": 100}, "percentile"), ({"betas": "1,1"}, "betas"), ({"execute_steps": "0"}, "execute_steps"), ({"policy_steps": 0}, "policy_steps"), ({"policy_lr": 2}, "policy_lr")):
+    for kw, field in (({"percentile": 100}, "percentile"), ({"betas": "1,1"}, "betas"), ({"execute_steps": "0"}, "execute_steps"), ({"policy_steps": 0}, "policy_steps"), ({"policy_lr": 2}, "policy_lr"), ({"windows": "chunks"}, "windows")):
         with pytest.raises(ConfigError) as err:
             RecapConfig(**kw)
         assert err.value.field == field
