@@ -36,6 +36,7 @@ import numpy as np
 
 from rollcap.kernels.files import plain_json
 from rollcap.rollout.episode import ACTOR_HUMAN
+from rollcap.rollout.recording.codec import episode_digest
 
 NATURAL_ENDS = ("success", "terminated", "truncated")
 """Stop reasons of an episode that ran to its natural end; any other is censored."""
@@ -73,7 +74,7 @@ class Collected:
     demos: object | None
     """:class:`~rollcap.rollout.training.Demos` of the shipped expert (None with ``demos=0``)."""
     runs: list[dict]
-    """Per input run: path, episodes, seeds' range, the policy / critic / env fingerprints' digests."""
+    """Per input run: path, episodes, successes, digests of its seeds and of its episodes, the weights digests and config it was made with."""
 
 
 def _max_steps(rec) -> int:
@@ -138,7 +139,7 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
     rows, runs = [], []
     for path in paths:
         n0 = len(rows)
-        fps, seeds = set(), []
+        fps, seeds, digests = set(), [], []
         for rec in iter_any(path):
             one = episode_steps(rec, horizon, image_key, max_tokens)
             one["row"]["source"] = str(path)
@@ -149,12 +150,13 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
                 cols[k].append(one[k])
             rows.append(one["row"])
             seeds.append(int(rec.seed))
+            digests.append(episode_digest(rec))
             made = {p: (rec.fingerprints.get(p) or {}).get("weights_digest") for p in ("policy", "critic")} | {"config": rec.config}
             fps.add(json.dumps(plain_json(made), sort_keys=True))
         if len(rows) == n0:
             raise ValueError(f"{path}: no episodes to learn from")
         runs.append({"path": str(path), "episodes": len(rows) - n0, "successes": sum(r["success"] for r in rows[n0:]),
-                     "seeds_digest": _seeds_digest(seeds), "made_with": [json.loads(x) for x in sorted(fps)]})  # fmt: skip
+                     "seeds_digest": _seeds_digest(seeds), "episodes_digest": _episodes_digest(digests), "made_with": [json.loads(x) for x in sorted(fps)]})  # fmt: skip
     cat = {k: np.concatenate(v) for k, v in cols.items() if k not in ("final_image", "final_state", "final_tokens")}
     steps = Steps(
         images=cat["images"], state=cat["state"], tokens=cat["tokens"].astype(np.int64), chunks=cat["chunks"].astype(np.float32),
@@ -168,6 +170,13 @@ def _seeds_digest(seeds: list[int]) -> str:
     import hashlib
 
     return "sha256:" + hashlib.sha256(np.asarray(sorted(seeds), np.int64).tobytes()).hexdigest()
+
+
+def _episodes_digest(digests: list[str]) -> str:
+    """sha256 over the run's episode digests in order (each an episode's identity, timings excluded)."""
+    import hashlib
+
+    return "sha256:" + hashlib.sha256("\n".join(digests).encode()).hexdigest()
 
 
 def collected_seeds(steps: Steps) -> set[int]:

@@ -71,6 +71,9 @@ def test_collect_reads_every_step_of_a_run(tiny_run):
     np.testing.assert_array_equal(steps.plan[e0][b[1]], recs[0].steps["actions"][4:8])
     np.testing.assert_array_equal(steps.plan[e0][b[2]], recs[0].chunks["policy_chunk"][2])
     assert runs[0]["episodes"] == 2 and runs[0]["made_with"][0]["policy"] == recs[0].fingerprints["policy"]["weights_digest"]
+    from rollcap.rollout.recording.codec import episode_digest
+
+    assert runs[0]["episodes_digest"] == collect._episodes_digest([episode_digest(r) for r in recs])
     assert collect.collected_seeds(steps) == {episode_seed(5, 0), episode_seed(5, 1)}
 
 
