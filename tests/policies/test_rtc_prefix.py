@@ -133,3 +133,24 @@ def test_prefix_loss_feeds_the_clean_prefix_at_time_zero_and_masks_it(model):
     g = seen["out"].grad.abs().sum(-1)
     assert (g[pre] == 0).all() and (g[~pre] > 0).all()
     assert train.expert.in_proj.weight.grad is not None
+
+
+@pytest.mark.slow
+def test_stale_prefix_labels_are_the_training_demos_with_the_plan_rtc_executes():
+    """Same episodes as training.py; with max_delay 0 the same labels; otherwise a step's prefix is the clean plan
+    labelled s steps earlier (its actions s..s+d-1), and the first s steps of an episode carry none."""
+    from rollcap.rollout.train_prefix import collect_prefix_demos
+    from rollcap.rollout.training import TrainConfig, collect_demos
+
+    tc = TrainConfig(demos=2, noisy_fraction=0.0, policy=dataclasses.replace(FlowVLAConfig(), image_size=32))
+    base = collect_demos(tc)
+    same, d0 = collect_prefix_demos(tc, 0, 0.1, seed=1)
+    assert not d0.any() and np.array_equal(same.chunks, base.chunks) and np.array_equal(same.images, base.images)
+    demos, d = collect_prefix_demos(tc, 4, 0.0, seed=1)
+    s = tc.policy.execute_steps
+    assert np.array_equal(demos.state, base.state) and np.array_equal(demos.adv, base.adv) and d.max() <= 4
+    assert not d[:s].any() and (d > 0).sum() > len(d) // 2
+    for j in np.flatnonzero(d):
+        assert np.array_equal(demos.chunks[j][: d[j]], base.chunks[j - s][s : s + d[j]]), j
+    assert np.array_equal(demos.chunks[d == 0], base.chunks[d == 0])
+    assert not np.array_equal(demos.chunks[d > 0], base.chunks[d > 0])
