@@ -119,6 +119,7 @@ def run(
     critic=None,
     subscribers: tuple[Subscriber, ...] = (),
     on_started: Callable[[], None] | None = None,
+    on_finished: Callable[[], None] | None = None,
     **options,
 ) -> RunResult:
     """Run and record episodes, as ``rollcap run`` does.
@@ -138,6 +139,10 @@ def run(
         on_started: called once start-up is over (parts built, actors ready),
             just before the first episode (the CLI acts on a Ctrl-C it held
             during start-up there).
+        on_finished: called once every episode is written and ``summary.json``
+            is, while a signal is still only noted (the CLI stops raising on
+            Ctrl-C there: what is left is closing, and an exception raised into
+            a finaliser would print a traceback).
         **options: fields of :class:`HostConfig` (``seed``, ``critic_threshold``,
             ``max_chunks``, ...), :class:`RunConfig` (``formats``, ``resume``,
             ``progress``, ``actors``, ``address``, ...) and :class:`Parts`
@@ -168,7 +173,7 @@ def run(
             built = make_critic(parts, env) if parts.critic is not None else None
             own.append(built)
         critic = built if critic is None or _is_path(critic) else critic
-        return _record(env, policy, critic, host_cfg, run_cfg, list(subscribers), parts if run_cfg.actors else None, on_started)
+        return _record(env, policy, critic, host_cfg, run_cfg, list(subscribers), parts if run_cfg.actors else None, on_started, on_finished)
     finally:
         for part in own:
             if part is not None:
@@ -198,7 +203,7 @@ def _configs(episodes, out, env, policy, critic, options) -> tuple[HostConfig, R
     return HostConfig(**pick[HostConfig]), RunConfig(episodes=episodes, out=out, **pick[RunConfig]), Parts(**parts_kw)
 
 
-def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: list[Subscriber], parts: Parts | None = None, on_started=None) -> RunResult:
+def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: list[Subscriber], parts: Parts | None = None, on_started=None, on_finished=None) -> RunResult:
     from rollcap.rollout.recording import EpisodeRecorder
 
     out = cfg.out or new_run_dir(Path("runs"))
@@ -253,7 +258,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
     interrupted, failure = None, None
-    with _OneInterrupt(writer):
+    with _OneInterrupt(writer) as guard:
         try:
             if pool is not None:
                 episodes = pool.episodes(todo, subs)
@@ -268,6 +273,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         except RecordingFailed as err:
             failure = err
         finally:
+            guard.live = False  # first statement (no call): from here a signal is noted, never raised, so the drain ends
             host.abort()
             if tele is not None:
                 tele.__exit__(None, None, None)  # the key source stops, the terminal is restored
@@ -279,17 +285,21 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
                 failure = failure or err
             for s in subs[1:]:
                 s.on_run_end()
-    kept = set(recorder.indices) - before
-    summary = metrics.summary(only=kept, earlier=[Metrics.row(r) for r in earlier])
-    summary.update({"wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None, "discarded": writer.discarded})
-    if pool is not None:
-        summary.update(pool.summary())
-    if failure is not None:
-        summary["recording_failed"] = str(failure)
-    try:
-        atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
-    except OSError as err:  # e.g. the disk that filled up: the episodes are what matters
-        failure = failure or RecordingFailed(f"{out / 'summary.json'}: not written ({err.strerror or err})")
+        kept = set(recorder.indices) - before
+        interrupted = interrupted or guard.caught  # a signal during the drain: every episode is kept, the run still says interrupted
+        summary = metrics.summary(only=kept, earlier=[Metrics.row(r) for r in earlier])
+        summary.update({"wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None, "discarded": writer.discarded})
+        if pool is not None:
+            summary.update(pool.summary())
+        if failure is not None:
+            summary["recording_failed"] = str(failure)
+        try:
+            atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
+        except OSError as err:  # e.g. the disk that filled up: the episodes are what matters
+            failure = failure or RecordingFailed(f"{out / 'summary.json'}: not written ({err.strerror or err})")
+        interrupted = interrupted or guard.caught
+        if on_finished is not None:
+            on_finished()
     result = RunResult(out, summary, [e for e in ends if e.index in kept], interrupted is not None)
     if failure is not None:
         raise RecordingFailed(f"{failure}; {len(kept)} whole episode(s) of this session kept in {out}") from failure
@@ -361,6 +371,14 @@ class _OneInterrupt:
     """While a run records: the first SIGINT / SIGTERM stops it as usual (the previous handler raises);
     any later one only abandons the queued episodes, so the drain ends in bounded time and nothing is half-written.
 
+    Once the episodes stop (``live`` is cleared, the run's teardown begins), no
+    signal raises any more: the first is kept in :attr:`caught` (the run ends
+    as interrupted, with every finished episode written and ``summary.json``),
+    later ones abandon the queue. An exception raised into the drain would
+    leave the writer thread mid-write while the process exits (a hot journal,
+    no summary, and h5py's exit-time clean-up blocked on the lock that thread
+    holds).
+
     Main thread only (Python runs signal handlers there); elsewhere a no-op.
     """
 
@@ -368,14 +386,22 @@ class _OneInterrupt:
 
     def __init__(self, writer: InBackground):
         self.writer, self.seen, self.previous = writer, 0, {}
+        self.live = True
+        self.caught: BaseException | None = None
 
     def _handle(self, signum, frame):
         self.seen += 1
         if self.seen == 1:
-            handler = self.previous.get(signum)
-            if callable(handler):
-                handler(signum, frame)  # raises (KeyboardInterrupt, or the CLI's SIGTERM exception)
-            raise KeyboardInterrupt
+            try:
+                handler = self.previous.get(signum)
+                if callable(handler):
+                    handler(signum, frame)  # raises (KeyboardInterrupt, or the CLI's SIGTERM exception)
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as stop:
+                if self.live:
+                    raise
+                self.caught = stop
+                return
         self.writer.abandon()
         print("interrupted again: finishing the episode being written, dropping the queued ones", file=sys.stderr)
 

@@ -66,14 +66,14 @@ def cmd_run(args) -> int:
     try:
         if run_cfg.actors:  # actors build their own parts from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
             names = {k: v for k, v in dataclasses.asdict(parts).items() if k not in ("env_id", "policy", "critic")}
-            result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, **opts, **names)
+            result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, **opts, **names)
         else:
             env = make_env(parts.env_id, parts.env_kwargs)
             built.append(env)
             policy, critic = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
             built += [policy, critic]
             _SIGNALS.release()  # start-up is over: a Ctrl-C held during it stops here
-            result = run(run_cfg.episodes, out=run_cfg.out, env=env, policy=policy, critic=critic or "none", **opts)
+            result = run(run_cfg.episodes, out=run_cfg.out, env=env, policy=policy, critic=critic or "none", on_finished=_SIGNALS.finish, **opts)
     except Interrupted as stop:
         print(_summary_table(stop.result.summary))
         dropped = stop.result.summary["discarded"]
@@ -322,6 +322,10 @@ class _FirstSignal:
         self.holding = False
         if self.held is not None:
             self._raise(self.held)
+
+    def finish(self) -> None:
+        """The work is done (every episode written): later signals are ignored, as after a first one."""
+        self.seen = True
 
     @staticmethod
     def _raise(signum: int):
