@@ -29,9 +29,9 @@ class RecapConfig:
     """Batch size for both models."""
     critic_lr: float = 3e-4
     """AdamW learning rate of the critic refit (cosine decay)."""
-    policy_lr: float = 3e-4
+    policy_lr: float = 1e-4
     """AdamW learning rate of the policy fine-tune (cosine decay)."""
-    windows: Literal["steps", "boundaries"] = "steps"
+    windows: Literal["steps", "boundaries"] = "boundaries"
     """Policy labels: every step with the actions executed from it, or chunk boundaries only with the chunk run from there."""
     n_step: int = 8
     """N of the N-step advantage A_t = sum of N rewards + V(o_t+N) - V(o_t) (Monte-Carlo when the episode ends first)."""

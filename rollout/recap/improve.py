@@ -33,7 +33,7 @@ def with_beta(model, beta: float):
     return out.eval()
 
 
-def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, windows: str = "steps", log=lambda line: None) -> list[float]:
+def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, windows: str = "boundaries", log=lambda line: None) -> list[float]:
     """Stage 4a: train ``policy`` in place on the labelled rollouts and the demonstrations; returns the losses.
 
     ``windows``: ``"steps"`` labels every step with the actions executed from it;
