@@ -250,3 +250,18 @@ def test_recap_cli_refuses_bad_input_in_one_line(tiny_run, ckpt, tmp_path, capsy
         assert err.count("\n") == 1 and needle in err and err.startswith("rollcap recap: error:")
     assert not (tmp_path / "x").exists() and [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"]
+
+
+def test_recap_help_lists_every_config_field(capsys):
+    """rollcap recap --help: one flag per RecapConfig field, with an example."""
+    import dataclasses
+
+    from rollcap.rollout.cli import build_parser
+
+    with pytest.raises(SystemExit) as done:
+        build_parser().parse_args(["recap", "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    assert "example:" in text and "RUN_DIR" in text and "--out" in text
+    for f in dataclasses.fields(RecapConfig):
+        assert "--" + f.name.replace("_", "-") in text
