@@ -346,12 +346,30 @@ class Capsule:
             }
         return self._cache["layouts"]
 
+    def all_tensors(self, component: str) -> bool:
+        """Whether every buffer of ``component`` is a torch tensor (computed once)."""
+        key = ("all_tensors", component)
+        if key not in self._cache:
+            self._cache[key] = all(i.kind != "numpy" for i in self.specs[component].values())
+        return self._cache[key]
+
+    def ordered_values(self, component: str) -> list[StateValue]:
+        """The frozen values of ``component`` in its specs' order (the order restore's targets come in); computed once."""
+        key = ("ordered", component)
+        if key not in self._cache:
+            state = self.buffers(component)
+            self._cache[key] = [state[n] for n in self.specs[component]]
+        return self._cache[key]
+
     def check_untouched(self) -> None:
         """Raise :class:`CorruptCapsule` if a tensor of this capsule was written in place."""
         if self.state is None:
             return
-        for (comp, name), version in self._versions.items():
-            if self.state[comp][name]._version != version:
+        pairs = self._cache.get("versions")
+        if pairs is None:
+            pairs = self._cache["versions"] = [(self.state[c][n], v, c, n) for (c, n), v in self._versions.items()]
+        for t, version, comp, name in pairs:
+            if t._version != version:
                 raise CorruptCapsule(
                     f"capsule {self.label!r}: {comp}.{name} was written in place after the snapshot "
                     "(capsule tensors are shared with forks); derive changed capsules with Capsule.with_buffers()"

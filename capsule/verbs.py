@@ -156,10 +156,15 @@ def validate(capsule: Capsule, components: Mapping[str, Stateful]) -> None:
         CapsuleMismatch: the first difference found, named.
         CorruptCapsule: the capsule's own tensors were written in place.
     """
+    _validate(capsule, components)
+
+
+def _validate(capsule: Capsule, components: Mapping[str, Stateful]) -> dict[str, list]:
+    """:func:`validate`; returns per component its live values in the capsule's buffer order (the copy targets)."""
     _check_components(components)
     capsule.check_untouched()
-    want, have = set(capsule.specs), set(components)
-    if want != have:
+    if capsule.specs.keys() != components.keys():
+        want, have = set(capsule.specs), set(components)
         missing, extra = sorted(want - have), sorted(have - want)
         raise CapsuleMismatch(
             f"capsule {capsule.label!r} holds components {sorted(want)}, restore was given {sorted(have)} "
@@ -167,11 +172,14 @@ def validate(capsule: Capsule, components: Mapping[str, Stateful]) -> None:
             expected=sorted(want), got=sorted(have),
         )
     layouts = capsule.layouts()
+    targets: dict[str, list] = {}
     for name, comp in components.items():
         specs = capsule.specs[name]
         live = comp.live_state()
-        if _fits(live, layouts[name]):  # one pass over precomputed (type, dtype, shape); else explain below
+        fitting = _fitting(live, layouts[name])  # one pass over precomputed (type, dtype, shape); else explain below
+        if fitting is not None:
             _check_fingerprint(name, comp, capsule)
+            targets[name] = fitting
             continue
         missing, extra = sorted(set(specs) - set(live)), sorted(set(live) - set(specs))
         if missing or extra:
@@ -193,17 +201,21 @@ def validate(capsule: Capsule, components: Mapping[str, Stateful]) -> None:
                     component=name, field=buf, expected=info.describe(), got=now.describe(),
                 )
         _check_fingerprint(name, comp, capsule)
+        targets[name] = [live[buf] for buf in specs]
+    return targets
 
 
-def _fits(live: Mapping[str, Any], layout: Mapping[str, tuple]) -> bool:
-    """Every live value is of the capsule's kind, dtype and shape, and no name is missing or extra."""
+def _fitting(live: Mapping[str, Any], layout: Mapping[str, tuple]) -> list | None:
+    """The live values in ``layout``'s order when every one is of the capsule's kind, dtype and shape and no name is missing or extra; else None."""
     if live.keys() != layout.keys():
-        return False
+        return None
+    out = []
     for buf, (typ, dtype, shape) in layout.items():
         v = live[buf]
         if not (isinstance(v, typ) and v.dtype == dtype and v.shape == shape):
-            return False
-    return True
+            return None
+        out.append(v)
+    return out
 
 
 def _check_fingerprint(name: str, comp: Stateful, capsule: Capsule) -> None:
@@ -226,16 +238,34 @@ def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: boo
             passed (its own ``load_live_state`` raising): take a backup first
             and put already-restored components back. Costs one extra copy.
 
+    Components whose ``loads_by_copy`` is true (their ``load_live_state`` only
+    copies each value into the tensor ``live_state()`` gave for it, e.g. a
+    :class:`~rollcap.kernels.runner.GraphRunner`) are restored together with
+    one ``_foreach_copy_`` into the targets validation checked; the others
+    through ``load_live_state``.
+
     Raises:
         CapsuleMismatch: the capsule does not fit (nothing copied).
         CorruptCapsule: its bytes or manifest are damaged (nothing copied).
     """
     if capsule.tier == "disk":
         capsule = load(capsule.path, expect_digest=capsule.known_digest)
-    validate(capsule, components)
+    targets = _validate(capsule, components)
     backup = snapshot(components, "restore-backup") if atomic else None
     done: list[str] = []
+    batch = [n for n, c in components.items() if getattr(c, "loads_by_copy", False) is True and capsule.all_tensors(n)]
+    if batch:
+        try:
+            torch._foreach_copy_([v for n in batch for v in targets[n]], [v for n in batch for v in capsule.ordered_values(n)])
+        except Exception as err:
+            if backup is not None:
+                for prev in batch:
+                    components[prev].load_live_state(dict(backup.state[prev]))
+            raise CapsuleError(f"components {batch} could not be copied after validation passed ({type(err).__name__}: {err}); " + ("they were put back" if backup is not None else "they may be partly restored (pass atomic=True to have them put back)")) from err
+        done += batch
     for name, comp in components.items():
+        if name in batch:
+            continue
         try:
             comp.load_live_state(dict(capsule.state[name]))
         except Exception as err:

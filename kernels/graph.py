@@ -9,6 +9,12 @@ that reads the input :class:`BufferSet` and leaves its results in the output
 - ``"jit"`` (CPU default): a static plan captured with ``torch.jit.trace``
   over the buffers. Measured bit-identical to eager on CPU, ~20% faster for the
   default policy, and it releases the GIL while it runs so two lanes overlap.
+  ``torch.jit.trace`` is deprecated in torch 2.13 (see pyproject.toml).
+- ``"aoti"``: ``torch.export`` + AOTInductor, run through the library's C ABI
+  with the GIL released; ``"compile"``: ``torch.compile`` (inductor, one
+  graph, static shapes). Both CPU only, both need a C++ compiler; see
+  :mod:`rollcap.kernels.compiled`. Exact across calls, processes and thread
+  counts within the backend, not bit-equal to eager.
 - ``"cuda"``: a ``torch.cuda.CUDAGraph`` captured on a side stream; replay
   re-launches the recorded kernels over the same addresses.
 
@@ -30,7 +36,9 @@ import torch
 from rollcap.kernels.buffers import BufferSet
 from rollcap.kernels.errors import CaptureError
 
-BACKENDS = ("eager", "jit", "cuda")
+BACKENDS = ("eager", "jit", "aoti", "compile", "cuda")
+CPU_PLANS = ("jit", "aoti", "compile")
+"""The CPU backends that capture a plan (each refuses a CUDA device)."""
 
 # The tracer's message for ``torch.tensor(...)`` inside a traced function.
 _CONSTANT_TENSOR_WARNING = r"torch\.tensor results are registered as constants in the trace"
@@ -109,8 +117,8 @@ class CapturedGraph:
             raise ValueError(f"{label}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend == "cuda" and inputs.device.type != "cuda":
             raise ValueError(f"{label}: backend 'cuda' needs buffers on a CUDA device, not {inputs.device}")
-        if backend == "jit" and inputs.device.type != "cpu":
-            raise ValueError(f"{label}: backend 'jit' is the CPU plan; use 'cuda' for {inputs.device}")
+        if backend in CPU_PLANS and inputs.device.type != "cpu":
+            raise ValueError(f"{label}: backend {backend!r} is a CPU plan; use 'cuda' for {inputs.device}")
         self.fn = fn
         self.inputs = inputs
         self.outputs = outputs
@@ -122,6 +130,8 @@ class CapturedGraph:
         self._cuda_graph = None
         self._static_out: list[torch.Tensor] | None = None
         self.capture_seconds = 0.0
+        self.plan_facts: dict = {}
+        """What the plan's bits depend on beyond the device (compiler, kernel threads); for the fingerprint."""
 
     @property
     def phase(self) -> str:
@@ -172,6 +182,8 @@ class CapturedGraph:
             pass
         elif self.backend == "jit":
             self._capture_jit()
+        elif self.backend in ("aoti", "compile"):
+            self._capture_inductor()
         else:
             self._capture_cuda()
         self.capture_seconds = time.perf_counter() - t0
@@ -201,6 +213,19 @@ class CapturedGraph:
         self._plan = plan
         self._plan_inputs = example
 
+    def _capture_inductor(self) -> None:
+        from rollcap.kernels import compiled
+
+        wrapper = _Positional(self.fn, self.inputs.names, self.outputs.names, self.modules).eval()
+        example = tuple(self.inputs[n] for n in self.inputs.names)
+        if self.backend == "aoti":
+            self._plan, key = compiled.build_aoti(wrapper, example, len(self.outputs.names), self.label)
+            self.plan_facts = {"cxx": compiled.cxx_compiler()[1], "kernel_threads": 1, "aoti_key": key}
+        else:
+            self._plan = compiled.build_compiled(wrapper, example, self.label)
+            self.plan_facts = {"cxx": compiled.cxx_compiler()[1], "kernel_threads": 1}
+        self._plan_inputs = example
+
     def _capture_cuda(self) -> None:
         dev = self.inputs.device
         g = torch.cuda.CUDAGraph()
@@ -218,7 +243,7 @@ class CapturedGraph:
         self._require(_Phase.CAPTURED)
         if self.backend == "cuda":
             self._cuda_graph.replay()
-        elif self.backend == "jit":
+        elif self.backend in CPU_PLANS:
             with torch.no_grad():
                 self._copy_out(self._plan(*self._plan_inputs))
         else:

@@ -26,7 +26,7 @@ class GraphRunner:
         fn: the graph function (see :class:`CapturedGraph`).
         in_specs / out_specs: the static buffers.
         device: where buffers and graph live.
-        backend: ``eager``/``jit``/``cuda``; ``None`` picks the device default.
+        backend: one of :data:`~rollcap.kernels.graph.BACKENDS`; ``None`` picks the device default.
         modules: modules whose weights ``fn`` uses.
         lane: the lane replays run on (one is made if ``None``).
         label: a short name (``"policy"``, ``"critic"``).
@@ -140,6 +140,17 @@ class GraphRunner:
             self._live = live
         return dict(self._live)
 
+    @property
+    def loads_by_copy(self) -> bool:
+        """True: :meth:`load_live_state` only copies each value into the tensor :meth:`live_state` gives for it.
+
+        The capsule's ``restore`` then copies this runner's buffers itself, in
+        one batch with the other such components, after its own validation
+        (which reads :meth:`live_state`, so a replay in flight still refuses).
+        A subclass that overrides ``load_live_state`` is not batched.
+        """
+        return type(self).load_live_state is GraphRunner.load_live_state
+
     def load_live_state(self, state: Mapping[str, torch.Tensor]) -> None:
         """Validate every value (names, shapes, dtypes), then copy all of them with one ``_foreach_copy_``.
 
@@ -193,6 +204,7 @@ class GraphRunner:
                 "outputs": self.outputs.spec(),
             }
         )
+        fp.update(self.graph.plan_facts)  # compiled plans: the compiler and kernel threads (empty for eager/jit/cuda)
         return fp
 
     def close(self) -> None:

@@ -9,7 +9,8 @@ re-creation), ``branch`` (:mod:`rollcap.rollout.bench_branch`), ``scaling``
 :mod:`rollcap.capsule.bench_scaling`), ``peer`` (the loop users write today,
 :mod:`rollcap.rollout.bench_peer`), ``recording`` (the writer's stages,
 :mod:`rollcap.rollout.bench_recording`). Each section's seconds are in
-``section_s``.
+``section_s``. Opt-in (``--only``): ``backends`` (the CPU plans jit, aoti and
+compile side by side, :mod:`rollcap.rollout.bench_backends`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from rollcap.kernels.lanes import CpuLane, make_lane
 from rollcap.rollout.build import Parts, make_env, make_runners
 
 SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording")
+OPT_IN = ("backends",)
+"""Sections run only when named in ``--only`` (``backends`` compiles for minutes on a cold cache)."""
 
 
 def _stats(xs: list[float]) -> dict:
@@ -209,9 +212,9 @@ def bench_host(parts: Parts, n: int) -> dict:
 def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None) -> dict:
     """Run the chosen sections (default: all) and return a JSON-able report."""
     only = only or SECTIONS
-    bad = [s for s in only if s not in SECTIONS]
+    bad = [s for s in only if s not in SECTIONS + OPT_IN]
     if bad:
-        raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS)}")
+        raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS + OPT_IN)}")
     n = 20 if quick else 200
     report: dict = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
@@ -225,7 +228,9 @@ def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = 
     from rollcap.rollout.bench_peer import bench_peer
     from rollcap.rollout.bench_recording import bench_recording
 
-    fns.update({"scaling": bench_scaling, "peer": bench_peer, "recording": bench_recording})
+    from rollcap.rollout.bench_backends import bench_backends
+
+    fns.update({"scaling": bench_scaling, "peer": bench_peer, "recording": bench_recording, "backends": bench_backends})
     report["section_s"] = {}
     for s in only:
         t0 = time.perf_counter()
@@ -308,6 +313,11 @@ def format_report(r: dict) -> str:
 
         lines.append("recording (the writer's stages per episode, real episodes of the shipped task):")
         format_recording(r["recording"], row)
+    if "backends" in r:
+        from rollcap.rollout.bench_backends import format_backends
+
+        lines.append("CPU plans side by side (jit, aoti, compile; interleaved rounds):")
+        format_backends(r["backends"], row)
     if "section_s" in r:
         lines.append("seconds per section: " + ", ".join(f"{k} {v:.1f}" for k, v in r["section_s"].items()))
     if "branch" in r:

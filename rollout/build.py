@@ -34,8 +34,8 @@ class Parts:
     """Critic checkpoint (default: the shipped one); 'none' runs without a critic."""
     device: str = "cpu"
     """cpu or cuda[:i]."""
-    backend: Literal["eager", "jit", "cuda"] | None = None
-    """Graph backend (default: jit on CPU, cuda on GPU)."""
+    backend: Literal["eager", "jit", "aoti", "compile", "cuda"] | None = None
+    """Graph backend (default: jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap)."""
     threads: int = 1
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
 
@@ -50,6 +50,13 @@ class Parts:
             raise ConfigError("device", f"expected cpu or cuda[:i], got {self.device!r}") from err
         if dev.type not in ("cpu", "cuda"):
             raise ConfigError("device", f"expected cpu or cuda[:i], got {self.device!r}")
+        if self.backend in ("aoti", "compile"):
+            from rollcap.kernels.compiled import cxx_compiler
+
+            if dev.type != "cpu":
+                raise ConfigError("backend", f"{self.backend!r} is a CPU plan; use 'cuda' on {self.device}")
+            if cxx_compiler() is None:
+                raise ConfigError("backend", f"{self.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'")
         if dev.type == "cuda":
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if count == 0 or (dev.index or 0) >= count:
