@@ -32,7 +32,8 @@ def add_parser(command, parts_options) -> None:
     p.add_argument("--n", type=int, default=8, help="seeded branches per boundary, besides the control (default 8)")
     p.add_argument("--seed", type=int, default=None, help="derive the branch seeds from this instead of the parent's episode seed (another set of branches)")
     p.add_argument("--no-control", action="store_true", help="skip the control branch (the recorded noise)")
-    p.add_argument("--actors", type=int, default=0, help="run the branches on this many local Ray actors (default 0: in this process)")
+    p.add_argument("--actors", type=int, default=0, help="run the branches on this many Ray actors (default 0: in this process)")
+    p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
     p.add_argument("--out", type=Path, default=None, help="directory for the branch recordings and branch.json (default: runs/branch-<episode>-<chunk>; with --calibrate runs/calibration)")
     p.add_argument("--format", default="npz,h5", help="recording formats, a comma list of npz,h5 (default both)")
     p.add_argument("--calibrate", action="store_true", help="Monte-Carlo values at many boundaries: every --every-th chunk of every episode (or --episode); branches not recorded")
@@ -56,13 +57,16 @@ def _parent(path: Path, episode: int | None):
 
 
 def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8, *, seed: int | None = None, control: bool = True,
-           out=None, formats=("npz", "h5"), actors: int = 0, parts=None):
+           out=None, formats=("npz", "h5"), actors: int = 0, parts=None, address: str | None = None):
     """Branch episode ``episode`` of the recording ``file`` at ``chunk``: the control and ``n`` seeded branches.
 
     What ``rollcap branch`` does, without argparse (``rollcap.branch``): every branch is recorded in
     ``out`` (default ``runs/branch-<episode>-<chunk>``) with ``branch.json``.
     ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the checkpoints
-    (its env is replaced by the recording's). Returns ``(BranchResult, summary dict)``.
+    (its env is replaced by the recording's). ``actors``: run the branches on
+    that many Ray actors, on a new local Ray or the cluster at ``address``
+    (the boundary is computed here; recordings land in ``out`` on this machine).
+    Returns ``(BranchResult, summary dict)``.
 
     Raises:
         ValueError: a bad count, chunk or episode (one line naming it).
@@ -75,6 +79,8 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
     for flag, value, low in (("--n", n, 0), ("--chunk", chunk, 0), ("--actors", actors, 0)):
         if value < low:
             raise ValueError(f"{flag}: expected an integer >= {low}, got {value}")
+    if address is not None and not actors:
+        raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
     if n == 0 and not control:
         raise ValueError("--n 0 with --no-control runs nothing")
     if not formats or set(formats) - {"npz", "h5"}:
@@ -83,7 +89,7 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
     if chunk >= rec.num_chunks:
         raise ValueError(f"--chunk {chunk}: episode {rec.index} of {source} has chunks 0..{rec.num_chunks - 1}")
     out = Path(out) if out is not None else Path("runs") / f"branch-{rec.index}-{chunk}"
-    with _Built(parts or Parts(), rec, file, actors) as (host, pool):
+    with _Built(parts or Parts(), rec, file, actors, address) as (host, pool):
         at = boundaries(rec, host.env, [chunk], parent=str(source))[chunk]
         recorder = EpisodeRecorder(out, formats)
         try:
@@ -98,8 +104,8 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
 class _Built:
     """The recording's env, the runners, a host with the recording's config and (with actors) a pool; closed on exit."""
 
-    def __init__(self, parts, rec, file, actors: int):
-        self.parts, self.rec, self.file, self.actors = parts, rec, file, actors
+    def __init__(self, parts, rec, file, actors: int, address: str | None = None):
+        self.parts, self.rec, self.file, self.actors, self.address = parts, rec, file, actors, address
         self.parts_list = []
 
     def __enter__(self):
@@ -120,7 +126,7 @@ class _Built:
                 from rollcap.rollout.ray_rollout import ActorPool, check_actor_run, identity
 
                 check_actor_run("env", self.parts.policy, self.parts.critic)
-                pool = ActorPool(self.parts, self.host.config, self.actors, expect=identity(self.host), actor_cls=BranchActor)
+                pool = ActorPool(self.parts, self.host.config, self.actors, self.address, expect=identity(self.host), actor_cls=BranchActor)
                 self.parts_list.insert(0, pool)
         except BaseException:
             self.__exit__()
@@ -144,7 +150,7 @@ def cmd_branch(args) -> int:
     if args.calibrate:
         return _calibrate(args, parts)
     result, summary = branch_episode(args.file, args.episode, args.chunk, args.n, seed=args.seed, control=not args.no_control,
-                             out=args.out, formats=formats, actors=args.actors, parts=parts)  # fmt: skip
+                             out=args.out, formats=formats, actors=args.actors, parts=parts, address=args.address)  # fmt: skip
     for row in summary["branches"]:
         print(f"branch {row['branch']:>3} ({row['noise']:<6}) seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
     print(result.mc.line())
@@ -169,7 +175,9 @@ def _calibrate(args, parts) -> int:
     parents = load_for_calibration(args.file, args.episode)
     out = args.out or Path("runs") / "calibration"
     first = parents[0][1]
-    with _Built(parts, first, args.file, args.actors) as (host, pool):
+    if args.address is not None and not args.actors:
+        raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
+    with _Built(parts, first, args.file, args.actors, args.address) as (host, pool):
         env, policy, critic = host.env, host.policy, host.critic
         report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
     print(json.dumps(report["stats"], indent=2))

@@ -59,3 +59,23 @@ def test_a_ray_client_address_runs_the_same_episodes(cluster, ckpt, tmp_path):
     remote = rollcap.run(4, out=tmp_path / "client", actors=2, address=address, **names)
     assert remote.summary["address"] == address and remote.summary["failed"] == {}
     assert {r.index: episode_digest(r) for r in rollcap.load(remote.run_dir)} == {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
+
+
+def test_branches_on_the_cluster_equal_the_in_process_branches(cluster, ckpt, tmp_path):
+    """rollcap.branch(actors=2, address=<the cluster>): the branches' digests equal in-process branching; recordings in the driver's out."""
+    from rollcap.rollout.build import Parts
+
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1])}
+    parent = rollcap.run(1, out=tmp_path / "run", env_kwargs=ENV_KW, progress=False, seed=7, max_chunks=5, **names)
+    local, _ = rollcap.branch(parent.run_dir / "episodes.hdf5", 0, 2, 3, out=tmp_path / "local", parts=Parts(**names))
+    remote, summary = rollcap.branch(parent.run_dir / "episodes.hdf5", 0, 2, 3, out=tmp_path / "cluster", parts=Parts(**names), actors=2, address=cluster.address)
+    assert summary["control"] == "exact" and len(remote.records) == 4
+    assert [episode_digest(r) for r in remote.records] == [episode_digest(r) for r in local.records]
+    assert h5_indices(tmp_path / "cluster" / "episodes.hdf5") == list(range(4))
+
+
+def test_branch_address_without_actors_is_refused(ckpt, tmp_path):
+    """--address alone is a one-line error naming it; nothing is created."""
+    with pytest.raises(ValueError, match="--address: needs --actors"):
+        rollcap.branch(tmp_path / "missing.hdf5", 0, 1, 1, out=tmp_path / "x", address="auto")
+    assert not (tmp_path / "x").exists()
