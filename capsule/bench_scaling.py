@@ -8,9 +8,10 @@ The component is a real :class:`~rollcap.kernels.runner.GraphRunner` (eager
 backend) whose buffers are shaped like a VLA's: float32 224x224x3 cameras
 and proprio as inputs, a bfloat16 KV prefix ``[layers, 2, tokens, dim]`` and an
 action chunk as outputs. Restore goes through the same path as the shipped
-runners (capsule validation, then ``load_live_state``).
+runners (capsule validation, then one batched copy into the checked buffers).
 
-Each size is timed in interleaved rounds (copy floor, restore, snapshot,
+Each size is timed in interleaved rounds (copy floor, restore, restore
+unbatched (each runner's own ``load_live_state``, the path before batching), snapshot,
 clone floor), so a ratio is taken within one round; its spread over rounds
 is reported (median, quartiles, min, max). Copies run on one intra-op thread.
 """
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from rollcap.capsule.bench import _floor_copy
-from rollcap.capsule.verbs import restore, snapshot
+from rollcap.capsule.verbs import restore, snapshot, validate
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.runner import GraphRunner
 
@@ -83,6 +84,13 @@ def _spread(xs: Sequence[float]) -> dict:
     return {"median": statistics.median(xs), "p25": q[0], "p75": q[2], "min": min(xs), "max": max(xs)}
 
 
+def _restore_unbatched(cap, components: dict) -> None:
+    """Restore as it was before runners were batched: validate, then each component's own ``load_live_state`` (which checks again)."""
+    validate(cap, components)
+    for name, comp in components.items():
+        comp.load_live_state(dict(cap.state[name]))
+
+
 def bench_size(components: dict, rounds: int) -> dict:
     """Interleaved rounds of copy floor / restore / snapshot / clone floor over ``components``."""
     live = [v for c in components.values() for v in c.live_state().values()]
@@ -92,6 +100,7 @@ def bench_size(components: dict, rounds: int) -> dict:
     fns = {
         "copy": floor,
         "restore": lambda: restore(cap, components),
+        "restore_unbatched": lambda: _restore_unbatched(cap, components),
         "snapshot": lambda: snapshot(components, "scaling"),
         "clone": lambda: [v.clone() for v in live],
     }
@@ -109,6 +118,7 @@ def bench_size(components: dict, rounds: int) -> dict:
         "rounds": rounds,
         "seconds": {k: _spread(v) for k, v in times.items()},
         "restore_over_copy": ratio("restore", "copy"),
+        "restore_unbatched_over_copy": ratio("restore_unbatched", "copy"),
         "snapshot_over_copy": ratio("snapshot", "copy"),
         "snapshot_over_clone": ratio("snapshot", "clone"),
         "restore_extra_us": (med["restore"] - med["copy"]) * 1e6,
@@ -164,7 +174,7 @@ def format_scaling(report: dict) -> list[str]:
         s, ro, so, sc = r["seconds"], r["restore_over_copy"], r["snapshot_over_copy"], r["snapshot_over_clone"]
         out.append(
             f"{r['bytes'] / 1e6:9.3f} MB  copy {s['copy']['median'] * 1e3:8.3f} ms  restore {s['restore']['median'] * 1e3:8.3f} ms "
-            f"({ro['median']:.2f}x, IQR {ro['p25']:.2f}-{ro['p75']:.2f})  snapshot {s['snapshot']['median'] * 1e3:8.3f} ms "
+            f"({ro['median']:.2f}x, IQR {ro['p25']:.2f}-{ro['p75']:.2f}; unbatched {r['restore_unbatched_over_copy']['median']:.2f}x)  snapshot {s['snapshot']['median'] * 1e3:8.3f} ms "
             f"({so['median']:.2f}x copy, {sc['median']:.2f}x clone)"
         )
     out.append(f"fixed cost per restore (restore - copy, smallest capsule): {report['fixed_cost_us']:.1f} us; snapshot - clone: {report['snapshot_fixed_cost_us']:.1f} us")
