@@ -111,11 +111,19 @@ def episode_steps(rec, horizon: int, image_key: str, max_tokens: int) -> dict:
         "critic_at_boundaries": rec.chunks["critic_value"].astype(float).tolist(),
     }  # fmt: skip
     return {
-        "images": np.asarray(rec.obs[image_key][:t_len], np.uint8), "state": np.asarray(rec.obs["state"][:t_len], np.float32),
+        "images": _per_step(rec, image_key, t_len).astype(np.uint8), "state": _per_step(rec, "state", t_len).astype(np.float32),
         "tokens": np.repeat(tokens[None], t_len, 0), "chunks": chunks, "t": np.arange(t_len), "human": rec.steps["actor"] == ACTOR_HUMAN,
         "label_ok": label_ok, "boundary": boundary, "plan": plan, "row": row, "final_image": np.asarray(rec.final_obs[image_key], np.uint8),
         "final_state": np.asarray(rec.final_obs["state"], np.float32), "final_tokens": tokens,
     }  # fmt: skip
+
+
+def _per_step(rec, key: str, t_len: int) -> np.ndarray:
+    """``obs[key][:T]``; an episode of no steps (stopped at its first boundary) stores no per-step observations."""
+    if key in rec.obs:
+        return np.asarray(rec.obs[key][:t_len])
+    final = np.asarray(rec.final_obs[key])
+    return np.zeros((0, *final.shape), final.dtype)
 
 
 def _branch_of(rec) -> dict | None:

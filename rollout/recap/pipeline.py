@@ -87,6 +87,8 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         tic = time.perf_counter()
         got = collect.collect(runs, demos=cfg.demos, seed=cfg.seed, policy_cfg=shipped.cfg, log=log)
         steps = got.rollouts
+        if len(steps) == 0:
+            raise ValueError(f"{', '.join(map(str, runs))}: no executed steps to learn from (every episode stopped at its first boundary)")
         env = (steps.episodes[0]["task"], steps.episodes[0]["env_kwargs"])  # validation and evaluation run in the first run's env
         val_seeds = evaluate.stream_seeds(cfg.seed, evaluate.VALIDATION, cfg.val_episodes)
         test_seeds = evaluate.stream_seeds(cfg.seed, evaluate.TEST, cfg.eval_episodes)

@@ -77,6 +77,17 @@ def test_collect_reads_every_step_of_a_run(tiny_run):
     assert collect.collected_seeds(steps) == {episode_seed(5, 0), episode_seed(5, 1)}
 
 
+def test_collect_keeps_critic_stopped_episodes_as_censored(tmp_path, ckpt):
+    """An episode the critic stopped at its first boundary is censored, has no steps, and breaks no stage."""
+    import rollcap
+
+    rollcap.run(1, out=tmp_path / "r", policy=ckpt[1], critic=ckpt[3], env_kwargs=ENV_KW, critic_threshold=0.0, critic_patience=1, progress=False, formats=("npz",))
+    steps, _ = collect.read_runs([tmp_path / "r"], horizon=4)
+    assert len(steps) == 0 and steps.episodes[0]["stop_reason"] == "critic" and steps.episodes[0]["censored"]
+    assert value.value_targets(steps, np.zeros(1, np.float32)).shape == (0,)
+    assert steps.final_images.shape == (1, 32, 32, 3)  # the observation the critic stopped on
+
+
 def test_collect_refuses_an_empty_run(tmp_path):
     """A directory without episodes is named in the error."""
     (tmp_path / "empty").mkdir()
