@@ -68,6 +68,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
     cfg = cfg or RecapConfig()
     out = Path(out)
     _check_out(out)
+    runs = [runs] if isinstance(runs, (str, os.PathLike)) else list(runs)
     if not runs:
         raise ConfigError("runs", "give at least one run directory to learn from")
     threads_before = torch.get_num_threads()
@@ -84,6 +85,8 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
     try:
         policy_path, critic_path = Path(cfg.policy or POLICY), Path(cfg.critic or CRITIC)
         shipped, critic0 = load_policy(policy_path), load_critic(critic_path)
+        if max(cfg.execute_steps) > shipped.cfg.horizon:  # found now, not after the fine-tune
+            raise ConfigError("execute_steps", f"the policy's chunks hold {shipped.cfg.horizon} actions, got {max(cfg.execute_steps)}")
         tic = time.perf_counter()
         got = collect.collect(runs, demos=cfg.demos, seed=cfg.seed, policy_cfg=shipped.cfg, log=log)
         steps = got.rollouts

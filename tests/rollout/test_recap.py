@@ -253,10 +253,11 @@ def test_recap_cli_refuses_bad_input_in_one_line(tiny_run, ckpt, tmp_path, capsy
 
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    tiny = ["--policy", ckpt[1], "--critic", ckpt[3], "--demos", "0", "--critic-steps", "0", "--policy-steps", "1", "--val-episodes", "0", "--eval-episodes", "1"]
+    tiny = ["--policy", ckpt[1], "--critic", ckpt[3], "--demos", "0", "--critic-steps", "0", "--policy-steps", "1", "--val-episodes", "0", "--eval-episodes", "1", "--execute-steps", "2,4"]
     for argv, needle in (([str(tiny_run), "--out", str(tmp_path / "full")], "--out"), ([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")], "nothing"),
-                         ([str(tiny_run), "--out", str(tmp_path / "x"), "--betas", "1,a"], "--betas")):  # fmt: skip
-        assert _main(["recap", *argv, *tiny]) == 2
+                         ([str(tiny_run), "--out", str(tmp_path / "x"), "--betas", "1,a"], "--betas"),
+                         ([str(tiny_run), "--out", str(tmp_path / "x"), "--execute-steps", "4,9"], "--execute-steps: the policy's chunks hold 4")):  # fmt: skip
+        assert _main(["recap", *tiny, *argv]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err and err.startswith("rollcap recap: error:")
     assert not (tmp_path / "x").exists() and [p.name for p in (tmp_path / "full").iterdir()] == ["keep.txt"]
