@@ -38,7 +38,7 @@ class HostConfig:
     inference_delay: int = 0
     """Real-time chunking's delay d in env steps: inference of the next chunk starts d steps before the current one's execute_steps run out (0 <= d <= execute_steps, d + execute_steps <= the chunk length; 0 with sync)."""
     rtc_mask: Literal["hard", "soft"] = "hard"
-    """With chunking rtc, which actions of the new chunk are guided: hard pins the inference_delay actions that execute during inference; soft also pulls the rest of the overlap towards the previous plan with the RTC paper's decaying weights (measured worse here: docs/design-notes.md)."""
+    """With chunking rtc, which actions of the new chunk are guided: hard pins the inference_delay actions that execute during inference; soft also pulls the rest of the overlap towards the previous plan with the RTC paper's decaying weights (measured worse here: docs/design-notes.md). A prefix-conditioned checkpoint (--policy policies/weights/pushblock_policy_prefix.json) pins them by hard inpainting instead of guidance, hard only."""
     control_period_s: float | None = None
     """Simulated control clock: every env step waits for its tick of this period in seconds, and a late step counts as stall (not replay-relevant; None: step as fast as possible)."""
 
