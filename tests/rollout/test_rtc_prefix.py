@@ -50,3 +50,22 @@ def test_bench_rtc_prefix_modes_smoke(tmp_path):
     res = json.loads(out.read_text())["success"]
     assert set(res) == {"sync/d0", "sync-prefix/d0", "rtc-prefix/d1"}
     assert "minus_sync" in res["rtc-prefix/d1"] and "minus_sync_prefix" in res["rtc-prefix/d1"] and "minus_sync_prefix" not in res["sync-prefix/d0"]
+
+
+@pytest.mark.slow
+def test_the_shipped_prefix_checkpoint_is_selectable_and_pins_its_prefix():
+    """policies/weights/pushblock_policy_prefix loads as a prefix-conditioned policy; an RTC host picks hard inpainting."""
+    from rollcap.policies.rtc import RTCPolicyRunner
+    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.host import RolloutHost
+    from rollcap.rollout.train_prefix import PREFIX_CHECKPOINT
+
+    policy, _ = make_runners(Parts(policy=PREFIX_CHECKPOINT, critic="none"), rtc=True)
+    try:
+        assert isinstance(policy, RTCPolicyRunner) and policy.sampler == "prefix" and policy.cfg.prefix_conditioning
+        rec = RolloutHost(make_env(), policy, None, HostConfig(seed=0, chunking="rtc", inference_delay=1, max_chunks=4)).run_episode(0).record
+        carried, chunks = rec.chunks["rtc_carried"], rec.chunks["policy_chunk"]
+        assert len(chunks) >= 3 and all(chunks[k][0].tobytes() == carried[k][0].tobytes() for k in range(1, len(chunks)))  # bit for bit
+    finally:
+        policy.close()
