@@ -47,6 +47,7 @@ class SignalAtLastEpisode(Subscriber):
 
 @pytest.fixture
 def parts():
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran before (conftest restores it after)
     env = make_env()
     policy, critic = make_runners()
     yield env, policy, critic
