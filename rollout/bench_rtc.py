@@ -155,8 +155,8 @@ class _Stall(Subscriber):
             self.windows[(e.episode, k)] = self.windows.get((e.episode, k), 0.0) + self.host_ref[0].clock.last_late_s
 
 
-def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, execute_steps: int | None = None) -> None:
-    policy, critic = make_runners(Parts(), rtc=True)
+def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, execute_steps: int | None = None, policy_path: Path | None = None) -> None:
+    policy, critic = make_runners(Parts() if policy_path is None else Parts(policy=policy_path), rtc=True)
     env = make_env()
     rows = out.setdefault("stall", {})
     try:
@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower); "
                     "naive-prefix, rtc-prefix: the same through the --prefix-policy checkpoint (hard-prefix RTC), whose synchronous episodes (sync-prefix) then run too")
     ap.add_argument("--prefix-policy", type=Path, default=PREFIX_CHECKPOINT, help="the prefix-conditioned checkpoint of the -prefix modes")
+    ap.add_argument("--stall-policy", type=Path, default=None, help="policy checkpoint of the stall section (default: the shipped one; a prefix-conditioned one runs hard-prefix RTC)")
     ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the stall and success runs (default: the policy's)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if "graph" in only:
         graph_section(50, out)
     if "stall" in only:
-        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps)
+        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps, args.stall_policy)
     if "success" in only:
         success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps, args.prefix_policy)
     if args.out is not None:
