@@ -16,6 +16,9 @@ what the plain sampler costs and is captured like it.
 
 It starts from the shipped weights (not from scratch) and uses the demonstrations
 :mod:`rollcap.rollout.training` trained them on, regenerated from the same seed.
+Which prefix the labels carry matters most (``--labels``; BENCHMARKS.md):
+``stale`` (the default, the shipped file) relabels them with the stale plan
+real-time chunking executes; ``expert`` is the published recipe.
 Deterministic given the seeds and the thread count (one thread by default: the
 machine is shared).
 """
