@@ -9,7 +9,7 @@ import torch
 from rollcap.kernels.graph import capture_count
 from rollcap.policies import FlowVLA, PolicyRunner
 from rollcap.policies.rtc import RTCPolicyRunner, prefix_weights, rtc_twin
-from tests.rollout._tiny import POLICY, make_env
+from tests.rollout._tiny import POLICY, first_obs as _obs, flow_noise as _noise
 
 
 @pytest.fixture(scope="module")
@@ -20,15 +20,6 @@ def pair():
     yield plain, rtc
     plain.close()
     rtc.close()
-
-
-def _obs(seed=0):
-    obs, _ = make_env().reset(seed=seed)
-    return obs
-
-
-def _noise(seed):
-    return np.random.default_rng(seed).standard_normal((POLICY.horizon, POLICY.action_dim)).astype(np.float32)
 
 
 def test_prefix_weights_follow_the_papers_soft_mask():

@@ -15,7 +15,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.train_prefix import prefix_loss, prefix_model
-from tests.rollout._tiny import POLICY, make_env
+from tests.rollout._tiny import POLICY, first_obs as _obs, flow_noise as _noise, make_env
 
 PREFIX = dataclasses.replace(POLICY, prefix_conditioning=True)
 
@@ -32,15 +32,6 @@ def pair(model):
     yield plain, rtc
     plain.close()
     rtc.close()
-
-
-def _obs(seed=0):
-    obs, _ = make_env().reset(seed=seed)
-    return obs
-
-
-def _noise(seed):
-    return np.random.default_rng(seed).standard_normal((POLICY.horizon, POLICY.action_dim)).astype(np.float32)
 
 
 def test_the_flag_is_omitted_from_a_plain_config_and_round_trips_when_set():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 import rollcap.envs  # noqa: F401
@@ -23,3 +24,16 @@ def make_runners(seed: int = 0, backend: str = "jit"):
     p = FlowVLA(POLICY).eval()
     c = ValueCritic(CRITIC).eval()
     return PolicyRunner(p, backend=backend), CriticRunner(c, backend=backend)
+
+
+def first_obs(seed: int = 0) -> dict:
+    """The built-in env's first observation for ``seed`` (the env is closed)."""
+    env = make_env()
+    obs, _ = env.reset(seed=seed)
+    env.close()
+    return obs
+
+
+def flow_noise(seed: int) -> np.ndarray:
+    """A ``[horizon, action_dim]`` float32 standard-normal chunk of flow noise for the tiny POLICY."""
+    return np.random.default_rng(seed).standard_normal((POLICY.horizon, POLICY.action_dim)).astype(np.float32)
