@@ -36,12 +36,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from rollcap.envs.expert import ScriptedExpert
-from rollcap.envs.push_block import PushBlockEnv
-from rollcap.policies import DEFAULT_CHECKPOINT, FlowVLA, load_policy, save_policy, tokenize
-from rollcap.policies.flow_vla import ADV_DROPPED, ADV_NEGATIVE, ADV_POSITIVE
-from rollcap.rollout.seeding import episode_seed
-from rollcap.rollout.training import CLEAN, EXPLORE_STD, NOISY, Demos, TrainConfig, _expert_chunk, _train, collect_demos
+from rollcap.policies import DEFAULT_CHECKPOINT, FlowVLA, load_policy, save_policy
+from rollcap.policies.flow_vla import ADV_DROPPED
+from rollcap.rollout.training import Demos, StalePrefix, TrainConfig, _train, collect_demos
 
 PREFIX_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "pushblock_policy_prefix.json"
 """The shipped prefix-conditioned checkpoint (select it with ``--policy``)."""
@@ -112,91 +109,11 @@ def prefix_loss(model: FlowVLA, images, state, tokens, adv, actions, max_delay: 
     return (err * free).sum() / free.sum().clamp_min(1.0)
 
 
-def _continued_chunk(look: PushBlockEnv, state: dict, obs: dict, prefix: np.ndarray, h: int) -> np.ndarray:
-    """``prefix`` executed from ``state``, then the clean expert's actions to ``h`` in all (zero after the episode ends)."""
-    look.set_state(state)
-    expert = ScriptedExpert(CLEAN)
-    expert.reset(0)
-    out = np.zeros((h, 2), np.float32)
-    out[: len(prefix)] = prefix
-    for j in range(h):
-        if j >= len(prefix):
-            out[j] = expert.act(obs)
-        obs, _, term, trunc, _ = look.step(out[j])
-        if term or trunc:
-            break
-    return out
-
-
 def collect_prefix_demos(tc: TrainConfig, max_delay: int, prefix_noise: float, seed: int) -> tuple[Demos, np.ndarray]:
     """The episodes :func:`~rollcap.rollout.training.collect_demos` runs (same seeds, same executed actions), labelled
-    for real-time chunking; returns them and each step's prefix length ``d``.
-
-    At step ``t >= s`` of an exploration episode (``s``: the policy's execution horizon) a ``d`` is drawn from
-    ``0 .. max_delay``; the prefix is the clean expert chunk labelled at step ``t - s``, its actions ``s .. s+d-1``
-    (what RTC executes at ``t .. t+d-1``: the plan made s steps earlier, stale after the exploration noise), plus
-    ``prefix_noise``; the label is that prefix, executed on a copy of the world, then the clean expert's
-    continuation. Steps before ``s`` get ``d = 0`` (the first chunk has nothing carried). Mistake episodes keep
-    their own actions as labels, with a drawn ``d`` (their prefix is their own).
-    """
-    env = PushBlockEnv(image_size=tc.policy.image_size)
-    look = PushBlockEnv(render_images=False)
-    max_steps, h, s = env.config.max_steps, tc.policy.horizon, tc.policy.execute_steps
-    rng_d = np.random.default_rng(seed)
-    cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "value", "adv", "delay")}
-    successes = []
-    for i in range(tc.demos):
-        ep_seed = episode_seed(tc.seed + 1, i)
-        mistakes = (i % 10) < round(tc.noisy_fraction * 10)
-        expert = ScriptedExpert(NOISY if mistakes else CLEAN)
-        expert.reset(ep_seed)
-        rng = np.random.default_rng(ep_seed)
-        obs, _ = env.reset(seed=ep_seed)
-        images, states, labels, executed, delays, clean = [], [], [], [], [], []
-        success = False
-        for t in range(max_steps):
-            a = expert.act(obs)
-            if not mistakes:
-                world = env.get_state()
-                clean.append(_expert_chunk(look, world, obs, h))
-                d = int(rng_d.integers(0, max_delay + 1)) if t >= s else 0
-                if d:
-                    stale = clean[t - s][s : s + d] + rng_d.normal(0.0, prefix_noise, (d, 2)).astype(np.float32)
-                    labels.append(_continued_chunk(look, world, obs, np.clip(stale, -1.0, 1.0), h))
-                else:
-                    labels.append(clean[t])
-                delays.append(d)
-                a = np.clip(a + rng.normal(0.0, EXPLORE_STD, 2), -1.0, 1.0).astype(np.float32)
-            images.append(obs[tc.policy.image_keys[0]])
-            states.append(obs["state"])
-            executed.append(a)
-            obs, _, term, trunc, info = env.step(a)
-            success = success or bool(info.get("is_success"))
-            if term or trunc:
-                break
-        t_len = len(executed)
-        if mistakes:
-            acts = np.concatenate([np.asarray(executed, np.float32), np.zeros((h, 2), np.float32)])
-            labels = [acts[t : t + h] for t in range(t_len)]
-            delays = [int(rng_d.integers(0, max_delay + 1)) for _ in range(t_len)]
-        toks = tokenize(obs["instruction"], tc.policy.max_tokens)
-        for t in range(t_len):
-            cols["images"].append(images[t])
-            cols["state"].append(states[t])
-            cols["tokens"].append(toks)
-            cols["chunks"].append(labels[t])
-            cols["value"].append(-(t_len - t) / max_steps if success else -1.0)
-            cols["adv"].append(ADV_POSITIVE if (success or not mistakes) else ADV_NEGATIVE)
-            cols["delay"].append(delays[t])
-        successes.append(success)
-    env.close()
-    look.close()
-    demos = Demos(
-        images=np.stack(cols["images"]), state=np.stack(cols["state"]).astype(np.float32), tokens=np.stack(cols["tokens"]),
-        chunks=np.stack(cols["chunks"]), value=np.asarray(cols["value"], np.float32), adv=np.asarray(cols["adv"], np.int64),
-        episode_success=np.asarray(successes),
-    )  # fmt: skip
-    return demos, np.asarray(cols["delay"], np.int64)
+    for real-time chunking (:class:`~rollcap.rollout.training.StalePrefix`); returns them and each step's prefix length ``d``."""
+    demos = collect_demos(tc, StalePrefix(max_delay, prefix_noise, seed))
+    return demos, demos.delay
 
 
 def prefix_model(base: FlowVLA) -> FlowVLA:

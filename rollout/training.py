@@ -75,36 +75,62 @@ class Demos:
     value: np.ndarray  # [N] float32
     adv: np.ndarray  # [N] int64
     episode_success: np.ndarray  # [E] bool
+    delay: np.ndarray | None = None  # [N] int64: real-time-chunking prefix length (StalePrefix labels only)
 
 
-def _expert_chunk(look: PushBlockEnv, state: dict, obs: dict, h: int) -> np.ndarray:
-    """The clean expert's next ``h`` actions from ``state``, simulated on a copy of the world."""
+def _expert_chunk(look: PushBlockEnv, state: dict, obs: dict, h: int, prefix: np.ndarray | None = None) -> np.ndarray:
+    """``prefix`` executed from ``state``, then the clean expert's next actions to ``h`` in all, simulated on a copy
+    of the world (zero after the episode ends)."""
     look.set_state(state)
     expert = ScriptedExpert(CLEAN)
     expert.reset(0)
     out = np.zeros((h, 2), np.float32)
+    d = 0 if prefix is None else len(prefix)
+    if d:
+        out[:d] = prefix
     for j in range(h):
-        out[j] = expert.act(obs)
+        if j >= d:
+            out[j] = expert.act(obs)
         obs, _, term, trunc, _ = look.step(out[j])
         if term or trunc:
             break  # success (or time out): the rest of the chunk stays zero
     return out
 
 
-def collect_demos(cfg: TrainConfig) -> Demos:
+@dataclass(frozen=True)
+class StalePrefix:
+    """Relabels exploration steps for real-time chunking (see :mod:`rollcap.rollout.train_prefix`).
+
+    At step ``t >= s`` (``s``: the policy's execution horizon) a prefix length
+    ``d`` is drawn from ``0 .. max_delay``; the prefix is actions ``s .. s+d-1``
+    of the clean chunk labelled at ``t - s`` (what RTC executes at
+    ``t .. t+d-1``) plus ``noise``, and the label is that prefix executed on a
+    copy of the world, then the clean expert's continuation. Steps before
+    ``s`` get ``d = 0``; mistake episodes keep their own actions, with a drawn ``d``.
+    """
+
+    max_delay: int
+    noise: float
+    seed: int
+
+
+def collect_demos(cfg: TrainConfig, stale: StalePrefix | None = None) -> Demos:
     """Run the expert; label every step with its chunk, value and advantage.
 
     Two kinds of episodes: DART-style exploration (noisy execution, clean
     expert chunks as labels, advantage positive) and mistake episodes (the
     noisy expert's own actions, advantage positive only if it succeeded).
     Values are ``-steps_to_success / max_steps`` of the executed episode, -1
-    if it failed.
+    if it failed. With ``stale`` the same episodes (same seeds, same executed
+    actions) are labelled for real-time chunking and ``Demos.delay`` holds each
+    step's prefix length.
     """
     env = PushBlockEnv(image_size=cfg.policy.image_size)
     look = PushBlockEnv(render_images=False)
     max_steps = env.config.max_steps
-    h = cfg.policy.horizon
-    cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "value", "adv")}
+    h, s = cfg.policy.horizon, cfg.policy.execute_steps
+    rng_d = np.random.default_rng(stale.seed) if stale is not None else None
+    cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "value", "adv", "delay")}
     successes = []
     for i in range(cfg.demos):
         seed = episode_seed(cfg.seed + 1, i)
@@ -113,12 +139,20 @@ def collect_demos(cfg: TrainConfig) -> Demos:
         expert.reset(seed)
         rng = np.random.default_rng(seed)
         obs, _ = env.reset(seed=seed)
-        images, states, labels, executed = [], [], [], []
+        images, states, labels, executed, delays, clean = [], [], [], [], [], []
         success = False
-        for _ in range(max_steps):
+        for t in range(max_steps):
             a = expert.act(obs)
             if not mistakes:
-                labels.append(_expert_chunk(look, env.get_state(), obs, h))
+                world = env.get_state()
+                clean.append(_expert_chunk(look, world, obs, h))
+                d = int(rng_d.integers(0, stale.max_delay + 1)) if stale is not None and t >= s else 0
+                if d:
+                    prefix = clean[t - s][s : s + d] + rng_d.normal(0.0, stale.noise, (d, 2)).astype(np.float32)
+                    labels.append(_expert_chunk(look, world, obs, h, np.clip(prefix, -1.0, 1.0)))
+                else:
+                    labels.append(clean[t])
+                delays.append(d)
                 a = np.clip(a + rng.normal(0.0, EXPLORE_STD, 2), -1.0, 1.0).astype(np.float32)
             images.append(obs[cfg.policy.image_keys[0]])
             states.append(obs["state"])
@@ -131,6 +165,7 @@ def collect_demos(cfg: TrainConfig) -> Demos:
         if mistakes:
             acts = np.concatenate([np.asarray(executed, np.float32), np.zeros((h, 2), np.float32)])
             labels = [acts[t : t + h] for t in range(t_len)]
+            delays = [int(rng_d.integers(0, stale.max_delay + 1)) if stale is not None else 0 for _ in range(t_len)]
         toks = tokenize(obs["instruction"], cfg.policy.max_tokens)
         for t in range(t_len):
             cols["images"].append(images[t])
@@ -139,6 +174,7 @@ def collect_demos(cfg: TrainConfig) -> Demos:
             cols["chunks"].append(labels[t])
             cols["value"].append(-(t_len - t) / max_steps if success else -1.0)
             cols["adv"].append(ADV_POSITIVE if (success or not mistakes) else ADV_NEGATIVE)
+            cols["delay"].append(delays[t])
         successes.append(success)
     env.close()
     look.close()
@@ -150,6 +186,7 @@ def collect_demos(cfg: TrainConfig) -> Demos:
         value=np.asarray(cols["value"], np.float32),
         adv=np.asarray(cols["adv"], np.int64),
         episode_success=np.asarray(successes),
+        delay=np.asarray(cols["delay"], np.int64) if stale is not None else None,
     )
 
 
