@@ -197,20 +197,26 @@ def _batches(n: int, batch: int, steps: int, seed: int):
 
 
 def _train(model, loss_fn, steps: int, cfg: TrainConfig, n: int, seed: int, log) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=steps, pct_start=0.05)
+    return optimise(model, loss_fn, _batches(n, cfg.batch, steps, seed), steps, cfg.lr, seed, log)
+
+
+def optimise(model, loss_fn, batches, steps: int, lr: float, seed: int, log, reports: int = 10) -> list[float]:
+    """AdamW (weight decay 1e-4) with a one-cycle schedule, gradients clipped at 1: ``loss_fn(batch, generator)``
+    for each of the ``steps`` items of ``batches``; the generator is torch's, seeded with ``seed``. Returns the losses."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     gen = torch.Generator().manual_seed(seed)
     losses = []
     model.train()
-    for i, idx in enumerate(_batches(n, cfg.batch, steps, seed)):
-        loss = loss_fn(idx, gen)
+    for i, batch in enumerate(batches):
+        loss = loss_fn(batch, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
-        if log and (i + 1) % max(1, steps // 10) == 0:
+        if log and (i + 1) % max(1, steps // reports) == 0:
             log(f"  step {i + 1}/{steps} loss {np.mean(losses[-50:]):.4f}")
     return losses
 

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from rollcap.rollout.recap.collect import Steps
+from rollcap.rollout.training import optimise
 
 HOLDOUT_EVERY = 5
 """Episode rows ``r % HOLDOUT_EVERY == 0`` are held out of the critic refit (its quality is measured there)."""
@@ -71,25 +72,15 @@ def fit(model, loss_fn, sizes: tuple[int, ...], steps: int, batch: int, lr: floa
     ``seed`` and the loss's randomness from a torch generator seeded with it:
     the same seed gives the same weights.
     """
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.05)
     rng = np.random.Generator(np.random.PCG64(seed))
-    gen = torch.Generator().manual_seed(seed)
     edges = np.cumsum((0, *sizes))
-    losses = []
-    model.train()
-    for i in range(steps):
-        idx = np.sort(rng.integers(0, edges[-1], batch))
-        parts = [idx[(idx >= lo) & (idx < hi)] - lo for lo, hi in itertools.pairwise(edges)]
-        loss = loss_fn(parts, gen)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.item()))
-        if (i + 1) % max(1, steps // 5) == 0:
-            log(f"  step {i + 1}/{steps} loss {np.mean(losses[-50:]):.4f}")
+
+    def batches():
+        for _ in range(steps):
+            idx = np.sort(rng.integers(0, edges[-1], batch))
+            yield [idx[(idx >= lo) & (idx < hi)] - lo for lo, hi in itertools.pairwise(edges)]
+
+    losses = optimise(model, loss_fn, batches(), steps, lr, seed, log, reports=5)
     model.eval()
     return losses
 
