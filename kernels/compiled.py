@@ -17,9 +17,9 @@ backends:
 Both compile generated C++ with the host's compiler (``g++``). Inductor's
 kernels are built for one intra-op thread (``cpp.threads = 1``), so results do
 not depend on a lane's thread count; matrix products still run through ATen.
-Compiling the shipped policy takes about a minute; the AOTInductor library is
-cached by a key over the exported graph, its weights and the toolchain, so a
-later process only loads it.
+Compiling the shipped policy takes minutes (287 s on the busy 2-core machine,
+BENCHMARKS.md); the AOTInductor library is cached by a key over the exported
+graph, its weights and the toolchain, so a later process only loads it.
 
 Caches live under :func:`cache_dir`: ``$ROLLCAP_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/rollcap``, else ``~/.cache/rollcap``; ``aoti/<key>/`` holds
@@ -98,6 +98,11 @@ def _inductor_env() -> Iterator[None]:
         yield
 
 
+def _why(err: BaseException) -> str:
+    """``Type: first line of the message``: a compiler's error in one line."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
 # -- torch.compile ---------------------------------------------------------------
 def build_compiled(module: torch.nn.Module, example: tuple[torch.Tensor, ...], label: str):
     """``torch.compile(module)`` compiled now on ``example`` (static shapes, one graph); returns the callable."""
@@ -107,7 +112,7 @@ def build_compiled(module: torch.nn.Module, example: tuple[torch.Tensor, ...], l
         with _inductor_env(), torch.no_grad():
             fn(*example)
     except Exception as err:
-        raise CaptureError(f"{label}: torch.compile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        raise CaptureError(f"{label}: torch.compile failed: {_why(err)}") from err
     return fn
 
 
@@ -141,7 +146,7 @@ def _compile_package(program, dest: Path, label: str) -> None:
             with _inductor_env():
                 torch._inductor.aoti_compile_and_package(program, package_path=str(pkg))
         except Exception as err:
-            raise CaptureError(f"{label}: AOTInductor compile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+            raise CaptureError(f"{label}: AOTInductor compile failed: {_why(err)}") from err
         out = Path(tmp) / "out"
         out.mkdir()
         with zipfile.ZipFile(pkg) as z:
@@ -236,7 +241,7 @@ def build_aoti(module: torch.nn.Module, example: tuple[torch.Tensor, ...], n_out
         with torch.no_grad():
             program = torch.export.export(module, example, strict=False)
     except Exception as err:
-        raise CaptureError(f"{label}: torch.export failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        raise CaptureError(f"{label}: torch.export failed: {_why(err)}") from err
     key = aoti_key(program, example, compiler)
     dest = cache_dir() / "aoti" / key
     if _library(dest) is None:
