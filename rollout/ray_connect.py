@@ -13,6 +13,18 @@ A ``ray://`` address (Ray Client) sends the cluster's token only when
 ``RAY_AUTH_MODE=token`` is set (Ray 2.60; without it the connection timed
 out): :func:`connect` sets it when a token is at hand and the user did not
 choose a mode.
+
+gRPC's fork handlers (grpcio 1.85) abort a child that a process with live
+gRPC threads forks before ``exec``: a driver left with a Ray Client channel
+then lost the dashboard of its next local Ray (``return code -6``), and a
+head's Ray Client proxy lost the server it forks for each client
+("Initialization failure from server ... zombie" on the driver, once in a
+CI run). Nothing in rollcap uses gRPC in a forked child, so :func:`connect`
+sets ``GRPC_ENABLE_FORK_SUPPORT=false`` for this process and the Ray
+processes it starts, unless the user chose a value (read when gRPC first
+starts, so it is left set). A failed ``ray.init`` is shut down before the
+error goes on, so the process can use Ray again (without that, the next
+``ray.init`` failed on an assertion inside Ray).
 """
 
 from __future__ import annotations
@@ -20,11 +32,15 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 from pathlib import Path
 
+from rollcap.rollout.errors import ConfigError
+
 EXTRA = "pip install 'rollcap[ray]'"
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+FORK_SAFE_ENV = {"GRPC_ENABLE_FORK_SUPPORT": "false"}  # see the module docstring
 
 
 def import_ray():
@@ -44,6 +60,10 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
     SIGINT / SIGTERM handlers are kept (``ray.init`` replaces SIGTERM's).
     """
     local = address is None
+    if not local:
+        _check_reachable(address)
+    for k, v in FORK_SAFE_ENV.items():
+        os.environ.setdefault(k, v)  # kept: gRPC reads it once, and Ray's children inherit it
     saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}  # put back afterwards (Ray's own settings are left alone)
     if local:
         os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
@@ -65,6 +85,12 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
         try:
             kw = {"num_cpus": num_cpus} if local and num_cpus is not None else {}
             ray.init(address="local" if local else address, include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
+        except ConnectionError as err:  # Ray's words, first line only (a Ray Client failure carries the server's traceback)
+            _shutdown_quietly(ray)  # a half-made connection left Ray unusable in this process
+            raise ConfigError("address", f"could not join the Ray cluster at {address}: {str(err).strip().splitlines()[0]}") from err
+        except BaseException:
+            _shutdown_quietly(ray)
+            raise
         finally:
             constants.ENABLE_RAY_CLUSTER = cluster_mode
             auth_log.setLevel(auth_level)
@@ -81,6 +107,29 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ConfigError naming ``address`` when its ``host:port`` takes no TCP connection (Ray would retry for minutes).
+
+    ``auto`` and addresses without a port are left to Ray.
+    """
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError("address", f"nothing answers at {hostport} ({err.strerror or err})") from None
+
+
+def _shutdown_quietly(ray) -> None:
+    """``ray.shutdown()`` after a failed ``ray.init``; an error of its own would hide the first one."""
+    try:
+        ray.shutdown()
+    except Exception as err:  # the caller is already raising the error that matters
+        logging.getLogger(__name__).debug("ray.shutdown after a failed ray.init: %r", err)
 
 
 def _have_token() -> bool:

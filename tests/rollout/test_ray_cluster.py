@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import rollcap
+from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording import episode_digest, h5_indices
 from tests.rollout._tiny import ENV_KW
 
@@ -23,10 +24,20 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head node and a worker node with one CPU each (so two actors land on two nodes)."""
+    """A head node and a worker node with one CPU each (so two actors land on two nodes).
+
+    Started as the README says to start a head: with gRPC's fork handlers off, without which the
+    head's Ray Client proxy lost the server it forks for a client (a CI run: "Initialization failure
+    from server ... zombie").
+    """
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
+    from rollcap.rollout.ray_connect import FORK_SAFE_ENV
+
+    mp = pytest.MonkeyPatch()
+    for k, v in FORK_SAFE_ENV.items():
+        mp.setenv(k, v)
     port = _free_port()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "ray_client_server_port": port})
     c.client_address = f"ray://127.0.0.1:{port}"  # the head's Ray Client server
@@ -36,6 +47,7 @@ def cluster():
         yield c
     finally:
         c.shutdown()
+        mp.undo()
 
 
 def test_a_two_node_cluster_records_the_local_run_s_episodes_in_the_driver_s_run_dir(cluster, ckpt, tmp_path):
@@ -79,3 +91,36 @@ def test_branch_address_without_actors_is_refused(ckpt, tmp_path):
     with pytest.raises(ValueError, match="--address: needs --actors"):
         rollcap.branch(tmp_path / "missing.hdf5", 0, 1, 1, out=tmp_path / "x", address="auto")
     assert not (tmp_path / "x").exists()
+
+
+def test_an_address_nothing_answers_at_is_one_config_error_and_creates_nothing(ckpt, tmp_path):
+    """host:port and ray://host:port with no listener: refused at once (Ray itself retried for minutes), no run directory."""
+    pytest.importorskip("ray")
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False}
+    port = _free_port()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match=f"nothing answers at 127.0.0.1:{port}") as err:
+            rollcap.run(2, out=tmp_path / "run", actors=2, address=address, **names)
+        assert err.value.field == "address"
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_connection_leaves_ray_usable_in_the_process(cluster, monkeypatch):
+    """ray:// at the GCS port (a server, not a Ray Client one): one ConfigError; the same process then joins the cluster.
+
+    Before, the half-made client connection made the next ``ray.init`` fail on an assertion inside Ray.
+    """
+    import ray
+    from ray.util.client import worker
+
+    from rollcap.rollout.ray_connect import connect
+
+    monkeypatch.setattr(worker, "INITIAL_TIMEOUT_SEC", 1)  # Ray Client's first wait (5 s, doubling, three tries)
+    with pytest.raises(ConfigError, match=f"could not join the Ray cluster at ray://{cluster.address}"), pytest.warns(UserWarning, match="Ray Client connection timed out"):
+        connect("ray://" + cluster.address)
+    assert not ray.is_initialized()
+    try:
+        assert connect(cluster.address) is True
+        assert ray.get(ray.put(7)) == 7
+    finally:
+        ray.shutdown()
