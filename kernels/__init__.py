@@ -10,7 +10,7 @@ from rollcap.kernels.buffers import BufferSet, BufferSpec
 from rollcap.kernels.errors import BadInput, CaptureError, CheckpointMismatch, LaneError, ReplayInFlight
 from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
 from rollcap.kernels.graph import BACKENDS, CapturedGraph, capture_count, default_backend
-from rollcap.kernels.lanes import CpuLane, CudaLane, Lane, make_lane
+from rollcap.kernels.lanes import CallerLane, CpuLane, CudaLane, Lane, make_lane
 from rollcap.kernels.ops import cfg_euler_step, cfg_euler_step_reference
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "BufferSpec",
     "CaptureError",
     "CheckpointMismatch",
+    "CallerLane",
     "CapturedGraph",
     "CpuLane",
     "CudaLane",

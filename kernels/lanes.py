@@ -4,6 +4,11 @@
   budget. Torch releases the GIL inside ops, so two lanes with one thread each
   overlap on two cores. (Measured: a model left at 2 intra-op threads slows
   about 3x once a second Python thread runs torch ops; budget per lane.)
+- :class:`CallerLane`: no thread of its own: the call runs inside
+  ``Ticket.wait()``, in the waiting thread, with the lane's thread budget.
+  For a caller with nothing to do between submit and wait (the host in
+  synchronous chunking): it saves a :class:`CpuLane`'s two thread hand-offs
+  while another lane still overlaps (torch drops the GIL inside ops).
 - :class:`CudaLane`: a CUDA stream. ``submit`` only enqueues; completion and
   timing are CUDA events on the stream, never a stream or device-wide
   synchronize, so two lanes' work runs on the GPU at the same time.
@@ -60,6 +65,13 @@ class Ticket:
     def done(self) -> bool:
         """Whether the call (and its device work) has finished; never blocks."""
         return self._done.is_set() and self._device_done()
+
+    def settle(self) -> None:
+        """Wait the work out and discard its result and its error (a call that never started is dropped)."""
+        try:
+            self.wait()
+        except LaneError:
+            pass
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block for the result; raises ``LaneError`` (chained) if the work failed."""
@@ -168,6 +180,65 @@ class CpuLane(Lane):
             self.close()
         except Exception:
             pass
+
+
+class _CallerTicket(Ticket):
+    """A call that runs when it is waited for, in the waiting thread."""
+
+    def __init__(self, lane_name: str, fn: Callable[..., Any], args: tuple, threads: int):
+        super().__init__(lane_name)
+        self._call: tuple | None = (fn, args)
+        self._threads = threads
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Run the call here (``timeout`` does not cut it short), then as :meth:`Ticket.wait`."""
+        if self._call is not None:
+            fn, args = self._call
+            self._call = None
+            outer = torch.get_num_threads()
+            if outer != self._threads:
+                torch.set_num_threads(self._threads)
+            t0 = time.perf_counter()
+            try:
+                result = fn(*args)
+            except Exception as err:  # delivered as a lane's failure would be
+                self._finish(error=err, seconds=time.perf_counter() - t0)
+            except BaseException as err:  # an interrupt stays with the caller; the call is over
+                self._finish(error=err, seconds=time.perf_counter() - t0)
+                raise
+            else:
+                self._finish(result=result, seconds=time.perf_counter() - t0)
+            finally:
+                if outer != self._threads:
+                    torch.set_num_threads(outer)
+        return super().wait(timeout)
+
+    def settle(self) -> None:
+        if self._call is not None:  # never ran: nothing to wait for
+            self._call = None
+            self._finish(seconds=0.0)
+            return
+        super().settle()
+
+
+class CallerLane(Lane):
+    """Runs each call inside ``Ticket.wait()``, in the waiting thread, with ``threads`` intra-op threads.
+
+    ``submit`` queues nothing and returns at once; the ticket is not ``done()``
+    until it has been waited for. Measured on 2 cores (shipped policy, critic
+    on a :class:`CpuLane`): the host's overhead per boundary fell from 0.70-0.84
+    ms to 0.49-0.53 ms against a policy on its own :class:`CpuLane`, which
+    waits for the GIL after ``submit`` and wakes the host after the call.
+    """
+
+    def __init__(self, name: str = "caller", threads: int = 1):
+        if threads < 1:
+            raise ValueError(f"lane {name}: threads must be >= 1, got {threads}")
+        self.name = name
+        self.threads = threads
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Ticket:
+        return _CallerTicket(self.name, fn, args, self.threads)
 
 
 class CudaLane(Lane):

@@ -16,7 +16,7 @@ from rollcap.kernels.buffers import BufferSet, BufferSpec
 from rollcap.kernels.errors import BadInput, LaneError, ReplayInFlight
 from rollcap.kernels.fingerprint import device_fingerprint
 from rollcap.kernels.graph import CapturedGraph, GraphFn, default_backend
-from rollcap.kernels.lanes import Lane, Ticket, make_lane
+from rollcap.kernels.lanes import CallerLane, Lane, Ticket, make_lane
 
 
 class GraphRunner:
@@ -42,6 +42,11 @@ class GraphRunner:
     On CUDA the replay runs on the lane's stream after the caller's current
     stream (so inputs written there come first); nothing synchronises the
     stream or the device; ``wait()`` waits on the replay's end event only.
+
+    :meth:`run_in_caller` moves a CPU runner's replays into the thread that
+    calls ``wait()`` (a :class:`~rollcap.kernels.lanes.CallerLane`, same
+    thread budget), for a caller with nothing to do between launch and wait;
+    the host does this in synchronous chunking. The outputs are the same.
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class GraphRunner:
         self._own_lane = lane is None
         self.lane = lane if lane is not None else make_lane(label, self.device, threads)
         self.threads = getattr(self.lane, "threads", threads)
+        self._caller_lane: CallerLane | None = None
         self.last_latency_s = 0.0
         self._in_flight: Ticket | None = None
         self._live: dict[str, torch.Tensor] | None = None
@@ -87,8 +93,24 @@ class GraphRunner:
         """Submit one replay over the current inputs; returns once it is queued on the lane."""
         if self._in_flight is not None:
             raise ReplayInFlight(f"{self.label}: launch() while a replay is in flight; wait() or drain() first")
-        self._in_flight = self.lane.submit(self.graph.replay)
+        self._in_flight = (self._caller_lane or self.lane).submit(self.graph.replay)
         return self._in_flight
+
+    def run_in_caller(self, on: bool = True) -> None:
+        """Replay in the thread that calls :meth:`wait` (``on``) or on the lane (the default).
+
+        CPU only: on CUDA a launch is already asynchronous and this does nothing.
+        """
+        if self._in_flight is not None:
+            raise ReplayInFlight(f"{self.label}: run_in_caller() while a replay is in flight; wait() or drain() first")
+        if self.device.type != "cpu":
+            return
+        self._caller_lane = CallerLane(self.label, self.threads) if on else None
+
+    @property
+    def in_caller(self) -> bool:
+        """Whether replays run in the waiting thread (see :meth:`run_in_caller`)."""
+        return self._caller_lane is not None
 
     def wait(self) -> dict[str, torch.Tensor]:
         """Block for the replay in flight; returns the live output buffers.
@@ -118,10 +140,7 @@ class GraphRunner:
         ticket = self._in_flight
         if ticket is None:
             return
-        try:
-            ticket.wait()
-        except LaneError:
-            pass  # the episode has failed already; this replay's error adds nothing
+        ticket.settle()  # the episode has failed already: this replay's error adds nothing (one never started is dropped)
         self._in_flight = None
 
     def eager(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

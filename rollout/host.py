@@ -258,6 +258,8 @@ class RolloutHost:
         self._to(HostState.RUNNING)
         try:
             self.policy.reset()
+            if callable(run_in_caller := getattr(self.policy, "run_in_caller", None)):
+                run_in_caller(self.config.chunking == "sync")  # nothing runs between start and result: no hand-off
             if self.critic is not None:
                 self.critic.reset()
             if self._initial is None:

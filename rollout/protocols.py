@@ -66,7 +66,10 @@ class ChunkPolicy(Protocol):
     noise has the same shape). Optional members the host uses when present:
     ``execute_steps`` (actions of each chunk executed before the next
     boundary; default H), ``last_latency_s`` (seconds the last inference ran on
-    its lane; default: the host's start-to-result time), ``close()``. Real-time
+    its lane; default: the host's start-to-result time), ``close()``,
+    ``run_in_caller(on)`` (at each episode start, ``on`` when chunking is
+    synchronous: nothing happens between :meth:`start` and :meth:`result`, so
+    the inference may run inside ``result()`` on the host's thread). Real-time
     chunking (``HostConfig.chunking`` naive / rtc) needs a policy that carries
     a prefix: ``configure(delay, execute_steps, guidance, mask)`` (when the
     host is built), ``carried_state()`` and ``queue()`` (before each launch),

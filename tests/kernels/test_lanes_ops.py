@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rollcap.kernels import CpuLane, CudaLane, LaneError, cfg_euler_step, cfg_euler_step_reference
-from rollcap.kernels.lanes import Ticket
+from rollcap.kernels.lanes import CallerLane, Ticket
 
 
 def test_submit_returns_before_work_finishes():
@@ -54,6 +54,51 @@ def test_ticket_seconds_is_the_call_on_the_lane():
     ticket.wait(5)
     assert 0.05 <= ticket.seconds < 0.15
     lane.close()
+
+
+def test_a_caller_lane_runs_the_call_in_the_waiting_thread_with_its_budget():
+    """submit() runs nothing; wait() runs the call here with the lane's thread count, then puts the caller's back."""
+    lane = CallerLane("here", threads=1)
+    seen = []
+    ticket = lane.submit(lambda: seen.append((threading.get_ident(), torch.get_num_threads())) or 7)
+    assert seen == [] and not ticket.done()
+    outer = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert ticket.wait() == 7 and ticket.done() and ticket.seconds >= 0
+        assert seen == [(threading.get_ident(), 1)]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(outer)
+
+
+def test_a_caller_lane_failure_is_a_lane_error_and_an_interrupt_stays_an_interrupt():
+    """An exception comes back as LaneError (chained); KeyboardInterrupt propagates, and settling afterwards is quiet."""
+    lane = CallerLane("here")
+
+    def fail():
+        raise ZeroDivisionError("x")
+
+    with pytest.raises(LaneError, match="lane here: ZeroDivisionError") as info:
+        lane.submit(fail).wait()
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    ticket = lane.submit(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        ticket.wait()
+    assert ticket.done()
+    ticket.settle()  # the call is over: nothing runs again, nothing is raised
+
+
+def test_settling_a_caller_ticket_that_never_ran_drops_the_call():
+    """settle() on a call nobody waited for does not run it."""
+    ran = []
+    ticket = CallerLane("here").submit(ran.append, 1)
+    ticket.settle()
+    assert ran == [] and ticket.done()
 
 
 class _FakeEvent:

@@ -61,6 +61,54 @@ def test_one_launch_in_flight_at_a_time():
     lane.close()
 
 
+@pytest.mark.parametrize("backend", ["eager", "jit"])
+def test_run_in_caller_replays_in_the_waiting_thread_with_the_same_outputs(backend):
+    """run_in_caller(): launch() queues nothing, wait() replays here; outputs equal the lane's; off again goes back to the lane."""
+    threads = []
+
+    def fn(b):
+        threads.append(threading.get_ident())
+        return {"y": b["x"] * 2 + 1}
+
+    r = _runner(fn, backend=backend)
+    x = torch.arange(4.0).reshape(1, 4)
+    r.write({"x": x})
+    r.launch()
+    on_lane = r.wait()["y"].clone()
+    r.run_in_caller()
+    assert r.in_caller
+    r.write({"x": x})
+    threads.clear()
+    r.launch()
+    with pytest.raises(ReplayInFlight, match="inputs written"):  # the replay reads them later, at wait()
+        r.write({"x": torch.zeros(1, 4)})
+    with pytest.raises(ReplayInFlight, match="run_in_caller"):
+        r.run_in_caller(False)
+    assert torch.equal(r.wait()["y"], on_lane) and r.last_latency_s > 0
+    if backend == "eager":  # a traced plan does not call fn again
+        assert threads == [threading.get_ident()]
+    r.run_in_caller(False)
+    assert not r.in_caller
+    r.write({"x": x})
+    r.launch()
+    assert torch.equal(r.wait()["y"], on_lane)
+    r.close()
+
+
+def test_drain_drops_an_in_caller_replay_nobody_waited_for():
+    """An episode that failed between launch and wait: drain() discards the replay without running it."""
+    calls = []
+    r = _runner(lambda b: calls.append(1) or {"y": b["x"]})
+    calls.clear()  # capture ran it
+    r.run_in_caller()
+    r.write({"x": torch.ones(1, 4)})
+    r.launch()
+    r.drain()
+    assert calls == []
+    r.write({"x": torch.ones(1, 4)})  # idle again
+    r.close()
+
+
 def test_latency_is_the_replay_not_the_queue():
     """last_latency_s counts the replay on its lane, not the time it waited behind other work."""
     lane = CpuLane("t", threads=1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -74,6 +75,21 @@ def test_naive_with_no_delay_is_the_synchronous_episode(runners, rtc_policy):
     for k in sync.steps:
         assert sync.steps[k].tobytes() == naive.steps[k].tobytes() == as_sync.steps[k].tobytes(), k
     assert "rtc_carried" not in sync.chunks and "rtc_carried" in naive.chunks
+
+
+def test_synchronous_chunking_replays_the_policy_on_the_host_s_thread_and_rtc_on_its_lane(rtc_policy):
+    """sync: the replay runs inside result() on the host's thread (one hand-off fewer); rtc: on the lane, while the carried queue executes."""
+    seen: list[int] = []
+    replay = rtc_policy.graph.replay
+    rtc_policy.graph.replay = lambda: (seen.append(threading.get_ident()), replay())[1]  # launch() looks it up each time
+    try:
+        for cfg, on_host in (({"execute_steps": 2}, True), (RTC, False), ({"execute_steps": 2}, True)):
+            seen.clear()
+            RolloutHost(make_env(), rtc_policy, None, HostConfig(seed=1, max_chunks=3, **cfg)).run_episode(0)
+            assert rtc_policy.in_caller is on_host
+            assert seen and {t == threading.get_ident() for t in seen} == {on_host}, cfg
+    finally:
+        del rtc_policy.graph.replay
 
 
 def test_bad_real_time_configs_are_refused_by_field(runners, rtc_policy):
