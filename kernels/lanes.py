@@ -226,9 +226,10 @@ class CallerLane(Lane):
 
     ``submit`` queues nothing and returns at once; the ticket is not ``done()``
     until it has been waited for. Measured on 2 cores (shipped policy, critic
-    on a :class:`CpuLane`): the host's overhead per boundary fell from 0.70-0.84
-    ms to 0.49-0.53 ms against a policy on its own :class:`CpuLane`, which
-    waits for the GIL after ``submit`` and wakes the host after the call.
+    on a :class:`CpuLane`, 6 interleaved rounds): the host's overhead per
+    boundary was 0.49-0.56 ms against 0.73-0.84 ms with the policy on its own
+    :class:`CpuLane`, whose thread waits for the GIL after ``submit`` and
+    wakes the host after the call (BENCHMARKS.md, "Host overhead per chunk").
     """
 
     def __init__(self, name: str = "caller", threads: int = 1):
