@@ -85,9 +85,12 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
         try:
             kw = {"num_cpus": num_cpus} if local and num_cpus is not None else {}
             ray.init(address="local" if local else address, include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
-        except ConnectionError as err:  # Ray's words, first line only (a Ray Client failure carries the server's traceback)
+        except ConnectionError as err:
             _shutdown_quietly(ray)  # a half-made connection left Ray unusable in this process
-            raise ConfigError("address", f"could not join the Ray cluster at {address}: {str(err).strip().splitlines()[0]}") from err
+            if local:
+                raise
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]  # a Ray Client failure carries the server's traceback
+            raise ConfigError("address", f"could not join the Ray cluster at {address}: {first}") from err
         except BaseException:
             _shutdown_quietly(ray)
             raise
