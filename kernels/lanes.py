@@ -127,6 +127,17 @@ class Lane:
         """Stop accepting work; idempotent."""
 
 
+def _run_into(ticket: Ticket, fn: Callable[..., Any], args: tuple) -> None:
+    """Call ``fn(*args)`` and finish ``ticket`` with its result or its error, timed (queueing excluded)."""
+    t0 = time.perf_counter()
+    try:
+        result = fn(*args)
+    except BaseException as err:
+        ticket._finish(error=err, seconds=time.perf_counter() - t0)
+    else:
+        ticket._finish(result=result, seconds=time.perf_counter() - t0)
+
+
 class CpuLane(Lane):
     """A persistent worker thread with ``threads`` intra-op threads.
 
@@ -154,13 +165,7 @@ class CpuLane(Lane):
             if item is None:
                 return
             ticket, fn, args = item
-            t0 = time.perf_counter()
-            try:
-                result = fn(*args)
-            except BaseException as err:  # delivered to the waiter
-                ticket._finish(error=err, seconds=time.perf_counter() - t0)
-            else:
-                ticket._finish(result=result, seconds=time.perf_counter() - t0)
+            _run_into(ticket, fn, args)  # any failure, an interrupt included, is delivered to the waiter
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Ticket:
         if self._closed:
@@ -198,19 +203,13 @@ class _CallerTicket(Ticket):
             outer = torch.get_num_threads()
             if outer != self._threads:
                 torch.set_num_threads(self._threads)
-            t0 = time.perf_counter()
             try:
-                result = fn(*args)
-            except Exception as err:  # delivered as a lane's failure would be
-                self._finish(error=err, seconds=time.perf_counter() - t0)
-            except BaseException as err:  # an interrupt stays with the caller; the call is over
-                self._finish(error=err, seconds=time.perf_counter() - t0)
-                raise
-            else:
-                self._finish(result=result, seconds=time.perf_counter() - t0)
+                _run_into(self, fn, args)
             finally:
                 if outer != self._threads:
                     torch.set_num_threads(outer)
+            if self._error is not None and not isinstance(self._error, Exception):
+                raise self._error  # an interrupt stays with the caller (the call is over); a failure comes back as a lane's would
         return super().wait(timeout)
 
     def settle(self) -> None:

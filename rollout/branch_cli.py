@@ -79,8 +79,7 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
     for flag, value, low in (("--n", n, 0), ("--chunk", chunk, 0), ("--actors", actors, 0)):
         if value < low:
             raise ValueError(f"{flag}: expected an integer >= {low}, got {value}")
-    if address is not None and not actors:
-        raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
+    _check_address(address, actors)
     if n == 0 and not control:
         raise ValueError("--n 0 with --no-control runs nothing")
     if not formats or set(formats) - {"npz", "h5"}:
@@ -99,6 +98,11 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
     summary = {"parent": str(source), "episode": rec.index, "chunk": chunk, "step": at.origin["step"], "out": str(out), **result.summary()}
     atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
     return result, summary
+
+
+def _check_address(address: str | None, actors: int) -> None:
+    if address is not None and not actors:
+        raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
 
 
 class _Built:
@@ -175,8 +179,7 @@ def _calibrate(args, parts) -> int:
     parents = load_for_calibration(args.file, args.episode)
     out = args.out or Path("runs") / "calibration"
     first = parents[0][1]
-    if args.address is not None and not args.actors:
-        raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
+    _check_address(args.address, args.actors)
     with _Built(parts, first, args.file, args.actors, args.address) as (host, pool):
         env, policy, critic = host.env, host.policy, host.critic
         report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
