@@ -18,7 +18,7 @@ import torch
 
 import rollcap
 from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
-from rollcap.rollout.replay import replay_env, replay_policy
+from rollcap.rollout.offline.replay import replay_env, replay_policy
 
 
 class LinearChunkPolicy:

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from stable_baselines3 import SAC
 
-from rollcap.rollout.dsrl import SteeringConfig, compare, make_steering_env, train_sac
-from rollcap.rollout.options import Options
+from rollcap.rollout.learn.dsrl import SteeringConfig, compare, make_steering_env, train_sac
+from rollcap.rollout.cli.options import Options
 
 
 @dataclass

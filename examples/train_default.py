@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC
 from rollcap.policies import DEFAULT_CHECKPOINT as POLICY
-from rollcap.rollout.training import TrainConfig, evaluate_checkpoints, train_default
+from rollcap.rollout.learn.training import TrainConfig, evaluate_checkpoints, train_default
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ by the identity, which keeps it to element-wise ops on static buffers (no
 autograd inside the graph), so it is captured like the plain sampler.
 
 The trained alternative (the issue's "hard-prefix variant"): a checkpoint
-fine-tuned with ``prefix_conditioning`` (:mod:`rollcap.rollout.train_prefix`)
+fine-tuned with ``prefix_conditioning`` (:mod:`rollcap.rollout.learn.train_prefix`)
 is sampled with :meth:`FlowVLA.inpaint_sample`, which writes the carried
 targets into the pinned tokens at every Euler step with flow time 0, as in its
 training; no guidance term. The runner picks it from the checkpoint's config
@@ -157,7 +157,7 @@ class RTCPolicyRunner(PolicyRunner):
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler: expected one of {self.SAMPLERS}, got {sampler!r}")
         if sampler == "prefix" and not model.cfg.prefix_conditioning:
-            raise ValueError("sampler 'prefix' needs a checkpoint trained with prefix_conditioning (python3 -m rollcap.rollout.train_prefix)")
+            raise ValueError("sampler 'prefix' needs a checkpoint trained with prefix_conditioning (python3 -m rollcap.rollout.learn.train_prefix)")
         if sampler == "pigdm" and backend != "eager":
             raise ValueError("sampler 'pigdm' differentiates through the network at every step: it runs on backend 'eager' only")
         self.sampler = sampler

@@ -12,10 +12,17 @@ The parts live in subpackages (``rollcap.rollout``, ``rollcap.envs``,
 ``rollcap.policies``, ...). These names come from ``rollcap.rollout`` on first
 use, so ``import rollcap.envs`` alone does not import torch. Importing
 registers the gymnasium ids ``rollcap/ChunkPushBlock-v0`` and
-``rollcap/NoiseSteerPushBlock-v0`` (see :mod:`rollcap.rollout.gym_env`).
+``rollcap/NoiseSteerPushBlock-v0`` (see :mod:`rollcap.rollout.gym.envs`): at
+once when gymnasium is already imported, else right after gymnasium's own
+import, so ``import rollcap`` itself imports nothing heavy (the ``rollcap``
+command holds Ctrl-C from its first line; see :mod:`rollcap.rollout.cli`).
 """
 
 from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
 
 __all__ = [
     "ChunkCritic",
@@ -38,10 +45,10 @@ __all__ = [
 
 
 GYM_IDS = {
-    "rollcap/ChunkPushBlock-v0": "rollcap.rollout.gym_env:make_chunk_env",
-    "rollcap/NoiseSteerPushBlock-v0": "rollcap.rollout.gym_env:make_noise_steering_env",
+    "rollcap/ChunkPushBlock-v0": "rollcap.rollout.gym.envs:make_chunk_env",
+    "rollcap/NoiseSteerPushBlock-v0": "rollcap.rollout.gym.envs:make_noise_steering_env",
 }
-"""Gymnasium ids for RL loops (:mod:`rollcap.rollout.gym_env`), registered on import; ``rollcap.envs`` registers the tasks."""
+"""Gymnasium ids for RL loops (:mod:`rollcap.rollout.gym.envs`), registered on import; ``rollcap.envs`` registers the tasks."""
 
 
 def _register_gym_ids() -> None:
@@ -52,7 +59,35 @@ def _register_gym_ids() -> None:
             gym.register(env_id, entry_point=entry, disable_env_checker=True, order_enforce=False)
 
 
-_register_gym_ids()
+class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder):
+    """Registers :data:`GYM_IDS` as soon as gymnasium's own import finishes (gymnasium has no plugin hook).
+
+    It finds gymnasium's spec through the other finders once, wraps that one
+    loader's ``exec_module`` and takes itself off ``sys.meta_path``.
+    """
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "gymnasium":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_register(module):
+            exec_module(module)
+            _register_gym_ids()
+
+        spec.loader.exec_module = exec_and_register
+        return spec
+
+
+if "gymnasium" in sys.modules:
+    _register_gym_ids()
+elif not any(isinstance(f, _RegisterAfterGymnasium) for f in sys.meta_path):
+    sys.meta_path.insert(0, _RegisterAfterGymnasium())
 
 
 def __getattr__(name: str):

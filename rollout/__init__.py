@@ -41,10 +41,10 @@ _NAMES = {
     "RunResult": "api",
     "Interrupted": "api",
     "make_env": "build",
-    "load_any": "inspect",
-    "branch_episode": "branch_cli",
-    "recap": "recap",
-    "RecapConfig": "recap",
+    "load_any": "recording",
+    "branch_episode": "cli.branch",
+    "recap": "learn.recap",
+    "RecapConfig": "learn.recap",
 }
 
 __all__ = sorted(_NAMES)

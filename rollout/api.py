@@ -95,8 +95,7 @@ class RunResult:
 
     def records(self):
         """Read every recorded episode of the run back from disk (verified)."""
-        from rollcap.rollout.inspect import load_any
-
+        from rollcap.rollout.recording import load_any
         return load_any(self.run_dir)
 
 
@@ -148,7 +147,7 @@ def run(
             ``progress``, ``actors``, ``address``, ...) and :class:`Parts`
             (``env_kwargs``, ``device``, ``backend``, ``threads``). With
             ``actors=N`` the episodes run on N Ray actors
-            (:mod:`rollcap.rollout.ray_rollout`), each building the env and
+            (:mod:`rollcap.rollout.ray.actors`), each building the env and
             runners from ``env`` and the checkpoint paths; this process checks
             them, then records what the actors return.
 
@@ -158,7 +157,7 @@ def run(
     """
     host_cfg, run_cfg, parts = _configs(episodes, out, env, policy, critic, options)
     if run_cfg.actors:
-        from rollcap.rollout.ray_rollout import check_actor_run
+        from rollcap.rollout.ray.actors import check_actor_run
 
         check_actor_run(env, policy, critic)  # names and paths only, and Ray installed
     own = []  # what this call built, and so closes
@@ -239,7 +238,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         if earlier:
             _same_run(earlier[0], host, env_meta)
         if parts is not None:  # Ray actors run the episodes; this process records what they return
-            from rollcap.rollout.ray_rollout import ActorPool
+            from rollcap.rollout.ray.actors import ActorPool
 
             pool = ActorPool.for_run(parts, host, cfg)
             if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
@@ -345,7 +344,7 @@ def _rewinds(host: RolloutHost):
     """The teleop rewind buffer (the last 8 boundaries), or None for an env without exact state."""
     if host.state_env is None:
         return None
-    from rollcap.rollout.rewind import RewindBuffer
+    from rollcap.rollout.offline.rewind import RewindBuffer
 
     return RewindBuffer.on(host)
 

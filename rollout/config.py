@@ -1,7 +1,7 @@
 """HostConfig: when episodes stop and how a run is seeded (recorded with every episode).
 
 Every field has a docstring; the CLI's flags are derived from them
-(:mod:`rollcap.rollout.options`). A bad value raises :class:`ConfigError`
+(:mod:`rollcap.rollout.cli.options`). A bad value raises :class:`ConfigError`
 naming the field.
 """
 

@@ -25,7 +25,7 @@ whether such an episode is recorded, dropped, or recorded and re-raised. A
 with the host back in RESET.
 
 The host emits events; it keeps no per-step lists. Records are built from the
-events by a :class:`~rollcap.rollout.recording.builder.RecordBuilder`.
+events by a :class:`~rollcap.rollout.builder.RecordBuilder`.
 
 Single-threaded: drive a host from one thread; other threads talk to it only
 through its :class:`EventBus`.
@@ -34,11 +34,9 @@ through its :class:`EventBus`.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -48,75 +46,13 @@ from rollcap.rollout.episode import ACTOR_AGENT, ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.config import HostConfig
+from rollcap.rollout.lifecycle import ALLOWED, ON_ERROR, Bookkeeping, EpisodeState, HostState
 from rollcap.rollout.predicates import BoundaryView, StopPredicate
 from rollcap.rollout.protocols import ChunkCritic, ChunkEvent, ChunkPolicy, EpisodeEnd, EpisodeStart, Observation, StepEvent, Subscriber, instruction_of
-from rollcap.rollout.recording.builder import RecordBuilder
+from rollcap.rollout.builder import RecordBuilder
 from rollcap.rollout.rtc import ControlClock, configure_policy
 from rollcap.rollout.resume import Resume
 from rollcap.rollout.seeding import chunk_noise, episode_seed
-
-
-class HostState(enum.Enum):
-    RESET = "reset"
-    RUNNING = "running"
-    STOP_INFER = "stop_infer"
-    AWAIT_RESET = "await_reset"
-    RECORD = "record"
-    CLOSED = "closed"
-
-
-_ALLOWED = {
-    HostState.RESET: {HostState.RUNNING, HostState.CLOSED},
-    HostState.RUNNING: {HostState.STOP_INFER},
-    HostState.STOP_INFER: {HostState.AWAIT_RESET},
-    HostState.AWAIT_RESET: {HostState.RECORD},
-    HostState.RECORD: {HostState.RESET},
-    HostState.CLOSED: set(),
-}
-
-ON_ERROR = ("record", "drop", "raise")
-
-
-class _Bookkeeping:
-    """The host's own state as a capsule component (counters)."""
-
-    def __init__(self):
-        self.counters = np.zeros(3, dtype=np.int64)  # episode, chunk, step
-
-    def live_state(self) -> dict[str, np.ndarray]:
-        return {"counters": self.counters}
-
-    def load_live_state(self, state) -> None:
-        self.counters[...] = state["counters"]
-
-    def state_fingerprint(self) -> dict:
-        return {"component": "host", "layout": "episode,chunk,step"}
-
-
-@dataclass
-class _Episode:
-    """The running episode's host-side state (no per-step lists: events carry the data)."""
-
-    index: int
-    seed: int
-    t_start: float
-    obs: Observation | None = None
-    chunk: int = 0
-    steps: int = 0
-    chunks: int = 0
-    pending: np.ndarray | None = None
-    """The last boundary's chunk, awaiting :meth:`RolloutHost.execute`."""
-    inflight: int = 0
-    """Real-time chunking: the carried actions the last boundary executed while inferring (execute starts at this index)."""
-    started: bool = False
-    """``on_episode_start`` was emitted."""
-    human: bool = False
-    """The last step was a human's (an intervention); the next policy step after it starts a new chunk."""
-    success: bool = False
-    stop_reason: str | None = None
-    exception: BaseException | None = None
-    at: Resume | None = None
-    """Where a resumed episode began (its predicates see the parent's chunk and step counts)."""
 
 
 _STATEFUL = ("live_state", "load_live_state", "state_fingerprint")
@@ -187,9 +123,9 @@ class RolloutHost:
         self.events = events or EventBus()
         self.reset_hook, self.on_error = reset_hook, on_error
         self.state = HostState.RESET
-        self.book = _Bookkeeping()
+        self.book = Bookkeeping()
         self._initial = None
-        self._ep: _Episode | None = None
+        self._ep: EpisodeState | None = None
         self.env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
         self.state_env = exact_state_of(env)
         self.components = {"host": self.book}
@@ -199,7 +135,7 @@ class RolloutHost:
 
     # -- state machine -------------------------------------------------------
     def _to(self, new: HostState) -> None:
-        if new not in _ALLOWED[self.state]:
+        if new not in ALLOWED[self.state]:
             raise IllegalTransition(f"host: {self.state.value} -> {new.value} is not a legal transition")
         self.state = new
 
@@ -254,7 +190,7 @@ class RolloutHost:
         if at is not None and self.state_env is None:
             raise ConfigError("env_id", f"{self.env_id} has no exact state; an episode cannot start at another's boundary")
         seed = episode_seed(self.config.seed, index) if seed is None else int(seed)
-        ep = self._ep = _Episode(index, seed, time.perf_counter(), at=at)
+        ep = self._ep = EpisodeState(index, seed, time.perf_counter(), at=at)
         self._to(HostState.RUNNING)
         try:
             self.policy.reset()
@@ -476,7 +412,7 @@ class RolloutHost:
             for p in self.predicates:
                 p.check(BoundaryView(k, at.step, blank, value, 0.0))
 
-    def _run_queue(self, ep: _Episode, queue) -> bool:
+    def _run_queue(self, ep: EpisodeState, queue) -> bool:
         """Execute the carried actions while the launched chunk is inferred; True if the episode stopped meanwhile."""
         ep.inflight = len(queue)
         out: list[StepEvent] = []
@@ -490,7 +426,7 @@ class RolloutHost:
                 return True
         return False
 
-    def _step(self, ep: _Episode, policy_action: np.ndarray, actor: int, out: list[StepEvent]) -> str | object | None:
+    def _step(self, ep: EpisodeState, policy_action: np.ndarray, actor: int, out: list[StepEvent]) -> str | object | None:
         self.events.hold()  # paused: nothing is stepped
         stop = self.events.poll_stop()
         if stop is not None:

@@ -62,7 +62,7 @@ class Resume:
 
 
 ORIGIN_KEYS = ("parent", "episode", "chunk", "step", "branch", "noise", "prior_values", "offset")
-"""What :attr:`Resume.origin` holds for a branch (see :mod:`rollcap.rollout.branch`): ``chunk`` and ``step``
+"""What :attr:`Resume.origin` holds for a branch (see :mod:`rollcap.rollout.offline.branch`): ``chunk`` and ``step``
 count in the parent's own episode; ``offset`` (only when the parent itself began mid-way) is where the
 parent began, so the new episode's predicates count from ``offset + (chunk, step)``."""
 

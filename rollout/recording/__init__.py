@@ -7,8 +7,10 @@
 - :mod:`.recorder`: :class:`EpisodeRecorder` (a run directory in both
   formats, resumable), :func:`records_equal`, :func:`measure_write_overhead`,
   :func:`synthetic_record`.
+- :mod:`.runs`: reading any of them back (:func:`load_any`, :func:`iter_any`,
+  :func:`episodes_of`, :func:`iter_episodes`).
 
-Imports point downward: codec <- npz, journal <- h5 <- recorder; the package
+Imports point downward: codec <- npz, journal <- h5 <- recorder, runs; the package
 knows ``kernels.files``, ``episode``, ``errors`` and ``subscribers`` of rollcap.
 """
 
@@ -28,6 +30,7 @@ from rollcap.rollout.recording.recorder import (
     records_equal,
     synthetic_record,
 )
+from rollcap.rollout.recording.runs import episodes_of, iter_any, iter_episodes, load_any
 
 __all__ = [
     "EPISODES_DIR",
@@ -37,8 +40,12 @@ __all__ = [
     "EpisodeRecorder",
     "H5Writer",
     "episode_digest",
+    "episodes_of",
     "h5_indices",
+    "iter_any",
+    "iter_episodes",
     "journal_path",
+    "load_any",
     "measure_write_overhead",
     "read_h5",
     "read_h5_episode",

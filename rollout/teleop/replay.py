@@ -22,7 +22,7 @@ class ReplayInputs(Subscriber):
     """Re-issues a recorded episode's takeover actions and its external stop on ``bus``.
 
     Use it with a host built with ``events=bus`` and this subscriber, then
-    :func:`rollcap.rollout.replay.replay_closed` (or ``run_episode``) as usual.
+    :func:`rollcap.rollout.offline.replay.replay_closed` (or ``run_episode``) as usual.
     Before every env step it sets ``bus.intervene`` to the recorded human
     action, or None where the policy acted; after the last recorded step (or
     the last boundary, when the episode ended there) it requests the recorded

@@ -15,9 +15,9 @@ pytest.importorskip("stable_baselines3")
 import rollcap  # noqa: E402
 from rollcap.envs.scene import BLOCKS, TARGETS, make_instruction  # noqa: E402
 from rollcap.rollout.config import HostConfig  # noqa: E402
-from rollcap.rollout.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, mcnemar_p, paired_difference, task_one_hot, wilson  # noqa: E402
+from rollcap.rollout.learn.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, mcnemar_p, paired_difference, task_one_hot, wilson  # noqa: E402
 from rollcap.rollout.errors import ConfigError  # noqa: E402
-from rollcap.rollout.gym_env import NoiseSteeringEnv, instruction_tokens  # noqa: E402
+from rollcap.rollout.gym.envs import NoiseSteeringEnv, instruction_tokens  # noqa: E402
 from rollcap.rollout.recording import EpisodeRecorder  # noqa: E402
 from tests.rollout._tiny import make_env, make_runners  # noqa: E402
 

@@ -14,7 +14,7 @@ from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
-from rollcap.rollout.train_prefix import prefix_loss, prefix_model
+from rollcap.rollout.learn.train_prefix import prefix_loss, prefix_model
 from tests.rollout._tiny import POLICY, first_obs as _obs, flow_noise as _noise, make_env
 
 PREFIX = dataclasses.replace(POLICY, prefix_conditioning=True)
@@ -130,8 +130,8 @@ def test_prefix_loss_feeds_the_clean_prefix_at_time_zero_and_masks_it(model):
 def test_stale_prefix_labels_are_the_training_demos_with_the_plan_rtc_executes():
     """Same episodes as training.py; with max_delay 0 the same labels; otherwise a step's prefix is the clean plan
     labelled s steps earlier (its actions s..s+d-1), and the first s steps of an episode carry none."""
-    from rollcap.rollout.train_prefix import collect_prefix_demos
-    from rollcap.rollout.training import TrainConfig, collect_demos
+    from rollcap.rollout.learn.train_prefix import collect_prefix_demos
+    from rollcap.rollout.learn.training import TrainConfig, collect_demos
 
     tc = TrainConfig(demos=2, noisy_fraction=0.0, policy=dataclasses.replace(FlowVLAConfig(), image_size=32))
     base = collect_demos(tc)

@@ -13,7 +13,7 @@ from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import HostState, RolloutHost
 from rollcap.rollout.protocols import ChunkPolicy, Subscriber
-from rollcap.rollout.replay import replay_closed, replay_env, replay_policy
+from rollcap.rollout.offline.replay import replay_closed, replay_env, replay_policy
 from tests.rollout._tiny import make_env
 
 

@@ -61,8 +61,7 @@ def test_end_stops_at_the_next_step_and_nothing_more_is_launched(runners):
 def test_discard_drops_the_episode_and_quit_is_seen_between_episodes(runners, tmp_path):
     """discard(): no record reaches the recorder; quit() is readable by the driver; the next episode is recorded."""
     from rollcap.rollout.recording import EpisodeRecorder
-    from rollcap.rollout.inspect import load_any
-
+    from rollcap.rollout.recording import load_any
     bus = EventBus()
     rec = EpisodeRecorder(tmp_path / "r")
     sub = At(lambda step: bus.discard() if step == 3 else None)

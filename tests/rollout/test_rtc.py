@@ -103,7 +103,7 @@ def test_bad_real_time_configs_are_refused_by_field(runners, rtc_policy):
         HostConfig(inference_delay=1)
     with pytest.raises(ConfigError, match="control_period_s"):
         HostConfig(control_period_s=-1.0)
-    from rollcap.rollout.gym_env import ChunkEnv
+    from rollcap.rollout.gym.envs import ChunkEnv
 
     with pytest.raises(ConfigError, match="chunking"):  # its step() would miss the queue's steps
         ChunkEnv(make_env(), rtc_policy, None, HostConfig(**RTC))
@@ -175,7 +175,7 @@ def test_control_clock_paces_steps_and_counts_lateness():
 @pytest.mark.slow
 def test_bench_rtc_smoke(tmp_path):
     """The RTC benchmark's sections run end to end with a tiny budget and write their JSON."""
-    from rollcap.rollout.bench_rtc import main, paired_diff, wilson
+    from rollcap.rollout.bench.rtc import main, paired_diff, wilson
 
     out = tmp_path / "rtc.json"
     assert main(["--episodes", "1", "--stall-episodes", "1", "--delays", "2", "--modes", "rtc-soft", "--period-ms", "2", "--out", str(out)]) == 0

@@ -1,0 +1,87 @@
+"""``rollcap bench``: side-by-side figures from one run (ratios, not absolutes).
+
+Sections: ``models`` (policy eager vs captured, critic, policy || critic vs
+serial, capture time, exactness), ``capsule`` (snapshot/restore per tier vs a
+plain copy, restore vs rebuild-and-recapture), ``env`` (steps/s), ``host``
+(overhead per chunk, recording overhead, capsule reset vs env.reset + runner
+re-creation), ``branch`` (:mod:`rollcap.rollout.bench.branch`), ``scaling``
+(capsule restore/snapshot vs copy from 25 KB to 256 MB,
+:mod:`rollcap.capsule.bench_scaling`), ``peer`` (the loop users write today,
+:mod:`rollcap.rollout.bench.peer`), ``recording`` (the writer's stages,
+:mod:`rollcap.rollout.bench.recording`). Each section's seconds are in
+``section_s``. Opt-in (``--only``): ``backends`` (the CPU plans jit, aoti and
+compile side by side, :mod:`rollcap.rollout.bench.backends`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import time
+
+import torch
+
+from rollcap.rollout.build import Parts
+
+SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording")
+OPT_IN = ("backends",)
+"""Sections run only when named in ``--only`` (``backends`` compiles for minutes on a cold cache)."""
+_MODULE = {"scaling": "capsule"}
+"""The module of a section whose name is not its module's: ``bench_<section>`` lives in ``rollcap.rollout.bench.<module>``."""
+
+
+def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None) -> dict:
+    """Run the chosen sections (default: all) and return a JSON-able report."""
+    only = only or SECTIONS
+    bad = [s for s in only if s not in SECTIONS + OPT_IN]
+    if bad:
+        raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS + OPT_IN)}")
+    n = 20 if quick else 200
+    report: dict = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
+        "repeats": n,
+    }
+    fns = {s: getattr(importlib.import_module(f"rollcap.rollout.bench.{_MODULE.get(s, s)}"), f"bench_{s}") for s in only}
+    report["section_s"] = {}
+    for s in only:
+        t0 = time.perf_counter()
+        report[s] = fns[s](parts, n)
+        report["section_s"][s] = time.perf_counter() - t0
+    return report
+
+
+_FORMAT = {
+    "models": ("models", "models (backend {backend}):"),
+    "capsule": ("capsule", "capsule (policy + critic state, {bytes} bytes):"),
+    "env": ("env", "env:"),
+    "host": ("host", "host:"),
+    "gym": ("gym", "gym (ChunkEnv / NoiseSteeringEnv):"),
+    "scaling": ("capsule", "capsule scaling (restore / snapshot vs a plain copy; ratio median, IQR over rounds):"),
+    "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
+    "recording": ("recording", "recording (the writer's stages per episode, real episodes of the shipped task):"),
+    "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
+    "section_s": None,
+    "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),
+}
+"""Section -> (its module under ``rollcap.rollout.bench``, its title; fields of the section's report fill the title), in report order."""
+
+
+def format_report(r: dict) -> str:
+    """The human table: a title per section, then its rows (each section's ``format_<name>(report, row)``)."""
+    m = r["machine"]
+    lines = [f"machine: {m['platform']}, {m['cpus']} cpus, torch {m['torch']}, {m['device']} ({m['cpu_capability']}), {m['threads_per_lane']} thread(s)/lane"]
+
+    def row(name, val=None):
+        lines.append(f"  {name}" if val is None else f"  {name:<44} {val}")
+
+    for name, spec in _FORMAT.items():
+        if name not in r:
+            continue
+        if spec is None:
+            lines.append("seconds per section: " + ", ".join(f"{k} {v:.1f}" for k, v in r["section_s"].items()))
+            continue
+        module, title = spec
+        lines.append(title.format(**r[name]))
+        getattr(importlib.import_module(f"rollcap.rollout.bench.{module}"), f"format_{name}")(r[name], row)
+    return "\n".join(lines)

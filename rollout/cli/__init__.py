@@ -1,0 +1,62 @@
+"""The ``rollcap`` command line: run, replay, inspect, branch, recap, bench, capsule inspect.
+
+:func:`main` is the console script. The parser and the commands live in
+:mod:`rollcap.rollout.cli.commands` (``branch`` in :mod:`~rollcap.rollout.cli.branch`,
+``recap`` in :mod:`~rollcap.rollout.cli.recap`); flags come from the config
+dataclasses through :mod:`~rollcap.rollout.cli.options`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS, Terminated as _Terminated
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``rollcap`` command. Exit codes: 0 done, 1 a check failed or recording failed, 2 a user mistake,
+    130 Ctrl-C (143 SIGTERM), always without a traceback for these."""
+    signal.signal(signal.SIGINT, _SIGNALS)
+    signal.signal(signal.SIGTERM, _SIGNALS)
+    try:
+        return _main(argv)
+    except _Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:  # e.g. during start-up: imports, capture
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:  # exiting now: a late signal must not turn a clean exit into a death by signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _main(argv: list[str] | None) -> int:
+    from rollcap.capsule.errors import CapsuleMismatch, CorruptCapsule
+    from rollcap.kernels.errors import BadInput, CheckpointMismatch
+    from rollcap.rollout.errors import ConfigError, CorruptEpisode, RecordingFailed
+
+    from rollcap.rollout.cli.commands import UserError, build_parser
+
+    args = build_parser().parse_args(argv)  # imports what the command needs
+    try:
+        if args.command != "run":  # run releases once its parts are built
+            _SIGNALS.release()
+        return int(args.func(args) or 0)
+    except ConfigError as err:
+        flag = args.options.flag(err.field) if getattr(args, "options", None) else None
+        if flag is None and hasattr(args, err.field):  # a flag the command declares itself (replay --actors)
+            flag = "--" + err.field.replace("_", "-")
+        print(f"rollcap {args.command}: error: {flag or err.field}: {err.problem}", file=sys.stderr)
+        return 2
+    except RecordingFailed as err:
+        print(f"rollcap {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # e.g. `rollcap inspect ... | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (UserError, BadInput, CheckpointMismatch, CorruptEpisode, CorruptCapsule, CapsuleMismatch, ValueError, OSError) as err:
+        print(f"rollcap {args.command}: error: {err}", file=sys.stderr)  # OSError: a missing or unreadable path
+        return 2

@@ -1,0 +1,266 @@
+"""The ``rollcap`` command line: run, replay, inspect, branch, recap, bench, capsule inspect."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS, Terminated as _Terminated
+
+EXAMPLES = """examples:
+  rollcap run                                   10 episodes of the built-in task, shipped policy + critic
+  rollcap run --episodes 50 --critic-threshold -0.8 --out runs/eval
+  rollcap replay runs/latest/episodes.hdf5      prove every episode reproduces byte-for-byte
+  rollcap inspect runs/latest --plot plots/     episode table, PNG per episode
+  rollcap branch runs/latest --episode 0 --chunk 5 --n 16    16 continuations + the control; Monte-Carlo value
+  rollcap bench --json bench.json               latency, overlap, capsule, env, host, recording figures
+  rollcap capsule inspect path/to/capsule       a disk capsule's manifest and digest check
+  rollcap recap runs/collect --out runs/recap1  refit the critic, fine-tune the policy on the run, evaluate (RECAP)
+"""
+
+
+class UserError(Exception):
+    """A mistake in arguments or input files: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``rollcap run: error: --episodes: invalid int value: 'x'`` and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message.replace('argument ', '', 1)} (see --help)\n")
+
+
+# --------------------------------------------------------------------- run
+def _parts_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()):
+    from rollcap.rollout.build import Parts
+    from rollcap.rollout.cli.options import Options
+
+    opts = Options(p)
+    opts.add(Parts, flags={"env_id": "--env"}, skip=skip)
+    return opts
+
+
+def _run_options(p: argparse.ArgumentParser):
+    from rollcap.rollout.api import RunConfig
+    from rollcap.rollout.config import HostConfig
+
+    opts = _parts_options(p)
+    opts.add(RunConfig, flags={"formats": "--format"})
+    opts.add(HostConfig)
+    return opts
+
+
+def cmd_run(args) -> int:
+    from rollcap.rollout.api import Interrupted, RunConfig, run
+    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.config import HostConfig
+
+    opts = args.options
+    parts = Parts(**opts.values(args, Parts))
+    host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
+    built = []
+    opts = {**dataclasses.asdict(host_cfg), **{k: v for k, v in dataclasses.asdict(run_cfg).items() if k not in ("episodes", "out")}}
+    try:
+        if run_cfg.actors:  # actors build their own parts from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
+            names = {k: v for k, v in dataclasses.asdict(parts).items() if k not in ("env_id", "policy", "critic")}
+            result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, **opts, **names)
+        else:
+            env = make_env(parts.env_id, parts.env_kwargs)
+            built.append(env)
+            policy, critic = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
+            built += [policy, critic]
+            _SIGNALS.release()  # start-up is over: a Ctrl-C held during it stops here
+            result = run(run_cfg.episodes, out=run_cfg.out, env=env, policy=policy, critic=critic or "none", on_finished=_SIGNALS.finish, **opts)
+    except Interrupted as stop:
+        print(_summary_table(stop.result.summary))
+        dropped = stop.result.summary["discarded"]
+        note = f"; {len(dropped)} finished but unwritten episode(s) dropped ({dropped[0]}..{dropped[-1]})" if dropped else ""
+        print(f"interrupted: {stop.result.summary['episodes']} whole episode(s) of this session kept in {stop.result.run_dir}{note}", file=sys.stderr)
+        return 143 if isinstance(stop.cause, _Terminated) else 130
+    finally:
+        for part in built:
+            if part is not None:
+                part.close()
+    print(_summary_table(result.summary))
+    failed = result.summary.get("failed")
+    if failed:  # episodes whose every try killed its actor (or raised there): not recorded
+        print(f"rollcap run: error: {len(failed)} episode(s) failed on the actors ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _summary_table(s: dict) -> str:
+    rows = [
+        ("run directory", s["run_dir"]),
+        ("episodes", str(s["episodes"])),
+        ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})" if s["episodes"] else "-"),
+        ("stop reasons", ", ".join(f"{k} {v}" for k, v in s["stop_reasons"].items()) or "-"),
+        ("chunks", str(s["chunks"])),
+        ("chunk boundary", f"median {s['boundary_ms_median']:.2f} ms, p99 {s['boundary_ms_p99']:.2f} ms"),
+        ("policy | critic", f"median {s['policy_ms_median']:.2f} ms | {s['critic_ms_median']:.2f} ms"),
+        ("wall", f"{s['wall_s']:.1f} s"),
+    ]
+    if "actors" in s:
+        rows.append(("ray actors", f"{s['actors']} on {s['nodes']} node(s) ({s['address']}), {s['retries']} retried, {len(s['failed'])} failed; start-up {s['actors_start_s']:.1f} s"))
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+# ------------------------------------------------------------------ replay
+def cmd_replay(args) -> int:
+    from rollcap.rollout.build import Parts
+    from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
+    from rollcap.rollout.recording import iter_episodes
+    modes = [m for m in args.mode.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        raise UserError(f"--mode: expected a comma list of {','.join(MODES)}, got {args.mode!r}")
+    if args.actors < 0:
+        raise UserError(f"--actors: expected an integer >= 0, got {args.actors}")
+    if args.address is not None and not args.actors:
+        raise UserError(f"--address {args.address}: joining a Ray cluster needs --actors >= 1")
+
+    def episodes():  # streamed: one episode in memory at a time, however large the run
+        return (item for f in args.files for item in iter_episodes(f))
+
+    for f in args.files:  # an unreadable path stops the replay before anything runs (reads one episode)
+        next(iter_episodes(f), None)
+    if args.env is not None or args.env_kwargs is not None:
+        for source, rec in episodes():  # a mismatched --env / --env-kwargs stops the replay before anything runs
+            if not isinstance(rec, Exception):
+                _check_replay_env(args, rec, source)
+    items = list(episodes()) if args.actors else episodes()  # the Ray path keeps them for its retries
+    parts = Parts(**{k: v for k, v in args.options.values(args, Parts).items() if k not in ("env_id", "env_kwargs")})
+    import_env = args.env is not None
+    results, pool = [], {}
+    if args.actors:
+        from rollcap.rollout.ray.replay import replay_on_actors
+        from rollcap.rollout.ray.actors import check_actor_run
+
+        check_actor_run("env", parts.policy, parts.critic)
+        per_episode = replay_on_actors(items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool)
+    else:
+        replayer = Replayer(parts)
+        per_episode = (replayer.check(source, rec, modes, import_env) for source, rec in items)
+    try:
+        for batch in per_episode:  # one episode's results, in the order of the files
+            for res in batch:
+                results.append(res)
+                print(res.line())
+    finally:
+        if args.actors:
+            per_episode.close()
+        else:
+            replayer.close()
+    line, ok = summary_line(results, accept_not_comparable=args.accept_not_comparable)
+    if pool:
+        line += f" (on {pool['actors']} Ray actor(s), {pool['nodes']} node(s); {pool['retries']} retried)"
+    print(line)
+    return 0 if ok else 1
+
+
+def _check_replay_env(args, rec, source: str) -> None:
+    """An explicit --env / --env-kwargs must name the recording's env."""
+    if args.env is not None and args.env != rec.env_id:
+        raise UserError(f"--env {args.env}: {source} was recorded in {rec.env_id}; replay runs the recording's env (drop --env)")
+    if args.env_kwargs is not None and args.env_kwargs != rec.env_kwargs:
+        raise UserError(f"--env-kwargs {json.dumps(args.env_kwargs)}: {source} was recorded with {json.dumps(rec.env_kwargs)}; replay uses the recording's")
+
+
+# ----------------------------------------------------------------- inspect
+def cmd_inspect(args) -> int:
+    from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes
+    from rollcap.rollout.recording import iter_any, load_any
+    if args.plot is not None:
+        check_plot_dir(args.plot)  # a bad --plot costs nothing
+    print(episode_table(iter_any(args.file)))  # streamed: memory is one episode's, whatever the run's size
+    if args.plot is not None:
+        for path in plot_episodes(load_any(args.file), args.plot):  # branch fans need the episodes together
+            print(f"wrote {path}")
+    return 0
+
+
+# ------------------------------------------------------------------- bench
+def cmd_bench(args) -> int:
+    from rollcap.rollout.bench.report import format_report, run_bench
+    from rollcap.rollout.build import Parts
+
+    parts = Parts(**args.options.values(args, Parts))
+    only = [s for s in args.only.split(",") if s] if args.only else None
+    actors = args.actors or (2 if only and "ray" in only else 0)
+    if args.actors < 0 or args.actors == 1:
+        raise UserError(f"--actors: the Ray section compares 1 actor with N >= 2, got {args.actors}")
+    report = run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None) if only != ["ray"] else {}
+    if report:
+        print(format_report(report))
+    if actors:  # Ray batch rollouts: 1 vs N actors vs AsyncVectorEnv(N), the shipped policy and critic
+        from rollcap.rollout.bench.ray import format_report as format_ray, run_bench as run_ray
+
+        report["ray"] = run_ray(episodes=8 if args.quick else 40, steps=40 if args.quick else 300, rounds=1 if args.quick else 2, actors=actors)
+        print("ray (Ray batch rollouts, shipped policy and critic):\n" + format_ray(report["ray"]))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+# -------------------------------------------------------------------- main
+def _json_object(text: str) -> dict:
+    from rollcap.rollout.cli.options import json_object
+
+    return json_object(text)
+
+
+_json_object.__name__ = "JSON"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = _Parser(prog="rollcap", description="Rollouts for robot policies: captured-graph VLA inference, a concurrent critic, capsule reset, bit-exact recordings.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def command(name: str, func, help: str, description: str, example: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=description, epilog=f"example: {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=func)
+        return p
+
+    p = command("run", cmd_run, "run episodes and record them (the main job)", "Run N episodes of a task with a policy and a critic; record npz + robomimic HDF5; print a summary.", "rollcap run --episodes 20 --critic-threshold -0.8 --out runs/eval")
+    p.set_defaults(options=_run_options(p))
+
+    p = command("replay", cmd_replay, "replay recordings and check they are byte-identical", "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; the summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.", "rollcap replay runs/eval/episodes.hdf5 --mode policy,env")
+    p.add_argument("files", nargs="+", type=Path, help="npz files, HDF5 files or run directories")
+    p.add_argument("--mode", default="policy,env,closed", help="comma list of policy,env,closed (default: all)")
+    p.add_argument("--accept-not-comparable", action="store_true", help="exit 0 when episodes recorded on another deployment fingerprint could only be compared, not proven exact")
+    p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise")
+    p.add_argument("--env-kwargs", default=None, type=_json_object, metavar="JSON", help="must equal the recording's (replay always uses the recording's env kwargs)")
+    p.add_argument("--actors", type=int, default=0, metavar="N", help="replay on N Ray actors (0: in this process); output and verdicts are the same; needs pip install 'rollcap[ray]'")
+    p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
+    p.set_defaults(options=_parts_options(p, skip=("env_id", "env_kwargs")))
+
+    p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions", "Print a table of the episodes in an npz file, an HDF5 file or a run directory.", "rollcap inspect runs/eval --plot runs/eval/plots")
+    p.add_argument("file", type=Path, help="npz file, HDF5 file or run directory")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)")
+
+    p = command("bench", cmd_bench, "measure latency, overlap, capsules, env and host overhead", "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.", "rollcap bench --quick --json bench.json")
+    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
+    p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
+    p.add_argument("--actors", type=int, default=0, metavar="N", help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)")
+    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache)")
+    p.set_defaults(options=_parts_options(p))
+
+    from rollcap.rollout.cli.branch import add_parser as add_branch_parser
+
+    add_branch_parser(command, _parts_options)
+    from rollcap.rollout.cli.recap import add_parser as add_recap_parser
+
+    add_recap_parser(command)
+
+    p = sub.add_parser("capsule", help="capsule tools", description="Tools for disk capsules.")
+    csub = p.add_subparsers(dest="capsule_command", metavar="COMMAND", parser_class=_Parser)
+    csub.required = True
+    from rollcap.capsule.cli import add_subparser
+
+    add_subparser(csub)
+    return ap

@@ -1,0 +1,294 @@
+"""DSRL on the built-in task: Stable-Baselines3 SAC steering the frozen policy's flow noise.
+
+The pieces ``examples/dsrl_sac.py`` wires together:
+
+- :class:`SteeringConfig`: what the agent sees, how far it may push the noise,
+  its reward, how many actions of each chunk run.
+- :func:`make_steering_env`: :class:`~rollcap.rollout.gym.envs.NoiseSteeringEnv`
+  (shipped policy and critic) inside three one-hook wrappers:
+  :class:`SteeringObs` (a flat vector for an MLP), :class:`NoiseBound` (the
+  agent's noise box) and :class:`SuccessBonus`.
+- :func:`train_sac`: SAC with a wall-clock budget.
+- :func:`compare`: the trained agent (its deterministic action) against the
+  frozen policy on the same held-out episode seeds, paired.
+
+The frozen side is exactly ``rollcap run --execute-steps 8 --seed S``: the
+env's own host runs ``run_episode`` with the episode's derived noise
+(``host.boundary()`` without noise), so no clipping or wrapper touches it.
+
+Imports point down: gym_env, host, seeding; nothing in rollcap imports this
+module. Needs the ``rl`` extra (stable-baselines3).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from rollcap.envs.scene import BLOCKS, TARGETS, parse_instruction
+from rollcap.rollout.errors import ConfigError
+from rollcap.policies.observation import BOS, EOS
+from rollcap.rollout.gym.envs import NOISE_BOUND, NoiseSteeringEnv, make_noise_steering_env
+from rollcap.rollout.host import HostState
+from rollcap.rollout.protocols import EpisodeEnd
+from rollcap.rollout.seeding import episode_seed
+
+try:
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+except ImportError as err:  # pragma: no cover - the rl extra is installed in CI
+    raise ImportError("rollcap.rollout.learn.dsrl needs stable-baselines3: pip install 'rollcap[rl]'") from err
+
+
+@dataclass(frozen=True)
+class SteeringConfig:
+    """The agent's view of the task: observation, noise box, reward, chunk execution."""
+
+    noise_bound: float = 1.5
+    """The agent's noise lies in [-bound, bound] per element (DSRL's action magnitude; standard-normal noise exceeds 1.5 13% of the time)."""
+    success_bonus: float = 5.0
+    """Added to the reward of the chunk that ends in success (the env itself adds 1.0 on the success step)."""
+    value_in_obs: bool = True
+    """Give the agent the shipped critic's value of the current observation."""
+    execute_steps: int = 8
+    """Actions of each 8-action chunk the env executes (8: whole chunks, where the frozen policy succeeds about 70%)."""
+
+    def __post_init__(self):
+        if not (isinstance(self.noise_bound, (int, float)) and 0 < self.noise_bound <= NOISE_BOUND):
+            raise ConfigError("noise_bound", f"expected a number in (0, {NOISE_BOUND}], got {self.noise_bound!r}")
+        if not (isinstance(self.success_bonus, (int, float)) and math.isfinite(self.success_bonus) and self.success_bonus >= 0):
+            raise ConfigError("success_bonus", f"expected a finite number >= 0, got {self.success_bonus!r}")
+        if not isinstance(self.execute_steps, int) or isinstance(self.execute_steps, bool) or self.execute_steps < 1:
+            raise ConfigError("execute_steps", f"expected an integer >= 1, got {self.execute_steps!r}")
+
+
+# ------------------------------------------------------------------ wrappers
+def task_one_hot(tokens: np.ndarray) -> np.ndarray:
+    """The instruction's block and target as a float32 one-hot of length ``len(BLOCKS) + len(TARGETS)``."""
+    tokens = np.asarray(tokens)
+    end = int(np.flatnonzero(tokens == EOS)[0]) if (tokens == EOS).any() else len(tokens)
+    text = bytes(int(t) for t in tokens[1 if tokens[0] == BOS else 0 : end]).decode("utf-8")
+    block, target = parse_instruction(text)
+    out = np.zeros(len(BLOCKS) + len(TARGETS), np.float32)
+    out[block], out[len(BLOCKS) + target] = 1.0, 1.0
+    return out
+
+
+class SteeringObs(gym.ObservationWrapper):
+    """NoiseSteeringEnv's Dict -> one float32 vector: ``state`` (28), task one-hot (6), ``value`` (1, if present).
+
+    The image is dropped: the egocentric state already holds every puck and
+    target, and an MLP on 35 numbers trains far faster on a CPU than a CNN.
+    """
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        space = env.observation_space
+        if not isinstance(space, spaces.Dict) or not {"state", "instruction_tokens"} <= set(space.spaces):
+            raise ValueError(f"SteeringObs needs a Dict observation with 'state' and 'instruction_tokens', got {space}")
+        self.keys = ("state", "value") if "value" in space.spaces else ("state",)
+        low = np.concatenate([space["state"].low, np.zeros(len(BLOCKS) + len(TARGETS), np.float32)] + ([space["value"].low] if "value" in self.keys else []))
+        high = np.concatenate([space["state"].high, np.ones(len(BLOCKS) + len(TARGETS), np.float32)] + ([space["value"].high] if "value" in self.keys else []))
+        self.observation_space = spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
+
+    def observation(self, obs):
+        parts = [obs["state"], task_one_hot(obs["instruction_tokens"])] + ([obs["value"]] if "value" in self.keys else [])
+        return np.concatenate(parts).astype(np.float32)
+
+
+class NoiseBound(gym.ActionWrapper):
+    """The agent's noise box narrowed to [-bound, bound] (SAC squashes into it); actions are clipped to it."""
+
+    def __init__(self, env: gym.Env, bound: float):
+        super().__init__(env)
+        base = env.action_space
+        if not isinstance(base, spaces.Box):
+            raise ValueError(f"NoiseBound needs a Box action space, got {base}")
+        if not 0 < bound <= float(np.min(base.high)):
+            raise ValueError(f"bound must lie in (0, {float(np.min(base.high))}], got {bound!r}")
+        self.bound = float(bound)
+        self.action_space = spaces.Box(-self.bound, self.bound, base.shape, np.float32)
+
+    def action(self, action):
+        return np.clip(np.asarray(action, np.float32).reshape(self.action_space.shape), -self.bound, self.bound)
+
+
+class SuccessBonus(gym.Wrapper):
+    """Adds ``bonus`` to the reward of the step whose ``info["is_success"]`` is true."""
+
+    def __init__(self, env: gym.Env, bonus: float):
+        super().__init__(env)
+        if not (math.isfinite(bonus) and bonus >= 0):
+            raise ValueError(f"bonus must be a finite number >= 0, got {bonus!r}")
+        self.bonus = float(bonus)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward + (self.bonus if info.get("is_success", False) else 0.0), terminated, truncated, info
+
+
+def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu") -> gym.Env:
+    """The built-in task, shipped policy and critic, steered through its noise; ``env.unwrapped`` is the NoiseSteeringEnv."""
+    cfg = cfg or SteeringConfig()
+    core = make_noise_steering_env(device=device, config={"execute_steps": cfg.execute_steps}, value_in_obs=cfg.value_in_obs)
+    return SuccessBonus(NoiseBound(SteeringObs(core), cfg.noise_bound), cfg.success_bonus)
+
+
+# ------------------------------------------------------------------ training
+class WallClockBudget(BaseCallback):
+    """Stops ``learn`` once ``seconds`` of wall time have passed since training began."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        if not seconds > 0:
+            raise ValueError(f"seconds must be > 0, got {seconds!r}")
+        self.seconds = float(seconds)
+        self._t0 = 0.0
+
+    def _on_training_start(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def _on_step(self) -> bool:
+        return time.perf_counter() - self._t0 < self.seconds
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What a training run used."""
+
+    steps: int
+    """SAC steps taken (one step = one chunk)."""
+    episodes: int
+    """Training episodes begun (episode seeds ``episode_seed(seed, i)`` for i below this)."""
+    seconds: float
+    """Wall time of ``learn``."""
+
+
+def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learning_starts: int = 1000, ent_coef: str | float = "auto", log_interval: int = 20, verbose: int = 1) -> tuple[SAC, TrainStats]:
+    """SB3 SAC (MlpPolicy, its defaults otherwise) on ``env`` for ``timesteps`` steps or ``max_seconds``, whichever ends first.
+
+    Args:
+        seed: seeds SB3, and is the run seed of the training episodes (the env is reset with it once).
+        ent_coef: SAC's entropy coefficient: a number (fixed), or ``"auto"`` / ``"auto_<init>"`` (SB3 tunes it).
+    """
+    try:
+        ent_coef = float(ent_coef)
+    except ValueError:
+        if not str(ent_coef).startswith("auto"):
+            raise ValueError(f"ent_coef: expected a number, 'auto' or 'auto_<init>', got {ent_coef!r}") from None
+    model = SAC("MlpPolicy", env, learning_starts=learning_starts, ent_coef=ent_coef, seed=seed, verbose=verbose, device="cpu")
+    t0 = time.perf_counter()
+    model.learn(timesteps, callback=WallClockBudget(max_seconds), log_interval=log_interval)
+    seconds = time.perf_counter() - t0
+    begun = len(model.get_env().get_attr("episode_returns")[0]) + 1  # Monitor's finished episodes + the running one
+    return model, TrainStats(int(model.num_timesteps), begun, seconds)
+
+
+# ---------------------------------------------------------------- evaluation
+def steered_successes(env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int) -> list[bool]:
+    """Success of episodes ``0 .. episodes-1`` of run ``run_seed`` with the noise ``act(obs)`` chooses each chunk."""
+    out = []
+    obs, info = env.reset(seed=run_seed)
+    for i in range(episodes):
+        if i:
+            obs, info = env.reset()
+        if info["episode"] != i:
+            raise RuntimeError(f"expected episode {i} of run {run_seed}, the env started episode {info['episode']}")
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(act(obs))
+            done = terminated or truncated
+        out.append(bool(info["is_success"]))
+    return out
+
+
+def frozen_episodes(env: gym.Env, run_seed: int, episodes: int) -> list[EpisodeEnd]:
+    """The same episodes run by the frozen policy on its own derived noise, exactly as ``rollcap run --seed run_seed`` runs them."""
+    core = env.unwrapped
+    if not isinstance(core, NoiseSteeringEnv):
+        raise TypeError(f"expected a NoiseSteeringEnv inside, got {type(core).__name__}")
+    host = core.host
+    if host.state is not HostState.RESET:
+        host.finish("reset")
+    return [host.run_episode(i, episode_seed(run_seed, i)) for i in range(episodes)]
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion k/n (95% for z = 1.96)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p, d = k / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, mid - half), min(1.0, mid + half))
+
+
+def mcnemar_p(fixed: int, broken: int) -> float:
+    """Exact two-sided McNemar p-value: the discordant pairs under 'steering changes nothing' are Binomial(n, 1/2)."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(fixed, broken) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_difference(fixed: int, broken: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Difference of two success rates over the same ``n`` episodes, ``(fixed - broken) / n``, and its normal-approximation interval."""
+    d = (fixed - broken) / n
+    half = z * math.sqrt(max(fixed + broken - (fixed - broken) ** 2 / n, 0.0)) / n
+    return d, d - half, d + half
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Steered vs frozen success on the same episode seeds, paired episode by episode."""
+
+    run_seed: int
+    steered: tuple[bool, ...]
+    frozen: tuple[bool, ...]
+    zero_noise: tuple[bool, ...] = ()
+    """The frozen policy on all-zero noise (about SAC's deterministic action before training), a reference."""
+
+    @property
+    def fixed(self) -> int:
+        """Episodes the frozen policy failed and steering made succeed."""
+        return sum(s and not f for s, f in zip(self.steered, self.frozen))
+
+    @property
+    def broken(self) -> int:
+        """Episodes the frozen policy solved and steering failed."""
+        return sum(f and not s for s, f in zip(self.steered, self.frozen))
+
+    def lines(self) -> list[str]:
+        n = len(self.frozen)
+        rows = [("steered (SAC, deterministic)", self.steered), ("unsteered (frozen policy)", self.frozen)]
+        rows += [("zero noise (reference)", self.zero_noise)] if self.zero_noise else []
+        out = [f"{name} success: {sum(v)}/{n} = {sum(v) / n:.1%} (95% Wilson CI {wilson(sum(v), n)[0]:.1%}-{wilson(sum(v), n)[1]:.1%})" for name, v in rows]
+        d, lo, hi = paired_difference(self.fixed, self.broken, n)
+        out.append(f"paired: {self.fixed} fixed, {self.broken} broken by steering: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), "
+                   f"exact McNemar p = {mcnemar_p(self.fixed, self.broken):.3g}; held-out episode seeds episode_seed({self.run_seed}, i), i < {n}")  # fmt: skip
+        return out
+
+    def to_json(self) -> dict:
+        n = len(self.frozen)
+        return {
+            "run_seed": self.run_seed, "episodes": n, "episode_seeds": [episode_seed(self.run_seed, i) for i in range(n)],
+            "steered_success": sum(self.steered), "frozen_success": sum(self.frozen), "zero_noise_success": sum(self.zero_noise),
+            "fixed": self.fixed, "broken": self.broken, "mcnemar_p": mcnemar_p(self.fixed, self.broken),
+            "difference_and_95ci": paired_difference(self.fixed, self.broken, n),
+            "steered": list(self.steered), "frozen": list(self.frozen), "zero_noise": list(self.zero_noise),
+        }  # fmt: skip
+
+
+def compare(env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int, zero_noise: bool = True) -> Comparison:
+    """The agent's ``act`` against the frozen policy (and, with ``zero_noise``, all-zero noise) on episodes ``0 .. episodes-1`` of ``run_seed``."""
+    zeros = np.zeros(env.action_space.shape, np.float32)
+    steered = steered_successes(env, act, run_seed, episodes)
+    frozen = [end.success for end in frozen_episodes(env, run_seed, episodes)]
+    zero = steered_successes(env, lambda obs: zeros, run_seed, episodes) if zero_noise else []
+    return Comparison(run_seed, tuple(steered), tuple(frozen), tuple(zero))

@@ -1,0 +1,22 @@
+"""RECAP: one iteration of learning from rollcap's own recordings (``rollcap recap``).
+
+Five stages, each a module and a function testable alone:
+
+1. :func:`~rollcap.rollout.learn.recap.collect.collect` -- the runs' episodes and the shipped demonstrations;
+2. :mod:`~rollcap.rollout.learn.recap.value` -- value targets (censored episodes bootstrapped), the critic refit, its calibration;
+3. :mod:`~rollcap.rollout.learn.recap.advantage` -- N-step advantages, binarised per task at a percentile;
+4. :mod:`~rollcap.rollout.learn.recap.improve` -- the advantage-conditioned fine-tune and the guidance weight;
+5. :mod:`~rollcap.rollout.learn.recap.evaluate` -- before vs after on held-out seeds, paired.
+
+:func:`recap` runs them all and writes the checkpoints and a manifest.
+
+Imports point downward: this package knows ``inspect``, ``branch``,
+``calibrate``, ``training``, ``host``, ``build`` and the models.
+"""
+
+from __future__ import annotations
+
+from rollcap.rollout.learn.recap.config import RecapConfig
+from rollcap.rollout.learn.recap.pipeline import MANIFEST, recap
+
+__all__ = ["MANIFEST", "RecapConfig", "recap"]

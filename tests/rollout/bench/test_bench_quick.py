@@ -1,0 +1,37 @@
+"""CI smoke test: `rollcap bench --quick` runs every section end to end and writes an honest JSON report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rollcap.rollout.bench.report import SECTIONS
+
+
+@pytest.mark.slow
+def test_bench_quick_runs_every_section(tmp_path):
+    """Every section reports; the peer loop ran the same episodes as rollcap's; ratios carry their spread."""
+    out = tmp_path / "bench.json"
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", "bench", "--quick", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(SECTIONS) <= set(report) and set(report["section_s"]) == set(SECTIONS)
+    print(f"rollcap bench --quick: {wall:.1f} s wall; per section: {report['section_s']}")  # the < 1 min goal is read here, not asserted
+    assert report["peer"]["same_episodes"] is True
+    assert report["models"]["policy_bit_identical"] and report["models"]["critic_bit_identical"]
+    scaling = report["scaling"]["rows"]
+    assert scaling[0]["capsule"].startswith("default") and len(scaling) >= 2
+    for row in scaling:
+        r = row["restore_over_copy"]
+        assert r["min"] <= r["median"] <= r["max"]
+    stages = report["recording"]["stages"]
+    assert {"digest", "npz write (whole)", "h5 append (whole)"} <= set(stages)
+    assert all(s["cpu_ms"] >= 0 and s["wall_ms"] > 0 for s in stages.values())
+    for line in ("capsule scaling", "peer (", "recording (", "seconds per section"):
+        assert line in proc.stdout

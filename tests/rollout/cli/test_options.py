@@ -1,0 +1,63 @@
+"""Flags derived from config dataclasses: names, types, defaults, help from field docstrings, values back."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from rollcap.rollout.cli.options import Options, field_docs
+
+
+@dataclass(frozen=True)
+class Toy:
+    """A toy config."""
+
+    max_chunks: int | None = None
+    """Stop before this chunk."""
+    beta: float = 1.5
+    """Guidance weight."""
+    out: Path = Path("runs")
+    """Where to write."""
+    backend: Literal["eager", "jit"] | None = None
+    """Graph backend."""
+    formats: tuple[str, ...] = ("npz", "h5")
+    """Formats."""
+    kwargs: dict | None = None
+    """Env kwargs."""
+    progress: bool = True
+    """Show progress."""
+
+
+def _parse(*argv):
+    p = argparse.ArgumentParser(exit_on_error=False)
+    opts = Options(p)
+    opts.add(Toy, flags={"formats": "--format"})
+    return opts, opts.values(p.parse_args(list(argv)), Toy), p
+
+
+def test_defaults_types_and_names_come_from_the_dataclass():
+    """Every field is a flag with the field's default; values convert to the field's type."""
+    opts, v, _ = _parse()
+    assert v == {"max_chunks": None, "beta": 1.5, "out": Path("runs"), "backend": None, "formats": ("npz", "h5"), "kwargs": None, "progress": True}
+    _, v, _ = _parse("--max-chunks", "3", "--beta", "2", "--out", "x", "--backend", "jit", "--format", "npz", "--kwargs", '{"a": 1}', "--no-progress")
+    assert Toy(**v) == Toy(3, 2.0, Path("x"), "jit", ("npz",), {"a": 1}, False)
+    assert opts.flag("formats") == "--format" and opts.flag("max_chunks") == "--max-chunks"
+
+
+def test_help_is_the_field_docstring_with_the_default():
+    """--help text is the docstring under each field, plus its default."""
+    assert field_docs(Toy)["beta"] == "Guidance weight."
+    *_, p = _parse()
+    text = p.format_help()
+    assert "Guidance weight. (default: 1.5)" in text and "A toy config (Toy)" in text
+
+
+@pytest.mark.parametrize("argv", [["--beta", "x"], ["--backend", "tpu"], ["--kwargs", "[1]"], ["--kwargs", "{bad"]])
+def test_bad_values_are_argparse_errors(argv):
+    """A value of the wrong type is refused by the parser (one line through the CLI)."""
+    with pytest.raises((argparse.ArgumentError, SystemExit)):
+        _parse(*argv)

@@ -1,0 +1,53 @@
+"""Ctrl-C in the first two seconds of `rollcap run` (imports, checkpoint loading, capture): exit 130, one line, nothing written.
+
+The console script holds SIGINT from its first line (``import rollcap`` imports
+nothing heavy; gymnasium ids register after gymnasium's own import), so a
+Ctrl-C while modules still import takes effect when start-up ends, as README
+says, instead of a KeyboardInterrupt traceback from inside an import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROLLCAP = shutil.which("rollcap") or str(Path(sys.executable).with_name("rollcap"))
+MOMENTS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.8, 1.2, 2.0)
+
+
+def test_import_rollcap_imports_nothing_heavy():
+    out = subprocess.run([sys.executable, "-c", "import sys, rollcap.rollout.cli; print(sorted(m for m in ('gymnasium', 'numpy', 'torch', 'mujoco') if m in sys.modules))"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_gym_ids_register_when_gymnasium_is_imported_after_rollcap():
+    code = "import rollcap, gymnasium as gym; e = gym.make('rollcap/ChunkPushBlock-v0'); print(type(e.unwrapped).__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ChunkEnv"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("at", MOMENTS)
+def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, at):
+    assert os.path.exists(ROLLCAP), "the rollcap console script is not installed"
+    out = tmp_path / "run"
+    proc = subprocess.Popen([ROLLCAP, "run", "--episodes", "50", "--out", str(out), "--no-progress", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(at)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode in (130, 0), f"at {at}s: exit {proc.returncode} (a negative code is a death by signal)\n{stderr}"
+    assert "Traceback" not in stderr, f"at {at}s:\n{stderr}"
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) <= 2, f"at {at}s, more than the interrupted line:\n{stderr}"
+    if proc.returncode == 130:
+        assert any("interrupted" in line for line in lines), stderr
+    partial = [p for p in out.rglob("*") if p.is_file() and (".tmp" in p.name or p.name.startswith("."))] if out.exists() else []
+    assert not partial, f"partial files left: {partial}"

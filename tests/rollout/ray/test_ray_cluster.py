@@ -1,0 +1,126 @@
+"""A two-node Ray cluster on this machine: `address` joins it, actors on both nodes, the driver records the local run's episodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rollcap
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.recording import episode_digest, h5_indices
+from tests.rollout._tiny import ENV_KW
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head node and a worker node with one CPU each (so two actors land on two nodes).
+
+    Started as the README says to start a head: with gRPC's fork handlers off, without which the
+    head's Ray Client proxy lost the server it forks for a client (a CI run: "Initialization failure
+    from server ... zombie").
+    """
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    from rollcap.rollout.ray.connect import FORK_SAFE_ENV
+
+    mp = pytest.MonkeyPatch()
+    for k, v in FORK_SAFE_ENV.items():
+        mp.setenv(k, v)
+    port = _free_port()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "ray_client_server_port": port})
+    c.client_address = f"ray://127.0.0.1:{port}"  # the head's Ray Client server
+    try:
+        c.add_node(num_cpus=1, include_dashboard=False)
+        c.wait_for_nodes()
+        yield c
+    finally:
+        c.shutdown()
+        mp.undo()
+
+
+def test_a_two_node_cluster_records_the_local_run_s_episodes_in_the_driver_s_run_dir(cluster, ckpt, tmp_path):
+    """8 episodes through address=<the cluster>: actors on 2 nodes; digests equal an in-process run's; both formats in the driver's directory."""
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False, "seed": 3, "max_chunks": 5}
+    local = rollcap.run(8, out=tmp_path / "local", **names)
+    remote = rollcap.run(8, out=tmp_path / "cluster", actors=2, address=cluster.address, **names)
+    assert (remote.summary["actors"], remote.summary["nodes"], remote.summary["address"]) == (2, 2, cluster.address)
+    digests = {r.index: episode_digest(r) for r in rollcap.load(remote.run_dir)}
+    assert digests == {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
+    assert sorted(p.name for p in (remote.run_dir / "episodes").glob("*.npz")) == [f"episode_{i:05d}.npz" for i in range(8)]
+    assert h5_indices(remote.run_dir / "episodes.hdf5") == list(range(8))
+
+
+def test_a_ray_client_address_runs_the_same_episodes(cluster, ckpt, tmp_path):
+    """address='ray://…' (Ray Client, the head's client server): the driver is a client, the actors run on the cluster; digests equal an in-process run's."""
+    pytest.importorskip("grpc")  # Ray Client needs ray[client]
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False, "seed": 5, "max_chunks": 4}
+    local = rollcap.run(4, out=tmp_path / "local", **names)
+    address = cluster.client_address
+    remote = rollcap.run(4, out=tmp_path / "client", actors=2, address=address, **names)
+    assert remote.summary["address"] == address and remote.summary["failed"] == {}
+    assert {r.index: episode_digest(r) for r in rollcap.load(remote.run_dir)} == {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
+
+
+def test_branches_on_the_cluster_equal_the_in_process_branches(cluster, ckpt, tmp_path):
+    """rollcap.branch(actors=2, address=<the cluster>): the branches' digests equal in-process branching; recordings in the driver's out."""
+    from rollcap.rollout.build import Parts
+
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1])}
+    parent = rollcap.run(1, out=tmp_path / "run", env_kwargs=ENV_KW, progress=False, seed=7, max_chunks=5, **names)
+    local, _ = rollcap.branch(parent.run_dir / "episodes.hdf5", 0, 2, 3, out=tmp_path / "local", parts=Parts(**names))
+    remote, summary = rollcap.branch(parent.run_dir / "episodes.hdf5", 0, 2, 3, out=tmp_path / "cluster", parts=Parts(**names), actors=2, address=cluster.address)
+    assert summary["control"] == "exact" and len(remote.records) == 4
+    assert [episode_digest(r) for r in remote.records] == [episode_digest(r) for r in local.records]
+    assert h5_indices(tmp_path / "cluster" / "episodes.hdf5") == list(range(4))
+
+
+def test_branch_address_without_actors_is_refused(ckpt, tmp_path):
+    """--address alone is a one-line error naming it; nothing is created."""
+    with pytest.raises(ValueError, match="--address: needs --actors"):
+        rollcap.branch(tmp_path / "missing.hdf5", 0, 1, 1, out=tmp_path / "x", address="auto")
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_address_nothing_answers_at_is_one_config_error_and_creates_nothing(ckpt, tmp_path):
+    """host:port and ray://host:port with no listener: refused at once (Ray itself retried for minutes), no run directory."""
+    pytest.importorskip("ray")
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False}
+    port = _free_port()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConfigError, match=f"nothing answers at 127.0.0.1:{port}") as err:
+            rollcap.run(2, out=tmp_path / "run", actors=2, address=address, **names)
+        assert err.value.field == "address"
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_failed_connection_leaves_ray_usable_in_the_process(cluster, monkeypatch):
+    """ray:// at the GCS port (a server, not a Ray Client one): one ConfigError; the same process then joins the cluster.
+
+    Before, the half-made client connection made the next ``ray.init`` fail on an assertion inside Ray.
+    """
+    import ray
+    from ray.util.client import worker
+
+    from rollcap.rollout.ray.connect import connect
+
+    monkeypatch.setattr(worker, "INITIAL_TIMEOUT_SEC", 1)  # Ray Client's first wait (5 s, doubling, three tries)
+    with pytest.raises(ConfigError, match=f"could not join the Ray cluster at ray://{cluster.address}"), pytest.warns(UserWarning, match="Ray Client connection timed out"):
+        connect("ray://" + cluster.address)
+    assert not ray.is_initialized()
+    try:
+        assert connect(cluster.address) is True
+        assert ray.get(ray.put(7)) == 7
+    finally:
+        ray.shutdown()

@@ -1,0 +1,86 @@
+"""`rollcap run --teleop keyboard` under a real X server (Xvfb), driven by real key presses (xdotool).
+
+One Xvfb for the module; skipped with the reason when Xvfb, xdotool or pynput is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from rollcap.rollout.recording import load_any
+import importlib.util
+
+if importlib.util.find_spec("pynput") is None:  # importing pynput itself needs a display: only look for it
+    pytest.skip("pynput is not installed (pip install 'rollcap[teleop]')", allow_module_level=True)
+from rollcap.rollout.bench import teleop as bench  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def display():
+    try:
+        with bench.xvfb() as name:
+            yield name
+    except bench.XUnavailable as err:
+        pytest.skip(str(err))
+
+
+class Lines:
+    """Collects a subprocess's stderr lines on a thread; waits for one that contains a text."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream):
+        for line in stream:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._cond.notify_all()
+
+    def wait_for(self, text: str, after: int = 0, timeout: float = 60.0) -> int:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: any(text in ln for ln in self.lines[after:]), timeout)
+            assert ok, f"no {text!r} in stderr after line {after}: {self.lines[-10:]}"
+            return next(i for i in range(after, len(self.lines)) if text in self.lines[i]) + 1
+
+
+@pytest.mark.slow
+def test_real_keys_label_end_discard_and_quit_a_recorded_run(display, ckpt, tmp_path):
+    """y then e: episode 0 ends by keyboard, labelled a success; g, then r: episode 1 is discarded; g, q, e: it is
+    re-recorded under index 1 and the run ends cleanly; both files hold exactly episodes 0 and 1."""
+    out = tmp_path / "r"
+    env = {**os.environ, "DISPLAY": display}
+    long = ["--env-kwargs", '{"image_size": 32, "max_steps": 100000}']  # episodes last until a key ends them
+    proc = subprocess.Popen([sys.executable, "-m", "rollcap.rollout.cli", "run", "--episodes", "5", "--out", str(out), "--teleop", "keyboard", "--no-progress", *ckpt[:4], *long], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = Lines(proc.stderr)
+    try:
+        at = err.wait_for("teleop: running")
+        time.sleep(0.3)
+        bench.xdotool(display, "key", "y")
+        bench.xdotool(display, "key", "e")
+        at = err.wait_for("awaiting reset", at)
+        bench.xdotool(display, "key", "g")
+        at = err.wait_for("teleop: running", at)
+        bench.xdotool(display, "key", "r")
+        at = err.wait_for("awaiting reset", at)
+        bench.xdotool(display, "key", "g")
+        at = err.wait_for("teleop: running", at)
+        bench.xdotool(display, "key", "q")
+        bench.xdotool(display, "key", "e")  # quit lets the running episode finish: end it now
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stdout = proc.stdout.read()
+    assert proc.returncode == 0, (stdout, err.lines[-20:])
+    npz, h5 = load_any(out / "episodes"), load_any(out / "episodes.hdf5")
+    assert [r.index for r in npz] == [r.index for r in h5] == [0, 1]
+    assert npz[0].stop_reason == "keyboard" and npz[0].success
+    assert not [ln for ln in err.lines if "Traceback" in ln]

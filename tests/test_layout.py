@@ -1,0 +1,170 @@
+"""The layout is the architecture: imports point downward, no import loops, no module over 500 lines.
+
+Every ``import`` in rollcap's source counts, the lazy ones inside functions
+too (they are dependencies all the same). The parts of the design card rank
+``kernels`` < ``capsule`` < ``policies``, ``envs`` < ``critics`` (it reads
+observations as the policy does) < ``rollout``. Inside ``rollout`` the episode
+core is at the bottom, then ``recording``, ``teleop``, ``gym``, the offline
+tools, ``ray``, ``learn``, the Python door (``api``), ``bench`` (it measures
+the door too) and the command line on top. An import may go to its own
+package or to a lower rank, never up or sideways, and no set of modules
+imports itself in a loop.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = {"rollcap": "rollcap", "kernels": "rollcap.kernels", "capsule": "rollcap.capsule", "policies": "rollcap.policies", "critics": "rollcap.critics", "envs": "rollcap.envs", "rollout": "rollcap.rollout"}
+
+CORE = ("errors", "seeding", "episode", "events", "predicates", "protocols", "config", "rtc", "resume", "lifecycle", "builder", "host", "subscribers", "build")
+RANK = {
+    "rollcap.kernels": 0,
+    "rollcap.capsule": 1,
+    "rollcap.policies": 2,
+    "rollcap.envs": 2,
+    "rollcap.critics": 3,  # the critic reads observations as the policy does (policies.observation, policies.layers)
+    "rollcap.rollout:core": 10,
+    "rollcap.rollout.recording": 11,
+    "rollcap.rollout.teleop": 12,
+    "rollcap.rollout.gym": 13,
+    "rollcap.rollout.offline": 14,
+    "rollcap.rollout.ray": 15,
+    "rollcap.rollout.learn": 16,
+    "rollcap.rollout.api": 17,
+    "rollcap.rollout.bench": 18,
+    "rollcap.rollout.cli": 19,
+}
+"""Unit -> rank. A unit is a part, a subpackage of ``rollout`` or the episode core (its modules, CORE); units of one rank must not import each other."""
+TOP = ("rollcap", "rollcap.rollout")
+"""Package namespaces that only name things lazily (``rollcap.run`` and friends); they may reach any unit."""
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for part, pkg in PARTS.items():
+        for path in sorted((ROOT / part).rglob("*.py")):
+            rel = path.relative_to(ROOT / part).with_suffix("")
+            names = [n for n in rel.parts if n != "__init__"]
+            out[".".join([pkg, *names])] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The rollcap modules ``name`` imports (top level and inside functions), each resolved to a module of ours."""
+    found = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for t in targets:
+            while t and t not in MODULES:
+                t = t.rpartition(".")[0]
+            if t.startswith("rollcap") and t != name and t not in (f"{name}.{x}" for x in ()):
+                found.add(t)
+    return found
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _unit(module: str) -> str | None:
+    if module.rpartition(".")[0] == "rollcap.rollout" and module.rpartition(".")[2] in CORE:
+        return "rollcap.rollout:core"
+    best = None
+    for unit in RANK:
+        if module == unit or module.startswith(unit + "."):
+            if best is None or len(unit) > len(best):
+                best = unit
+    return best
+
+
+def test_every_module_has_a_rank():
+    """A new module or subpackage must be placed in the layering (add it to RANK, and to the README's layout table)."""
+    missing = sorted(m for m in MODULES if m not in TOP and _unit(m) is None)
+    assert not missing, f"modules with no place in the layering: {missing}"
+
+
+def test_imports_point_downward():
+    bad = []
+    for mod, deps in GRAPH.items():
+        if mod in TOP:
+            continue
+        u = _unit(mod)
+        for dep in deps:
+            if dep in TOP:  # the namespaces import nothing eagerly but gymnasium registration; below everything
+                if mod.startswith("rollcap.rollout") or dep == "rollcap.rollout":
+                    bad.append(f"{mod} -> {dep} (a package namespace)")
+                continue
+            v = _unit(dep)
+            if v == u:
+                continue
+            if RANK[v] >= RANK[u]:
+                bad.append(f"{mod} (rank {RANK[u]}) -> {dep} (rank {RANK[v]})")
+    assert not bad, "imports that run up or sideways:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_loops():
+    """Tarjan's strongly connected components over every module: each must be a single module."""
+    index, low, on, stack, loops = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in GRAPH.get(v, ()):
+            if w not in GRAPH:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                loops.append(sorted(comp))
+
+    for v in GRAPH:
+        if v not in index:
+            visit(v)
+    assert not loops, f"import loops: {loops}"
+
+
+def test_no_module_over_500_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split by job): {long}"
+
+
+def test_rollout_top_level_holds_the_core_and_the_doors_only():
+    top = sorted(p.stem for p in (ROOT / "rollout").glob("*.py") if p.stem != "__init__")
+    assert set(top) <= set(CORE) | {"api"}, f"modules at rollout/ that are neither the episode core nor a door: {sorted(set(top) - set(CORE) - {'api'})}"
+    assert not any(p.name.startswith("bench") for p in (ROOT / "rollout").glob("*.py"))
+
+
+def test_the_layering_sees_real_edges():
+    """The checker itself: it resolves absolute, lazy and relative imports (a checker that sees nothing passes everything)."""
+    assert "rollcap.rollout.host" in GRAPH["rollcap.rollout.api"]
+    assert "rollcap.rollout.offline.replay" in GRAPH["rollcap.rollout.offline.branch"]
+    assert "rollcap.kernels.files" in GRAPH["rollcap.rollout.offline.inspect"]
+    assert len(GRAPH) > 100
