@@ -4,7 +4,7 @@
 # lerobot==0.6.1 needs Python >= 3.12 and torch>=2.7,<2.12, while rollcap's main
 # environment is Python 3.11 with torch 2.13, so LeRobot lives in its own venv:
 #   $ROLLCAP_LEROBOT_VENV, default .venv-lerobot in the repository root.
-# It holds lerobot, a torch its pin admits (torch==2.11.0: PyPI has no CPU-only
+# It holds lerobot (extras dataset, training, diffusers-dep), a torch its pin admits (torch==2.11.0: PyPI has no CPU-only
 # x86_64 wheel of any admitted version, so this is the CUDA build; it runs on CPU),
 # minari==0.5.4, h5py, pytest and rollcap itself (editable, --no-deps, then
 # rollcap's own dependencies minus torch, all in one resolve with lerobot's).
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 VENV=${ROLLCAP_LEROBOT_VENV:-$REPO/.venv-lerobot}
 TORCH=${ROLLCAP_LEROBOT_TORCH:-torch==2.11.0}
-LEROBOT=lerobot==0.6.1
+LEROBOT="lerobot[dataset,training,diffusers-dep]==0.6.1"  # datasets (v3 export), lerobot-train, Diffusion Policy
 MINARI=minari==0.5.4
 start=$SECONDS
 
@@ -43,7 +43,7 @@ ready() {
   [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$REPO" <<'PY' 2>/dev/null
 import os, sys
 from importlib.metadata import version
-import h5py, minari, pytest, rollcap, torch  # noqa: F401
+import diffusers, h5py, lerobot.datasets, minari, pytest, rollcap, torch  # noqa: F401
 assert version("lerobot") == "0.6.1" and version("minari") == "0.5.4"
 assert os.path.realpath(os.path.dirname(rollcap.__file__)) == os.path.realpath(os.path.join(sys.argv[1], "rollcap"))
 PY
