@@ -189,3 +189,27 @@ def test_diffusion_noise_is_the_hosts(scheduler, tmp_path):
             policy.start(obs, noise.astype(np.float32))
             chunks.append(policy.result())
         assert chunks[0].tobytes() == chunks[1].tobytes() != chunks[2].tobytes()
+
+
+@pytest.mark.slow
+def test_record_export_train_load_run(run_dir, tmp_path):
+    """The loop closes offline: an exported run trains with lerobot-train (2 steps) and the checkpoint runs under the host."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = export_lerobot(run_dir, tmp_path / "ds")
+    train = tmp_path / "train"
+    cmd = [
+        str(Path(sys.executable).with_name("lerobot-train")), f"--dataset.repo_id={out.repo_id}", f"--dataset.root={out.root}",
+        "--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.push_to_hub=false", "--policy.device=cpu",
+        "--policy.dim_model=32", "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.dim_feedforward=64",
+        "--policy.chunk_size=6", "--policy.n_action_steps=6", "--steps=2", "--batch_size=2", "--num_workers=0", "--save_freq=2",
+        "--wandb.enable=false", f"--output_dir={train}",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    policy = LeRobotPolicy.load(train / "checkpoints" / "last" / "pretrained_model")
+    result = rollcap.run(1, out=tmp_path / "run", policy=policy, progress=False, env_kwargs={"max_steps": 12})
+    assert replay_policy(result.records()[0], policy).status == "exact"
