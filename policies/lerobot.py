@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
 
 INSTALL_HINT = "build LeRobot's venv with `bash scripts/lerobot_env.sh` (lerobot==0.6.1 needs Python >= 3.12) and run there"
@@ -198,7 +197,7 @@ class LeRobotPolicy:
         """Map ``obs`` to the input features, run the chunk (it is ready when this returns)."""
         self._chunk = None
         if not isinstance(obs, Mapping):
-            raise ValueError(f"LeRobotPolicy needs a dict observation (keys -> arrays, plus 'instruction'), got {type(obs).__name__}")
+            raise TypeError(f"LeRobotPolicy needs a dict observation (keys -> arrays, plus 'instruction'), got {type(obs).__name__}")
         noise = np.asarray(noise)
         if noise.shape != self.chunk_shape or noise.dtype != np.float32 or not np.isfinite(noise).all():
             raise ValueError(f"noise: expected finite float32 {self.chunk_shape}, got {noise.dtype} {noise.shape}")

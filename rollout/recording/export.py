@@ -19,7 +19,6 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
-
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
 
 EXTRAS = ("reward", "done", "success", "intervention", "critic_value")

@@ -23,9 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.recording.export import EXTRAS, check_extras, check_target, lazy_import, read_run, staged, step_extras, without_empty
+from rollcap.rollout.recording.export import (
+    EXTRAS,
+    check_extras,
+    check_target,
+    lazy_import,
+    read_run,
+    staged,
+    step_extras,
+    without_empty,
+)
 
 INSTALL = "LeRobot lives in its own venv: `bash scripts/lerobot_env.sh`, then run with .venv-lerobot/bin/python"
 DEFAULT_TASK = "rollcap episode"

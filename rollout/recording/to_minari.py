@@ -24,9 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.recording.export import EXTRAS, check_extras, check_target, lazy_import, read_run, staged, step_extras, without_empty
+from rollcap.rollout.recording.export import (
+    EXTRAS,
+    check_extras,
+    check_target,
+    lazy_import,
+    read_run,
+    staged,
+    step_extras,
+    without_empty,
+)
 
 INSTALL = "pip install minari==0.5.4 (it is in LeRobot's venv: `bash scripts/lerobot_env.sh`)"
 MAX_INSTRUCTION = 1024
@@ -136,7 +144,6 @@ def _env_spec(rec: EpisodeRecord):
     import dataclasses
 
     import gymnasium
-
     import rollcap.envs  # noqa: F401  (registers rollcap's own envs)
 
     try:

@@ -6,7 +6,6 @@ import importlib.util
 from types import SimpleNamespace
 
 import pytest
-
 from rollcap.policies.lerobot import LeRobotPolicy, map_features, require_lerobot
 from rollcap.rollout.recording.to_lerobot import export_lerobot
 from rollcap.rollout.recording.to_minari import export_minari
