@@ -1,0 +1,272 @@
+"""LeRobotPolicy: a LeRobot ``PreTrainedPolicy`` (and its processors) behind rollcap's ChunkPolicy.
+
+Per episode the host calls :meth:`LeRobotPolicy.reset` (``policy.reset()``);
+per chunk boundary :meth:`~LeRobotPolicy.start` maps the observation to the
+policy's input features and runs ``preprocessor -> predict_action_chunk ->
+postprocessor``. ``select_action`` and its queues are bypassed: the host
+decides how many actions of a chunk run before the next boundary
+(``execute_steps``, the config's ``n_action_steps``).
+
+Determinism: the host's noise for the chunk goes in as ``predict_action_chunk(...,
+noise=)`` where the policy samples (Diffusion Policy, pi0, SmolVLA); when the
+policy's noise has another shape than the chunk it is drawn from a generator
+seeded with the digest of the host's noise, so it is still a pure function of
+it. Where a sampler draws from torch's global RNG at every step (DDPM), the
+noise cannot be injected: the fingerprint says ``"noise": "not injected"``
+and carries a fresh token per call, so replay reports "not comparable"
+instead of "exact" or "diverged". ACT takes no noise (deterministic in eval).
+
+No live state between chunks (the chunk is a function of observation, noise
+and weights), so this is not a capsule ``Stateful``: the host's capsule holds
+nothing of it.
+
+LeRobot lives in its own environment (``bash scripts/lerobot_env.sh``:
+Python >= 3.12, torch < 2.12); it is imported lazily, so this module imports
+anywhere. Imports point downward: ``kernels`` only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import sys
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
+
+INSTALL_HINT = "build LeRobot's venv with `bash scripts/lerobot_env.sh` (lerobot==0.6.1 needs Python >= 3.12) and run there"
+STATE_KEYS = ("state", "proprio", "observation.state")
+"""rollcap observation keys tried, in order, for LeRobot's ``observation.state``."""
+_NOT_BITS = frozenset({"device", "pretrained_path", "pretrained_backbone_weights", "push_to_hub", "repo_id", "private", "tags", "license", "use_amp"})
+"""Config fields that do not change a chunk's bits (where it came from or is published; the device is in the fingerprint already)."""
+
+
+def require_lerobot():
+    """Import and return the ``lerobot`` package, or raise ImportError saying how to get it."""
+    try:
+        import lerobot
+    except ImportError as err:
+        raise ImportError(f"lerobot is not importable in this Python ({sys.version.split()[0]}); {INSTALL_HINT}") from err
+    return lerobot
+
+
+def map_features(features: Mapping[str, Any], obs_keys, keys: Mapping[str, str] | None = None) -> dict[str, str]:
+    """LeRobot input feature -> rollcap observation key.
+
+    Defaults: ``observation.state`` <- ``state`` (or ``proprio``);
+    ``observation.images.X`` <- ``image_X`` (or ``X``); ``observation.image``
+    <- the one ``image_*`` key; ``observation.Y`` <- ``Y``. ``keys`` overrides
+    any of them.
+
+    Raises:
+        ValueError: one line naming the feature that has no key.
+    """
+    obs_keys = [k for k in obs_keys if k != "instruction"]
+    keys = dict(keys or {})
+    unknown = sorted(set(keys) - set(features))
+    if unknown:
+        raise ValueError(f"keys: {unknown[0]!r} is not an input feature of the policy (it has {sorted(features)})")
+    images = [k for k in obs_keys if k.startswith("image_")]
+    out = {}
+    for name, feat in features.items():
+        short = name.removeprefix("observation.")
+        if name in keys:
+            tried = [keys[name]]
+        elif name == "observation.state":
+            tried = list(STATE_KEYS)
+        elif short.startswith("images."):
+            cam = short.removeprefix("images.")
+            tried = [f"image_{cam}", cam, name]
+        elif name == "observation.image":
+            tried = images if len(images) == 1 else ["image", name]
+        else:
+            tried = [short, name]
+        found = next((k for k in tried if k in obs_keys), None)
+        if found is None:
+            shape = tuple(getattr(feat, "shape", ()) or ())
+            raise ValueError(
+                f"LeRobot input feature {name!r} {shape} has no rollcap observation key (tried {tried}; the observation has {sorted(obs_keys)}); pass keys={{{name!r}: '<observation key>'}}"
+            )
+        out[name] = found
+    return out
+
+
+def _to_feature(name: str, feat, value) -> torch.Tensor:
+    """One observation value as the unbatched tensor LeRobot's env processing makes (images: CHW float in [0, 1])."""
+    a = np.asarray(value)
+    want = tuple(getattr(feat, "shape", ()) or ())
+    visual = str(getattr(getattr(feat, "type", None), "name", "")) == "VISUAL"
+    if visual:
+        if a.ndim != 3 or a.dtype != np.uint8:
+            raise ValueError(f"LeRobot input feature {name!r}: expected a uint8 HxWxC image, got {a.dtype} {a.shape}")
+        t = torch.from_numpy(np.ascontiguousarray(a.transpose(2, 0, 1))).to(torch.float32).div_(255.0)
+    else:
+        t = torch.from_numpy(np.array(a, dtype=np.float32, copy=True))
+    if want and tuple(t.shape) != want:
+        raise ValueError(f"LeRobot input feature {name!r}: expected shape {want}, the observation gives {tuple(t.shape)}")
+    return t
+
+
+def _noise_shape(cfg, action_dim: int) -> tuple[int, int]:
+    """The shape of one sample of the policy's own noise (no batch dim)."""
+    if getattr(cfg, "type", "") == "diffusion":
+        return (int(cfg.horizon), action_dim)
+    if hasattr(cfg, "max_action_dim") and hasattr(cfg, "chunk_size"):  # pi0 / pi05 / SmolVLA pad actions
+        return (int(cfg.chunk_size), int(cfg.max_action_dim))
+    return (int(cfg.chunk_size), action_dim)
+
+
+def _seed_of(noise: np.ndarray) -> int:
+    return int.from_bytes(hashlib.sha256(noise.tobytes()).digest()[:8], "little") & (2**63 - 1)
+
+
+class LeRobotPolicy:
+    """A LeRobot policy as a :class:`~rollcap.rollout.protocols.ChunkPolicy`. Single caller: the host's thread.
+
+    Args:
+        policy: a LeRobot ``PreTrainedPolicy`` (put in eval mode).
+        preprocessor / postprocessor: its pipelines (``make_pre_post_processors``).
+        keys: LeRobot input feature -> rollcap observation key, for what the defaults
+            (:func:`map_features`) do not find.
+        source: where it came from (recorded in the fingerprint).
+    """
+
+    def __init__(self, policy, preprocessor, postprocessor, keys: Mapping[str, str] | None = None, source: str = ""):
+        self.policy = policy.eval()
+        self.preprocessor, self.postprocessor = preprocessor, postprocessor
+        self.cfg = cfg = policy.config
+        self.keys = dict(keys or {})
+        self.source = str(source)
+        action = cfg.output_features.get("action")
+        if action is None:
+            raise ValueError(f"policy {cfg.type!r} has no 'action' output feature (it has {sorted(cfg.output_features)})")
+        self.action_dim = int(action.shape[0])
+        horizon = int(cfg.n_action_steps) if cfg.type == "diffusion" else int(getattr(cfg, "chunk_size", cfg.n_action_steps))
+        self.chunk_shape = (horizon, self.action_dim)
+        self.execute_steps = min(int(getattr(cfg, "n_action_steps", horizon)), horizon)
+        self.takes_noise = "noise" in inspect.signature(policy.predict_action_chunk).parameters
+        self.noise_shape = _noise_shape(cfg, self.action_dim) if self.takes_noise else None
+        self.injects = self.takes_noise and not (cfg.type == "diffusion" and getattr(cfg, "noise_scheduler_type", "") == "DDPM")
+        self.n_obs_steps = int(getattr(cfg, "n_obs_steps", 1) or 1)
+        self.device = torch.device(str(getattr(cfg, "device", None) or "cpu"))
+        self._mapping: tuple[frozenset, dict[str, str]] | None = None
+        self._chunk: np.ndarray | None = None
+        self._static_fp = self._fingerprint_base()
+
+    @classmethod
+    def load(cls, directory, device: str = "cpu", keys: Mapping[str, str] | None = None) -> LeRobotPolicy:
+        """Load what ``save_pretrained`` wrote (the policy, and the processors beside it), offline.
+
+        Raises:
+            ImportError: lerobot is not installed here.
+            ValueError: ``directory`` holds no saved LeRobot policy.
+        """
+        directory = Path(directory)
+        if not (directory / "config.json").is_file():
+            raise ValueError(f"{directory}: no config.json; expected a directory written by a LeRobot policy's save_pretrained")
+        require_lerobot()
+        from lerobot.configs.policies import PreTrainedConfig
+        from lerobot.policies.factory import get_policy_class, make_pre_post_processors
+
+        try:
+            cfg = PreTrainedConfig.from_pretrained(str(directory), local_files_only=True)
+        except Exception as err:  # draccus parse errors, an unknown policy type
+            raise ValueError(f"{directory}/config.json: not a LeRobot policy config ({type(err).__name__}: {err})".splitlines()[0]) from err
+        cfg.device = str(device)
+        if getattr(cfg, "pretrained_backbone_weights", None):  # the saved weights replace them; building must not download
+            cfg.pretrained_backbone_weights = None
+        policy = get_policy_class(cfg.type).from_pretrained(str(directory), config=cfg, local_files_only=True)
+        overrides = {"device_processor": {"device": str(device)}}
+        pre, post = make_pre_post_processors(cfg, pretrained_path=str(directory), preprocessor_overrides=overrides, postprocessor_overrides=overrides)
+        return cls(policy, pre, post, keys=keys, source=str(directory))
+
+    # -- ChunkPolicy ---------------------------------------------------------
+    def reset(self) -> None:
+        """Episode start: the LeRobot policy's own reset (its queues); a chunk not yet taken is dropped."""
+        self.policy.reset()
+        self._chunk = None
+
+    def start(self, obs, noise: np.ndarray) -> None:
+        """Map ``obs`` to the input features, run the chunk (it is ready when this returns)."""
+        self._chunk = None
+        if not isinstance(obs, Mapping):
+            raise TypeError(f"LeRobotPolicy needs a dict observation (keys -> arrays, plus 'instruction'), got {type(obs).__name__}")
+        noise = np.asarray(noise)
+        if noise.shape != self.chunk_shape or noise.dtype != np.float32 or not np.isfinite(noise).all():
+            raise ValueError(f"noise: expected finite float32 {self.chunk_shape}, got {noise.dtype} {noise.shape}")
+        batch: dict[str, Any] = {}
+        for name, key in self._map(obs).items():
+            batch[name] = _to_feature(name, self.cfg.input_features[name], obs[key])
+        batch["task"] = [str(obs.get("instruction", ""))]
+        with torch.inference_mode():
+            batch = self.preprocessor(batch)
+            if self.n_obs_steps > 1:  # one observation per boundary: the history is the current one repeated
+                for name in self.cfg.input_features:
+                    batch[name] = batch[name].unsqueeze(1).expand(-1, self.n_obs_steps, *batch[name].shape[1:])
+            kw = {"noise": self._policy_noise(noise)} if self.injects else {}
+            actions = self.postprocessor(self.policy.predict_action_chunk(batch, **kw))
+        chunk = actions.detach().to("cpu", torch.float32).numpy()
+        if chunk.shape[0] != 1 or chunk.shape[1:] != self.chunk_shape:
+            raise ValueError(f"policy {self.cfg.type!r} returned a chunk of shape {chunk.shape}, expected (1, *{self.chunk_shape})")
+        self._chunk = chunk[0].copy()
+
+    def result(self) -> np.ndarray:
+        """The chunk :meth:`start` computed, float32 ``[H, A]`` (a copy)."""
+        if self._chunk is None:
+            raise RuntimeError("result() called without a successful start()")
+        out, self._chunk = self._chunk, None
+        return out
+
+    def state_fingerprint(self) -> dict:
+        """Weights (policy and processors), config, lerobot and torch versions, device, and how noise is used."""
+        if self.takes_noise and not self.injects:
+            return {**self._static_fp, "draw": uuid.uuid4().hex}  # unrecorded RNG draws: never equal to another call's
+        return dict(self._static_fp)
+
+    # -- internals -----------------------------------------------------------
+    def _map(self, obs: Mapping[str, Any]) -> dict[str, str]:
+        keys = frozenset(obs)
+        if self._mapping is None or self._mapping[0] != keys:
+            self._mapping = (keys, map_features(self.cfg.input_features, keys, self.keys))
+        return self._mapping[1]
+
+    def _policy_noise(self, noise: np.ndarray) -> torch.Tensor:
+        if self.noise_shape == self.chunk_shape:
+            t = torch.from_numpy(noise.copy())
+        else:  # another shape (a longer horizon, padded action dims): a pure function of the host's noise
+            t = torch.randn(self.noise_shape, generator=torch.Generator().manual_seed(_seed_of(noise)))
+        return t[None].to(self.device)
+
+    def _fingerprint_base(self) -> dict:
+        from importlib.metadata import version
+
+        tensors = {f"policy.{k}": v for k, v in self.policy.state_dict().items()}
+        for side, pipe in (("pre", self.preprocessor), ("post", self.postprocessor)):
+            for i, step in enumerate(getattr(pipe, "steps", [])):
+                sd = step.state_dict() if callable(getattr(step, "state_dict", None)) else {}
+                tensors.update({f"{side}{i}.{k}": v for k, v in sd.items() if isinstance(v, torch.Tensor)})
+        cfg = {k: v for k, v in dataclasses.asdict(self.cfg).items() if k not in _NOT_BITS}
+        cfg_json = json.dumps(cfg, sort_keys=True, default=str)
+        if not self.takes_noise:
+            noise = "not an input"
+        elif not self.injects:
+            noise = "not injected"
+        else:
+            noise = "injected" if self.noise_shape == self.chunk_shape else "derived (seeded by the host noise digest)"
+        return {
+            **device_fingerprint(self.device),
+            "kind": f"lerobot.{self.cfg.type}",
+            "lerobot": version("lerobot"),
+            "weights_digest": tensor_digest({k: v.detach().cpu() for k, v in tensors.items()}),
+            "config_digest": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
+            "dtype": str(next(self.policy.parameters()).dtype).removeprefix("torch."),
+            "noise": noise,
+            "obs_history": "current observation" if self.n_obs_steps == 1 else f"current observation x{self.n_obs_steps}",
+        }

@@ -1,0 +1,121 @@
+"""What the exporters share: reading a run for export, per-step extras, and an atomic publish.
+
+An exporter reads a recording with rollcap's own readers
+(:func:`rollcap.rollout.inspect.iter_any`), writes the whole target into a
+temporary directory beside it, and renames it into place only when every
+episode is written: a failure leaves nothing behind.
+
+Imports point downward: ``episode``, ``inspect`` and the recording readers.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
+
+EXTRAS = ("reward", "done", "success", "intervention", "critic_value")
+"""Per-step extras an exporter can add beside observations and actions (all by default)."""
+
+
+def check_extras(extras: Sequence[str]) -> tuple[str, ...]:
+    """``extras`` as a tuple; a ValueError naming the first unknown one."""
+    extras = (extras,) if isinstance(extras, str) else tuple(extras)
+    for name in extras:
+        if name not in EXTRAS:
+            raise ValueError(f"extras: unknown feature {name!r}; known: {', '.join(EXTRAS)}")
+    return extras
+
+
+def read_run(run_dir) -> tuple[EpisodeRecord, Iterator[EpisodeRecord]]:
+    """The first episode of a recording and an iterator over all of them (the first included), one at a time.
+
+    Raises:
+        ValueError: one line naming ``run_dir`` when it is not a readable rollcap recording or holds no episode.
+    """
+    from rollcap.rollout.errors import CorruptEpisode
+    from rollcap.rollout.inspect import iter_any
+
+    path = Path(run_dir)
+    if not path.exists():
+        raise ValueError(f"run_dir: {path} does not exist")
+    try:
+        it = iter_any(path)
+        first = next(it)
+    except StopIteration:
+        raise ValueError(f"run_dir: {path} holds no episode") from None
+    except (FileNotFoundError, CorruptEpisode, OSError) as err:
+        raise ValueError(f"run_dir: {path} is not a rollcap recording ({str(err).splitlines()[0]})") from err
+
+    def all_records() -> Iterator[EpisodeRecord]:
+        yield first
+        yield from it
+
+    return first, all_records()
+
+
+def step_extras(rec: EpisodeRecord) -> dict[str, np.ndarray]:
+    """Per-step ``[T]`` arrays: reward, done, success (True on the last step of a successful episode),
+    intervention (a human acted), critic_value (the value at the boundary of the step's chunk; NaN without a critic)."""
+    t = rec.num_steps
+    success = np.zeros(t, np.bool_)
+    if rec.success and t:
+        success[-1] = True
+    starts = rec.chunks["chunk_start"]
+    k = np.clip(np.searchsorted(starts, np.arange(t), side="right") - 1, 0, None)
+    value = rec.chunks["critic_value"][k] if len(starts) else np.full(t, np.nan, np.float32)
+    return {
+        "reward": rec.steps["rewards"],
+        "done": rec.steps["dones"],
+        "success": success,
+        "intervention": rec.steps["actor"] == ACTOR_HUMAN,
+        "critic_value": value.astype(np.float32),
+    }
+
+
+def check_target(target: Path, arg: str) -> None:
+    """Refuse an existing target that is not an empty directory (a ValueError naming ``arg``)."""
+    if target.exists() and not (target.is_dir() and not any(target.iterdir())):
+        raise ValueError(f"{arg}: {target} exists and is not an empty directory; choose another or remove it")
+
+
+@contextmanager
+def staged(target: Path, arg: str) -> Iterator[Path]:
+    """A fresh path beside ``target`` (not yet created) to write into; renamed to ``target`` on success, removed on failure."""
+    check_target(target, arg)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    try:
+        yield tmp / "out"
+        check_target(target, arg)  # nobody took it meanwhile
+        if target.is_dir():
+            target.rmdir()
+        os.replace(tmp / "out", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def without_empty(records: Iterator[EpisodeRecord], skipped: list[int]) -> Iterator[EpisodeRecord]:
+    """Episodes with at least one step (an episode stopped at its first boundary has no frame); the others' indices go to ``skipped``."""
+    for rec in records:
+        if rec.num_steps:
+            yield rec
+        else:
+            skipped.append(rec.index)
+
+
+def lazy_import(module: str, install: str) -> ModuleType:
+    """``importlib.import_module(module)`` or an ImportError that says how to get it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"{module} is not importable here; {install}") from err

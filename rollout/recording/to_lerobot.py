@@ -1,0 +1,144 @@
+"""Export a rollcap recording as a LeRobotDataset v3.
+
+Each episode becomes one LeRobot episode of ``num_steps`` frames: the
+observation before each step and the action the env received. Images are
+stored losslessly in image mode (PNG in parquet, the default) or as videos
+(lossy) with ``videos=True``; the episode's instruction is its task; extras
+(:data:`~rollcap.rollout.recording.export.EXTRAS`) become ``next.reward``,
+``next.done``, ``next.success``, ``intervention`` and ``critic_value``.
+Episodes of zero steps have no frame and are skipped (their indices are returned).
+
+The dataset is written into a temporary directory beside ``root`` and renamed
+into place when finished: a failure leaves nothing. LeRobot is imported
+lazily; it lives in its own environment (``bash scripts/lerobot_env.sh``).
+
+Imports point downward: the recording readers (:mod:`.export`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from rollcap.rollout.episode import EpisodeRecord
+from rollcap.rollout.recording.export import (
+    EXTRAS,
+    check_extras,
+    check_target,
+    lazy_import,
+    read_run,
+    staged,
+    step_extras,
+    without_empty,
+)
+
+INSTALL = "LeRobot lives in its own venv: `bash scripts/lerobot_env.sh`, then run with .venv-lerobot/bin/python"
+DEFAULT_TASK = "rollcap episode"
+"""The task of an episode recorded without an instruction (LeRobot needs one per frame)."""
+_EXTRA_FEATURES = {
+    "reward": ("next.reward", "float64"),
+    "done": ("next.done", "bool"),
+    "success": ("next.success", "bool"),
+    "intervention": ("intervention", "bool"),
+    "critic_value": ("critic_value", "float32"),
+}
+
+
+@dataclass
+class LeRobotExport:
+    """What :func:`export_lerobot` wrote."""
+
+    root: Path
+    repo_id: str
+    episodes: int
+    frames: int
+    features: dict
+    skipped: list[int] = field(default_factory=list)
+    """Indices of recorded episodes with no step (nothing to export)."""
+
+
+def feature_name(key: str) -> str:
+    """The LeRobot feature of a rollcap observation key: ``state`` -> ``observation.state``, ``image_X`` -> ``observation.images.X``."""
+    return f"observation.images.{key.removeprefix('image_')}" if key.startswith("image_") else f"observation.{key}"
+
+
+def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool) -> dict:
+    """LeRobot features for episodes shaped like ``rec``."""
+    feats = {}
+    for key, a in rec.obs.items():
+        if key.startswith("image_") and a.dtype == np.uint8 and a.ndim == 4:
+            feats[feature_name(key)] = {"dtype": "video" if videos else "image", "shape": tuple(a.shape[1:]), "names": ["height", "width", "channel"]}
+        else:
+            feats[feature_name(key)] = {"dtype": str(a.dtype), "shape": tuple(a.shape[1:]) or (1,), "names": None}
+    feats["action"] = {"dtype": "float32", "shape": tuple(rec.steps["actions"].shape[1:]), "names": None}
+    for name in extras:
+        feature, dtype = _EXTRA_FEATURES[name]
+        feats[feature] = {"dtype": dtype, "shape": (1,), "names": None}
+    return feats
+
+
+def export_lerobot(run_dir, root, *, repo_id: str | None = None, fps: int = 10, videos: bool = False, extras: Sequence[str] = EXTRAS) -> LeRobotExport:
+    """Write the episodes at ``run_dir`` as a LeRobotDataset v3 at ``root``.
+
+    Args:
+        run_dir: a rollcap run directory (or one npz / HDF5 recording).
+        root: the dataset directory to create (absent or empty).
+        repo_id: the dataset's id (default ``rollcap/<root's name>``); read it back with
+            ``LeRobotDataset(repo_id, root=root)``.
+        fps: frames per second (the built-in task's control rate is 10).
+        videos: store images as videos (lossy, smaller) instead of PNG frames.
+        extras: which of :data:`EXTRAS` to add.
+
+    Raises:
+        ValueError: one line naming the argument: not a recording, a non-empty ``root``,
+            an unknown extra, episodes of different shapes.
+        ImportError: lerobot is not installed here.
+    """
+    extras = check_extras(extras)
+    root = Path(root)
+    check_target(root, "root")
+    if not isinstance(fps, int) or isinstance(fps, bool) or fps < 1:
+        raise ValueError(f"fps: expected an integer >= 1, got {fps!r}")
+    first, records = read_run(run_dir)
+    lazy_import("lerobot.datasets", INSTALL)
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    repo_id = repo_id or f"rollcap/{root.name}"
+    feats = features_of(first, extras, videos)
+    skipped: list[int] = []
+    episodes = frames = 0
+    with staged(root, "root") as tmp:
+        ds = LeRobotDataset.create(repo_id, fps, feats, root=tmp, robot_type=first.env_id, use_videos=videos)
+        try:
+            for rec in without_empty(records, skipped):
+                if features_of(rec, extras, videos) != feats:
+                    raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
+                _add_episode(ds, rec, extras)
+                episodes, frames = episodes + 1, frames + rec.num_steps
+        except BaseException:
+            with contextlib.suppress(Exception):  # close its writers; the staged directory is removed anyway
+                ds.finalize()
+            raise
+        ds.finalize()
+    return LeRobotExport(root, repo_id, episodes, frames, feats, skipped)
+
+
+def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str]) -> None:
+    task = rec.instruction or DEFAULT_TASK
+    more = step_extras(rec)
+    for t in range(rec.num_steps):
+        frame = {feature_name(k): _value(v[t]) for k, v in rec.obs.items()}
+        frame["action"] = rec.steps["actions"][t]
+        for name in extras:
+            feature, dtype = _EXTRA_FEATURES[name]
+            frame[feature] = np.asarray([more[name][t]], dtype=dtype)
+        frame["task"] = task
+        ds.add_frame(frame)
+    ds.save_episode()
+
+
+def _value(a: np.ndarray) -> np.ndarray:
+    return a.reshape(1) if a.ndim == 0 else a
