@@ -1,7 +1,7 @@
 """What the exporters share: reading a run for export, per-step extras, and an atomic publish.
 
 An exporter reads a recording with rollcap's own readers
-(:func:`rollcap.rollout.inspect.iter_any`), writes the whole target into a
+(:func:`rollcap.rollout.recording.runs.iter_any`), writes the whole target into a
 temporary directory beside it, and renames it into place only when every
 episode is written: a failure leaves nothing behind.
 
@@ -41,7 +41,7 @@ def read_run(run_dir) -> tuple[EpisodeRecord, Iterator[EpisodeRecord]]:
         ValueError: one line naming ``run_dir`` when it is not a readable rollcap recording or holds no episode.
     """
     from rollcap.rollout.errors import CorruptEpisode
-    from rollcap.rollout.inspect import iter_any
+    from rollcap.rollout.recording.runs import iter_any
 
     path = Path(run_dir)
     if not path.exists():

@@ -17,10 +17,10 @@ pytest.importorskip("minari", reason="minari is not installed here (it is in LeR
 
 import torch
 from rollcap.policies.lerobot import LeRobotPolicy
-from rollcap.rollout.inspect import load_any
+from rollcap.rollout.recording import load_any
 from rollcap.rollout.recording.to_lerobot import export_lerobot
 from rollcap.rollout.recording.to_minari import export_minari
-from rollcap.rollout.replay import (
+from rollcap.rollout.offline.replay import (
     closed_loop_host,
     replay_closed,
     replay_env,
