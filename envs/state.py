@@ -59,14 +59,21 @@ def set_mj_state(
 ) -> None:
     """Copy an integration state into ``data``, recompute derived quantities, put back ``derived``.
 
-    ``mj_forward`` only rewrites derived fields (positions of bodies, contacts,
-    accelerations); it leaves every entry of the integration state as set, and
-    no derived value of the state ``data`` held before survives. ``derived``
-    (entries of :func:`get_mj_derived`) is then copied in place over what
-    ``mj_forward`` computed, so those arrays read as when the state was taken.
+    ``mj_forward`` recomputes the derived fields (positions of bodies, contacts,
+    accelerations), so no derived value of the state ``data`` held before
+    survives. It may also write into the integration state: MuJoCo before 3.3.6
+    saves the solver's result in ``qacc_warmstart`` at the end of every forward
+    pass (in models with constraints that changed the warm start, and so the
+    next step, by ~1e-12), and a control callback (``mjcb_control``) writes
+    ``ctrl``. So the integration state is set again after ``mj_forward``: it
+    reads back exactly as given. ``derived`` (entries of
+    :func:`get_mj_derived`) is then copied in place over what ``mj_forward``
+    computed, so those arrays read as when the state was taken.
     """
-    mujoco.mj_setState(model, data, np.ascontiguousarray(state, dtype=np.float64), MJ_STATE_SIG)
+    state = np.ascontiguousarray(state, dtype=np.float64)
+    mujoco.mj_setState(model, data, state, MJ_STATE_SIG)
     mujoco.mj_forward(model, data)
+    mujoco.mj_setState(model, data, state, MJ_STATE_SIG)
     for key, value in (derived or {}).items():
         getattr(data, MJ_DERIVED[key])[...] = value
 
