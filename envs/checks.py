@@ -22,6 +22,7 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env
 
 from rollcap.envs.adapters import find_exact_state
+from rollcap.envs.compare import canonical_bytes
 from rollcap.envs.errors import CheckFailed, StateMismatch
 
 
@@ -40,22 +41,6 @@ class ExactCheckReport:
     """Steps replayed byte-for-byte, summed over the restore points (per env)."""
     warnings: list[str] = field(default_factory=list)
     """Messages of warnings raised by ``gymnasium.utils.env_checker.check_env``."""
-
-
-def canonical_bytes(x: Any) -> bytes:
-    """Bytes that are equal iff two observations/rewards are identical (dtype, shape, values)."""
-    if isinstance(x, dict):
-        return b"{" + b"".join(k.encode() + b":" + canonical_bytes(x[k]) for k in sorted(x)) + b"}"
-    if isinstance(x, (tuple, list)):
-        return b"[" + b",".join(canonical_bytes(v) for v in x) + b"]"
-    if isinstance(x, str):
-        return b"s" + x.encode()
-    if x is None:
-        return b"None"
-    a = np.asarray(x)
-    if a.dtype.hasobject:  # tobytes() of an object array is its pointers
-        return b"o" + repr(x).encode()
-    return f"{a.dtype}{a.shape}".encode() + a.tobytes()
 
 
 def _name(env: gym.Env) -> str:
