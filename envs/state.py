@@ -21,16 +21,17 @@ MJ_STATE_SIG = int(mujoco.mjtState.mjSTATE_INTEGRATION)
 """State signature used everywhere: positions, velocities, actuation, controls,
 applied forces, mocap, user data and the solver warmstart (restores exactly)."""
 
-MJ_DERIVED: dict[str, str] = {"mj_xpos": "xpos", "mj_xipos": "xipos"}
+MJ_DERIVED: dict[str, str] = {"mj_xpos": "xpos", "mj_xipos": "xipos", "mj_xquat": "xquat"}
 """State entry -> ``mjData`` field of the derived arrays a restore puts back as taken.
 
-After ``mj_step`` these hold the body frames (``xpos``) and centres of mass
-(``xipos``) of the *last substep's start*, one substep behind ``qpos``; a
-restore's ``mj_forward`` would make them current instead. Envs that read them
+After ``mj_step`` these hold the body frames (``xpos``, ``xquat``) and centres
+of mass (``xipos``) of the *last substep's start*, one substep behind ``qpos``;
+a restore's ``mj_forward`` would make them current instead. Envs that read them
 before stepping (gymnasium's Ant-v5: ``xpos`` of the torso; Humanoid-v5:
-``xipos`` for the centre of mass) then see other values than in the run
-that was never interrupted. ``mj_step`` itself reads none of the derived
-arrays, so these two are all the gymnasium MuJoCo v5 envs need."""
+``xipos`` for the centre of mass; gymnasium-robotics' Fetch: ``xpos`` and
+``xquat`` of the gripper, to move its mocap body) then see other values than in
+the run that was never interrupted. ``mj_step`` itself reads none of the
+derived arrays."""
 
 StateSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]
 """Name -> (dtype, shape) of every entry of a state dict."""
