@@ -13,6 +13,9 @@
   capsule or none of it (an interrupted write leaves a ``.NAME.tmp-*``
   sibling, never a partial capsule at ``NAME``). Never pickled: numpy arrays
   are stored as tensors with their kind recorded and come back as numpy.
+  Every dtype torch and safetensors share is stored (:data:`DISK_DTYPES`, the
+  one table of their names); a buffer of another dtype is refused before
+  anything is written.
 """
 
 from __future__ import annotations
@@ -45,8 +48,30 @@ TENSORS_FILE = "tensors.safetensors"
 MANIFEST_FILE = "manifest.json"
 _META_DIGEST = "rollcap.capsule.digest"
 _SEAL = "manifest_digest"
-_ST_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
-"""safetensors header dtypes by the names :class:`BufferInfo` gives them."""
+_SAFETENSORS_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16",
+    "U32": "uint32", "I32": "int32", "U64": "uint64", "I64": "int64",
+    "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64", "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "F4": "float4_e2m1fn_x2",
+}  # fmt: skip
+DISK_DTYPES: dict[str, str] = {st: name for st, name in _SAFETENSORS_NAMES.items() if isinstance(getattr(torch, name, None), torch.dtype)}
+"""The one table of dtype names of the disk tier: safetensors header name -> the name
+:class:`BufferInfo` gives the dtype (torch's, which numpy shares for the numeric ones).
+
+Every dtype torch (this version) and safetensors both have; a buffer of another dtype
+(``complex128``, numpy ``longdouble``) is refused by :func:`save` before anything is
+written. Numpy buffers are stored as the torch dtype of the same name and come back as numpy."""
+_STORABLE = frozenset(DISK_DTYPES.values())
+_PACKED = {"float4_e2m1fn_x2": 2}
+"""Values per element of packed torch dtypes: safetensors counts the 4-bit values, so its
+header's last dimension is this many times the tensor's (and it cannot store one 0-d)."""
+
+
+def _header_shape(dtype: str, shape: tuple[int, ...]) -> list[int]:
+    """The shape a safetensors header gives a buffer of ``dtype`` and ``shape``."""
+    per = _PACKED.get(dtype, 1)
+    return [*shape[:-1], shape[-1] * per] if shape and per > 1 else list(shape)
 
 
 def _manifest_digest(manifest: dict) -> str:
@@ -174,6 +199,23 @@ def _as_cpu_tensor(value: StateValue) -> torch.Tensor:
     return value.detach().to("cpu").contiguous()
 
 
+def _check_storable(capsule: Capsule) -> None:
+    """Raise ``TypeError`` for the first buffer whose dtype the disk tier cannot hold (:data:`DISK_DTYPES`)."""
+    for comp, infos in capsule.specs.items():
+        for name, info in infos.items():
+            if info.dtype not in _STORABLE:
+                raise TypeError(
+                    f"capsule buffer {comp}.{name} is {info.dtype} ({info.kind}), which the disk tier cannot store "
+                    f"(safetensors holds {', '.join(sorted(_STORABLE))}); keep this capsule on the host tier, "
+                    "or have the component expose the buffer as one of those dtypes"
+                )
+            if info.dtype in _PACKED and not info.shape:
+                raise TypeError(
+                    f"capsule buffer {comp}.{name} is a 0-d {info.dtype}, which safetensors cannot store (it counts the "
+                    f"packed values along the last dimension); give the buffer shape (1,), or keep the capsule on the host tier"
+                )
+
+
 def save(capsule: Capsule, path: str | Path, *, overwrite: bool = False) -> Capsule:
     """Write the capsule as a directory at ``path``, atomically; returns its disk-tier handle.
 
@@ -190,6 +232,7 @@ def save(capsule: Capsule, path: str | Path, *, overwrite: bool = False) -> Caps
         capsule = load(capsule.path, expect_digest=capsule.known_digest)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists; pass overwrite=True or choose a new capsule path")
+    _check_storable(capsule)
     per_buffer = capsule.buffer_digests()
     digest = combine_digests(per_buffer)
     tensors: dict[str, torch.Tensor] = {}
@@ -217,7 +260,10 @@ def save(capsule: Capsule, path: str | Path, *, overwrite: bool = False) -> Caps
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=parent))
     try:
         os.chmod(tmp, 0o755)
-        safetensors.torch.save_file(tensors, str(tmp / TENSORS_FILE), metadata={_META_DIGEST: digest, "format_version": str(FORMAT_VERSION)})
+        try:
+            safetensors.torch.save_file(tensors, str(tmp / TENSORS_FILE), metadata={_META_DIGEST: digest, "format_version": str(FORMAT_VERSION)})
+        except KeyError as err:  # an older safetensors that lacks a dtype of DISK_DTYPES
+            raise TypeError(f"safetensors {safetensors.__version__} cannot write dtype {err}; upgrade safetensors, or keep the capsule on the host tier") from err
         fsync_file(tmp / TENSORS_FILE)
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
             f.write(canonical_json(manifest, allow_nan=False, indent=1) + "\n")
@@ -350,8 +396,9 @@ def _read_tensors(path: Path, m: Manifest) -> dict[str, torch.Tensor]:
                 raise _corrupt(path, f"{TENSORS_FILE} holds {key!r}, which the manifest does not list (buffer missing from the manifest); write the capsule again")
             for key, (c, n) in want.items():
                 info, piece = m.specs[c][n], f.get_slice(key)
-                got = f"{_ST_NAMES.get(piece.get_dtype(), piece.get_dtype())}[{', '.join(map(str, piece.get_shape()))}]"
-                if got != f"{info.dtype}[{', '.join(map(str, info.shape))}]":
+                dtype = DISK_DTYPES.get(piece.get_dtype(), piece.get_dtype())
+                if (dtype, list(piece.get_shape())) != (info.dtype, _header_shape(info.dtype, info.shape)):
+                    got = f"{dtype}{list(piece.get_shape())}" + (" (header shape)" if dtype in _PACKED else "")
                     raise _corrupt(path, f"{c}.{n}: manifest says {info.dtype}{list(info.shape)}, {TENSORS_FILE} holds {got}; write the capsule again")
             tensors = {k: f.get_tensor(k) for k in want}
     except safetensors.SafetensorError as err:

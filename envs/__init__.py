@@ -22,7 +22,7 @@ from rollcap.envs.adapters import (
     physics_row,
 )
 from rollcap.envs.bench import bench_env
-from rollcap.envs.checks import ExactCheckReport, canonical_bytes, check_env_exact
+from rollcap.envs.checks import EnvExactness, ExactCheckReport, canonical_bytes, check_env_exact, probe_exactness
 from rollcap.envs.collect import Episode, collect_demos, episode_seeds
 from rollcap.envs.errors import BadAction, CheckFailed, NoExactState, RenderUnavailable, StateMismatch
 from rollcap.envs.expert import ExpertNoise, ScriptedExpert
@@ -36,6 +36,7 @@ from rollcap.envs.scene import (
     make_instruction,
     parse_instruction,
 )
+from rollcap.envs.task_state import TASK_ATTRIBUTES
 
 if ENV_ID not in gym.registry:
     # gym.make returns the bare env, so get_state()/set_state() are on the object
@@ -55,10 +56,12 @@ __all__ = [
     "ENV_ID",
     "INSTRUCTION_TEMPLATE",
     "STATELESS_WRAPPERS",
+    "TASK_ATTRIBUTES",
     "TARGETS",
     "VOCAB",
     "BadAction",
     "CheckFailed",
+    "EnvExactness",
     "Episode",
     "ExactCheckReport",
     "ExactStateWrapper",
@@ -82,4 +85,5 @@ __all__ = [
     "make_instruction",
     "parse_instruction",
     "physics_row",
+    "probe_exactness",
 ]

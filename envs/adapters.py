@@ -2,16 +2,21 @@
 
 :class:`ExactStateWrapper` captures a MuJoCo env's full integration state
 (``mjSTATE_INTEGRATION`` through ``env.unwrapped.model`` / ``data``), the
-derived body positions envs read before they step (``xpos``, ``xipos``), its
-``np_random`` and the elapsed steps of every ``TimeLimit`` in the wrapper
-chain; over an env that declares exact state itself (``rollcap/PushBlock-v0``)
-it delegates to that env and adds the ``TimeLimit`` counters. Envs it cannot
-capture (no MuJoCo, or a wrapper that may hold state) get ``exact_state =
-False`` and a ``get_state`` that raises :class:`NoExactState` saying why.
+derived body frames envs read before they step (``xpos``, ``xipos``,
+``xquat``), the task state the env keeps in Python attributes (a goal; see
+:mod:`rollcap.envs.task_state`), its ``np_random`` and the elapsed steps of
+every ``TimeLimit`` in the wrapper chain; over an env that declares exact state
+itself (``rollcap/PushBlock-v0``) it delegates to that env and adds the
+``TimeLimit`` counters. On first use it checks, on a copy of the env, that a
+restore reproduces the original steps (:func:`rollcap.envs.probe.restore_difference`).
+Envs it cannot capture (no MuJoCo, a wrapper that may hold state, or
+observations that differ after a restore) get ``exact_state = False`` and a
+``get_state`` that raises :class:`NoExactState` saying why.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +26,7 @@ import numpy as np
 from gymnasium import wrappers as gw
 
 from rollcap.envs.errors import BadAction, NoExactState, StateMismatch
+from rollcap.envs.probe import PROBE_SEED, clone_env, restore_difference
 from rollcap.envs.state import (
     MJ_DERIVED,
     compiled_model_digest,
@@ -33,6 +39,7 @@ from rollcap.envs.state import (
     spec_to_json,
     validate_state,
 )
+from rollcap.envs.task_state import TASK_PREFIX, get_task_state, set_task_state, task_attributes_of
 
 STATELESS_WRAPPERS: tuple[type, ...] = (
     gw.OrderEnforcing,
@@ -46,14 +53,16 @@ STATELESS_WRAPPERS: tuple[type, ...] = (
 )
 """Gymnasium wrappers known to hold no state that changes observations or rewards."""
 
-MUJOCO_LAYOUT = 2
+MUJOCO_LAYOUT = 3
 """Version of :class:`ExactStateWrapper`'s MuJoCo-mode state layout, in its fingerprint.
 
 1: ``mj_state``, ``model_digest``, ``rng`` (``time_limit_steps``); 2: adds
-``mj_xpos`` and ``mj_xipos``. A layout-1 state is refused with a
+``mj_xpos`` and ``mj_xipos``; 3: adds ``mj_xquat`` and the task attributes
+(``task.<name>``). A state of an older layout is refused with a
 :class:`StateMismatch` that says so."""
 
-_LAYOUT_1 = frozenset({"mj_state", "model_digest", "rng", "time_limit_steps"})
+_OLD_LAYOUTS = {1: frozenset({"mj_xpos", "mj_xipos", "mj_xquat"}), 2: frozenset({"mj_xquat"})}
+"""Old layout -> the derived entries it lacks (it has no task entries either)."""
 
 
 class WithoutExactState:
@@ -142,30 +151,42 @@ def physics_row(state: Mapping[str, Any]) -> np.ndarray:
 class ExactStateWrapper(gym.Wrapper):
     """Exact ``get_state`` / ``set_state`` and the ``Stateful`` protocol for any MuJoCo env.
 
-    State layout (MuJoCo mode, :data:`MUJOCO_LAYOUT` 2): ``mj_state`` float64
+    State layout (MuJoCo mode, :data:`MUJOCO_LAYOUT` 3): ``mj_state`` float64
     ``(n,)`` (``mjSTATE_INTEGRATION``), ``mj_xpos`` and ``mj_xipos`` float64
-    ``(nbody, 3)``, ``model_digest`` uint8 ``(32,)`` (sha256 of the compiled
+    ``(nbody, 3)``, ``mj_xquat`` float64 ``(nbody, 4)``, ``task.<name>`` for
+    each task attribute (:mod:`rollcap.envs.task_state`; Fetch: ``task.goal``
+    float64 ``(3,)``), ``model_digest`` uint8 ``(32,)`` (sha256 of the compiled
     MJB), ``rng`` uint64 ``(7,)`` (``env.unwrapped.np_random``) and, when the
     chain has ``TimeLimit`` wrappers, ``time_limit_steps`` int64 ``(k,)``
     (-1 = not reset yet). Over an env with native exact state: that env's
     entries plus ``time_limit_steps``.
 
-    Why ``mj_xpos`` / ``mj_xipos``: after ``mj_step`` the derived arrays of
+    Why the derived body frames: after ``mj_step`` the derived arrays of
     ``mjData`` describe the start of the last substep, one substep behind
     ``qpos``. Ant-v5 reads the torso's ``xpos`` and Humanoid-v5 the bodies'
-    ``xipos`` *before* they simulate (for the x velocity in the reward), so a
+    ``xipos`` *before* they simulate (for the x velocity in the reward), and
+    Fetch the gripper's ``xpos`` and ``xquat`` (to place its mocap body), so a
     restore that only recomputes them (``mj_forward``) changed their first
-    reward and info. Measured over all gymnasium MuJoCo v5 envs: a restore of
-    the integration state plus these two arrays continues byte-identically
-    (observations, rewards, flags, info, later resets), with or without
-    ``mj_forward``, and dropping either array breaks Ant or Humanoid;
-    ``mj_step`` reads no derived array. So the state is the smallest that is
-    exact there (6 floats per body more), not all of ``mjData``. The restore
-    still runs ``mj_forward`` first, so every other derived array (contacts,
-    ``geom_xpos``, what a renderer draws) belongs to the restored state, one
-    substep ahead of the uninterrupted run's stale copy, never to the state
-    the env held before. An env that reads other derived arrays before it
-    steps is not covered; ``check_env_exact`` finds it (divergence at step 0).
+    step. Measured over all gymnasium MuJoCo v5 envs: a restore of the
+    integration state plus ``xpos`` and ``xipos`` continues byte-identically
+    (observations, rewards, flags, info, later resets), and dropping either
+    breaks Ant or Humanoid; ``mj_step`` reads no derived array. So the state is
+    the smallest that is exact there (10 floats per body more), not all of
+    ``mjData``. The restore still runs ``mj_forward`` first, so every other
+    derived array (contacts, ``geom_xpos``, what a renderer draws) belongs to
+    the restored state, never to the state the env held before; then it sets
+    the integration state again (``mj_forward`` of MuJoCo < 3.3.6 rewrites the
+    warm start) and copies the derived frames back.
+
+    First use (the first ``exact_state``, ``get_state``, ``set_state`` or
+    fingerprint) checks the restore once per instance, on a copy of the env
+    (:func:`rollcap.envs.probe.restore_difference`; the live env is not
+    touched): an env whose state reads back changed, or whose observations,
+    rewards, flags or info after a restore differ from the original steps, gets
+    ``exact_state = False`` and a reason naming the key and the size of the
+    difference. The copy is also where the state's layout is taken, after a
+    ``reset()`` (Fetch's goal only gets its shape there).
+
     Non-finite float actions raise :class:`BadAction` before the env steps.
     A restore counts as a reset for ``OrderEnforcing`` and ``PassiveEnvChecker``
     layers (so a never-reset env can step after it). Put it outermost.
@@ -173,40 +194,120 @@ class ExactStateWrapper(gym.Wrapper):
     Args:
         env: the env to wrap (e.g. ``gym.make("Pusher-v5")``).
         extra_stateless: further wrapper classes you vouch hold no state.
+        task_attributes: further attributes of ``env.unwrapped`` that hold task
+            state (arrays or numbers), beside those of its family.
+        verify: run the first-use restore check. ``False`` vouches for the env
+            unchecked (one that cannot be deep-copied, say); ``check_env_exact``
+            still checks it.
     """
 
-    def __init__(self, env: gym.Env, extra_stateless: tuple[type, ...] = ()) -> None:
+    def __init__(
+        self,
+        env: gym.Env,
+        extra_stateless: tuple[type, ...] = (),
+        task_attributes: tuple[str, ...] = (),
+        verify: bool = True,
+    ) -> None:
         if not isinstance(env, gym.Env):
             raise TypeError(f"ExactStateWrapper wraps a gymnasium.Env, got {type(env).__name__}")
         if not all(isinstance(t, type) for t in extra_stateless):
             raise TypeError(f"extra_stateless must be wrapper classes, got {extra_stateless!r}")
+        if isinstance(task_attributes, str):
+            raise TypeError(f"task_attributes must be a tuple of names, got the string {task_attributes!r}")
+        if not isinstance(verify, bool):
+            raise TypeError(f"verify must be True or False, got {verify!r}")
         super().__init__(env)
         layers, base = _layers(env)
+        self._extra_stateless = tuple(extra_stateless)
+        self._verify = verify
         self._time_limits = [w for w in layers if isinstance(w, gw.TimeLimit)]
         self._orders = [w for w in layers if isinstance(w, gw.OrderEnforcing)]
         self._checkers = [w for w in layers if isinstance(w, gw.PassiveEnvChecker)]
         known = (gw.TimeLimit, *STATELESS_WRAPPERS, *extra_stateless)
         unknown = [type(w).__name__ for w in layers if not isinstance(w, known)]
         self._native = bool(getattr(base, "exact_state", False)) and hasattr(base, "get_state")
+        self._task_names = () if self._native else task_attributes_of(base, task_attributes)
+        self._task_kinds: dict[str, str] = {}
         is_mujoco = isinstance(getattr(base, "model", None), mujoco.MjModel) and isinstance(
             getattr(base, "data", None), mujoco.MjData
         )
-        self.exact_state = not unknown and (self._native or is_mujoco)
         name = type(base).__name__
+        self._refusal = ""
         if unknown:
-            self.exact_state_reason = (
+            self._refusal = (
                 f"wrappers {unknown} around {name} may hold state this adapter cannot capture; "
                 "pass extra_stateless=(TheirClass, ...) if they hold none"
             )
-        elif not self.exact_state:
-            self.exact_state_reason = (
+        elif not (self._native or is_mujoco):
+            self._refusal = (
                 f"{name} has neither a MuJoCo model/data nor a native get_state(); "
                 "its state cannot be captured exactly"
             )
-        else:
-            self.exact_state_reason = ""
-        self._spec = spec_of(self._collect()) if self.exact_state else {}
+        self._spec: dict = {}
+        self._checked = bool(self._refusal)
+        if self._native and not self._refusal:
+            self._spec, self._checked = spec_of(self._collect()), True  # the env vouches for its own state
 
+    # -- first use -------------------------------------------------------------------
+    @property
+    def exact_state(self) -> bool:
+        """Whether this env restores exactly (the first read runs the restore check)."""
+        self._first_use()
+        return not self._refusal
+
+    @property
+    def exact_state_reason(self) -> str:
+        """Why ``exact_state`` is False, in one line; ``""`` when it is True."""
+        self._first_use()
+        return self._refusal
+
+    def _first_use(self) -> None:
+        """Take the state layout on a reset copy of the env and check a restore there; once per instance."""
+        if self._checked:
+            return
+        self._checked = True
+        name = type(self.env.unwrapped).__name__
+        try:
+            twin = ExactStateWrapper(clone_env(self.env), self._extra_stateless, self._task_names, verify=False)
+        except Exception as err:  # noqa: BLE001 - any env may fail to copy; the reason says how
+            if self._verify:
+                self._refusal = (
+                    f"{name} could not be copied to check its restores ({type(err).__name__}: {err}); "
+                    "pass verify=False to vouch for them, and run check_env_exact"
+                )
+                return
+            twin = None
+        try:
+            if twin is None:
+                self._adopt_layout()
+                return
+            twin._checked = True
+            with warnings.catch_warnings():  # gymnasium's checkers warn about the copy, not the live env
+                warnings.simplefilter("ignore")
+                twin.reset(seed=PROBE_SEED)
+                twin._adopt_layout()
+                self._spec, self._task_kinds = twin._spec, twin._task_kinds
+                why = restore_difference(twin) if self._verify else None
+            if why:
+                self._refusal = (
+                    f"{name} does not restore exactly: {why} (captured: MuJoCo's integration state, derived "
+                    f"{sorted(MJ_DERIVED)}, task attributes {list(self._task_names)}; if the env keeps task state "
+                    "in other attributes, name them with task_attributes=(...))"
+                )
+        except NoExactState as err:
+            self._refusal = str(err)
+        except Exception as err:  # noqa: BLE001 - an env that fails on its copy cannot be vouched for
+            self._refusal = f"checking {name}'s restores on a copy raised {type(err).__name__}: {err}"
+        finally:
+            if twin is not None:
+                twin.close()
+
+    def _adopt_layout(self) -> None:
+        """Take the state layout and the task attributes' kinds from this env as it is now."""
+        self._spec = spec_of(self._collect())
+        self._task_kinds = get_task_state(self.env.unwrapped, self._task_names)[1]
+
+    # -- gymnasium ---------------------------------------------------------------------
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
         """Refuse a non-finite float action before it reaches the simulator, then step.
 
@@ -221,14 +322,17 @@ class ExactStateWrapper(gym.Wrapper):
             )
         return self.env.step(action)
 
+    # -- state -------------------------------------------------------------------------
     def _collect(self) -> dict[str, np.ndarray]:
         base = self.env.unwrapped
         if self._native:
             state = dict(base.get_state())
         else:
+            task = get_task_state(base, self._task_names)[0]
             state = {
                 "mj_state": get_mj_state(base.model, base.data),
                 **get_mj_derived(base.data),
+                **task,
                 "model_digest": np.frombuffer(compiled_model_digest(base.model), dtype=np.uint8).copy(),
                 "rng": rng_to_array(base.np_random),
             }
@@ -247,18 +351,29 @@ class ExactStateWrapper(gym.Wrapper):
         """Return fresh copies of the env's exact state (layout in the class docstring).
 
         Raises:
-            NoExactState: this env cannot be captured (see ``exact_state_reason``).
+            NoExactState: this env cannot be captured (see ``exact_state_reason``),
+                or a task attribute does not have its after-reset shape yet
+                (reset the env first).
         """
         if not self.exact_state:
             raise NoExactState(self.exact_state_reason)
-        return self._collect()
+        state = self._collect()
+        for key in state.keys() & self._spec.keys():
+            if key.startswith(TASK_PREFIX) and (state[key].dtype, state[key].shape) != self._spec[key]:
+                dtype, shape = self._spec[key]
+                raise NoExactState(
+                    f"{type(self.env.unwrapped).__name__}.{key.removeprefix(TASK_PREFIX)} is "
+                    f"{state[key].dtype}{list(state[key].shape)} now and {np.dtype(dtype)}{list(shape)} after reset(); "
+                    "reset the env before taking its state"
+                )
+        return state
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`get_state`; validates everything before the first write.
 
         Raises:
             NoExactState: this env cannot be restored.
-            StateMismatch: the state is from another env or model.
+            StateMismatch: the state is from another env or model, or of an older layout.
         """
         if not self.exact_state:
             raise NoExactState(self.exact_state_reason)
@@ -266,7 +381,7 @@ class ExactStateWrapper(gym.Wrapper):
         try:
             s = validate_state(state, self._spec, self._digest(), owner)
         except StateMismatch as err:
-            self._refuse_layout_1(state, owner, err)
+            self._refuse_old_layout(state, owner, err)
             raise
         base = self.env.unwrapped
         limits = s.pop("time_limit_steps", None)
@@ -275,6 +390,7 @@ class ExactStateWrapper(gym.Wrapper):
         else:
             rng_state = rng_state_from_array(s["rng"], base.np_random)
             set_mj_state(base.model, base.data, s["mj_state"], {k: s[k] for k in MJ_DERIVED})
+            set_task_state(base, s, self._task_kinds)
             base.np_random.bit_generator.state = rng_state
         if limits is not None:
             for w, n in zip(self._time_limits, limits.tolist()):
@@ -285,19 +401,20 @@ class ExactStateWrapper(gym.Wrapper):
             if not w.checked_reset:  # its first-step check needs a reset's data; skip it
                 w.checked_reset = w.checked_step = w.checked_data_reuse = True
 
-    def _refuse_layout_1(self, state: Mapping[str, Any], owner: str, err: StateMismatch) -> None:
-        """Name a MuJoCo-mode state of layout 1 (this model, no ``mj_xpos``) for what it is."""
-        if self._native or not isinstance(state, Mapping):
-            return
-        if "mj_state" not in state or not set(state) <= _LAYOUT_1:
+    def _refuse_old_layout(self, state: Mapping[str, Any], owner: str, err: StateMismatch) -> None:
+        """Name a MuJoCo-mode state of an older layout (this model, fewer entries) for what it is."""
+        if self._native or not isinstance(state, Mapping) or "mj_state" not in state:
             return
         digest = np.asarray(state.get("model_digest", np.zeros(0, np.uint8)))
-        if digest.dtype == np.uint8 and digest.tobytes() == self._digest():
-            raise StateMismatch(
-                f"{owner}: state has ExactStateWrapper's old layout 1 (no {sorted(MJ_DERIVED)}), "
-                f"this version restores layout {MUJOCO_LAYOUT}; layout 1 cannot restore Ant- or "
-                "Humanoid-like envs exactly, so it is not half-applied: take a new snapshot"
-            ) from err
+        if digest.dtype != np.uint8 or digest.tobytes() != self._digest():
+            return
+        for layout, lacks in _OLD_LAYOUTS.items():
+            if not (lacks & set(state)) and not any(str(k).startswith(TASK_PREFIX) for k in state):
+                raise StateMismatch(
+                    f"{owner}: state has ExactStateWrapper's old layout {layout} (no {sorted(lacks)}), "
+                    f"this version restores layout {MUJOCO_LAYOUT}; an old-layout state cannot restore envs that read "
+                    "those arrays (or keep task state) exactly, so it is not half-applied: take a new snapshot"
+                ) from err
 
     def live_state(self) -> dict[str, np.ndarray]:
         """``Stateful``: the same as :meth:`get_state`."""
@@ -308,10 +425,11 @@ class ExactStateWrapper(gym.Wrapper):
         self.set_state(state)
 
     def state_fingerprint(self) -> dict:
-        """``Stateful``: env id, MuJoCo version, model digest, layout and state spec (JSON-able).
+        """``Stateful``: env id, MuJoCo version, model digest, layout, task attributes and state spec (JSON-able).
 
-        ``state_layout`` (:data:`MUJOCO_LAYOUT`) is there in MuJoCo mode only; over
-        a native env the fingerprint is that env's, plus ``state_spec`` and ``time_limits``.
+        ``state_layout`` (:data:`MUJOCO_LAYOUT`) and ``task_attributes`` (name ->
+        kind) are there in MuJoCo mode only; over a native env the fingerprint is
+        that env's, plus ``state_spec`` and ``time_limits``.
         """
         if not self.exact_state:
             raise NoExactState(self.exact_state_reason)
@@ -325,6 +443,7 @@ class ExactStateWrapper(gym.Wrapper):
                 "mujoco": mujoco.__version__,
                 "model_digest": "sha256:" + self._digest().hex(),
                 "state_layout": MUJOCO_LAYOUT,
+                "task_attributes": dict(self._task_kinds),
             }
         fp["state_spec"] = spec_to_json(self._spec)
         fp["time_limits"] = [w._max_episode_steps for w in self._time_limits]

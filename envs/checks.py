@@ -1,11 +1,17 @@
-"""One entry point that checks an env's API, seeding and exact state.
+"""Checks of an env's API, seeding and exact state: a thorough one and a cheap one.
 
 ``check_env_exact(factory)`` runs gymnasium's ``check_env``, then seeded-reset
 determinism, then exact-state restores at several steps of one long reference
 run (right after the reset, after one step, mid-episode), each replayed for
 ``steps`` (default 100) steps within the same env and in another one and
 compared byte-for-byte (observations, rewards, done flags, info, resets),
-then that a foreign state is refused without side effects.
+then that a foreign state is refused without side effects. It is for tests
+and for vetting a new env.
+
+``probe_exactness(env)`` answers, in milliseconds and without touching the
+live env, whether an env is repeatable (a seeded reset and the same actions
+give the same observations twice) and exact (it has an exact-state layer whose
+restore check passed), and if not, why: what a recorder asks before it records.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ import numpy as np
 from gymnasium.utils.env_checker import check_env
 
 from rollcap.envs.adapters import find_exact_state
-from rollcap.envs.errors import CheckFailed, StateMismatch
+from rollcap.envs.compare import canonical_bytes
+from rollcap.envs.errors import CheckFailed, NoExactState, StateMismatch
+from rollcap.envs.probe import PROBE_SEED, clone_env, repeat_difference
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -42,20 +50,70 @@ class ExactCheckReport:
     """Messages of warnings raised by ``gymnasium.utils.env_checker.check_env``."""
 
 
-def canonical_bytes(x: Any) -> bytes:
-    """Bytes that are equal iff two observations/rewards are identical (dtype, shape, values)."""
-    if isinstance(x, dict):
-        return b"{" + b"".join(k.encode() + b":" + canonical_bytes(x[k]) for k in sorted(x)) + b"}"
-    if isinstance(x, (tuple, list)):
-        return b"[" + b",".join(canonical_bytes(v) for v in x) + b"]"
-    if isinstance(x, str):
-        return b"s" + x.encode()
-    if x is None:
-        return b"None"
-    a = np.asarray(x)
-    if a.dtype.hasobject:  # tobytes() of an object array is its pointers
-        return b"o" + repr(x).encode()
-    return f"{a.dtype}{a.shape}".encode() + a.tobytes()
+@dataclass(frozen=True)
+class EnvExactness:
+    """What :func:`probe_exactness` found about one env."""
+
+    env_name: str
+    """The env's spec id or class name."""
+    repeatable: bool | None
+    """A seeded reset and the same actions gave the same steps twice in one instance
+    (``None``: not checked, the env could not be copied; ``reason`` says why)."""
+    exact: bool
+    """The env has an exact-state layer (``exact_state_of``) and its restore check passed."""
+    reason: str = ""
+    """Why it is not repeatable or not exact (``"; "``-joined), in plain words; ``""`` when both hold."""
+
+    @property
+    def ok(self) -> bool:
+        """Repeatable and exact: its recordings replay byte-for-byte."""
+        return bool(self.repeatable) and self.exact
+
+
+def probe_exactness(env: gym.Env, *, seed: int = PROBE_SEED, steps: int = 5) -> EnvExactness:
+    """Whether ``env`` is repeatable and exact, and if not why; the live env is left exactly as it was.
+
+    Repeatable: on a copy of ``env`` (:func:`rollcap.envs.probe.clone_env`),
+    ``reset(seed)`` and ``steps`` fixed actions, twice in a row, give identical
+    observations, rewards, flags and info (an env that keeps state across
+    resets, like MetaWorld's reach, does not). Exact: ``exact_state_of(env)``
+    finds a layer; an :class:`~rollcap.envs.ExactStateWrapper` has by then run
+    its restore check (once per instance). Cheap: one copy and ``2 * steps``
+    steps, plus the wrapper's check on its first use.
+
+    Args:
+        env: the env as the caller holds it (wrappers included).
+        seed: seed of the resets and of the actions.
+        steps: steps per run, >= 1.
+
+    Raises:
+        ValueError: ``steps`` < 1.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    reasons = []
+    try:
+        twin = clone_env(env)
+    except Exception as err:  # noqa: BLE001 - any env may fail to copy; the reason says how
+        repeatable = None
+        reasons.append(f"repeatability not checked: the env could not be copied ({type(err).__name__}: {err})")
+    else:
+        try:
+            with warnings.catch_warnings():  # gymnasium's checkers warn about the copy, not the live env
+                warnings.simplefilter("ignore")
+                why = repeat_difference(twin, seed, steps)
+        finally:
+            twin.close()
+        repeatable = why is None
+        if why:
+            reasons.append(f"not repeatable: {why}")
+    try:
+        find_exact_state(env)
+        exact = True
+    except NoExactState as err:
+        exact = False
+        reasons.append(f"not exact: {err}")
+    return EnvExactness(_name(env), repeatable, exact, "; ".join(reasons))
 
 
 def _name(env: gym.Env) -> str:
@@ -154,7 +212,8 @@ def check_env_exact(
 
     Raises:
         CheckFailed: the first failed check, naming it (and the parts that differ).
-        NoExactState: the env does not declare exact state.
+        NoExactState: the env does not declare exact state (or its adapter's
+            first-use restore check failed; the message says why).
         ValueError: ``restore_at`` or ``steps`` out of range.
     """
     if not restore_at or any(not isinstance(p, int) or p < 0 for p in restore_at):

@@ -21,16 +21,17 @@ MJ_STATE_SIG = int(mujoco.mjtState.mjSTATE_INTEGRATION)
 """State signature used everywhere: positions, velocities, actuation, controls,
 applied forces, mocap, user data and the solver warmstart (restores exactly)."""
 
-MJ_DERIVED: dict[str, str] = {"mj_xpos": "xpos", "mj_xipos": "xipos"}
+MJ_DERIVED: dict[str, str] = {"mj_xpos": "xpos", "mj_xipos": "xipos", "mj_xquat": "xquat"}
 """State entry -> ``mjData`` field of the derived arrays a restore puts back as taken.
 
-After ``mj_step`` these hold the body frames (``xpos``) and centres of mass
-(``xipos``) of the *last substep's start*, one substep behind ``qpos``; a
-restore's ``mj_forward`` would make them current instead. Envs that read them
+After ``mj_step`` these hold the body frames (``xpos``, ``xquat``) and centres
+of mass (``xipos``) of the *last substep's start*, one substep behind ``qpos``;
+a restore's ``mj_forward`` would make them current instead. Envs that read them
 before stepping (gymnasium's Ant-v5: ``xpos`` of the torso; Humanoid-v5:
-``xipos`` for the centre of mass) then see other values than in the run
-that was never interrupted. ``mj_step`` itself reads none of the derived
-arrays, so these two are all the gymnasium MuJoCo v5 envs need."""
+``xipos`` for the centre of mass; gymnasium-robotics' Fetch: ``xpos`` and
+``xquat`` of the gripper, to move its mocap body) then see other values than in
+the run that was never interrupted. ``mj_step`` itself reads none of the
+derived arrays."""
 
 StateSpec = dict[str, tuple[np.dtype, tuple[int, ...]]]
 """Name -> (dtype, shape) of every entry of a state dict."""
@@ -59,14 +60,21 @@ def set_mj_state(
 ) -> None:
     """Copy an integration state into ``data``, recompute derived quantities, put back ``derived``.
 
-    ``mj_forward`` only rewrites derived fields (positions of bodies, contacts,
-    accelerations); it leaves every entry of the integration state as set, and
-    no derived value of the state ``data`` held before survives. ``derived``
-    (entries of :func:`get_mj_derived`) is then copied in place over what
-    ``mj_forward`` computed, so those arrays read as when the state was taken.
+    ``mj_forward`` recomputes the derived fields (positions of bodies, contacts,
+    accelerations), so no derived value of the state ``data`` held before
+    survives. It may also write into the integration state: MuJoCo before 3.3.6
+    saves the solver's result in ``qacc_warmstart`` at the end of every forward
+    pass (in models with constraints that changed the warm start, and so the
+    next step, by ~1e-12), and a control callback (``mjcb_control``) writes
+    ``ctrl``. So the integration state is set again after ``mj_forward``: it
+    reads back exactly as given. ``derived`` (entries of
+    :func:`get_mj_derived`) is then copied in place over what ``mj_forward``
+    computed, so those arrays read as when the state was taken.
     """
-    mujoco.mj_setState(model, data, np.ascontiguousarray(state, dtype=np.float64), MJ_STATE_SIG)
+    state = np.ascontiguousarray(state, dtype=np.float64)
+    mujoco.mj_setState(model, data, state, MJ_STATE_SIG)
     mujoco.mj_forward(model, data)
+    mujoco.mj_setState(model, data, state, MJ_STATE_SIG)
     for key, value in (derived or {}).items():
         getattr(data, MJ_DERIVED[key])[...] = value
 

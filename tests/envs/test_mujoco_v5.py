@@ -71,7 +71,7 @@ def test_first_step_after_mid_episode_restore(env_id, into):
 
 
 def test_state_layout_and_fingerprint():
-    """MuJoCo mode holds the integration state plus xpos/xipos; the fingerprint names layout 2."""
+    """MuJoCo mode holds the integration state plus xpos/xipos/xquat; the fingerprint names layout 3."""
     env = _wrapped("Ant-v5")
     env.reset(seed=0)
     env.step(_actions(env, 1, seed=1)[0])
@@ -82,24 +82,27 @@ def test_state_layout_and_fingerprint():
         "mj_state": ("float64", (n,)),
         "mj_xpos": ("float64", (model.nbody, 3)),
         "mj_xipos": ("float64", (model.nbody, 3)),
+        "mj_xquat": ("float64", (model.nbody, 4)),
         "model_digest": ("uint8", (32,)),
         "rng": ("uint64", (7,)),
         "time_limit_steps": ("int64", (1,)),
     }
     assert state["mj_xpos"].tobytes() == data.xpos.tobytes() and not np.shares_memory(state["mj_xpos"], data.xpos)
     fp = env.state_fingerprint()
-    assert fp["state_layout"] == MUJOCO_LAYOUT == 2
+    assert fp["state_layout"] == MUJOCO_LAYOUT == 3
+    assert fp["task_attributes"] == {}  # gymnasium's MuJoCo envs keep no task state outside MuJoCo
     assert sorted(fp["state_spec"]) == sorted(state)
 
 
-def test_layout_1_state_refused_untouched():
-    """A state without mj_xpos/mj_xipos (the old layout) is refused by name, not half-applied."""
+@pytest.mark.parametrize(("layout", "lacks"), [(1, ("mj_xpos", "mj_xipos", "mj_xquat")), (2, ("mj_xquat",))])
+def test_old_layout_state_refused_untouched(layout, lacks):
+    """A state of an older layout (without mj_xpos/mj_xipos, or without mj_xquat) is refused by name, not half-applied."""
     env = _wrapped("Humanoid-v5")
     env.reset(seed=0)
-    old = {k: v for k, v in env.get_state().items() if k not in ("mj_xpos", "mj_xipos")}
+    old = {k: v for k, v in env.get_state().items() if k not in lacks}
     env.step(_actions(env, 1, seed=1)[0])
     before = env.get_state()
-    with pytest.raises(StateMismatch, match="old layout 1.*take a new snapshot"):
+    with pytest.raises(StateMismatch, match=f"old layout {layout} .*take a new snapshot"):
         env.set_state(old)
     assert canonical_bytes(env.get_state()) == canonical_bytes(before)
     foreign = dict(old, model_digest=old["model_digest"] ^ np.uint8(1))
