@@ -15,13 +15,14 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollcap.kernels.files import atomic_write, canonical_json, plain_json
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_critic, make_env, make_runners
-from rollcap.rollout.errors import ConfigError, RecordingFailed
+from rollcap.rollout.errors import ConfigError, NotExactWarning, RecordingFailed
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
@@ -54,6 +55,8 @@ class RunConfig:
     """With actors: GPU share per actor, e.g. 0.5 (default: 0 on cpu; with a cuda device 1/actors, all on one GPU)."""
     teleop: str | None = None
     """A person in the loop: keys from keyboard (X, else the terminal), terminal or scripted:FILE; a live view; the reset waits for the go key."""
+    require_exact: bool = False
+    """Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or isinstance(self.episodes, bool) or self.episodes < 1:
@@ -165,6 +168,7 @@ def run(
         if isinstance(env, str):
             env = make_env(parts.env_id, parts.env_kwargs)
             own.append(env)
+        check_repeatable(env, run_cfg.require_exact)
         if _is_path(policy):
             policy, built = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
             own += [policy, built]
@@ -177,6 +181,30 @@ def run(
         for part in own:
             if part is not None:
                 part.close()
+
+
+def check_repeatable(env, require: bool = False) -> None:
+    """Warn (:class:`NotExactWarning`) about an env that is not repeatable; with ``require``, refuse it, or one without exact state.
+
+    :func:`rollcap.envs.probe_exactness` runs a seeded reset and a few steps
+    twice on a copy of the env (the live env is left as it was) and looks for
+    its exact state. An env that is repeatable but has no exact state (a
+    plain gymnasium env) records without a warning: its episodes replay from
+    the seed, and replay says which modes it could not check. Before anything
+    is created.
+
+    Raises:
+        ConfigError: ``require`` and the env is not repeatable or not exact (naming ``require_exact``).
+    """
+    from rollcap.envs import probe_exactness
+
+    verdict = probe_exactness(env)
+    if verdict.repeatable is not False and (verdict.exact or not require):
+        return
+    why = f"{verdict.env_name}: {verdict.reason}; its recordings will not replay exactly"
+    if require:
+        raise ConfigError("require_exact", why)
+    warnings.warn(why, NotExactWarning, stacklevel=3)
 
 
 def _is_path(x) -> bool:

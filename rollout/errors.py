@@ -26,3 +26,10 @@ class ConfigError(RolloutError, ValueError):
 
 class RecordingFailed(RolloutError):
     """Writing an episode failed (a full disk, a lost mount): the run stops; episodes written before are intact."""
+
+
+class NotExactWarning(UserWarning):
+    """The env's episodes cannot be replayed byte for byte (not repeatable, or its exact state is missing); the run records anyway.
+
+    ``rollcap run --require-exact`` (``require_exact=True``) refuses such an env instead.
+    """

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import warnings
 
 from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS, Terminated as _Terminated
 
@@ -20,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     130 Ctrl-C (143 SIGTERM), always without a traceback for these."""
     signal.signal(signal.SIGINT, _SIGNALS)
     signal.signal(signal.SIGTERM, _SIGNALS)
+    warnings.showwarning = _show_warning
     try:
         return _main(argv)
     except _Terminated:
@@ -60,3 +62,16 @@ def _main(argv: list[str] | None) -> int:
     except (UserError, BadInput, CheckpointMismatch, CorruptEpisode, CorruptCapsule, CapsuleMismatch, ValueError, OSError) as err:
         print(f"rollcap {args.command}: error: {err}", file=sys.stderr)  # OSError: a missing or unreadable path
         return 2
+
+
+_SHOW = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """rollcap's own warnings as one line (``rollcap: warning: ...``); others as Python shows them."""
+    from rollcap.rollout.errors import NotExactWarning
+
+    if issubclass(category, NotExactWarning):
+        print(f"rollcap: warning: {message}", file=file or sys.stderr)
+    else:
+        _SHOW(message, category, filename, lineno, file, line)
