@@ -178,6 +178,7 @@ def test_damaged_files_load_identically_or_fail_in_one_named_line(originals, tmp
 CLI_SAMPLES = [("npz", "inspect"), ("hdf5", "inspect"), ("capsule manifest", "capsule inspect"), ("capsule tensors", "capsule inspect")]
 
 
+@pytest.mark.slow
 def test_cli_on_damaged_files_exits_2_in_one_line(originals, tmp_path):
     """``rollcap inspect FILE`` / ``rollcap capsule inspect DIR`` on damaged files: exit 2, one stderr line naming it, no traceback."""
     rng = np.random.default_rng([SEED, 99])

@@ -66,6 +66,7 @@ def test_restore_into_another_shape_is_refused():
         big.close()
 
 
+@pytest.mark.slow
 def test_bench_scaling_reports_ratios_with_spread(tmp_path):
     """One small size: JSON-able rows with median/min/max ratios, a fixed cost, a table and a plot."""
     report = bench_scaling(None, sizes=(MB,), quick=True)

@@ -66,6 +66,7 @@ def test_manifest_contents(eager_world, tmp_path):
     assert qpos["digest"] == cap.buffer_digests()["sim"]["qpos"]
 
 
+@pytest.mark.slow
 def test_disk_round_trip_across_processes(tmp_path):
     """A capsule written by another process restores here and the next chunks are byte-identical."""
     script = textwrap.dedent(

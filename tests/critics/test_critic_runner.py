@@ -35,6 +35,7 @@ def test_bad_observation_is_refused(runner):
         runner.value(obs)
 
 
+@pytest.mark.slow
 def test_value_loss_learns_targets():
     """Training on two targets separates their predicted values."""
     model = tiny_critic(1).train()

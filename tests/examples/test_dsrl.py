@@ -21,6 +21,8 @@ from rollcap.rollout.gym.envs import NoiseSteeringEnv, instruction_tokens  # noq
 from rollcap.rollout.recording import EpisodeRecorder  # noqa: E402
 from tests.rollout._tiny import make_env, make_runners  # noqa: E402
 
+pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

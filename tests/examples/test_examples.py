@@ -7,8 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rollcap.critics import load_critic
 from rollcap.policies import load_policy
+
+pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
 
 ROOT = Path(__file__).resolve().parents[2]
 

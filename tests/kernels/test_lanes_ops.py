@@ -142,6 +142,7 @@ def test_event_ticket_waits_on_its_end_event():
     assert t.done() and t.seconds == 0.025
 
 
+@pytest.mark.slow
 def test_event_ticket_reports_an_asynchronous_device_failure():
     """A device failure that surfaces at the end event comes back from wait() and done() as LaneError."""
     t = _event_ticket(threading.Event(), fail=True)

@@ -57,6 +57,7 @@ print(hashlib.sha256(b''.join(r.act(make_obs(s), make_noise(s)).tobytes() for s 
 """
 
 
+@pytest.mark.slow
 def test_second_process_and_thread_counts_give_identical_bytes(runner):
     """A fresh process (1 and 2 intra-op threads) reproduces the same chunk bytes."""
     import pathlib
@@ -127,6 +128,7 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
         load_policy(tmp_path / "p.json")
 
 
+@pytest.mark.slow
 def test_flow_loss_trains():
     """A few optimiser steps on one batch reduce the flow-matching loss."""
     model = tiny_policy(0).train()

@@ -27,6 +27,7 @@ def _digests(run_dir):
     return [episode_digest(r) for r in rollcap.load(run_dir)]
 
 
+@pytest.mark.slow
 def test_identical_runs_and_a_resumed_run_have_identical_episode_digests(parts, tmp_path):
     """Two identical runs give equal digests per episode (timings differ); so does a run done in two sessions."""
     a = _run(parts, tmp_path / "a", 4)

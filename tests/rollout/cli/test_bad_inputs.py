@@ -153,6 +153,7 @@ def test_good_npz_still_reads_exactly(run_dir):
     assert all(a.flags.writeable for a in back.obs.values())
 
 
+@pytest.mark.slow
 def test_a_run_refused_at_set_up_leaves_no_directory_and_no_progress_bar(tmp_path):
     """`--execute-steps 9` on 8-action chunks is found once the policy is built: one line, exit 2, no run directory, no bar fragment; an existing empty --out stays empty."""
     proc = _cli("run", "--episodes", "2", "--execute-steps", "9", "--out", str(tmp_path / "new"))

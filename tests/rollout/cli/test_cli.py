@@ -15,6 +15,8 @@ from rollcap.policies import save_policy
 from rollcap.rollout.recording import load_any
 from tests.rollout._tiny import make_runners
 
+pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
 

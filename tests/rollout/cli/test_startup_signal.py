@@ -35,11 +35,13 @@ def interpreter_start_s():
     return sorted(walls)[1]
 
 
+@pytest.mark.slow
 def test_import_rollcap_imports_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", "import sys, rollcap.rollout.cli; print(sorted(m for m in ('gymnasium', 'numpy', 'torch', 'mujoco') if m in sys.modules))"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_gym_ids_register_when_gymnasium_is_imported_after_rollcap():
     code = "import rollcap, gymnasium as gym; e = gym.make('rollcap/ChunkPushBlock-v0'); print(type(e.unwrapped).__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -74,6 +74,7 @@ def test_sb3_env_checker_passes(make):
     assert all(any(e in m for m in messages) for e in expected), messages
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [tiny_chunk_env, tiny_noise_env])
 def test_same_seed_same_actions_same_episode_in_two_instances(make):
     """reset(seed) and the same actions give byte-identical observations, rewards and flags in a second instance."""
@@ -84,6 +85,7 @@ def test_same_seed_same_actions_same_episode_in_two_instances(make):
     b.close()
 
 
+@pytest.mark.slow
 def test_async_vector_env_matches_a_single_env_across_processes():
     """Inside AsyncVectorEnv (2 worker processes) each sub-env is exactly the same as a single env with its seed."""
     venv = gym.vector.AsyncVectorEnv([lambda: tiny_noise_env(), lambda: tiny_noise_env()], context="spawn")
@@ -105,6 +107,7 @@ def test_async_vector_env_matches_a_single_env_across_processes():
         single.close()
 
 
+@pytest.mark.slow
 def test_steered_episodes_are_recorded_and_replay_exactly(tmp_path):
     """The noise an agent chose is recorded; the episode replays exactly in every mode."""
     p, c = make_runners(seed=2)
@@ -157,6 +160,7 @@ def test_instruction_tokens_round_trip():
         instruction_tokens("x" * 10, 8)
 
 
+@pytest.mark.slow
 def test_registered_ids_build_the_shipped_task():
     """gym.make of the registered ids gives the built-in task with the shipped policy, Dict observations."""
     env = gym.make("rollcap/NoiseSteerPushBlock-v0", value_in_obs=True)

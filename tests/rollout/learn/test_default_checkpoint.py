@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC
 from rollcap.policies import DEFAULT_CHECKPOINT as POLICY
 from rollcap.rollout.build import Parts, make_env, make_runners
@@ -11,6 +13,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 
 
+@pytest.mark.slow
 def test_shipped_checkpoints_fit_the_default_env():
     """Both checkpoints load with the built-in env's observation layout and run 2 chunks."""
     env = make_env()

@@ -159,6 +159,7 @@ def test_binarise_at_the_percentile_with_interventions_positive():
 
 
 # ------------------------------------------------------------------ improve
+@pytest.mark.slow
 def test_fine_tune_is_deterministic_and_beta_travels_in_the_checkpoint(tiny_run, tmp_path):
     """Same seed, same weights; with_beta changes the config (and so the checkpoint JSON), not the weights."""
     from rollcap.policies import load_policy, save_policy

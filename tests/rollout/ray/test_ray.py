@@ -21,6 +21,8 @@ from rollcap.rollout.ray.replay import ReplayActor
 from rollcap.rollout.subscribers import Metrics
 from tests.rollout._tiny import ENV_KW
 
+pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+
 EPISODES = 16
 CFG = {"seed": 11, "max_chunks": 6}
 

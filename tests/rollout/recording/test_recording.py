@@ -302,6 +302,7 @@ def two_demos_and_append_io_count(tmp_path, monkeypatch):
     return base, counter[0]
 
 
+@pytest.mark.slow
 def test_sigkill_at_every_io_point_leaves_whole_episodes(tmp_path, monkeypatch):
     """SIGKILL before (or halfway through) each write/truncate/fsync/unlink of an append: earlier demos survive."""
     base, n = two_demos_and_append_io_count(tmp_path, monkeypatch)
@@ -329,6 +330,7 @@ def test_sigkill_at_every_io_point_leaves_whole_episodes(tmp_path, monkeypatch):
     assert {(2, True), (3, False)} <= outcomes  # kills landed both before and after the commit point
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_signal_at_random_moments_leaves_whole_episodes(sig, tmp_path):
     """A recorder killed (SIGKILL) or interrupted (SIGINT) mid-run: resume sees whole episodes 0..m in both formats."""

@@ -175,6 +175,7 @@ def _masks_and_demos(f: h5py.File) -> tuple[dict[str, list[str]], list[str]]:
     return masks, sorted(f["data"], key=lambda n: int(n[5:]))
 
 
+@pytest.mark.slow
 def test_crash_mid_append_leaves_masks_and_demos_agreeing(tmp_path, monkeypatch):
     """SIGKILL at I/O points of an append: before and after recovery, every mask names exactly the demos present."""
     base, n = two_demos_and_append_io_count(tmp_path, monkeypatch)

@@ -331,6 +331,7 @@ def _child(script, slave, **env):
     return subprocess.Popen([sys.executable, "-c", script], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ, cwd=root)
 
 
+@pytest.mark.slow
 def test_keyboard_without_a_display_falls_back_to_the_terminal_through_a_pty():
     """No DISPLAY: 'keyboard' says so once and reads the pty in raw mode: take over with an arrow, label, end,
     go with Enter, discard, quit; the terminal's mode is restored when the child exits."""
