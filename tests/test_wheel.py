@@ -10,6 +10,7 @@ shipped weights, from a directory outside the checkout.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import venv
@@ -26,8 +27,10 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
-    dist = tmp / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)], check=True, capture_output=True, timeout=600)
+    dist, src = tmp / "dist", tmp / "src"
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources, and the checkout stays as it was.
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache", ".gl", ".whl"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)], check=True, capture_output=True, timeout=600)
     (wheel,) = dist.glob("rollcap-*.whl")
     env_dir = tmp / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)

@@ -43,19 +43,9 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.learn.train_prefix import PREFIX_CHECKPOINT
+from rollcap.rollout.stats import wilson
 
 HELD_OUT_SEED = 2
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a success rate."""
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return (mid - half, mid + half)
 
 
 def paired_diff(a: np.ndarray, b: np.ndarray, z: float = 1.96) -> tuple[float, float, float]:
@@ -123,7 +113,7 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
             ok_a = np.array(ok)
             ref = ok_a if mode == "sync" else ref
             ref_prefix = ok_a if mode == "sync-prefix" else ref_prefix
-            lo, hi = wilson(int(ok_a.sum()), len(ok_a))
+            _, lo, hi = wilson(int(ok_a.sum()), len(ok_a))
             row = {
                 "mode": mode, "delay": d, "episodes": len(ok_a), "success": float(ok_a.mean()), "ci95": [lo, hi],
                 "jerk_seam": float(np.mean(seam)), "jerk_other": float(np.mean(other)), "seams": len(seam),

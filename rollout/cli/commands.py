@@ -93,10 +93,12 @@ def cmd_run(args) -> int:
 
 
 def _summary_table(s: dict) -> str:
+    from rollcap.rollout.stats import rate_line
+
     rows = [
         ("run directory", s["run_dir"]),
         ("episodes", str(s["episodes"])),
-        ("success rate", f"{s['success_rate']:.0%} ({s['successes']}/{s['episodes']})" if s["episodes"] else "-"),
+        ("success rate", rate_line(s["successes"], s["episodes"]) + " (Wilson 95%)" if s["episodes"] else "-"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in s["stop_reasons"].items()) or "-"),
         ("chunks", str(s["chunks"])),
         ("chunk boundary", f"median {s['boundary_ms_median']:.2f} ms, p99 {s['boundary_ms_p99']:.2f} ms"),

@@ -38,6 +38,7 @@ from rollcap.rollout.gym.envs import NOISE_BOUND, NoiseSteeringEnv, make_noise_s
 from rollcap.rollout.host import HostState
 from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson
 
 try:
     from stable_baselines3 import SAC
@@ -219,31 +220,6 @@ def frozen_episodes(env: gym.Env, run_seed: int, episodes: int) -> list[EpisodeE
     return [host.run_episode(i, episode_seed(run_seed, i)) for i in range(episodes)]
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion k/n (95% for z = 1.96)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p, d = k / n, 1 + z * z / n
-    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, mid - half), min(1.0, mid + half))
-
-
-def mcnemar_p(fixed: int, broken: int) -> float:
-    """Exact two-sided McNemar p-value: the discordant pairs under 'steering changes nothing' are Binomial(n, 1/2)."""
-    n = fixed + broken
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(fixed, broken) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
-def paired_difference(fixed: int, broken: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
-    """Difference of two success rates over the same ``n`` episodes, ``(fixed - broken) / n``, and its normal-approximation interval."""
-    d = (fixed - broken) / n
-    half = z * math.sqrt(max(fixed + broken - (fixed - broken) ** 2 / n, 0.0)) / n
-    return d, d - half, d + half
-
-
 @dataclass(frozen=True)
 class Comparison:
     """Steered vs frozen success on the same episode seeds, paired episode by episode."""
@@ -268,7 +244,7 @@ class Comparison:
         n = len(self.frozen)
         rows = [("steered (SAC, deterministic)", self.steered), ("unsteered (frozen policy)", self.frozen)]
         rows += [("zero noise (reference)", self.zero_noise)] if self.zero_noise else []
-        out = [f"{name} success: {sum(v)}/{n} = {sum(v) / n:.1%} (95% Wilson CI {wilson(sum(v), n)[0]:.1%}-{wilson(sum(v), n)[1]:.1%})" for name, v in rows]
+        out = [f"{name} success: {sum(v)}/{n} = {sum(v) / n:.1%} (95% Wilson CI {wilson(sum(v), n)[1]:.1%}-{wilson(sum(v), n)[2]:.1%})" for name, v in rows]
         d, lo, hi = paired_difference(self.fixed, self.broken, n)
         out.append(f"paired: {self.fixed} fixed, {self.broken} broken by steering: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), "
                    f"exact McNemar p = {mcnemar_p(self.fixed, self.broken):.3g}; held-out episode seeds episode_seed({self.run_seed}, i), i < {n}")  # fmt: skip

@@ -49,6 +49,7 @@ from rollcap.rollout.protocols import observation_at
 from rollcap.rollout.offline.replay import fingerprint_diff
 from rollcap.rollout.resume import Resume, offset_of
 from rollcap.rollout.seeding import branch_seed
+from rollcap.rollout.stats import wilson
 
 
 class PrefixDiverged(ValueError):
@@ -170,14 +171,6 @@ def _mean_ci(x: np.ndarray) -> tuple[float, float, float]:
     return m, m - half, m + half
 
 
-def _wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return p, max(0.0, mid - half), min(1.0, mid + half)
-
-
 @dataclass
 class MCValue:
     """A boundary's Monte-Carlo value over its branches, beside the critic's value there (intervals: 95%)."""
@@ -210,7 +203,7 @@ def mc_value(parent: EpisodeRecord, chunk: int, branches: list[EpisodeRecord], m
     targets = np.array([value_target(b, max_steps) for b in branches])
     returns = np.array([float(b.steps["rewards"].sum()) for b in branches])
     wins = sum(bool(b.success) for b in branches)
-    return MCValue(parent.index, chunk, len(branches), float(parent.chunks["critic_value"][chunk]), _mean_ci(targets), _wilson(wins, len(branches)), _mean_ci(returns))
+    return MCValue(parent.index, chunk, len(branches), float(parent.chunks["critic_value"][chunk]), _mean_ci(targets), wilson(wins, len(branches)), _mean_ci(returns))
 
 
 # ------------------------------------------------------------ running

@@ -15,7 +15,8 @@ pytest.importorskip("stable_baselines3")
 import rollcap  # noqa: E402
 from rollcap.envs.scene import BLOCKS, TARGETS, make_instruction  # noqa: E402
 from rollcap.rollout.config import HostConfig  # noqa: E402
-from rollcap.rollout.learn.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, mcnemar_p, paired_difference, task_one_hot, wilson  # noqa: E402
+from rollcap.rollout.learn.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, task_one_hot  # noqa: E402
+from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson  # noqa: E402
 from rollcap.rollout.errors import ConfigError  # noqa: E402
 from rollcap.rollout.gym.envs import NoiseSteeringEnv, instruction_tokens  # noqa: E402
 from rollcap.rollout.recording import EpisodeRecorder  # noqa: E402
@@ -77,7 +78,7 @@ def test_config_and_statistics():
     """Bad config values name their field; the Wilson interval and exact McNemar p match known values."""
     with pytest.raises(ConfigError, match="noise_bound"):
         SteeringConfig(noise_bound=5.0)
-    lo, hi = wilson(35, 50)
+    _, lo, hi = wilson(35, 50)
     assert abs(lo - 0.5625) < 1e-3 and abs(hi - 0.8090) < 1e-3
     assert mcnemar_p(0, 0) == 1.0 and abs(mcnemar_p(1, 9) - 0.021484375) < 1e-12
     d, lo, hi = paired_difference(13, 74, 200)

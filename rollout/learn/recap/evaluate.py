@@ -22,6 +22,8 @@ import math
 
 import numpy as np
 
+from rollcap.rollout.stats import mcnemar_p, wilson
+
 VALIDATION, TEST = 1, 2
 """Seed streams of :func:`stream_seeds`."""
 
@@ -61,27 +63,6 @@ def successes(model, seeds: list[int], execute_steps: int, env: tuple[str, dict]
         host.close()
 
 
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
-    """Rate ``k / n`` and its Wilson score interval."""
-    if n == 0:
-        return float("nan"), 0.0, 1.0
-    p = k / n
-    den = 1 + z * z / n
-    mid = (p + z * z / (2 * n)) / den
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
-    return p, max(0.0, mid - half), min(1.0, mid + half)
-
-
-def mcnemar_exact(fixed: int, broken: int) -> float:
-    """Two-sided exact McNemar p: the discordant pairs against Binomial(fixed + broken, 1/2)."""
-    n = fixed + broken
-    if n == 0:
-        return 1.0
-    k = min(fixed, broken)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
 def paired(before: np.ndarray, after: np.ndarray) -> dict:
     """Success before / after on the same seeds: rates with Wilson intervals, the paired difference, McNemar."""
     before, after = np.asarray(before, bool), np.asarray(after, bool)
@@ -96,7 +77,7 @@ def paired(before: np.ndarray, after: np.ndarray) -> dict:
         "difference_ci": (float(d.mean()), float(d.mean() - half), float(d.mean() + half)),
         "fixed": fixed,
         "broken": broken,
-        "mcnemar_p": mcnemar_exact(fixed, broken),
+        "mcnemar_p": mcnemar_p(fixed, broken),
         "failure_rate_ratio": float((~after).sum() / (~before).sum()) if (~before).any() else float("nan"),
     }
 

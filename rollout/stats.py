@@ -1,0 +1,44 @@
+"""Success rates as claims about seeds: Wilson intervals, paired differences, exact McNemar.
+
+One implementation for every report that states a success rate (``rollcap run``'s
+summary, branch values, RECAP's before/after, DSRL, the RTC benchmark).
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Rate ``k / n`` and its Wilson score interval (95% for ``z = 1.96``); ``n = 0`` gives ``(nan, 0, 1)``."""
+    if n == 0:
+        return float("nan"), 0.0, 1.0
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return p, max(0.0, mid - half), min(1.0, mid + half)
+
+
+def mcnemar_p(fixed: int, broken: int) -> float:
+    """Exact two-sided McNemar p: the discordant pairs (``fixed``: 0 -> 1, ``broken``: 1 -> 0) against Binomial(n, 1/2)."""
+    n = fixed + broken
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(fixed, broken) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def paired_difference(fixed: int, broken: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
+    """Difference of two success rates over the same ``n`` episodes, ``(fixed - broken) / n``, and its normal-approximation interval."""
+    d = (fixed - broken) / n
+    half = z * math.sqrt(max(fixed + broken - (fixed - broken) ** 2 / n, 0.0)) / n
+    return d, d - half, d + half
+
+
+def rate_line(k: int, n: int) -> str:
+    """``91.5% [86.8, 94.6] (183/200)``: a success rate as a report states it."""
+    if n == 0:
+        return "-"
+    p, lo, hi = wilson(k, n)
+    return f"{p:.1%} [{lo * 100:.1f}, {hi * 100:.1f}] ({k}/{n})"
