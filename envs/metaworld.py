@@ -148,6 +148,10 @@ _MODEL_FIELDS = ("body_pos", "site_pos")
 _DATA_VIEWS = ("qpos", "qvel", "mocap_pos", "mocap_quat", "xpos", "xquat", "xipos", "xmat", "geom_xpos", "site_xpos")
 """mjData arrays an attribute may be a view into (then it is no task state of its own)."""
 
+_OPTIONAL_FLOATS = ("_target_to_obj_init",)
+"""Sawyer attributes that are None after a reset and a number from the first step on (bin-picking's reward
+normaliser), captured through :attr:`_Sawyer.optional_floats`."""
+
 _NOT_STATE = frozenset({"_last_stable_obs"})
 """Sawyer attributes written before they are read on every step (``None`` after a reset): not state."""
 
@@ -184,7 +188,8 @@ class _Sawyer:
         self.reset(seed=0)
         # beside its family's (TASK_ATTRIBUTES): every other number it holds after a reset, and the moved model arrays
         own = sorted(k for k, v in vars(self).items() if k not in _NOT_STATE and _capturable(v) and not self._aliases_data(v))
-        self.rollcap_task_attributes = (*own, "model_body_pos", "model_site_pos")
+        optional = ("optional_floats",) if any(k in vars(self) for k in _OPTIONAL_FLOATS) else ()
+        self.rollcap_task_attributes = (*own, "model_body_pos", "model_site_pos", *optional)
 
     def _aliases_data(self, value: Any) -> bool:
         """Whether ``value`` is a view into ``mjData`` (``get_body_com`` returns one: pick-place's
@@ -224,6 +229,18 @@ class _Sawyer:
     @model_site_pos.setter
     def model_site_pos(self, value: np.ndarray) -> None:
         self.model.site_pos[...] = value
+
+    @property
+    def optional_floats(self) -> np.ndarray:
+        """The :data:`_OPTIONAL_FLOATS` as float64, NaN for None (task state that is None until the first step)."""
+        values = [getattr(self, k, None) for k in _OPTIONAL_FLOATS]
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+
+    @optional_floats.setter
+    def optional_floats(self, value: np.ndarray) -> None:
+        for key, v in zip(_OPTIONAL_FLOATS, np.asarray(value).tolist()):
+            if key in vars(self):
+                setattr(self, key, None if np.isnan(v) else v)
 
     def rollcap_model_digest(self) -> bytes:
         """sha256 of the compiled model as built, with the task-state arrays ``body_pos`` and ``site_pos`` zeroed.
