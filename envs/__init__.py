@@ -5,7 +5,9 @@ Import direction: ``rollcap.envs`` imports ``rollcap.kernels`` and
 ``check_env_exact``, so importing this package does not import torch);
 ``rollcap.rollout`` imports this package. Nothing here knows what an episode
 of the rollout host is. Importing this package registers
-``rollcap/PushBlock-v0`` with gymnasium, once however often it is imported.
+``rollcap/PushBlock-v0`` and ``rollcap/MetaWorld-<task>`` (the 50 MetaWorld v3
+tasks; building one needs ``metaworld``, registering them does not) with
+gymnasium, once however often it is imported.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from rollcap.envs.checks import EnvExactness, ExactCheckReport, canonical_bytes,
 from rollcap.envs.collect import Episode, collect_demos, episode_seeds
 from rollcap.envs.errors import BadAction, CheckFailed, NoExactState, RenderUnavailable, StateMismatch
 from rollcap.envs.expert import ExpertNoise, ScriptedExpert
+from rollcap.envs.metaworld import register_metaworld
 from rollcap.envs.push_block import ENV_ID, PushBlockConfig, PushBlockEnv
 from rollcap.envs.scene import (
     BLOCKS,
@@ -50,6 +53,7 @@ if ENV_ID not in gym.registry:
         order_enforce=False,
         disable_env_checker=True,
     )
+register_metaworld()
 
 __all__ = [
     "BLOCKS",

@@ -29,9 +29,9 @@ from rollcap.envs.errors import BadAction, NoExactState, StateMismatch
 from rollcap.envs.probe import PROBE_SEED, clone_env, restore_difference
 from rollcap.envs.state import (
     MJ_DERIVED,
-    compiled_model_digest,
     get_mj_derived,
     get_mj_state,
+    model_digest_of,
     rng_state_from_array,
     rng_to_array,
     set_mj_state,
@@ -333,7 +333,7 @@ class ExactStateWrapper(gym.Wrapper):
                 "mj_state": get_mj_state(base.model, base.data),
                 **get_mj_derived(base.data),
                 **task,
-                "model_digest": np.frombuffer(compiled_model_digest(base.model), dtype=np.uint8).copy(),
+                "model_digest": np.frombuffer(model_digest_of(base), dtype=np.uint8).copy(),
                 "rng": rng_to_array(base.np_random),
             }
         if self._time_limits:
@@ -345,7 +345,7 @@ class ExactStateWrapper(gym.Wrapper):
         base = self.env.unwrapped
         if self._native:
             return bytes(base.get_state()["model_digest"])
-        return compiled_model_digest(base.model)
+        return model_digest_of(base)
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Return fresh copies of the env's exact state (layout in the class docstring).
@@ -389,8 +389,8 @@ class ExactStateWrapper(gym.Wrapper):
             base.set_state(s)  # validates its own entries before writing
         else:
             rng_state = rng_state_from_array(s["rng"], base.np_random)
+            set_task_state(base, s, self._task_kinds)  # first: task state may be model arrays mj_forward reads
             set_mj_state(base.model, base.data, s["mj_state"], {k: s[k] for k in MJ_DERIVED})
-            set_task_state(base, s, self._task_kinds)
             base.np_random.bit_generator.state = rng_state
         if limits is not None:
             for w, n in zip(self._time_limits, limits.tolist()):

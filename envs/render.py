@@ -85,13 +85,16 @@ class NumpyRenderer:
 class MujocoRenderer:
     """MuJoCo's OpenGL renderer through a named camera, on a private ``MjData``.
 
-    Rendering copies ``qpos`` into its own data and runs ``mj_kinematics``
-    and ``mj_camlight`` there, so it never touches the simulation's data (exactness is unaffected).
-    The GL context is created on first use.
+    Rendering copies ``qpos`` (and the mocap bodies' poses, when given) into
+    its own data and runs ``mj_kinematics`` and ``mj_camlight`` there, so it
+    never touches the simulation's data (exactness is unaffected) and an image
+    is a function of the state alone. The GL context is created on first use.
+    ``shadows=False`` skips the shadow pass (with a software GL, most of a
+    frame's cost in a scene of many meshes).
     """
 
-    def __init__(self, model: mujoco.MjModel, size: int, camera: str = "front") -> None:
-        self.model, self.size, self.camera = model, size, camera
+    def __init__(self, model: mujoco.MjModel, size: int, camera: str = "front", shadows: bool = True) -> None:
+        self.model, self.size, self.camera, self.shadows = model, size, camera, shadows
         self._data = mujoco.MjData(model)
         self._renderer: mujoco.Renderer | None = None
 
@@ -108,13 +111,21 @@ class MujocoRenderer:
                 ) from err
         return self._renderer
 
-    def render(self, qpos: np.ndarray) -> np.ndarray:
-        """Return a new uint8 ``(size, size, 3)`` image of the scene at ``qpos``."""
+    def render(
+        self, qpos: np.ndarray, mocap_pos: np.ndarray | None = None, mocap_quat: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Return a new uint8 ``(size, size, 3)`` image of the scene at ``qpos`` (and the mocap poses)."""
         renderer = self._ensure()
         self._data.qpos[:] = qpos
+        if mocap_pos is not None:
+            self._data.mocap_pos[:] = mocap_pos
+        if mocap_quat is not None:
+            self._data.mocap_quat[:] = mocap_quat
         mujoco.mj_kinematics(self.model, self._data)
         mujoco.mj_camlight(self.model, self._data)
         renderer.update_scene(self._data, camera=self.camera)
+        if not self.shadows:
+            renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         return renderer.render().copy()
 
     def close(self) -> None:

@@ -86,6 +86,17 @@ def compiled_model_digest(model: mujoco.MjModel) -> bytes:
     return hashlib.sha256(buf.tobytes()).digest()
 
 
+def model_digest_of(env: object) -> bytes:
+    """sha256 (32 bytes) of an env's model: its own ``rollcap_model_digest()`` if it has one, else the compiled MJB's.
+
+    An env whose model arrays change at reset (MetaWorld moves bodies and sites
+    to place a task variation) captures those arrays as task state and digests
+    its model with them masked; the digest still names the model.
+    """
+    own = getattr(env, "rollcap_model_digest", None)
+    return bytes(own()) if callable(own) else compiled_model_digest(env.model)
+
+
 def rng_to_array(gen: np.random.Generator) -> np.ndarray:
     """Serialise a PCG64/PCG64DXSM generator's state into 7 ``uint64`` words.
 

@@ -31,6 +31,13 @@ TASK_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     # Every gymnasium-robotics robot env (Fetch, Shadow hand) samples its goal
     # in reset() and keeps it here; the observation's desired_goal reads it.
     "gymnasium_robotics.envs.robot_env.BaseRobotEnv": ("goal",),
+    # MetaWorld's Sawyer tasks: the step counter that truncates, the previous
+    # observation stacked into the next, the task variation and the goal and
+    # object positions it placed (reward terms read them). Each task keeps more
+    # (reward normalisers, initial poses) and moves bodies and sites of its
+    # model at reset: rollcap/MetaWorld-* envs name those themselves
+    # (rollcap.envs.metaworld).
+    "metaworld.sawyer_xyz_env.SawyerXYZEnv": ("curr_path_length", "_prev_obs", "_last_rand_vec", "_target_pos", "obj_init_pos"),
 }
 """Env family -> attributes that hold task state outside MuJoCo's state.
 
