@@ -9,12 +9,10 @@ macOS and Windows (node IP 127.0.0.1, every server on loopback) is chosen by
 earlier) for a local start only, checks the node IP, and starts no dashboard
 and no usage-stats reporting (Ray's token authentication stays on).
 
-An explicit address (``host:port`` or ``ray://``) sends the cluster's token
-only when ``RAY_AUTH_MODE=token`` is set (Ray 2.60 enables token auth by
-itself only for ``auto``; without it a token-authenticated head refused the
-driver, and a Ray Client timed out): :func:`connect` sets it when a token is
-at hand and the user did not choose a mode (a cluster without token auth
-ignores the token). A failed join says where a token is looked for.
+A ``ray://`` address (Ray Client) sends the cluster's token only when
+``RAY_AUTH_MODE=token`` is set (Ray 2.60; without it the connection timed
+out): :func:`connect` sets it when a token is at hand and the user did not
+choose a mode.
 
 gRPC's fork handlers (grpcio 1.85) abort a child that a process with live
 gRPC threads forks before ``exec``: a driver left with a Ray Client channel
@@ -69,9 +67,9 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
     saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}  # put back afterwards (Ray's own settings are left alone)
     if local:
         os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
-    elif address != "auto" and "RAY_AUTH_MODE" not in os.environ and _have_token():
+    elif address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ and _have_token():
         saved_env["RAY_AUTH_MODE"] = None
-        os.environ["RAY_AUTH_MODE"] = "token"  # an explicit address gets no token unless told to (Ray 2.60): refused, or a Ray Client timed out
+        os.environ["RAY_AUTH_MODE"] = "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
     try:
         ray = import_ray()
         if ray.is_initialized():
@@ -87,13 +85,12 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
         try:
             kw = {"num_cpus": num_cpus} if local and num_cpus is not None else {}
             ray.init(address="local" if local else address, include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
-        except (ConnectionError, RuntimeError, ray.exceptions.RayError) as err:  # RayError: an AuthenticationError among others
+        except ConnectionError as err:
             _shutdown_quietly(ray)  # a half-made connection left Ray unusable in this process
             if local:
                 raise
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]  # a Ray Client failure carries the server's traceback
-            hint = "" if _have_token() else "; a cluster with token authentication needs its token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
-            raise ConfigError("address", f"could not join the Ray cluster at {address}: {type(err).__name__}: {first}{hint}") from err
+            raise ConfigError("address", f"could not join the Ray cluster at {address}: {first}") from err
         except BaseException:
             _shutdown_quietly(ray)
             raise
