@@ -53,6 +53,8 @@ class RunConfig:
     """With actors: CPUs reserved per actor."""
     actor_gpus: float | None = None
     """With actors: GPU share per actor, e.g. 0.5 (default: 0 on cpu; with a cuda device 1/actors, all on one GPU)."""
+    shards: bool = True
+    """With actors: each actor records its own shard of the run dir and this process writes only manifest.jsonl (every command reads it as one run; rollcap merge RUN makes one file); false: actors send episodes here to be recorded."""
     teleop: str | None = None
     """A person in the loop: keys from keyboard (X, else the terminal), terminal or scripted:FILE; a live view; the reset waits for the go key."""
     require_exact: bool = False
@@ -122,6 +124,7 @@ def run(
     subscribers: tuple[Subscriber, ...] = (),
     on_started: Callable[[], None] | None = None,
     on_finished: Callable[[], None] | None = None,
+    poll_stop: Callable[[], None] | None = None,
     **options,
 ) -> RunResult:
     """Run and record episodes, as ``rollcap run`` does.
@@ -145,6 +148,10 @@ def run(
             is, while a signal is still only noted (the CLI stops raising on
             Ctrl-C there: what is left is closing, and an exception raised into
             a finaliser would print a traceback).
+        poll_stop: called at safe points of start-up (after each part is
+            built, before Ray starts, while actors build); it raises to stop
+            there (the CLI acts on a Ctrl-C it holds, instead of at the end
+            of start-up).
         **options: fields of :class:`HostConfig` (``seed``, ``critic_threshold``,
             ``max_chunks``, ...), :class:`RunConfig` (``formats``, ``resume``,
             ``progress``, ``actors``, ``address``, ...) and :class:`Parts`
@@ -162,12 +169,14 @@ def run(
     if run_cfg.actors:
         from rollcap.rollout.ray.actors import check_actor_run
 
-        check_actor_run(env, policy, critic)  # names and paths only, and Ray installed
+        check_actor_run(env, policy, critic, run_cfg.address)  # names and paths only, Ray installed, something answers at the address
+    poll = poll_stop or (lambda: None)
     own = []  # what this call built, and so closes
     try:
         if isinstance(env, str):
             env = make_env(parts.env_id, parts.env_kwargs)
             own.append(env)
+            poll()
         check_repeatable(env, run_cfg.require_exact)
         if _is_path(policy):
             policy, built = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
@@ -176,7 +185,8 @@ def run(
             built = make_critic(parts, env) if parts.critic is not None else None
             own.append(built)
         critic = built if critic is None or _is_path(critic) else critic
-        return _record(env, policy, critic, host_cfg, run_cfg, list(subscribers), parts if run_cfg.actors else None, on_started, on_finished)
+        poll()
+        return _record(env, policy, critic, host_cfg, run_cfg, list(subscribers), parts if run_cfg.actors else None, on_started, on_finished, poll)
     finally:
         for part in own:
             if part is not None:
@@ -230,7 +240,7 @@ def _configs(episodes, out, env, policy, critic, options) -> tuple[HostConfig, R
     return HostConfig(**pick[HostConfig]), RunConfig(episodes=episodes, out=out, **pick[RunConfig]), Parts(**parts_kw)
 
 
-def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: list[Subscriber], parts: Parts | None = None, on_started=None, on_finished=None) -> RunResult:
+def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: list[Subscriber], parts: Parts | None = None, on_started=None, on_finished=None, poll_stop=None) -> RunResult:
     from rollcap.rollout.recording import EpisodeRecorder
 
     out = cfg.out or new_run_dir(Path("runs"))
@@ -239,24 +249,33 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     if out.is_dir() and any(out.iterdir()) and not cfg.resume:
         raise ConfigError("out", f"{out}: directory is not empty (resume to continue that run, or choose another)")
     from rollcap.rollout.recording import EPISODES_DIR, H5_NAME
+    from rollcap.rollout.recording.shards import MANIFEST, SHARDS_DIR, is_sharded
 
-    for name, want_dir in ((EPISODES_DIR, True), (H5_NAME, False), ("summary.json", False)):
+    for name, want_dir in ((EPISODES_DIR, True), (H5_NAME, False), ("summary.json", False), (MANIFEST, False), (SHARDS_DIR, True)):
         p = out / name
         if p.exists() and p.is_dir() != want_dir:
             raise ConfigError("out", f"{p} is a {'file' if want_dir else 'directory'}, expected a {'directory' if want_dir else 'file'}; not a rollcap run directory")
     env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
     env_meta = {"env_name": env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {}}
+    sharded = parts is not None and (cfg.shards or is_sharded(out))  # a sharded run stays sharded
+    if parts is None and is_sharded(out):
+        raise ConfigError("actors", f"{out} is a sharded run ({MANIFEST}): resume it with actors, or run `rollcap merge {out}` first")
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
-    recorder = EpisodeRecorder(out, formats=cfg.formats, env_meta=env_meta, resume=cfg.resume)
+    if sharded:  # the actors write their shards; this process writes the manifest (no writer thread: nothing to write)
+        from rollcap.rollout.recording.shards import ManifestWriter
+
+        recorder = writer = ManifestWriter(out, cfg.formats, env_meta, resume=cfg.resume)
+    else:
+        recorder = EpisodeRecorder(out, formats=cfg.formats, env_meta=env_meta, resume=cfg.resume)
+        writer = InBackground(recorder)  # episodes are written on a writer thread, off the hot path
     earlier = recorder.verify() if cfg.resume else []  # every finished episode is read back before appending
     before = set(recorder.indices)
     todo = [i for i in range(cfg.episodes) if i not in before]
-    writer = InBackground(recorder)  # episodes are written on a writer thread, off the hot path
     metrics = Metrics()
-    subs: list[Subscriber] = [writer, metrics, *extra]
+    subs: list[Subscriber] = [metrics, *extra] if sharded else [writer, metrics, *extra]
     if cfg.progress and parts is None:
         subs.append(Progress(len(todo)))
-    pool = tele = None
+    pool = tele = shards = None
     try:
         if cfg.teleop is not None:  # keys, status and live view around one event bus; the reset waits for go
             from rollcap.rollout.teleop import TeleopConfig, open_teleop
@@ -268,7 +287,12 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         if parts is not None:  # Ray actors run the episodes; this process records what they return
             from rollcap.rollout.ray.actors import ActorPool
 
-            pool = ActorPool.for_run(parts, host, cfg)
+            shards = None
+            if sharded:
+                from rollcap.rollout.ray.shards import Shards
+
+                shards = Shards(recorder, env_meta)
+            pool = ActorPool.for_run(parts, host, cfg, setup=shards and shards.setup, poll_stop=poll_stop)
             if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
                 subs.append(Progress(len(todo)))
         if on_started is not None:
@@ -287,7 +311,9 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     interrupted, failure = None, None
     with _OneInterrupt(writer) as guard:
         try:
-            if pool is not None:
+            if shards is not None:
+                episodes = shards.episodes(pool, todo, subs)
+            elif pool is not None:
                 episodes = pool.episodes(todo, subs)
             elif tele is not None:
                 episodes = _with_person(host, todo, tele, _rewinds(host), itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1))
@@ -310,7 +336,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
                 writer.close()  # every finished episode is written (after a second signal: only the one being written)
             except RecordingFailed as err:
                 failure = failure or err
-            for s in subs[1:]:
+            for s in subs[0 if sharded else 1 :]:
                 s.on_run_end()
         kept = set(recorder.indices) - before
         interrupted = interrupted or guard.caught  # a signal during the drain: every episode is kept, the run still says interrupted
@@ -318,6 +344,8 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         summary.update({"wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None, "discarded": writer.discarded})
         if pool is not None:
             summary.update(pool.summary())
+        if sharded:
+            summary["shards"] = len(recorder.shard_names())
         if failure is not None:
             summary["recording_failed"] = str(failure)
         try:

@@ -2,9 +2,10 @@
 
 Also ``python3 -m rollcap.rollout.bench.ray``. With N actors (default 2):
 
-- episodes/s of ``rollcap.run`` with 1 and N Ray actors (both formats recorded
-  by the driver; start-up excluded, reported beside), and in this process
-  without Ray;
+- episodes/s of ``rollcap.run`` with 1 and N Ray actors (each actor records
+  its own shard, the default; start-up excluded, reported beside), with N
+  actors whose episodes the driver records (``shards=False``, the path before
+  shards), and in this process without Ray;
 - the same with N actors recording nothing (an :class:`ActorPool` whose
   records are dropped on arrival);
 - episodes/s of ``AsyncVectorEnv`` with N spawned ``NoiseSteeringEnv``
@@ -92,13 +93,13 @@ def _cpu_by_role() -> dict:
     return out
 
 
-def run_rate(episodes: int, actors: int, root: Path) -> dict:
+def run_rate(episodes: int, actors: int, root: Path, shards: bool = True) -> dict:
     """``rollcap.run`` of ``episodes`` shipped-policy episodes on ``actors`` actors (0: in this process), with its CPU split."""
     from rollcap.rollout.api import run
 
     cpu = _CpuSplit(episodes)
     t0 = time.perf_counter()
-    result = run(episodes, out=root / f"actors{actors}", actors=actors, progress=False, subscribers=(cpu,))
+    result = run(episodes, out=root / f"actors{actors}{'' if shards else '-driver'}", actors=actors, progress=False, subscribers=(cpu,), **({} if shards else {"shards": False}))
     total = time.perf_counter() - t0
     s = result.summary
     out = {"episodes": s["episodes"], "chunks": s["chunks"], "wall_s": s["wall_s"], "total_s": total, "episodes_per_s": s["episodes"] / s["wall_s"], "chunks_per_s": s["chunks"] / s["wall_s"]}
@@ -152,7 +153,7 @@ def pool_rate(episodes: int, actors: int) -> dict:
 
 
 def rows(actors: int) -> tuple[str, ...]:
-    return ("actors_1", f"actors_{actors}", "in_process", f"pool_{actors}_unrecorded", "vector_1", f"vector_async_{actors}")
+    return ("actors_1", f"actors_{actors}", f"actors_{actors}_driver_records", "in_process", f"pool_{actors}_unrecorded", "vector_1", f"vector_async_{actors}")
 
 
 def run_bench(episodes: int = 40, steps: int = 300, rounds: int = 2, actors: int = 2) -> dict:
@@ -164,11 +165,13 @@ def run_bench(episodes: int = 40, steps: int = 300, rounds: int = 2, actors: int
         with tempfile.TemporaryDirectory(prefix="rollcap-bench-ray-") as tmp:
             root = Path(tmp)
             r = {f"actors_{n}": run_rate(episodes, n, root) for n in (1, actors)}
+            r[f"actors_{actors}_driver_records"] = run_rate(episodes, actors, root, shards=False)
             r["in_process"] = run_rate(episodes, 0, root)
         r[f"pool_{actors}_unrecorded"] = pool_rate(episodes, actors)
         r["vector_1"] = vector_rate(1, steps)
         r[f"vector_async_{actors}"] = vector_rate(actors, steps)
         r["actors_n_over_1"] = r[f"actors_{actors}"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
+        r["driver_records_n_over_1"] = r[f"actors_{actors}_driver_records"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
         r["actors_n_over_async_n_chunks"] = r[f"actors_{actors}"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
         r["unrecorded_over_async_n_chunks"] = r[f"pool_{actors}_unrecorded"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
         report["rounds"].append(r)
@@ -186,7 +189,7 @@ def format_report(report: dict) -> str:
             if "cores_used" in x:
                 extra += "; cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(x["cores_used"].items()))
             lines.append(f"  {key:<18} {x['episodes_per_s']:6.2f} episodes/s  {x['chunks_per_s']:7.1f} chunks/s  ({x['episodes']} episodes in {x['wall_s']:.1f} s{extra})")
-        lines.append(f"  {n} actors / 1 actor: {r['actors_n_over_1']:.2f}x episodes/s; in chunks/s vs AsyncVectorEnv({n}): {r['actors_n_over_async_n_chunks']:.2f}x recorded, {r['unrecorded_over_async_n_chunks']:.2f}x unrecorded")
+        lines.append(f"  {n} actors / 1 actor: {r['actors_n_over_1']:.2f}x episodes/s sharded, {r['driver_records_n_over_1']:.2f}x when the driver records; in chunks/s vs AsyncVectorEnv({n}): {r['actors_n_over_async_n_chunks']:.2f}x recorded, {r['unrecorded_over_async_n_chunks']:.2f}x unrecorded")
     return "\n".join(lines)
 
 

@@ -66,7 +66,7 @@ def cmd_run(args) -> int:
     try:
         if run_cfg.actors:  # actors build their own parts from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
             names = {k: v for k, v in dataclasses.asdict(parts).items() if k not in ("env_id", "policy", "critic")}
-            result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, **opts, **names)
+            result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, poll_stop=_SIGNALS.poll, **opts, **names)
         else:
             env = make_env(parts.env_id, parts.env_kwargs)
             built.append(env)
@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rollcap.rollout.cli.recap import add_parser as add_recap_parser
 
     add_recap_parser(command)
+    from rollcap.rollout.cli.merge import add_parser as add_merge_parser
+
+    add_merge_parser(command)
 
     p = sub.add_parser("capsule", help="capsule tools", description="Tools for disk capsules.")
     csub = p.add_subparsers(dest="capsule_command", metavar="COMMAND", parser_class=_Parser)

@@ -44,6 +44,11 @@ class _FirstSignal:
         if self.held is not None:
             self._raise(self.held)
 
+    def poll(self) -> None:
+        """A safe point of start-up (pure Python, no import under way): act on a held signal now, keep holding otherwise."""
+        if self.held is not None:
+            self.release()
+
     def finish(self) -> None:
         """The work is done (every episode written): later signals are ignored, as after a first one."""
         self.seen = True

@@ -1,28 +1,29 @@
-"""Ray batch rollouts: episodes run on actors, the driver records them.
+"""Ray batch rollouts: a pool of actors, one retry loop, the plain call.
 
-- :class:`RolloutActor` is a plain class: it builds one env, its runners and
-  a :class:`~rollcap.rollout.host.RolloutHost` from :class:`Parts` and a
-  :class:`HostConfig`, and runs one episode per call. :class:`ActorPool` makes
-  it an actor at the call site; tests also use it without Ray.
-- Actors only compute. Each finished episode comes back to the driver and goes
-  to the subscribers a local run has, the ``InBackground(EpisodeRecorder)``
-  writer first: one writer per HDF5 file (HDF5 has no concurrent writers), the
-  same rollback journal and atomic npz writes, so ``--resume`` verifies the run
-  directory as for a local run. Episodes reach the recorder in the order they
-  finish; it accepts any index order.
+- :class:`ActorPool` starts ``N`` actors (a :class:`~rollcap.rollout.ray.episodes.RolloutActor`
+  by default; replay and branch actors too), waits until each has built its
+  parts, and :meth:`ActorPool.map` runs one call per actor at a time.
+- Where episodes are recorded is the caller's choice: the driver records what
+  :meth:`ActorPool.run` returns (``InBackground(EpisodeRecorder)``, one writer,
+  as a local run), or each actor records its own shard
+  (:mod:`rollcap.rollout.ray.shards`) and the driver writes only the manifest.
 - Determinism: an episode's recorded bytes depend on its spec and the runners'
   fingerprint only; each actor runs one episode at a time, unbatched, so which
   actor ran it and how many there were change only the timings (not digested).
-- Faults: an actor process that dies mid-episode is replaced and its episode
-  runs again (``retries``); an episode that fails ``max_tries`` times is
-  reported in ``failed``, not recorded (``--resume`` runs it again). Ctrl-C
-  stops the actors; finished episodes are kept (:func:`rollcap.rollout.api.run`).
+- Faults: only an actor whose ``ready()`` has answered gets work. An actor that
+  dies (its process, or its node) is replaced and its item goes back to the
+  front of the queue for any live actor; a replacement that is not ready within
+  ``replace_timeout_s`` (the cluster lost the node it needed) is dropped with one
+  line on stderr and the run goes on with the actors it has; with none left the
+  remaining items are failed with one line. An item that fails ``max_tries``
+  times is reported in ``failed`` (``--resume`` runs it again). Ctrl-C stops
+  the actors; finished episodes are kept (:func:`rollcap.rollout.api.run`).
 - Local by default, on 127.0.0.1 only: :func:`~rollcap.rollout.ray.connect.connect`.
 
 ``ray`` is imported lazily (``pip install 'rollcap[ray]'``). Imports point
 downward: this module knows ``build``, ``config``, ``host``, ``protocols``,
-``seeding``, ``episode``, ``policies``, ``critics`` and ``ray_connect``; the entry
-points (``api``, ``ray_replay``, ``branch``, the CLI, the benches) import it.
+``episode`` and ``ray.episodes`` / ``ray.connect``; the entry points (``api``,
+``ray.replay``, ``ray.shards``, ``branch``, the CLI, the benches) import it.
 """
 
 from __future__ import annotations
@@ -32,55 +33,31 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
-from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.build import Parts
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
-from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, Subscriber, observation_at
+from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
-from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-exported: part of this module's API
+    _SHIPPED,
+    EpisodeSpec,
+    RolloutActor,
+    _same_parts,
+    check_actor_run,
+    emit,
+    episode_specs,
+    identity,
+)
 
 MAX_TRIES = 3
 """Tries per episode before it is reported failed (each try that kills its actor costs one)."""
-_SHIPPED = {"policy": DEFAULT_POLICY, "critic": DEFAULT_CRITIC}
-
-
-def check_actor_run(env, policy, critic) -> None:
-    """Refuse, before anything is built, a run on actors given objects (actors build their own parts), or without Ray.
-
-    Raises:
-        ConfigError: naming ``actors``.
-    """
-    def named(x) -> bool:
-        return x is None or isinstance(x, (str, os.PathLike))
-
-    if not (isinstance(env, str) and named(policy) and named(critic)):
-        raise ConfigError("actors", "actors build their own env, policy and critic: pass an env id and checkpoint paths, not objects")
-    try:
-        import_ray()
-    except ImportError as err:
-        raise ConfigError("actors", str(err)) from err
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    """One episode to run: its index, its seed and the config it runs with."""
-
-    index: int
-    seed: int
-    config: HostConfig
-
-
-def episode_specs(indices: Iterable[int], config: HostConfig) -> list[EpisodeSpec]:
-    """The specs of episodes ``indices`` of a run with ``config`` (seeds derived as in a local run)."""
-    return [EpisodeSpec(int(i), episode_seed(config.seed, int(i)), config) for i in indices]
+REPLACE_TIMEOUT_S = 60.0
+"""How long a replacement actor may take to be placed and built before it is dropped (the node it needed may be gone)."""
 
 
 @dataclass(frozen=True)
@@ -91,79 +68,20 @@ class ActorResources:
     gpus: float = 0.0
 
 
-# ----------------------------------------------------------------- the actor
-class RolloutActor:
-    """One env, its runners and one host per config; runs one episode per :meth:`run` call.
-
-    A plain class (``ray.remote(RolloutActor)`` makes it an actor). Single-threaded:
-    Ray runs one method of an actor at a time.
-    """
-
-    def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = ()):
-        """Build the parts (``shipped``: "policy" / "critic" use this machine's copy of the shipped checkpoint)."""
-        parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
-        self.env = make_env(parts.env_id, parts.env_kwargs)
-        self.policy, self.critic = make_runners(parts, self.env, rtc=config.chunking != "sync")  # real-time chunking needs the carrying runner
-        self._hosts: dict[HostConfig, RolloutHost] = {}
-        self.host(config)
-
-    def host(self, config: HostConfig) -> RolloutHost:
-        """The host for ``config`` (built on first use, on the same env and runners)."""
-        if config not in self._hosts:
-            self._hosts[config] = RolloutHost(self.env, self.policy, self.critic, config)
-        return self._hosts[config]
-
-    def ready(self) -> dict:
-        """Who this actor is: pid, Ray node (if any), and :func:`identity` of its first host."""
-        host = next(iter(self._hosts.values()))
-        ray = sys.modules.get("ray")  # None: used without Ray
-        node = ray.get_runtime_context().get_node_id() if ray is not None and ray.is_initialized() else None
-        return {"pid": os.getpid(), "node": node, **identity(host)}
-
-    def run(self, index: int, seed: int, config: HostConfig | None = None) -> EpisodeRecord:
-        """Run episode ``index`` with ``seed`` (and ``config``; default: the first one) and return its record."""
-        host = self.host(config) if config is not None else next(iter(self._hosts.values()))
-        return host.run_episode(index, seed).record
-
-    def close(self) -> None:
-        for part in (self.policy, self.critic, self.env):
-            if part is not None:
-                part.close()
-
-
-# ------------------------------------------------------ records to events
-def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd:
-    """Hand an episode finished elsewhere to ``subscribers``: its start, chunks and end, replayed from ``record``.
-
-    ``on_step`` is not called (the steps ran on the actor). Returns the end (``record`` attached).
-    """
-    chunks, n = record.chunks, record.num_chunks
-    shape = tuple(chunks["noise"].shape[1:]) if n else (0, 0)
-    start = EpisodeStart(record.index, record.seed, record.instruction, observation_at(record, 0), record.initial_state, record.env_id, record.env_kwargs, record.config, record.fingerprints, shape)
-    for s in subscribers:
-        s.on_episode_start(start)
-    for k in range(n):
-        step = int(chunks["chunk_start"][k])
-        stopped_here = k == n - 1 and step == record.num_steps and record.stop_reason not in ("error", "caller")
-        event = ChunkEvent(
-            record.index, k, step, observation_at(record, step), chunks["noise"][k], chunks["policy_chunk"][k], float(chunks["critic_value"][k]),
-            float(chunks["latency_policy_s"][k]), float(chunks["latency_critic_s"][k]), float(chunks["latency_boundary_s"][k]),
-            record.stop_reason if stopped_here else None,
-        )  # fmt: skip
-        for s in subscribers:
-            s.on_chunk(event)
-    end = EpisodeEnd(record.index, record.seed, record.stop_reason, record.success, record.num_steps, n, error=record.error, record=record)
-    for s in subscribers:
-        s.on_episode_end(end)
-    return end
-
-
 @dataclass
 class _Slot:
     handle: object
     ready: object = None
-    """The ``ready()`` call of a new actor, until it answers."""
+    """The ``ready()`` call of a new actor, until it answers; only then does the actor get work."""
     info: dict = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
+    """When the actor was asked for."""
+    number: int = 0
+    """The pool's count of actors started when this one was (0, 1, ...; a replacement gets the next)."""
+
+    @property
+    def live(self) -> bool:
+        return self.handle is not None
 
 
 class ActorPool:
@@ -180,6 +98,16 @@ class ActorPool:
         start_timeout_s: how long to wait for the actors to be built (a
             cluster may have to grow first).
         actor_cls: :class:`RolloutActor` or a subclass.
+        setup: called with each new actor's handle and number (0, 1, ...;
+            a replacement gets the next) before its ``ready()``: the actor runs
+            the calls it makes first (e.g. telling it its shard).
+        poll_stop: called while the pool starts (before Ray, and twice a second
+            while actors build); raises to stop (the CLI acts there on a Ctrl-C
+            it held), and the pool is closed.
+
+    Attributes:
+        replace_timeout_s: how long a replacement actor may take to be ready
+            before it is dropped (:data:`REPLACE_TIMEOUT_S`).
 
     Raises:
         ConfigError: an actor could not start (naming the field when the
@@ -197,23 +125,29 @@ class ActorPool:
         expect: dict | None = None,
         start_timeout_s: float = 300.0,
         actor_cls: type = RolloutActor,
+        setup: Callable[[object, int], None] | None = None,
+        poll_stop: Callable[[], None] | None = None,
     ):
         if num_actors < 1:
             raise ConfigError("actors", f"expected an integer >= 1, got {num_actors!r}")
         self.config, self.resources = config, resources
         self.parts, self._shipped = _portable(parts)
-        self.address, self.retries, self.replaced = address, 0, 0
+        self.address, self.retries, self.replaced, self.dropped = address, 0, 0, 0
         self.failed: dict[int, str] = {}
         self.slots: list[_Slot] = []
         self.nodes: set = set()
+        self.replace_timeout_s = REPLACE_TIMEOUT_S
+        self._setup, self._poll_stop, self._started = setup, poll_stop or (lambda: None), 0
         self._ray = None
         self._owned = False
         t0 = time.perf_counter()
         try:
+            self._poll_stop()
             self._ray = import_ray()
             local_cpus = max(os.cpu_count() or 1, math.ceil(num_actors * resources.cpus)) if address is None else None
             self._owned = connect(address, local_cpus)
             self.ray_start_s = time.perf_counter() - t0
+            self._poll_stop()
             self._check_resources()
             self._remote = self._ray.remote(actor_cls).options(num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0)
             self.slots = [self._new_slot() for _ in range(num_actors)]
@@ -224,15 +158,18 @@ class ActorPool:
         self.start_s = time.perf_counter() - t0
 
     @classmethod
-    def for_run(cls, parts: Parts, host: RolloutHost, cfg) -> ActorPool:
+    def for_run(cls, parts: Parts, host: RolloutHost, cfg, setup=None, poll_stop=None) -> ActorPool:
         """The pool a :class:`~rollcap.rollout.api.RunConfig` asks for, checked against the driver's ``host``."""
         gpus = cfg.actor_gpus if cfg.actor_gpus is not None else (0.0 if parts.device.startswith("cpu") else 1.0 / cfg.actors)
-        return cls(parts, host.config, cfg.actors, cfg.address, ActorResources(cfg.actor_cpus, gpus), identity(host))
+        return cls(parts, host.config, cfg.actors, cfg.address, ActorResources(cfg.actor_cpus, gpus), identity(host), setup=setup, poll_stop=poll_stop)
 
     # -- start-up --------------------------------------------------------
     def _new_slot(self) -> _Slot:
         handle = self._remote.remote(self.parts, self.config, self._shipped)
-        return _Slot(handle, handle.ready.remote())
+        number, self._started = self._started, self._started + 1
+        if self._setup is not None:
+            self._setup(handle, number)
+        return _Slot(handle, handle.ready.remote(), number=number)
 
     def _check_resources(self) -> None:
         if not self._owned:
@@ -248,6 +185,7 @@ class ActorPool:
         pending = {slot.ready: slot for slot in self.slots}
         deadline = time.monotonic() + timeout_s
         while pending:
+            self._poll_stop()
             done, _ = ray.wait(list(pending), num_returns=1, timeout=min(0.5, max(deadline - time.monotonic(), 0)))
             if not done and time.monotonic() >= deadline:
                 raise ConfigError("actors", f"{len(pending)} of {len(self.slots)} actors did not start within {timeout_s:g} s: "
@@ -282,16 +220,20 @@ class ActorPool:
     def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES) -> Iterator[tuple[object, object]]:
         """Run ``call(actor_handle, item)`` (it returns a Ray ref) for every item; yield ``(item, result)`` as each finishes.
 
-        One call per actor at a time. A call that fails (its actor died, or the
-        method raised) runs again on a live or new actor; after ``max_tries``
-        the item's ``key`` goes to :attr:`failed` with the one-line reason.
-        The next item is submitted before a result is yielded, so actors stay
-        busy while the caller handles it.
+        One call per actor at a time, and only on an actor whose ``ready()`` has
+        answered. A call that fails (its actor or node died, or the method
+        raised) goes back to the front of the queue for any live actor; a dead
+        actor is replaced, and a replacement that is not ready within
+        :attr:`replace_timeout_s` is dropped (one line on stderr). After
+        ``max_tries`` an item's ``key`` goes to :attr:`failed` with the one-line
+        reason; with no live actor left, so do the items not yet run. The next
+        item is submitted before a result is yielded, so actors stay busy while
+        the caller handles it.
         """
         ray = self._ray
         todo = deque(items)
         tries: dict = {}
-        idle = list(range(len(self.slots)))
+        idle = [n for n, s in enumerate(self.slots) if s.live and s.ready is None]
         busy: dict[object, tuple[int, object]] = {}
 
         def submit() -> None:
@@ -301,16 +243,23 @@ class ActorPool:
 
         while todo or busy:
             submit()
-            self._note_ready()
-            done, _ = ray.wait(list(busy), num_returns=1, timeout=0.5)
+            starting = {s.ready: n for n, s in enumerate(self.slots) if s.live and s.ready is not None}
+            if not busy and not idle and not starting:
+                self._no_actors_left([key(item) for item in todo])
+                return
+            done, _ = ray.wait([*busy, *starting], num_returns=1, timeout=0.5)
+            idle += self._poll_starting(starting)
             for ref in done:
+                if ref not in busy:
+                    continue  # a ready() call: handled by _poll_starting
                 slot, item = busy.pop(ref)
-                idle.append(slot)
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    if isinstance(err, ray.exceptions.RayActorError):  # the actor process died
+                    if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
                         self._replace(slot)
+                    else:
+                        idle.append(slot)
                     k = key(item)
                     tries[k] = tries.get(k, 0) + 1
                     if tries[k] >= max_tries:
@@ -319,29 +268,55 @@ class ActorPool:
                         self.retries += 1
                         todo.appendleft(item)
                     continue
+                idle.append(slot)
                 submit()
                 yield item, result
 
     def _replace(self, slot: int) -> None:
-        """Replace a dead actor (its Ray handle is unusable) with a new one; its run calls queue until it is built."""
-        try:
-            self._ray.kill(self.slots[slot].handle, no_restart=True)
-        except Exception:  # noqa: BLE001 - it is dead already
-            pass
+        """Replace a dead actor (its Ray handle is unusable) with a new one; it gets work once its ``ready()`` answers."""
+        self._kill(self.slots[slot].handle)
         self.slots[slot] = self._new_slot()
         self.replaced += 1
 
-    def _note_ready(self) -> None:
-        for slot in self.slots:
-            if slot.ready is not None:
-                done, _ = self._ray.wait([slot.ready], timeout=0)
-                if done:
-                    try:
-                        slot.info = self._ray.get(slot.ready)
-                        self.nodes.add(slot.info["node"])
-                    except self._ray.exceptions.RayError:
-                        pass  # its run calls fail too, and are counted there
-                    slot.ready = None
+    def _poll_starting(self, starting: dict) -> list[int]:
+        """The slots among ``starting`` (``ready`` ref -> slot) whose actor is now ready; drop those that failed or timed out."""
+        ready = []
+        done, _ = self._ray.wait(list(starting), num_returns=len(starting), timeout=0) if starting else ([], [])
+        for ref in done:
+            slot = self.slots[starting[ref]]
+            try:
+                slot.info = self._ray.get(ref)
+            except self._ray.exceptions.RayError as err:
+                self._drop(starting[ref], f"a replacement actor could not start ({_one_line(err)})")
+                continue
+            slot.ready = None
+            self.nodes.add(slot.info["node"])
+            ready.append(starting[ref])
+        now = time.monotonic()
+        for ref, n in starting.items():
+            if ref not in done and now - self.slots[n].since > self.replace_timeout_s:
+                self._drop(n, f"a replacement actor was not ready within {self.replace_timeout_s:g} s "
+                              f"(no node has {self.resources.cpus:g} CPU(s) / {self.resources.gpus:g} GPU(s) free for it)")  # fmt: skip
+        return ready
+
+    def _drop(self, slot: int, why: str) -> None:
+        self._kill(self.slots[slot].handle)  # a pending one is cancelled: no demand left behind
+        self.slots[slot] = replace(self.slots[slot], handle=None, ready=None)
+        self.dropped += 1
+        live = sum(s.live for s in self.slots)
+        print(f"rollcap: {why}; going on with {live} actor(s)", file=sys.stderr)
+
+    def _no_actors_left(self, keys: list) -> None:
+        why = f"no live actor left ({self.dropped} dropped)"
+        for k in keys:
+            self.failed[k] = why
+        print(f"rollcap: {why}: {len(keys)} item(s) not run", file=sys.stderr)
+
+    def _kill(self, handle) -> None:
+        try:
+            self._ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001 - it is dead already
+            pass
 
     def summary(self) -> dict:
         """What a run's summary adds for actors."""
@@ -351,6 +326,7 @@ class ActorPool:
             "nodes": len(self.nodes),
             "retries": self.retries,
             "actors_replaced": self.replaced,
+            "actors_dropped": self.dropped,
             "failed": {str(i): why for i, why in sorted(self.failed.items())},
             "ray_start_s": getattr(self, "ray_start_s", float("nan")),
             "actors_start_s": getattr(self, "start_s", float("nan")),
@@ -362,10 +338,11 @@ class ActorPool:
         if ray is None or not ray.is_initialized():
             return
         for slot in self.slots:
-            try:
-                ray.kill(slot.handle, no_restart=True)
-            except Exception:  # noqa: BLE001 - best effort: shutting down anyway
-                pass
+            if slot.live:
+                try:
+                    ray.kill(slot.handle, no_restart=True)
+                except Exception:  # noqa: BLE001 - best effort: shutting down anyway
+                    pass
         if self._owned:
             ray.shutdown()
 
@@ -396,26 +373,6 @@ def _start_error(err: BaseException) -> Exception:
     if isinstance(cause, ConfigError):
         return ConfigError(cause.field, f"on a Ray actor: {cause.problem}")
     return ConfigError("actors", f"a rollout actor could not start: {_one_line(err)}")
-
-
-def identity(host: RolloutHost) -> dict:
-    """What must agree between the driver and every actor: the resolved config and the weights digests."""
-    weights = {}
-    for part in ("policy", "critic"):
-        comp = getattr(host, part)
-        weights[part] = None if comp is None else comp.state_fingerprint().get("weights_digest")
-    return {"config": host.config, "weights": weights}
-
-
-def _same_parts(info: dict, expect: dict) -> None:
-    """Refuse actors whose resolved config or weights differ from the driver's."""
-    if info["config"] != expect["config"]:
-        raise ConfigError("actors", f"an actor resolved the config to {info['config']}, this process to {expect['config']}")
-    for part in ("policy", "critic"):
-        got, want = info["weights"][part], expect["weights"][part]
-        if got != want:
-            raise ConfigError(part, f"an actor loaded {part} weights {got or 'none'}, this process {want or 'none'}: "
-                              "a checkpoint path must name the same file on every node")  # fmt: skip
 
 
 # --------------------------------------------------------- the plain call

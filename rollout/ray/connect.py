@@ -61,7 +61,7 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
     """
     local = address is None
     if not local:
-        _check_reachable(address)
+        check_reachable(address)
     for k, v in FORK_SAFE_ENV.items():
         os.environ.setdefault(k, v)  # kept: gRPC reads it once, and Ray's children inherit it
     saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}  # put back afterwards (Ray's own settings are left alone)
@@ -112,7 +112,7 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
                 os.environ[k] = v
 
 
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """A ConfigError naming ``address`` when its ``host:port`` takes no TCP connection (Ray would retry for minutes).
 
     ``auto`` and addresses without a port are left to Ray.

@@ -1,9 +1,11 @@
-"""Reading a recording whatever its shape: an npz file, an HDF5 file or a run directory.
+"""Reading a recording whatever its shape: an npz file, an HDF5 file or a run directory (sharded or not).
 
 :func:`load_any` / :func:`iter_any` give the episodes in index order and raise
 on the first damaged one; :func:`episodes_of` / :func:`iter_episodes` give each
 episode or its error separately, so a check can go on past a damaged episode.
-Every tool that reads runs (replay, inspect, branch, recap) reads them here.
+Every tool that reads runs (replay, inspect, branch, recap, export) reads them here.
+A sharded run (:mod:`~rollcap.rollout.recording.shards`: a ``manifest.jsonl``)
+reads as one run in index order, each episode from its shard.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rollcap.rollout.recording.codec import corrupt
 from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
 from rollcap.rollout.recording.npz import npz_name_index, read_npz
 from rollcap.rollout.recording.recorder import EPISODES_DIR, H5_NAME
+from rollcap.rollout.recording.shards import is_sharded, iter_sharded
 
 _ZIP_MAGIC, _HDF5_MAGIC = b"PK\x03\x04", b"\x89HDF\r\n\x1a\n"
 
@@ -24,7 +27,8 @@ _ZIP_MAGIC, _HDF5_MAGIC = b"PK\x03\x04", b"\x89HDF\r\n\x1a\n"
 def load_any(path) -> list[EpisodeRecord]:
     """Episodes from an ``.npz`` file, an HDF5 file, or a run directory, sorted by index.
 
-    A run directory is read from its ``episodes/episode_NNNNN.npz`` when it
+    A sharded run directory is read through its manifest (each episode from
+    its shard, its digest checked against the manifest's). Another run directory is read from its ``episodes/episode_NNNNN.npz`` when it
     has any (each must hold the episode its name gives), else from
     ``episodes.hdf5``. The whole run is in memory at once: to go through a
     large run, iterate :func:`iter_any` instead.
@@ -44,6 +48,12 @@ def iter_any(path) -> Iterator[EpisodeRecord]:
     checked on the first ``next()``; the errors are :func:`load_any`'s.
     """
     path = Path(path)
+    if path.is_dir() and is_sharded(path):
+        for _, rec in iter_sharded(path):
+            if isinstance(rec, Exception):
+                raise rec
+            yield rec
+        return
     if path.is_dir():
         npz = _named_npz(path / EPISODES_DIR) or _named_npz(path)
         if npz:  # sorted by the index in the name, and each file must hold that index
@@ -99,6 +109,9 @@ def iter_episodes(path) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
     A path that cannot be read at all raises on the first ``next()``.
     """
     path = Path(path)
+    if path.is_dir() and is_sharded(path):
+        yield from iter_sharded(path)
+        return
     npz = sorted((path / EPISODES_DIR).glob("episode_*.npz")) if path.is_dir() else []
     h5 = path / H5_NAME if path.is_dir() and not npz else path
     if npz:

@@ -16,6 +16,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.build import Parts
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording import EpisodeRecorder, episode_digest, h5_indices
+from rollcap.rollout.recording.shards import ManifestWriter, is_sharded, merge, read_manifest
 from rollcap.rollout.ray.actors import ActorPool, RolloutActor, batch_rollout, emit, episode_specs
 from rollcap.rollout.ray.replay import ReplayActor
 from rollcap.rollout.subscribers import Metrics
@@ -60,6 +61,11 @@ def _digests(run_dir) -> dict[int, str]:
 
 
 def _once_in_both_formats(run_dir: Path, n: int) -> None:
+    """Episodes 0..n-1 recorded once each, in both formats, which agree (a sharded run: in its shards, as its manifest says)."""
+    if is_sharded(run_dir):
+        with ManifestWriter(run_dir, resume=True) as m:
+            assert [r.index for r in m.verify()] == list(range(n))  # every format of every shard read back, digests checked against the manifest
+        return
     npz = sorted(p.name for p in (run_dir / "episodes").glob("*.npz"))
     assert npz == [f"episode_{i:05d}.npz" for i in range(n)]
     assert h5_indices(run_dir / "episodes.hdf5") == list(range(n))
@@ -187,19 +193,35 @@ def test_actors_get_absolute_checkpoint_paths_and_their_own_shipped_checkpoints(
 
 # --------------------------------------------------------------- with Ray
 def test_one_and_two_actors_record_the_local_run_s_episodes_listening_on_loopback_only(ray_local, parts, local, tmp_path):
-    """16 episodes on 1 and on 2 actors: per-episode digests equal the in-process run's; no Ray socket listens off loopback."""
+    """16 episodes on 1 and on 2 actors (sharded): per-episode digests equal the in-process run's; no Ray socket listens off loopback."""
     one = _run(parts, tmp_path / "one", actors=1)
     probe = _Probe()
     two = _run(parts, tmp_path / "two", actors=2, subscribers=(probe,))
     assert _digests(one.run_dir) == _digests(two.run_dir) == local[1]
     assert (one.summary["actors"], two.summary["actors"], two.summary["retries"], two.summary["failed"]) == (1, 2, 0, {})
     assert two.summary["episodes"] == EPISODES and two.summary["stop_reasons"] == local[0].summary["stop_reasons"]
+    assert (one.summary["shards"], two.summary["shards"]) == (1, 2) and is_sharded(two.run_dir)
     _once_in_both_formats(two.run_dir, EPISODES)
     assert probe.bad == []
 
 
+@pytest.mark.slow
+def test_sharded_and_unsharded_runs_on_2_and_3_actors_give_the_local_digests_and_merge_to_one_file(ray_local, parts, local, tmp_path):
+    """shards=False (the driver records) and sharded on 2 and 3 actors: the same digests; the manifest names each shard's episodes; merge gives one file."""
+    driver = _run(parts, tmp_path / "driver", actors=2, shards=False)
+    three = _run(parts, tmp_path / "three", actors=3, actor_cpus=0.5)
+    assert not is_sharded(driver.run_dir) and "shards" not in driver.summary
+    assert _digests(driver.run_dir) == _digests(three.run_dir) == local[1]
+    entries = read_manifest(three.run_dir)[1]
+    assert three.summary["shards"] == 3 and {e.shard for e in entries.values()} == {"shards/s000", "shards/s001", "shards/s002"}
+    _once_in_both_formats(three.run_dir, EPISODES)
+    assert merge(three.run_dir) == EPISODES
+    _once_in_both_formats(three.run_dir, EPISODES)  # now the single-file layout
+    assert _digests(three.run_dir) == local[1]
+
+
 def test_a_killed_actor_s_episode_runs_again_and_every_episode_is_recorded_once(ray_local, parts, local, tmp_path):
-    """A run resumed on 2 actors, one SIGKILLed mid-run: its episode runs again; 16 episodes, once each, in both formats; the summary counts the retry."""
+    """A local run resumed on 2 actors (sharded), one SIGKILLed mid-run: its episode runs again; 16 episodes, once each, in both formats; the summary counts the retry."""
     rollcap.run(5, out=tmp_path / "kill", env=parts.env_id, policy=parts.policy, critic=parts.critic, env_kwargs=parts.env_kwargs, progress=False, **CFG)
     probe = _Probe(kill=True)
     result = _run(parts, tmp_path / "kill", actors=2, subscribers=(probe,), resume=True)
@@ -249,7 +271,7 @@ def test_ctrl_c_on_the_driver_stops_the_actors_and_keeps_finished_episodes(ray_l
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(list((out / "episodes").glob("*.npz"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        while len(list(out.glob("shards/*/episodes/*.npz"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
         import psutil
 
@@ -262,8 +284,8 @@ def test_ctrl_c_on_the_driver_stops_the_actors_and_keeps_finished_episodes(ray_l
     assert "Traceback" not in stderr and "interrupted" in stderr
     kept = _digests(out)
     assert 3 <= len(kept) < 400
-    with EpisodeRecorder(out, resume=True) as rec:
-        assert [r.index for r in rec.verify()] == sorted(kept)
+    with ManifestWriter(out, resume=True) as m:  # shards repaired and checked; an episode written but never named is adopted
+        assert set(kept) <= set(m.indices) and [r.index for r in m.verify()] == m.indices
     assert actors and not [p for p in actors if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
@@ -326,3 +348,97 @@ def test_bench_refuses_one_actor_before_measuring_anything(capsys):
     assert main(["bench", "--actors", "1"]) == 2
     err = capsys.readouterr().err
     assert err.strip() == "rollcap bench: error: --actors: the Ray section compares 1 actor with N >= 2, got 1"
+
+
+# ------------------------------------------------- start-up and lost actors
+def _first_actor_only(marker: Path) -> type:
+    """A RolloutActor that kills its process at episode 1 (making ``marker``); once ``marker`` exists no actor can start (no node for it)."""
+
+    class FirstOnly(RolloutActor):  # defined here, so Ray ships the class (and ``marker``) by value
+        def __init__(self, *args, **kw):
+            if marker.exists():
+                raise RuntimeError("no node for a replacement")
+            super().__init__(*args, **kw)
+
+        def run(self, index, seed, config=None):
+            if index == 1:
+                marker.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().run(index, seed, config)
+
+    return FirstOnly
+
+
+def test_with_no_live_actor_left_the_rest_fails_with_one_line(ray_local, parts, local, tmp_path, capfd):
+    """The only actor dies and its replacement cannot start: it is dropped (one line), the items left fail (one line), nothing hangs."""
+    result = batch_rollout(episode_specs(range(4), HostConfig(**CFG)), 1, parts=parts, actor_cls=_first_actor_only(tmp_path / "dead"))
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("rollcap:")]
+    assert [e.index for e in result.ends] == [0] and episode_digest(result.ends[0].record) == local[1][0]
+    assert result.summary["failed"] == {str(i): "no live actor left (1 dropped)" for i in (1, 2, 3)}
+    assert result.summary["actors_dropped"] == 1 and len(err) == 2
+    assert err[0].startswith("rollcap: a replacement actor could not start (") and err[0].endswith("going on with 0 actor(s)")
+    assert err[1] == "rollcap: no live actor left (1 dropped): 3 item(s) not run"
+
+
+def test_an_address_nothing_answers_at_is_refused_before_anything_is_built(parts, monkeypatch, tmp_path):
+    """--address is checked first: one ConfigError naming it, no env or model built, no run directory."""
+    import socket
+
+    import rollcap.rollout.api as api
+
+    monkeypatch.setattr(api, "make_env", lambda *a, **k: pytest.fail("the env was built before the address was checked"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConfigError, match=f"nothing answers at 127.0.0.1:{port}") as info:
+        _run(parts, tmp_path / "run", actors=2, address=f"127.0.0.1:{port}")
+    assert info.value.field == "address" and not (tmp_path / "run").exists()
+
+
+def _ray_children(pid: int) -> set[str]:
+    import psutil
+
+    names = set()
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            names.add(p.name())
+        except psutil.Error:
+            pass
+    return names & {"raylet", "gcs_server"}
+
+
+@pytest.mark.parametrize("when", ["building", "actors starting"])
+def test_ctrl_c_during_start_up_stops_at_once(ckpt, tmp_path, when):
+    """SIGINT while the parts build: exit 130 before Ray starts. SIGINT while the actors build: exit 130 within seconds. One line, no traceback, no run dir."""
+    import psutil
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rollcap.rollout.cli", "run", "--actors", "2", "--episodes", "4", "--out", str(out), "--no-progress", "--max-chunks", "6", *ckpt]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: set[str] = set()
+    try:
+        deadline = time.monotonic() + 120
+        if when == "building":
+            time.sleep(1.0)
+        else:
+            while not _ray_children(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                seen |= _ray_children(proc.pid)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+        waited = time.monotonic() - sent
+        stdout, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "interrupted"
+    assert not out.exists()
+    if when == "building":
+        assert seen == set(), f"Ray started after the Ctrl-C: {seen}"
+    else:
+        assert waited < 30, f"{waited:.0f} s from SIGINT to exit"

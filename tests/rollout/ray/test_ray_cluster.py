@@ -9,6 +9,7 @@ import pytest
 import rollcap
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording import episode_digest, h5_indices
+from rollcap.rollout.recording.shards import read_manifest
 from tests.rollout._tiny import ENV_KW
 
 pytestmark = pytest.mark.slow
@@ -50,14 +51,20 @@ def cluster():
         mp.undo()
 
 
-def test_a_two_node_cluster_records_the_local_run_s_episodes_in_the_driver_s_run_dir(cluster, ckpt, tmp_path):
-    """8 episodes through address=<the cluster>: actors on 2 nodes; digests equal an in-process run's; both formats in the driver's directory."""
+def test_a_two_node_cluster_records_the_local_run_s_episodes_sharded_or_by_the_driver(cluster, ckpt, tmp_path):
+    """8 episodes through address=<the cluster>, actors on 2 nodes: sharded (one shard per actor, a manifest) and recorded by the driver
+    (one file), both with the in-process run's digests."""
     names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False, "seed": 3, "max_chunks": 5}
     local = rollcap.run(8, out=tmp_path / "local", **names)
-    remote = rollcap.run(8, out=tmp_path / "cluster", actors=2, address=cluster.address, **names)
+    want = {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
+    sharded = rollcap.run(8, out=tmp_path / "sharded", actors=2, address=cluster.address, **names)
+    assert (sharded.summary["actors"], sharded.summary["nodes"], sharded.summary["shards"], sharded.summary["address"]) == (2, 2, 2, cluster.address)
+    entries = read_manifest(sharded.run_dir)[1]
+    assert sorted(entries) == list(range(8)) and len({e.node for e in entries.values()}) == 2
+    assert {r.index: episode_digest(r) for r in rollcap.load(sharded.run_dir)} == want
+    remote = rollcap.run(8, out=tmp_path / "cluster", actors=2, address=cluster.address, shards=False, **names)
     assert (remote.summary["actors"], remote.summary["nodes"], remote.summary["address"]) == (2, 2, cluster.address)
-    digests = {r.index: episode_digest(r) for r in rollcap.load(remote.run_dir)}
-    assert digests == {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
+    assert {r.index: episode_digest(r) for r in rollcap.load(remote.run_dir)} == want
     assert sorted(p.name for p in (remote.run_dir / "episodes").glob("*.npz")) == [f"episode_{i:05d}.npz" for i in range(8)]
     assert h5_indices(remote.run_dir / "episodes.hdf5") == list(range(8))
 

@@ -1,0 +1,74 @@
+"""Sharded recording on actors: each actor writes its own shard, the driver writes the manifest.
+
+:class:`Shards` tells each new actor of an :class:`~rollcap.rollout.ray.actors.ActorPool`
+its shard (``shards/s000``, ``s001``, ...; a replacement gets a new one, so no
+shard ever has two writers, and a resumed run's numbers follow the ones on
+disk), and :meth:`Shards.episodes` runs episodes on the pool: each actor
+records its episode in its shard (npz and HDF5, atomic and journaled, as
+:class:`~rollcap.rollout.recording.EpisodeRecorder` always does) and answers
+with a receipt (index, digest, shard, node) and the record without its
+images. The driver appends the receipt to ``manifest.jsonl``
+(:class:`~rollcap.rollout.recording.shards.ManifestWriter`) and then hands
+the light record to the run's subscribers (metrics, progress, the caller's:
+they see every field but the camera frames).
+
+Exactly once: an episode is part of the run when its manifest line is
+written, and the driver writes one line per index, for the first answer it
+gets. An actor killed after writing its shard and before its answer arrived
+leaves a copy no line names (readers ignore it; the episode runs again
+elsewhere).
+
+Imports point downward: this module knows ``recording`` and ``ray.actors``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
+
+from rollcap.rollout.protocols import EpisodeEnd, Subscriber
+from rollcap.rollout.ray.actors import MAX_TRIES, ActorPool, emit, episode_specs
+from rollcap.rollout.recording.shards import SHARDS_DIR, ManifestWriter
+
+
+class Shards:
+    """Names and opens the shard of every actor a pool starts; pass :meth:`setup` as the pool's ``setup``.
+
+    Args:
+        manifest: the run's manifest (its run directory holds ``shards/``).
+        env_meta: robomimic's env metadata for the shards' HDF5 files.
+    """
+
+    def __init__(self, manifest: ManifestWriter, env_meta: dict):
+        self.manifest, self.env_meta = manifest, env_meta
+        taken = [int(n[1:]) for n in manifest.shard_names() if n[:1] == "s" and n[1:].isdigit()]
+        self._base = max(taken, default=-1) + 1
+
+    def name(self, number: int) -> str:
+        """The shard of the pool's actor ``number`` (relative to the run directory)."""
+        return f"{SHARDS_DIR}/s{self._base + number:03d}"
+
+    def setup(self, handle, number: int) -> None:
+        """Tell a new actor its shard (it runs this before its ``ready()``)."""
+        shard = self.name(number)
+        handle.record_to.remote(str((self.manifest.run_dir / shard).resolve()), shard, self.manifest.formats, self.env_meta)
+
+    def episodes(self, pool: ActorPool, indices: Iterable[int], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES) -> Iterator[EpisodeEnd]:
+        """Run episodes ``indices`` on ``pool``'s actors, each recorded in its actor's shard; yield each end once its manifest line is written.
+
+        The end carries the light record (no camera frames), emitted to ``subscribers`` after the manifest line.
+        """
+        self.check_visible(pool)
+        call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)
+        for _, (light, receipt) in pool.map(call, episode_specs(indices, pool.config), lambda spec: spec.index, max_tries):
+            self.manifest.add(receipt["index"], receipt["digest"], receipt["shard"], receipt["node"])
+            yield replace(emit(light, subscribers), record=None)
+
+
+    def check_visible(self, pool: ActorPool) -> None:
+        """One line on stderr for each node whose actors do not see the run directory (no shared filesystem there)."""
+        blind = sorted({s.info["node"] for s in pool.slots if s.live and s.info.get("sees_run") is False})
+        for node in blind:
+            print(f"rollcap: the actors on node {node} do not see {self.manifest.run_dir} (no shared filesystem): their shards stay "
+                  f"under that path on that node; copy them into {self.manifest.run_dir / SHARDS_DIR} before reading the run", file=sys.stderr)  # fmt: skip
