@@ -10,6 +10,7 @@ import rollcap
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording import episode_digest, h5_indices
 from rollcap.rollout.recording.shards import read_manifest
+from tests.rollout.ray._cluster import two_node_cluster
 from tests.rollout._tiny import ENV_KW
 
 pytestmark = pytest.mark.slow
@@ -32,23 +33,10 @@ def cluster():
     from server ... zombie").
     """
     pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-
-    from rollcap.rollout.ray.connect import FORK_SAFE_ENV
-
-    mp = pytest.MonkeyPatch()
-    for k, v in FORK_SAFE_ENV.items():
-        mp.setenv(k, v)
     port = _free_port()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "ray_client_server_port": port})
-    c.client_address = f"ray://127.0.0.1:{port}"  # the head's Ray Client server
-    try:
-        c.add_node(num_cpus=1, include_dashboard=False)
-        c.wait_for_nodes()
+    with two_node_cluster(ray_client_server_port=port) as c:
+        c.client_address = f"ray://127.0.0.1:{port}"  # the head's Ray Client server
         yield c
-    finally:
-        c.shutdown()
-        mp.undo()
 
 
 def test_a_two_node_cluster_records_the_local_run_s_episodes_sharded_or_by_the_driver(cluster, ckpt, tmp_path):

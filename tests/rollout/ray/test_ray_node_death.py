@@ -17,6 +17,7 @@ from rollcap.rollout.recording import episode_digest
 from rollcap.rollout.recording.shards import ManifestWriter, read_manifest
 
 import rollcap
+from tests.rollout.ray._cluster import two_node_cluster
 from tests.rollout._tiny import ENV_KW
 
 pytestmark = pytest.mark.slow
@@ -27,22 +28,10 @@ EPISODES = 40
 def cluster():
     """A head and a worker node with one CPU each, on loopback; node deaths noticed within about 5-10 s."""
     pytest.importorskip("ray")
-    from ray.cluster_utils import Cluster
-    from rollcap.rollout.ray.connect import FORK_SAFE_ENV
-
-    mp = pytest.MonkeyPatch()
-    for k, v in FORK_SAFE_ENV.items():
-        mp.setenv(k, v)
-    mp.setenv("RAY_AUTH_MODE", "disabled")  # a throwaway cluster without token auth: this test is about node death
     fast = {"health_check_period_ms": 1000, "health_check_timeout_ms": 3000, "health_check_failure_threshold": 5}
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "_system_config": fast})
-    try:
-        c.add_node(num_cpus=1, include_dashboard=False)
-        c.wait_for_nodes()
+    # a throwaway cluster without token auth: this test is about node death
+    with two_node_cluster({"RAY_AUTH_MODE": "disabled"}, _system_config=fast) as c:
         yield c
-    finally:
-        c.shutdown()
-        mp.undo()
 
 
 class _KillWorkerRaylet(rollcap.Subscriber):
