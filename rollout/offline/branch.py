@@ -148,15 +148,24 @@ def continuation_diff(parent: EpisodeRecord, chunk: int, control: EpisodeRecord)
 
 
 # ------------------------------------------------------------ MC values
-def max_steps_of(rec: EpisodeRecord, env=None) -> int:
-    """The episode step limit the critic's target divides by (the env's ``max_steps`` / time limit)."""
-    dyn = rec.fingerprints.get("env", {}).get("dynamics", {})
-    if "max_steps" in dyn:
-        return int(dyn["max_steps"])
+def max_steps_of(rec: EpisodeRecord, env=None, source: str = "") -> int:
+    """The episode step limit the critic's target divides by: the recorded env's ``max_steps`` or time limit, else ``env``'s.
+
+    Raises:
+        ConfigError: neither the recording nor ``env`` has one (``source``: the file, named in the message).
+    """
+    fp = rec.fingerprints.get("env", {})
+    if "max_steps" in fp.get("dynamics", {}):
+        return int(fp["dynamics"]["max_steps"])
+    limits = [int(n) for n in fp.get("time_limits") or () if n]  # gymnasium TimeLimit wrappers (an adapted env's fingerprint)
+    if limits:
+        return min(limits)
     limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
     if limit:
         return int(limit)
-    raise ConfigError("env_id", f"{rec.env_id}: no step limit known (env fingerprint dynamics.max_steps or a TimeLimit); the critic's target needs one")
+    where = f"{source}: " if source else ""
+    raise ConfigError("env_id", f"{where}episode {rec.index} ({rec.env_id}) has no step limit (none recorded in its env fingerprint, no TimeLimit), "
+                      "and the critic's value target is -steps/limit: episodes of an env without one cannot be used")  # fmt: skip
 
 
 def value_target(rec: EpisodeRecord, max_steps: int) -> float:
