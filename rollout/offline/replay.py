@@ -62,8 +62,14 @@ class ReplayResult:
 
     @classmethod
     def could_not(cls, source, mode: str, err: BaseException, episode: int | None = None) -> ReplayResult:
-        """An episode that could not be replayed: reported, counted as failed, never as exact."""
-        return cls(episode, mode, False, error=str(err), source=str(source))
+        """An episode that could not be replayed: reported, counted as failed, never as exact.
+
+        A :class:`~rollcap.rollout.errors.ConfigError` about the recording says its problem only
+        (it names the file; its field is a parameter name, not something the reader of a replay typed).
+        """
+        from rollcap.rollout.errors import ConfigError
+
+        return cls(episode, mode, False, error=err.problem if isinstance(err, ConfigError) else str(err), source=str(source))
 
     @property
     def status(self) -> str:
