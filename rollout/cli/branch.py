@@ -116,10 +116,8 @@ def _check_new_dir(out: Path) -> None:
 
 
 def _check_address(address: str | None, actors: int) -> None:
-    if address is not None and not actors:
-        from rollcap.rollout.errors import ConfigError
-
-        raise ConfigError("address", "needs actors (`actors=N`, N >= 1); the branches run in this process otherwise")
+    if address is not None and not actors:  # flag words in the Python API too: tests/rollout/ray/test_ray_cluster.py pins this message
+        raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
 
 
 class _Built:
