@@ -66,11 +66,11 @@ class RunConfig:
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
             raise ConfigError("actors", f"expected an integer >= 0, got {self.actors!r}")
         if self.teleop is not None and self.actors:
-            raise ConfigError("teleop", "a person drives one episode at a time in this process; drop actors")
+            raise ConfigError("teleop", "a person drives one episode at a time in this process; drop `actors`")
         if self.teleop is not None and not (self.teleop in ("keyboard", "terminal") or self.teleop.startswith("scripted:")):
             raise ConfigError("teleop", f"expected keyboard, terminal or scripted:FILE, got {self.teleop!r}")
         if self.address is not None and not self.actors:
-            raise ConfigError("address", f"joining a Ray cluster ({self.address}) needs actors >= 1")
+            raise ConfigError("address", f"joining a Ray cluster ({self.address}) needs actors (`actors=N`, N >= 1)")
         if not (_is_number(self.actor_cpus) and 0 < self.actor_cpus < float("inf")):
             raise ConfigError("actor_cpus", f"expected a finite number > 0, got {self.actor_cpus!r}")
         if self.actor_gpus is not None and not (_is_number(self.actor_gpus) and 0 <= self.actor_gpus < float("inf")):
@@ -247,7 +247,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not cfg.resume:
-        raise ConfigError("out", f"{out}: directory is not empty (resume to continue that run, or choose another)")
+        raise ConfigError("out", f"{out}: directory is not empty (`resume=True` continues that run; or choose another `out`)")
     from rollcap.rollout.recording import EPISODES_DIR, H5_NAME
     from rollcap.rollout.recording.shards import MANIFEST, SHARDS_DIR, is_sharded
 
@@ -410,16 +410,16 @@ def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
     now = plain_json(dataclasses.asdict(host.config))
     for name in sorted(set(now) | set(recorded.config)):
         if now.get(name) != recorded.config.get(name):
-            raise ConfigError(name, f"this run was recorded with {recorded.config.get(name)!r}; resume needs the same (got {now.get(name)!r})")
+            raise ConfigError(name, f"this run was recorded with {recorded.config.get(name)!r}; `resume=True` needs the same (got {now.get(name)!r})")
     if (recorded.env_id, plain_json(recorded.env_kwargs)) != (env_meta["env_name"], plain_json(env_meta["env_kwargs"])):
         field = "env_id" if recorded.env_id != env_meta["env_name"] else "env_kwargs"
-        raise ConfigError(field, f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; resume needs the same env")
+        raise ConfigError(field, f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env")
     for part in ("policy", "critic"):
         was = (recorded.fingerprints.get(part) or {}).get("weights_digest")
         comp = getattr(host, part)
         now_digest = None if comp is None else comp.state_fingerprint().get("weights_digest")
         if was != now_digest:
-            raise ConfigError(part, f"this run was recorded with {part} weights {was or 'none'}; resume needs the same (got {now_digest or 'none'})")
+            raise ConfigError(part, f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})")
 
 
 class _OneInterrupt:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -18,6 +21,8 @@ from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.errors import ConfigError
 
 DEFAULT_ENV = "rollcap/PushBlock-v0"
+OWN_PACKAGES = ("rollcap", "gymnasium")
+"""Packages whose env ids a recording keeps plain: ``module:id`` naming one of them records ``id``."""
 
 
 @dataclass(frozen=True)
@@ -63,29 +68,45 @@ class Parts:
                 raise ConfigError("device", f"{self.device!r} is not available here ({count} CUDA device(s) visible)")
 
 
+def split_env_id(env_id: str) -> tuple[str | None, str]:
+    """``"module:Env-v0"`` -> ``("module", "Env-v0")``; a plain id -> ``(None, id)``."""
+    module, sep, plain = env_id.partition(":")
+    return (module, plain) if sep else (None, env_id)
+
+
 def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: str | None = None):
     """``gym.make`` with rollcap's envs registered, gymnasium MuJoCo envs given exact state.
 
     A MuJoCo env without exact state of its own is wrapped in
     :class:`~rollcap.envs.ExactStateWrapper`, so its runs record an initial
-    state and replay in env mode.
+    state and replay in env mode. An env made from ``module:Env`` (a module
+    that registers it, e.g. ``gymnasium_robotics:FetchReach-v4``) keeps that id
+    as its ``spec.id``, so its recordings name the module to import; rollcap's
+    and gymnasium's own ids stay plain (:data:`OWN_PACKAGES`).
 
     Args:
         source: the file ``env_id`` was read from, if any. An id read from a
-            file must be registered: a ``module:Env`` id would make gymnasium
-            import a module the user never named.
+            file must be registered, and a ``module:Env`` id's module already
+            imported: gymnasium would otherwise import a module the user never
+            named (:func:`named_env` checks the id a user names instead).
 
     Raises:
         ConfigError: unknown id or bad kwargs (naming ``env_id`` / ``env_kwargs``).
     """
     import rollcap.envs as envs  # registers rollcap/*
 
-    if source is not None and env_id not in gym.registry:
-        raise ConfigError("env_id", f"{source}: the recording's env id {env_id!r} is not a registered gymnasium env; "
-                          "pass --env with a registered id (a 'module:Env' id is never imported from a file)")  # fmt: skip
+    module, plain = split_env_id(env_id)
+    if source is not None and (plain not in gym.registry or (module is not None and module not in sys.modules)):
+        how = (f"the {module} package registers it, and a module a file names is never imported: pass --env {env_id} to allow it" if module is not None
+               else f"if a package registers it, pass --env PACKAGE:{plain} (a module a file names is never imported)")  # fmt: skip
+        raise ConfigError("env_id", f"{source}: the recording's env id {env_id!r} is not a registered gymnasium env here; {how}")
     where = f"{source}: " if source else ""
     try:
-        env = gym.make(env_id, **(env_kwargs or {}))
+        if module is not None and module.split(".")[0] not in OWN_PACKAGES:
+            importlib.import_module(module)  # what gym.make does for a module:id; the spec then keeps the module
+            env = gym.make(dataclasses.replace(gym.spec(plain), id=env_id), **(env_kwargs or {}))
+        else:
+            env = gym.make(env_id, **(env_kwargs or {}))
     except gym.error.Error as err:
         raise ConfigError("env_id", f"{where}{env_id!r}: {err}") from err
     except ModuleNotFoundError as err:
@@ -99,14 +120,47 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
     return env
 
 
-def check_fits(env, spec, label: str = "policy", field: str = "env_id") -> None:
-    """Refuse an env whose observations a model with observation spec ``spec`` cannot read.
+def named_env(recorded: str, named: str | None, source) -> bool:
+    """Whether the recording ``source``'s env (id ``recorded``) may be built with imports: the user named it (``--env``).
+
+    ``named`` must name the recording's env: its recorded id, or ``module:id``
+    for a recording of the plain ``id`` (made from an env object, or before
+    ids kept their module), whose ``module`` is then imported here: the user
+    named it. ``None``: nothing may be imported (:func:`make_env` ``source``).
 
     Raises:
-        ConfigError: naming ``field`` (the env id, or the kwargs that made it), what the env gives and what the model reads.
+        ConfigError: (field ``env``) ``named`` is another env, or its module cannot be imported or does not register it.
+    """
+    if named is None:
+        return False
+    if named == recorded:
+        return True
+    module, plain = split_env_id(named)
+    recorded_module, recorded_plain = split_env_id(recorded)
+    if module is not None and recorded_module is None and plain == recorded:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            raise ConfigError("env", f"{named}: {err}") from err
+        if plain not in gym.registry:
+            raise ConfigError("env", f"{named}: importing {module} registers no {plain!r}")
+        return True
+    if recorded_module is not None and plain == recorded_plain:
+        raise ConfigError("env", f"{named}: {source} was recorded in {recorded}; name it as recorded, `env={recorded}` (rollcap then imports {recorded_module})")
+    raise ConfigError("env", f"{named}: {source} was recorded in {recorded}; the recording's env is always used (drop `env`)")
+
+
+def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: str | None = None) -> None:
+    """Refuse an env whose observations a model with observation spec ``spec`` cannot read.
+
+    ``source``: the recording the env was read from (it cannot change): the message names it.
+
+    Raises:
+        ConfigError: naming ``field`` (the env id, the kwargs that made it, or the model), what the env gives and what the model reads.
     """
     space = env.observation_space
     name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+    name = f"{source}: {name}" if source else name
     want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
     if not isinstance(space, gym.spaces.Dict):
         raise ConfigError(field, f"{name} observations are a {type(space).__name__} space; the {label} reads a dict {want} plus 'instruction'")
@@ -119,23 +173,29 @@ def check_fits(env, spec, label: str = "policy", field: str = "env_id") -> None:
         raise ConfigError(field, f"{name} does not fit the {label}: {what}")
 
 
-def make_runners(parts: Parts, env=None, rtc: bool = False) -> tuple[PolicyRunner, CriticRunner | None]:
+def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
+    """The field a model that cannot read the env names: the env's, or (the env read from ``source``) the model's."""
+    return label if source else "env_kwargs" if parts.env_kwargs else "env_id"
+
+
+def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None = None) -> tuple[PolicyRunner, CriticRunner | None]:
     """Load the checkpoints and capture their graphs, each on its own lane (no critic if ``parts.critic`` is None).
 
     With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
     ``rtc``: the policy is an :class:`~rollcap.policies.rtc.RTCPolicyRunner` (real-time chunking, ``HostConfig.chunking`` naive / rtc).
+    ``source``: the recording ``env`` was read from: a model that cannot read it is the one to change (the error names ``policy`` / ``critic`` and the file).
     """
     model = load_policy(parts.policy)
     if env is not None:
-        check_fits(env, model.cfg.obs_spec, "policy", "env_kwargs" if parts.env_kwargs else "env_id")
-    critic = make_critic(parts, env) if parts.critic is not None else None
+        check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
+    critic = make_critic(parts, env, source) if parts.critic is not None else None
     runner = RTCPolicyRunner if rtc else PolicyRunner
     return runner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads)), critic
 
 
-def make_critic(parts: Parts, env=None) -> CriticRunner:
-    """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first)."""
+def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:
+    """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`make_runners`)."""
     model = load_critic(parts.critic)
     if env is not None:
-        check_fits(env, model.cfg.obs_spec, "critic", "env_kwargs" if parts.env_kwargs else "env_id")
+        check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
     return CriticRunner(model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads))

@@ -47,11 +47,11 @@ def _main(argv: list[str] | None) -> int:
         if args.command != "run":  # run releases once its parts are built
             _SIGNALS.release()
         return int(args.func(args) or 0)
-    except ConfigError as err:
-        flag = args.options.flag(err.field) if getattr(args, "options", None) else None
-        if flag is None and hasattr(args, err.field):  # a flag the command declares itself (replay --actors)
-            flag = "--" + err.field.replace("_", "-")
-        print(f"rollcap {args.command}: error: {flag or err.field}: {err.problem}", file=sys.stderr)
+    except ConfigError as err:  # its field as the flag, the fields it quotes as flags; a field with no flag here: the problem names the file
+        opts = getattr(args, "options", None)
+        flag = opts.flag(err.field) if opts is not None else None
+        problem = opts.spell(err.problem) if opts is not None else err.problem
+        print(f"rollcap {args.command}: error: {flag + ': ' if flag else ''}{problem}", file=sys.stderr)
         return 2
     except RecordingFailed as err:
         print(f"rollcap {args.command}: error: {err}", file=sys.stderr)

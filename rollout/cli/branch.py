@@ -34,15 +34,18 @@ def add_parser(command, parts_options) -> None:
     p.add_argument("--no-control", action="store_true", help="skip the control branch (the recorded noise)")
     p.add_argument("--actors", type=int, default=0, help="run the branches on this many Ray actors (default 0: in this process)")
     p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
-    p.add_argument("--out", type=Path, default=None, help="directory for the branch recordings and branch.json (default: runs/branch-<episode>-<chunk>; with --calibrate runs/calibration)")
-    p.add_argument("--format", default="npz,h5", help="recording formats, a comma list of npz,h5 (default both)")
+    p.add_argument("--out", type=Path, default=None, help="new (or empty) directory for the branch recordings and branch.json (default: runs/branch-<episode>-<chunk>); with --calibrate, for calibration.json and .png (default: runs/calibration)")
+    p.add_argument("--format", dest="formats", default="npz,h5", help="recording formats, a comma list of npz,h5 (default both)")
+    p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env")
     p.add_argument("--calibrate", action="store_true", help="Monte-Carlo values at many boundaries: every --every-th chunk of every episode (or --episode); branches not recorded")
     p.add_argument("--every", type=int, default=1, help="with --calibrate: every this many chunks (default 1)")
     p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs")))
 
 
 def _parent(path: Path, episode: int | None):
+    from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.recording import episodes_of
+
     items = episodes_of(path)
     for source, rec in items:
         if isinstance(rec, Exception):
@@ -52,75 +55,89 @@ def _parent(path: Path, episode: int | None):
         if episode is None or rec.index == episode:
             return source, rec
     have = sorted(r.index for _, r in items if not isinstance(r, Exception))
-    raise ValueError(f"{path}: no episode {episode} (it holds {have})")
+    raise ConfigError("episode", f"{path}: no episode {episode} (it holds {have})")
 
 
 def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8, *, seed: int | None = None, control: bool = True,
-           out=None, formats=("npz", "h5"), actors: int = 0, parts=None, address: str | None = None):
+           out=None, formats=("npz", "h5"), actors: int = 0, parts=None, address: str | None = None, env: str | None = None):
     """Branch episode ``episode`` of the recording ``file`` at ``chunk``: the control and ``n`` seeded branches.
 
     What ``rollcap branch`` does, without argparse (``rollcap.branch``): every branch is recorded in
-    ``out`` (default ``runs/branch-<episode>-<chunk>``) with ``branch.json``.
+    ``out`` (default ``runs/branch-<episode>-<chunk>``, a new or empty directory) with ``branch.json``.
     ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the checkpoints
     (its env is replaced by the recording's). ``actors``: run the branches on
     that many Ray actors, on a new local Ray or the cluster at ``address``
     (the boundary is computed here; recordings land in ``out`` on this machine).
+    ``env``: the recording's env id as you name it (see :func:`~rollcap.rollout.build.named_env`):
+    needed for an env a module registers, which is never imported because a file names it.
     Returns ``(BranchResult, summary dict)``.
 
     Raises:
-        ValueError: a bad count, chunk or episode (one line naming it).
+        ConfigError: a bad count, chunk, episode, ``out`` or env (one line naming the field), before anything is written.
     """
     from rollcap.kernels.files import atomic_write, canonical_json
     from rollcap.rollout.offline.branch import boundaries, run_branches
     from rollcap.rollout.build import Parts
+    from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.recording import EpisodeRecorder
 
-    for flag, value, low in (("--n", n, 0), ("--chunk", chunk, 0), ("--actors", actors, 0)):
+    for name, value, low in (("n", n, 0), ("chunk", chunk, 0), ("actors", actors, 0)):
         if value < low:
-            raise ValueError(f"{flag}: expected an integer >= {low}, got {value}")
+            raise ConfigError(name, f"expected an integer >= {low}, got {value}")
     _check_address(address, actors)
     if n == 0 and not control:
-        raise ValueError("--n 0 with --no-control runs nothing")
+        raise ConfigError("n", "0 branches without the control runs nothing")
     if not formats or set(formats) - {"npz", "h5"}:
-        raise ValueError(f"--format: expected a comma list of npz,h5, got {','.join(formats)!r}")
+        raise ConfigError("formats", f"expected a comma list of npz,h5, got {','.join(formats)!r}")
     source, rec = _parent(Path(file), episode)
     if chunk >= rec.num_chunks:
-        raise ValueError(f"--chunk {chunk}: episode {rec.index} of {source} has chunks 0..{rec.num_chunks - 1}")
+        raise ConfigError("chunk", f"{chunk}: episode {rec.index} of {source} has chunks 0..{rec.num_chunks - 1}")
     out = Path(out) if out is not None else Path("runs") / f"branch-{rec.index}-{chunk}"
-    with _Built(parts or Parts(), rec, file, actors, address) as (host, pool):
+    _check_new_dir(out)
+    with _Built(parts or Parts(), rec, source, actors, address, env) as (host, pool):
         at = boundaries(rec, host.env, [chunk], parent=str(source))[chunk]
-        recorder = EpisodeRecorder(out, formats)
-        try:
-            result = run_branches(host, rec, chunk, n, control=control, parent=str(source), at=at, pool=pool, recorder=recorder, seed=seed)
-        finally:
-            recorder.close()
+        result = run_branches(host, rec, chunk, n, control=control, parent=str(source), at=at, pool=pool, seed=seed)
+    with EpisodeRecorder(out, formats) as recorder:  # nothing is written before every branch has run
+        for record in result.records:
+            recorder.write(record)
     summary = {"parent": str(source), "episode": rec.index, "chunk": chunk, "step": at.origin["step"], "out": str(out), **result.summary()}
     atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
     return result, summary
 
 
+def _check_new_dir(out: Path) -> None:
+    """Branches are a new run of their own: ``out`` must be absent or an empty directory (there is nothing to resume)."""
+    from rollcap.rollout.errors import ConfigError
+
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"{out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ConfigError("out", f"{out}: directory is not empty; branches are recorded as a new run, which cannot resume another: choose another `out` or remove it")
+
+
 def _check_address(address: str | None, actors: int) -> None:
-    if address is not None and not actors:
+    if address is not None and not actors:  # flag words in the Python API too: tests/rollout/ray/test_ray_cluster.py pins this message
         raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
 
 
 class _Built:
     """The recording's env, the runners, a host with the recording's config and (with actors) a pool; closed on exit."""
 
-    def __init__(self, parts, rec, file, actors: int, address: str | None = None):
-        self.parts, self.rec, self.file, self.actors, self.address = parts, rec, file, actors, address
+    def __init__(self, parts, rec, file, actors: int, address: str | None = None, env: str | None = None):
+        self.parts, self.rec, self.file, self.actors, self.address, self.env = parts, rec, str(file), actors, address, env
         self.parts_list = []
 
     def __enter__(self):
         import dataclasses
 
-        from rollcap.rollout.build import make_env, make_runners
+        from rollcap.rollout.build import make_env, make_runners, named_env
 
         self.parts = dataclasses.replace(self.parts, env_id=self.rec.env_id, env_kwargs=self.rec.env_kwargs or None)
         try:
-            env = make_env(self.rec.env_id, self.rec.env_kwargs, source=str(self.file))
+            named = named_env(self.rec.env_id, self.env, self.file)
+            env = make_env(self.rec.env_id, self.rec.env_kwargs, source=None if named else self.file)
             self.parts_list.append(env)
-            policy, critic = make_runners(self.parts, env)
+            policy, critic = make_runners(self.parts, env, source=self.file)
             self.parts_list += [policy, critic]
             self.host = _host(self.rec, env, policy, critic)
             pool = None
@@ -145,17 +162,18 @@ class _Built:
 
 def cmd_branch(args) -> int:
     from rollcap.rollout.build import Parts
+    from rollcap.rollout.errors import ConfigError
 
     if args.every < 1:
-        raise ValueError(f"--every: expected an integer >= 1, got {args.every}")
-    formats = tuple(f for f in args.format.split(",") if f)
+        raise ConfigError("every", f"expected an integer >= 1, got {args.every}")
+    formats = tuple(f for f in args.formats.split(",") if f)
     parts = Parts(**args.options.values(args, Parts))
     if args.calibrate:
         return _calibrate(args, parts)
     result, summary = branch_episode(args.file, args.episode, args.chunk, args.n, seed=args.seed, control=not args.no_control,
-                             out=args.out, formats=formats, actors=args.actors, parts=parts, address=args.address)  # fmt: skip
+                             out=args.out, formats=formats, actors=args.actors, parts=parts, address=args.address, env=args.env)  # fmt: skip
     for row in summary["branches"]:
-        print(f"branch {row['branch']:>3} ({row['noise']:<6}) seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
+        print(f"branch {row['branch']:>3} {'(' + row['noise'] + ')':<8} seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
     print(result.mc.line())
     print(f"control: {summary['control']}")
     print(f"wrote {len(result.records)} branch episode(s) to {summary['out']} (replay: rollcap replay {summary['out']})")
@@ -171,15 +189,19 @@ def _host(rec, env, policy, critic):
 
 
 def _calibrate(args, parts) -> int:
-    from rollcap.rollout.offline.calibrate import calibrate, load_for_calibration
+    from rollcap.rollout.errors import ConfigError
+    from rollcap.rollout.offline.calibrate import calibrate, check_calibration, load_for_calibration
 
-    if args.actors < 0 or args.n < 2:
-        raise ValueError(f"--n: calibration needs at least 2 branches per boundary, got {args.n}" if args.n < 2 else f"--actors: expected an integer >= 0, got {args.actors}")
+    if args.actors < 0:
+        raise ConfigError("actors", f"expected an integer >= 0, got {args.actors}")
+    _check_address(args.address, args.actors)
     parents = load_for_calibration(args.file, args.episode)
     out = args.out or Path("runs") / "calibration"
-    first = parents[0][1]
-    _check_address(args.address, args.actors)
-    with _Built(parts, first, args.file, args.actors, args.address) as (host, pool):
+    try:
+        check_calibration(parents, None, args.n, out)  # before building anything; calibrate() checks the parents against the env too
+    except ImportError as err:  # matplotlib, for the plot: --calibrate cannot work here
+        raise ConfigError("calibrate", str(err)) from None
+    with _Built(parts, parents[0][1], args.file, args.actors, args.address, args.env) as (host, pool):
         env, policy, critic = host.env, host.policy, host.critic
         report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
     print(json.dumps(report["stats"], indent=2))

@@ -164,9 +164,10 @@ def cmd_replay(args) -> int:
 
 
 def _check_replay_env(args, rec, source: str) -> None:
-    """An explicit --env / --env-kwargs must name the recording's env."""
-    if args.env is not None and args.env != rec.env_id:
-        raise UserError(f"--env {args.env}: {source} was recorded in {rec.env_id}; replay runs the recording's env (drop --env)")
+    """An explicit --env / --env-kwargs must name the recording's env (--env module:id may name a recording of id)."""
+    from rollcap.rollout.build import named_env
+
+    named_env(rec.env_id, args.env, source)
     if args.env_kwargs is not None and args.env_kwargs != rec.env_kwargs:
         raise UserError(f"--env-kwargs {json.dumps(args.env_kwargs)}: {source} was recorded with {json.dumps(rec.env_kwargs)}; replay uses the recording's")
 
@@ -235,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", type=Path, help="npz files, HDF5 files or run directories")
     p.add_argument("--mode", default="policy,env,closed", help="comma list of policy,env,closed (default: all)")
     p.add_argument("--accept-not-comparable", action="store_true", help="exit 0 when episodes recorded on another deployment fingerprint could only be compared, not proven exact")
-    p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise")
+    p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env")
     p.add_argument("--env-kwargs", default=None, type=_json_object, metavar="JSON", help="must equal the recording's (replay always uses the recording's env kwargs)")
     p.add_argument("--actors", type=int, default=0, metavar="N", help="replay on N Ray actors (0: in this process); output and verdicts are the same; needs pip install 'rollcap[ray]'")
     p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")

@@ -6,7 +6,10 @@ Each field of a config dataclass becomes one flag: its name (``max_chunks`` ->
 as a comma list, ``dict`` as JSON), its default, and its help from the
 docstring written under the field. :func:`values` turns parsed arguments back
 into field values. A :class:`~rollcap.rollout.errors.ConfigError` names a
-field; :meth:`Options.flag` maps it to the flag the user typed.
+field; :meth:`Options.flag` maps it to the flag the user typed, and
+:meth:`Options.spell` writes the field names a message quotes in backticks
+(`` `resume=True` ``, `` `actors` ``) as flags (``--resume``, ``--actors``), so
+one message serves both the Python API and the command line.
 
 Knows nothing of rollouts: any dataclass works.
 """
@@ -18,6 +21,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import re
 import textwrap
 import types
 import typing
@@ -98,7 +102,7 @@ class Options:
 
     def __init__(self, parser: argparse.ArgumentParser):
         self.parser = parser
-        self._flags: dict[str, str] = {}  # field name -> flag
+        self._flags: dict[str, argparse.Action] = {}  # field name -> its flag's action
         self._dest: dict[type, dict[str, str]] = {}
 
     def add(self, cls: type, flags: dict[str, str] | None = None, skip: tuple[str, ...] = (), help: dict[str, str] | None = None) -> None:
@@ -118,7 +122,7 @@ class Options:
             dest = f"{cls.__name__}.{f.name}"
             tp = hints[f.name]
             if tp is bool:
-                group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
+                action = group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
             else:
                 conv, extra = _converter(tp)
                 if "choices" not in extra:
@@ -126,14 +130,45 @@ class Options:
                 shown = ",".join(default) if isinstance(default, tuple) else default
                 said = "default" in text.lower()  # the docstring already says what the default is
                 suffix = "" if said or default is None or default == {} else f" (default: {shown})"
-                group.add_argument(flag, dest=dest, type=conv, default=default, help=(text + suffix).replace("%", "%%"), **extra)
+                action = group.add_argument(flag, dest=dest, type=conv, default=default, help=(text + suffix).replace("%", "%%"), **extra)
             dests[f.name] = dest
-            self._flags[f.name] = flag
+            self._flags[f.name] = action
 
     def values(self, args: argparse.Namespace, cls: type) -> dict[str, Any]:
         """The parsed values of ``cls``'s fields, by field name."""
         return {name: getattr(args, dest) for name, dest in self._dest[cls].items()}
 
+    def _action(self, field: str) -> argparse.Action | None:
+        if field in self._flags:
+            return self._flags[field]
+        # an option the command declares itself (branch --chunk, replay --actors): its dest is the field's name
+        return next((a for a in self.parser._actions if a.dest == field and a.option_strings), None)
+
     def flag(self, field: str) -> str | None:
-        """The flag of a field name (None if no flag was made for it)."""
-        return self._flags.get(field)
+        """The flag of a field name: a config field's, or an option of the parser with that dest (None: the command has none)."""
+        action = self._action(field)
+        return None if action is None else action.option_strings[0]
+
+    def spell(self, text: str) -> str:
+        """``text`` with each quoted field name written as this command's flag.
+
+        A message quotes a field in backticks, `` `name` `` or `` `name=value` ``:
+        `` `resume=True` `` becomes ``--resume``, `` `resume=False` `` ``--no-resume``,
+        `` `actors=N` `` ``--actors N``. A name the command has no flag for is left as it is.
+        """
+
+        def one(m: re.Match) -> str:
+            action = self._action(m["name"])
+            if action is None:
+                return m[0]
+            flag = action.option_strings[0]
+            if m["value"] is None:
+                return flag
+            if isinstance(action, argparse.BooleanOptionalAction) and m["value"] in ("True", "False"):
+                return flag if m["value"] == "True" else "--no-" + flag[2:]
+            return f"{flag} {m['value']}"
+
+        return _QUOTED.sub(one, text)
+
+
+_QUOTED = re.compile(r"`(?P<name>[a-z_][a-z0-9_]*)(?:=(?P<value>[^`]*))?`")

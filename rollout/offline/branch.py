@@ -57,6 +57,19 @@ class PrefixDiverged(ValueError):
 
 
 # ------------------------------------------------------------ the boundary
+def check_branchable(rec: EpisodeRecord, env, parent: str = "") -> None:
+    """Refuse an episode no boundary of which can be put back: no exact state, or real-time chunking (cheap: runs nothing).
+
+    Raises:
+        ConfigError: naming the file (``parent``) and the episode.
+    """
+    where = f"{parent}: " if parent else ""
+    if "rtc_carried" in rec.chunks:
+        raise ConfigError("chunk", f"{where}episode {rec.index} used real-time chunking; branching it is not supported yet (the chunk its policy carries is not restored at a boundary)")
+    if exact_state_of(env) is None or not rec.initial_state:
+        raise ConfigError("env_id", f"{where}episode {rec.index} ({rec.env_id}) has no exact state to branch from")
+
+
 def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "") -> dict[int, Resume]:
     """The boundaries at the start of ``chunks`` of ``rec``, each a :class:`Resume` (one pass over the prefix).
 
@@ -73,13 +86,11 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
     wanted = sorted({int(k) for k in chunks})
     if not wanted:
         return {}
+    where = f"{parent}: " if parent else ""
     if wanted[0] < 0 or wanted[-1] >= rec.num_chunks:
-        raise ConfigError("chunk", f"episode {rec.index} has chunks 0..{rec.num_chunks - 1}, got {wanted[-1] if wanted[-1] >= 0 else wanted[0]}")
-    if "rtc_carried" in rec.chunks:
-        raise ConfigError("chunk", f"episode {rec.index} used real-time chunking; branching it is not supported yet (the chunk its policy carries is not restored at a boundary)")
+        raise ConfigError("chunk", f"{where}episode {rec.index} has chunks 0..{rec.num_chunks - 1}, got {wanted[-1] if wanted[-1] >= 0 else wanted[0]}")
+    check_branchable(rec, env, parent)
     layer = exact_state_of(env)
-    if layer is None or not rec.initial_state:
-        raise ConfigError("env_id", f"episode {rec.index} ({rec.env_id}) has no exact state to branch from")
     starts = rec.chunks["chunk_start"]
     values = tuple(float(v) for v in rec.chunks["critic_value"])
     base = offset_of(rec)  # a parent that itself began mid-way (a branch, a retry): counts continue from there
@@ -149,15 +160,24 @@ def continuation_diff(parent: EpisodeRecord, chunk: int, control: EpisodeRecord)
 
 
 # ------------------------------------------------------------ MC values
-def max_steps_of(rec: EpisodeRecord, env=None) -> int:
-    """The episode step limit the critic's target divides by (the env's ``max_steps`` / time limit)."""
-    dyn = rec.fingerprints.get("env", {}).get("dynamics", {})
-    if "max_steps" in dyn:
-        return int(dyn["max_steps"])
+def max_steps_of(rec: EpisodeRecord, env=None, source: str = "") -> int:
+    """The episode step limit the critic's target divides by: the recorded env's ``max_steps`` or time limit, else ``env``'s.
+
+    Raises:
+        ConfigError: neither the recording nor ``env`` has one (``source``: the file, named in the message).
+    """
+    fp = rec.fingerprints.get("env", {})
+    if "max_steps" in fp.get("dynamics", {}):
+        return int(fp["dynamics"]["max_steps"])
+    limits = [int(n) for n in fp.get("time_limits") or () if n]  # gymnasium TimeLimit wrappers (an adapted env's fingerprint)
+    if limits:
+        return min(limits)
     limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
     if limit:
         return int(limit)
-    raise ConfigError("env_id", f"{rec.env_id}: no step limit known (env fingerprint dynamics.max_steps or a TimeLimit); the critic's target needs one")
+    where = f"{source}: " if source else ""
+    raise ConfigError("env_id", f"{where}episode {rec.index} ({rec.env_id}) has no step limit (none recorded in its env fingerprint, no TimeLimit), "
+                      "and the critic's value target is -steps/limit: episodes of an env without one cannot be used")  # fmt: skip
 
 
 def value_target(rec: EpisodeRecord, max_steps: int) -> float:
@@ -249,7 +269,8 @@ def run_branches(host, rec: EpisodeRecord, chunk: int, n: int, *, control: bool 
         seed: derive the branch seeds from this instead of the parent's seed.
     """
     if n < 0 or (n == 0 and not control):
-        raise ConfigError("n", f"expected at least one branch, got n={n}{' without the control' if not control else ''}")
+        raise ConfigError("n", f"expected at least one branch, got `n={n}`{' without the control' if not control else ''}")
+    max_steps = max_steps_of(rec, host.env, parent)  # before anything runs
     t0 = time.perf_counter()
     if at is None:
         at = boundaries(rec, host.env, [chunk], parent)[chunk]
@@ -267,7 +288,7 @@ def run_branches(host, rec: EpisodeRecord, chunk: int, n: int, *, control: bool 
         records = [got[b] for _, _, b in todo]
     for r in records if recorder is not None else ():
         recorder.write(r)
-    result = BranchResult(records, mc_value(rec, chunk, records, max_steps_of(rec, host.env)), fingerprint_diff=fp, restore_s=restore_s)
+    result = BranchResult(records, mc_value(rec, chunk, records, max_steps), fingerprint_diff=fp, restore_s=restore_s)
     if control:
         result.control_diff = continuation_diff(rec, chunk, records[0])
     result.wall_s = time.perf_counter() - t0

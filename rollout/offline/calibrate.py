@@ -21,20 +21,48 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.kernels.files import atomic_write, canonical_json
-from rollcap.rollout.offline.branch import boundaries, run_branches
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.offline.branch import boundaries, check_branchable, max_steps_of, run_branches
 from rollcap.rollout.recording.runs import episodes_of
 
 
 def load_for_calibration(path, episode: int | None = None) -> list[tuple[str, object]]:
-    """``(source, record)`` of every readable episode at ``path`` (or episode ``episode`` only).
+    """``(source, record)`` of every readable episode at ``path`` (or episode ``episode`` only), all of one env.
 
     Raises:
-        ValueError: nothing to calibrate on (no such episode, or every one damaged).
+        ConfigError: nothing to calibrate on (no such episode, or every one damaged; naming ``episode``
+            when one was asked for), or episodes of more than one env.
     """
     items = [(s, r) for s, r in episodes_of(path) if not isinstance(r, Exception) and (episode is None or r.index == episode)]
     if not items:
-        raise ValueError(f"{path}: no readable episode{'' if episode is None else f' {episode}'} to calibrate on")
+        raise ConfigError("episode" if episode is not None else "path", f"{path}: no readable episode{'' if episode is None else f' {episode}'} to calibrate on")
+    env = (items[0][1].env_id, canonical_json(items[0][1].env_kwargs))
+    for source, rec in items[1:]:
+        if (rec.env_id, canonical_json(rec.env_kwargs)) != env:
+            raise ConfigError("episode", f"{source}: episode {rec.index} was recorded in {rec.env_id} {canonical_json(rec.env_kwargs)}, "
+                              f"episode {items[0][1].index} in {env[0]} {env[1]}; calibrate one env at a time (pick one with `episode`)")  # fmt: skip
     return items
+
+
+def check_calibration(parents, env, n: int, out) -> None:
+    """Everything :func:`calibrate` would otherwise find late, checked before anything runs or is written.
+
+    ``env``: the parents' env (``None``: the checks that need none, before it is built).
+
+    Raises:
+        ConfigError: ``n`` < 2, ``out`` a file, or a parent that cannot be branched (no exact state,
+            real-time chunking, no step limit; naming its file).
+        ImportError: matplotlib missing (the reliability plot).
+    """
+    if n < 2:
+        raise ConfigError("n", f"calibration needs at least 2 branches per boundary for an interval, got {n}")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"{out} exists and is not a directory")
+    _figure()
+    for source, rec in parents if env is not None else ():
+        check_branchable(rec, env, str(source))
+        max_steps_of(rec, env, str(source))
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -77,12 +105,17 @@ def calibrate(parents, host_for: Callable, n: int, every: int, out, *, pool=None
         pool: run the branches on Ray actors (see :func:`~rollcap.rollout.offline.branch.run_branches`).
 
     Returns the report (``points`` per boundary and ``stats``).
+
+    Raises:
+        ConfigError / ImportError: as :func:`check_calibration`, before anything runs.
     """
-    if n < 2:
-        raise ValueError(f"--n: calibration needs at least 2 branches per boundary for an interval, got {n}")
+    if not parents:
+        raise ValueError("calibrate: no parent episodes")
+    first = host_for(parents[0][1])
+    check_calibration(parents, first.env, n, out)  # the parents share one env (load_for_calibration)
     points = []
-    for source, rec in parents:
-        host = host_for(rec)
+    for i, (source, rec) in enumerate(parents):
+        host = first if i == 0 else host_for(rec)
         ks = list(range(0, rec.num_chunks, every))
         for k, at in boundaries(rec, host.env, ks, parent=str(source)).items():
             res = run_branches(host, rec, k, n, control=False, parent=str(source), at=at, pool=pool, seed=seed)
@@ -98,17 +131,21 @@ def calibrate(parents, host_for: Callable, n: int, every: int, out, *, pool=None
     return report
 
 
+def _figure():
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as err:
+        raise ImportError("the reliability plot needs matplotlib: pip install 'rollcap[plot]'") from err
+    return Figure
+
+
 def plot_reliability(report: dict, png_path, bins: int = 10) -> Path:
     """The reliability plot: each boundary's Monte-Carlo value (95% interval) against the critic's, binned means, the diagonal.
 
     Raises:
         ImportError: matplotlib is not installed (``pip install 'rollcap[plot]'``).
     """
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as err:
-        raise ImportError("the reliability plot needs matplotlib: pip install 'rollcap[plot]'") from err
-
+    Figure = _figure()
     pts = report["points"]
     critic = np.array([p["critic"] for p in pts])
     mc = np.array([[*p["value"]] for p in pts]).reshape(-1, 3)

@@ -62,8 +62,14 @@ class ReplayResult:
 
     @classmethod
     def could_not(cls, source, mode: str, err: BaseException, episode: int | None = None) -> ReplayResult:
-        """An episode that could not be replayed: reported, counted as failed, never as exact."""
-        return cls(episode, mode, False, error=str(err), source=str(source))
+        """An episode that could not be replayed: reported, counted as failed, never as exact.
+
+        A :class:`~rollcap.rollout.errors.ConfigError` about the recording says its problem only
+        (it names the file; its field is a parameter name, not something the reader of a replay typed).
+        """
+        from rollcap.rollout.errors import ConfigError
+
+        return cls(episode, mode, False, error=err.problem if isinstance(err, ConfigError) else str(err), source=str(source))
 
     @property
     def status(self) -> str:
@@ -98,7 +104,7 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     not comparable): an episode that was skipped or could not be read never counts as exact.
     """
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    episodes = len({(r.source, r.episode) for r in results})
+    episodes = len({(r.source, r.episode) if r.episode is not None else (r.source, id(r)) for r in results})  # an unreadable one has no index
     modes = sorted({r.mode for r in results if r.mode != "all"})
     ok = bool(results) and counts["diverged"] == counts["failed"] == 0 and (accept_not_comparable or counts["not comparable"] == 0)
     text = ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -288,6 +294,7 @@ class Replayer:
                     res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, self.policy, self.critic))
             except (ValueError, KeyError, TypeError) as err:
                 res = ReplayResult.could_not(source, mode, err, rec.index)
+            res.source = str(source)  # every mode's result names the episode's file: the summary counts episodes by (file, index)
             out.append(res)
         return out
 

@@ -77,14 +77,32 @@ class Collected:
     """Per input run: path, episodes, successes, digests of its seeds and of its episodes, the weights digests and config it was made with."""
 
 
-def _max_steps(rec) -> int:
+def _max_steps(rec, source: str = "") -> int:
     from rollcap.rollout.offline.branch import max_steps_of
 
-    return max_steps_of(rec)
+    return max_steps_of(rec, source=source)
 
 
-def episode_steps(rec, horizon: int, image_key: str, max_tokens: int) -> dict:
-    """One episode's per-step arrays and its row (see :class:`Steps`)."""
+def check_readable(rec, spec, source: str = "") -> None:
+    """Refuse an episode whose observations a policy with observation spec ``spec`` cannot read (recap learns on them).
+
+    Raises:
+        ConfigError: (field ``runs``) naming the file, the env and what it recorded against what the policy reads.
+    """
+    from rollcap.rollout.errors import ConfigError
+
+    want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
+    have = {k: tuple(np.shape(v)) for k, v in rec.final_obs.items()}
+    if any(have.get(k) != shape for k, shape in want.items()):
+        where = f"{source}: " if source else ""
+        recorded = ", ".join(f"{k} {v}" for k, v in have.items()) or "nothing"
+        needed = ", ".join(f"{k} {v}" for k, v in want.items())
+        raise ConfigError("runs", f"{where}episode {rec.index} was recorded in {rec.env_id}, whose observations the policy cannot read "
+                          f"(recorded {recorded}; it reads {needed}): recap learns only from runs of an env the policy reads")  # fmt: skip
+
+
+def episode_steps(rec, horizon: int, image_key: str, max_tokens: int, source: str = "") -> dict:
+    """One episode's per-step arrays and its row (see :class:`Steps`); ``source``: its file, named in errors."""
     from rollcap.policies import tokenize
 
     t_len = rec.num_steps
@@ -106,7 +124,7 @@ def episode_steps(rec, horizon: int, image_key: str, max_tokens: int) -> dict:
     censored = rec.stop_reason not in NATURAL_ENDS
     row = {
         "index": int(rec.index), "seed": int(rec.seed), "task": rec.env_id, "env_kwargs": plain_json(rec.env_kwargs or {}), "steps": int(t_len), "success": bool(rec.success),
-        "stop_reason": rec.stop_reason, "censored": bool(censored and not rec.success), "max_steps": _max_steps(rec),
+        "stop_reason": rec.stop_reason, "censored": bool(censored and not rec.success), "max_steps": _max_steps(rec, source),
         "humans": int(np.count_nonzero(rec.steps["actor"] == ACTOR_HUMAN)), "branch_of": _branch_of(rec),
         "critic_at_boundaries": rec.chunks["critic_value"].astype(float).tolist(),
     }  # fmt: skip
@@ -134,11 +152,14 @@ def _branch_of(rec) -> dict | None:
     return {"parent": str(o.get("parent", o.get("file", ""))), "episode": int(o.get("episode", -1)), "chunk": int(o.get("chunk", -1))}
 
 
-def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_tokens: int = 48) -> tuple[Steps, list[dict]]:
+def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_tokens: int = 48, spec=None) -> tuple[Steps, list[dict]]:
     """Every episode of the run directories (or recording files) ``paths``, streamed, as :class:`Steps`.
+
+    ``spec``: the policy's observation spec; an episode it cannot read is refused (:func:`check_readable`).
 
     Raises:
         ValueError: a path with no episodes (naming it).
+        ConfigError: an episode the policy cannot read, or without a step limit (naming its path).
         CorruptEpisode / FileNotFoundError: as :func:`~rollcap.rollout.offline.inspect.iter_any`.
     """
     from rollcap.rollout.recording import iter_any
@@ -148,7 +169,9 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
         n0 = len(rows)
         fps, seeds, digests = set(), [], []
         for rec in iter_any(path):
-            one = episode_steps(rec, horizon, image_key, max_tokens)
+            if spec is not None:
+                check_readable(rec, spec, str(path))
+            one = episode_steps(rec, horizon, image_key, max_tokens, str(path))
             one["row"]["source"] = str(path)
             for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan"):
                 cols[k].append(one[k])
@@ -209,7 +232,7 @@ def collect(paths, *, demos: int = 200, seed: int = 0, policy_cfg=None, log=lamb
     from rollcap.rollout.learn.training import collect_demos
 
     tc = demo_config(seed, demos, policy_cfg)
-    steps, runs = read_runs([Path(p) for p in paths], tc.policy.horizon, tc.policy.image_keys[0], tc.policy.max_tokens)
+    steps, runs = read_runs([Path(p) for p in paths], tc.policy.horizon, tc.policy.image_keys[0], tc.policy.max_tokens, tc.policy.obs_spec)
     log(f"collect: {len(steps.episodes)} episodes, {len(steps)} steps from {len(runs)} run(s); "
         f"{sum(r['success'] for r in steps.episodes)} successes, {sum(r['censored'] for r in steps.episodes)} censored, {int(steps.human.sum())} human steps")  # fmt: skip
     d = collect_demos(tc) if demos else None

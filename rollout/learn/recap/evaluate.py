@@ -38,10 +38,16 @@ def stream_seeds(seed: int, stream: int, n: int) -> list[int]:
 
 
 def check_disjoint(seeds: list[int], used: set[int], what: str) -> None:
-    """Refuse ``seeds`` that share one with ``used`` (the collected and demonstration seeds)."""
+    """Refuse ``seeds`` that share one with ``used`` (the collected and demonstration seeds).
+
+    Raises:
+        ConfigError: naming ``seed`` (the iteration seed the streams derive from).
+    """
+    from rollcap.rollout.errors import ConfigError
+
     both = sorted(set(seeds) & used)
     if both:
-        raise ValueError(f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another --seed")
+        raise ConfigError("seed", f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another `seed`")
 
 
 def successes(model, seeds: list[int], execute_steps: int, env: tuple[str, dict] | None = None, threads: int = 1) -> np.ndarray:
