@@ -26,9 +26,9 @@ EPISODES = 40
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A head and a worker node with one CPU each, on loopback; node deaths noticed within about 5-10 s."""
+    """A head and a worker node with one CPU each, on loopback; node deaths noticed within about 10-15 s."""
     pytest.importorskip("ray")
-    fast = {"health_check_period_ms": 1000, "health_check_timeout_ms": 3000, "health_check_failure_threshold": 5}
+    fast = {"health_check_period_ms": 1000, "health_check_timeout_ms": 3000, "health_check_failure_threshold": 10}  # ~10-13 s: a busy machine must not fail a live node
     # a throwaway cluster without token auth: this test is about node death
     with two_node_cluster({"RAY_AUTH_MODE": "disabled"}, _system_config=fast) as c:
         yield c
@@ -62,7 +62,7 @@ def test_a_raylet_killed_mid_run_loses_nothing_and_the_run_finishes_without_a_ne
     from rollcap.rollout.cli import main
     from rollcap.rollout.ray import actors
 
-    monkeypatch.setattr(actors, "REPLACE_TIMEOUT_S", 2.0)  # the survivor has most of the run left
+    monkeypatch.setattr(actors, "REPLACE_TIMEOUT_S", 0.2)  # well inside the survivor's 38 episodes (~2 s even on a quiet machine): the drop is seen
     names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False, "seed": 9, "max_chunks": 6}
     local = rollcap.run(EPISODES, out=tmp_path / "local", **names)
     kill = _KillWorkerRaylet(cluster)
@@ -73,7 +73,7 @@ def test_a_raylet_killed_mid_run_loses_nothing_and_the_run_finishes_without_a_ne
     assert (s["episodes"], s["failed"], s["nodes"], s["actors_dropped"]) == (EPISODES, {}, 2, 1), s
     assert s["actors_replaced"] >= 1
     assert [line for line in err.splitlines() if "replacement actor" in line] == [
-        "rollcap: a replacement actor was not ready within 2 s (no node has 1 CPU(s) / 0 GPU(s) free for it); going on with 1 actor(s)"
+        "rollcap: a replacement actor was not ready within 0.2 s (no node has 1 CPU(s) / 0 GPU(s) free for it); going on with 1 actor(s)"
     ]
     with ManifestWriter(result.run_dir, resume=True) as m:  # every format of every shard read back, digests against the manifest
         assert [r.index for r in m.verify()] == list(range(EPISODES))
