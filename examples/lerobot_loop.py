@@ -25,9 +25,9 @@ from pathlib import Path
 class Args:
     out: Path = Path("runs/lerobot_loop")
     """Directory for the demos, the dataset, the training run and the evaluation run."""
-    demos: int = 400
-    """Expert episodes recorded (`--policy expert:0.2`: the scripted expert with Gaussian action noise from the host's noise)."""
-    steps: int = 6000
+    demos: int = 500
+    """Expert episodes recorded (`--policy expert:0.05`: the scripted expert with Gaussian action noise from the host's noise)."""
+    steps: int = 5000
     """lerobot-train steps."""
     episodes: int = 20
     """Evaluation episodes under rollcap's host with the shipped critic."""
@@ -50,11 +50,11 @@ def sh(*cmd) -> None:
 def main(args: Args) -> None:
     rollcap = (sys.executable, "-m", "rollcap.rollout.cli")
     out = args.out
-    sh(*rollcap, "run", "--policy", "expert:0.2", "--critic", "none", "--episodes", args.demos, "--seed", args.seed, "--format", "npz", "--out", out / "demos")
+    sh(*rollcap, "run", "--policy", "expert:0.05", "--critic", "none", "--episodes", args.demos, "--seed", args.seed, "--format", "npz", "--out", out / "demos")
     sh(*rollcap, "export", out / "demos", "--to", "lerobot", "--root", out / "dataset", "--obs-keys", "state", "--instruction-dims", "32", "--extras", "")
     sh(
         Path(sys.executable).with_name("lerobot-train"), "--dataset.repo_id=rollcap/dataset", f"--dataset.root={out / 'dataset'}", *ACT,
-        f"--steps={args.steps}", "--batch_size=64", "--num_workers=0", f"--save_freq={args.steps}", "--log_freq=200", "--seed=1000",
+        f"--steps={args.steps}", "--batch_size=32", "--num_workers=0", f"--save_freq={args.steps}", "--log_freq=200", "--seed=1000",
         "--wandb.enable=false", f"--output_dir={out / 'train'}",
     )
     policy = f"lerobot:{out / 'train' / 'checkpoints' / 'last' / 'pretrained_model'}"
