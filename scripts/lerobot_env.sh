@@ -6,7 +6,7 @@
 #   $ROLLCAP_LEROBOT_VENV, default .venv-lerobot in the repository root.
 # It holds lerobot (extras dataset, training, diffusers-dep), a torch its pin admits (torch==2.11.0: PyPI has no CPU-only
 # x86_64 wheel of any admitted version, so this is the CUDA build; it runs on CPU),
-# minari==0.5.4, h5py, pytest, Ray (rollcap's `ray` extra: `rollcap run --policy
+# minari==0.5.4, h5py, pytest, matplotlib (`rollcap inspect --plot`), Ray (rollcap's `ray` extra: `rollcap run --policy
 # lerobot:DIR --actors N`) and rollcap itself (editable, --no-deps, then rollcap's
 # own dependencies minus torch, all in one resolve with lerobot's).
 #
@@ -44,7 +44,7 @@ ready() {
   [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$REPO" <<'PY' 2>/dev/null
 import os, sys
 from importlib.metadata import version
-import diffusers, h5py, lerobot.datasets, minari, pytest, ray, rollcap, torch  # noqa: F401
+import diffusers, h5py, lerobot.datasets, matplotlib, minari, pytest, ray, rollcap, torch  # noqa: F401
 assert version("lerobot") == "0.6.1" and version("minari") == "0.5.4"
 assert os.path.realpath(os.path.dirname(rollcap.__file__)) == os.path.realpath(os.path.join(sys.argv[1], "rollcap"))
 PY
@@ -67,7 +67,7 @@ PY
   pipi() { "$VENV/bin/python" -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1 ||
            { tail -n 30 "$log" >&2; echo "lerobot_env.sh: pip install failed; full log: $log" >&2; exit 1; }; }
   pipi --upgrade pip
-  pipi "$LEROBOT" "$TORCH" "$MINARI" h5py pytest "${deps[@]}"
+  pipi "$LEROBOT" "$TORCH" "$MINARI" h5py pytest "matplotlib>=3.7" "${deps[@]}"
   pipi --no-deps -e .
   ready || { echo "lerobot_env.sh: installed, but the check import failed; see $log" >&2; exit 1; }
 fi
