@@ -48,8 +48,41 @@ _NOT_BITS = frozenset({"device", "pretrained_path", "pretrained_backbone_weights
 """Config fields that do not change a chunk's bits (where it came from or is published; the device is in the fingerprint already)."""
 
 
+INSTRUCTION_FEATURE = "observation.environment_state"
+"""Where an exported instruction goes for policies without a language input (ACT and Diffusion Policy read this feature)."""
+INSTRUCTION = "instruction"
+
+
+def instruction_vector(text: str, dims: int) -> np.ndarray:
+    """A float32 ``[dims]`` hashed bag of words of ``text`` (word -> sha256 bucket, counted).
+
+    The instruction as a vector for policies that read no language (ACT,
+    Diffusion Policy): ``export_lerobot(..., instruction_dims=N)`` writes it as
+    :data:`INSTRUCTION_FEATURE`, and :class:`LeRobotPolicy` computes the same
+    from each observation's instruction. The built-in task's 9 instructions
+    give 9 different vectors at 16, 24, 32 and 64 dims.
+    """
+    if not isinstance(dims, int) or isinstance(dims, bool) or dims < 1:
+        raise ValueError(f"instruction_dims: expected an integer >= 1, got {dims!r}")
+    out = np.zeros(dims, np.float32)
+    for word in str(text).lower().split():
+        out[int.from_bytes(hashlib.sha256(word.encode()).digest()[:4], "little") % dims] += 1.0
+    return out
+
+
+def quiet_import_logs() -> None:
+    """Keep lerobot's import-time noise off the terminal (a multi-page torchcodec traceback when FFmpeg is absent; it falls
+    back to pyav, and rollcap decodes no video) and the datasets library's per-episode progress bars."""
+    import logging
+    import os
+
+    logging.getLogger("lerobot.utils.import_utils").setLevel(logging.ERROR)
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
+
 def require_lerobot():
     """Import and return the ``lerobot`` package, or raise ImportError saying how to get it."""
+    quiet_import_logs()
     try:
         import lerobot
     except ImportError as err:
@@ -62,13 +95,15 @@ def map_features(features: Mapping[str, Any], obs_keys, keys: Mapping[str, str] 
 
     Defaults: ``observation.state`` <- ``state`` (or ``proprio``);
     ``observation.images.X`` <- ``image_X`` (or ``X``); ``observation.image``
-    <- the one ``image_*`` key; ``observation.Y`` <- ``Y``. ``keys`` overrides
-    any of them.
+    <- the one ``image_*`` key; ``observation.Y`` <- ``Y``;
+    :data:`INSTRUCTION_FEATURE` <- ``environment_state``, else the instruction
+    (as :func:`instruction_vector`). ``keys`` overrides any of them.
 
     Raises:
         ValueError: one line naming the feature that has no key.
     """
-    obs_keys = [k for k in obs_keys if k != "instruction"]
+    has_instruction = INSTRUCTION in obs_keys
+    obs_keys = [k for k in obs_keys if k != INSTRUCTION] + ([INSTRUCTION] if has_instruction else [])
     keys = dict(keys or {})
     unknown = sorted(set(keys) - set(features))
     if unknown:
@@ -87,7 +122,7 @@ def map_features(features: Mapping[str, Any], obs_keys, keys: Mapping[str, str] 
         elif name == "observation.image":
             tried = images if len(images) == 1 else ["image", name]
         else:
-            tried = [short, name]
+            tried = [short, name] + ([INSTRUCTION] if name == INSTRUCTION_FEATURE else [])
         found = next((k for k in tried if k in obs_keys), None)
         if found is None:
             shape = tuple(getattr(feat, "shape", ()) or ())
@@ -203,7 +238,9 @@ class LeRobotPolicy:
             raise ValueError(f"noise: expected finite float32 {self.chunk_shape}, got {noise.dtype} {noise.shape}")
         batch: dict[str, Any] = {}
         for name, key in self._map(obs).items():
-            batch[name] = _to_feature(name, self.cfg.input_features[name], obs[key])
+            feat = self.cfg.input_features[name]
+            value = instruction_vector(obs[key], int(feat.shape[0])) if key == INSTRUCTION else obs[key]
+            batch[name] = _to_feature(name, feat, value)
         batch["task"] = [str(obs.get("instruction", ""))]
         with torch.inference_mode():
             batch = self.preprocessor(batch)
@@ -229,6 +266,9 @@ class LeRobotPolicy:
         if self.takes_noise and not self.injects:
             return {**self._static_fp, "draw": uuid.uuid4().hex}  # unrecorded RNG draws: never equal to another call's
         return dict(self._static_fp)
+
+    def close(self) -> None:
+        """Nothing to release (the host calls it when the run ends)."""
 
     # -- internals -----------------------------------------------------------
     def _map(self, obs: Mapping[str, Any]) -> dict[str, str]:

@@ -37,6 +37,7 @@ __all__ = [
     "RunResult",
     "Subscriber",
     "branch",
+    "export",
     "load",
     "make_env",
     "recap",

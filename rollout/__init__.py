@@ -42,6 +42,7 @@ _NAMES = {
     "Interrupted": "api",
     "make_env": "build",
     "load_any": "recording",
+    "export": "recording.exporters",
     "branch_episode": "cli.branch",
     "recap": "learn.recap",
     "RecapConfig": "learn.recap",

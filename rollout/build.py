@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import gymnasium as gym
+import numpy as np
 import torch
-
 from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 from rollcap.critics import CriticRunner, load_critic
 from rollcap.kernels.lanes import make_lane
@@ -34,7 +35,7 @@ class Parts:
     env_kwargs: dict | None = None
     """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
     policy: Path = DEFAULT_POLICY
-    """Policy checkpoint (.json or .safetensors; default: the shipped one)."""
+    """Policy checkpoint (.json or .safetensors; default: the shipped one); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the scripted expert of the built-in task (STD: Gaussian action noise from the host's noise)."""
     critic: Path | None = DEFAULT_CRITIC
     """Critic checkpoint (default: the shipped one); 'none' runs without a critic."""
     device: str = "cpu"
@@ -47,6 +48,7 @@ class Parts:
     def __post_init__(self):
         if self.critic is not None and str(self.critic).lower() == "none":
             object.__setattr__(self, "critic", None)
+        _check_policy_name(self)
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ConfigError("threads", f"expected an integer >= 1, got {self.threads!r}")
         try:
@@ -93,7 +95,7 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
     Raises:
         ConfigError: unknown id or bad kwargs (naming ``env_id`` / ``env_kwargs``).
     """
-    import rollcap.envs as envs  # registers rollcap/*
+    from rollcap import envs  # registers rollcap/*
 
     module, plain = split_env_id(env_id)
     if source is not None and (plain not in gym.registry or (module is not None and module not in sys.modules)):
@@ -181,10 +183,17 @@ def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
 def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None = None) -> tuple[PolicyRunner, CriticRunner | None]:
     """Load the checkpoints and capture their graphs, each on its own lane (no critic if ``parts.critic`` is None).
 
+    ``parts.policy`` ``lerobot:DIR`` is a :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager) and
+    ``expert[:STD]`` an :class:`ExpertPolicy`; neither carries a prefix, so ``rtc`` is refused by the host.
+
     With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
     ``rtc``: the policy is an :class:`~rollcap.policies.rtc.RTCPolicyRunner` (real-time chunking, ``HostConfig.chunking`` naive / rtc).
     ``source``: the recording ``env`` was read from: a model that cannot read it is the one to change (the error names ``policy`` / ``critic`` and the file).
     """
+    named = _named_policy(parts, env)
+    if named is not None:
+        critic = make_critic(parts, env) if parts.critic is not None else None
+        return named, critic
     model = load_policy(parts.policy)
     if env is not None:
         check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
@@ -199,3 +208,127 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
     if env is not None:
         check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
     return CriticRunner(model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads))
+
+
+# ------------------------------------------------------- named policies
+LEROBOT_PREFIX, EXPERT = "lerobot:", "expert"
+
+
+def named_policy(policy) -> tuple[str, str] | None:
+    """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path.
+
+    Also found after ``Path.resolve()`` (Ray's actor parts are resolved: ``/cwd/lerobot:/abs/dir``, ``/cwd/expert``).
+    """
+    text = str(policy)
+    head, sep, tail = text.partition(LEROBOT_PREFIX)
+    if sep and (not head or head.endswith("/")):
+        return "lerobot", tail
+    base = text.rpartition("/")[2]
+    if re.fullmatch(rf"{EXPERT}(:.*)?", base) and (base == text or not Path(text).exists()):
+        return "expert", base
+    return None
+
+
+def _check_policy_name(parts: Parts) -> None:
+    """Refuse a malformed ``lerobot:`` / ``expert:`` name before anything is built (ConfigError naming ``policy``);
+    a LeRobot directory is made absolute (actors may run in another directory)."""
+    named = named_policy(parts.policy)
+    if named is None:
+        return
+    kind, arg = named
+    if kind == "expert":
+        ExpertPolicy.parse(arg)
+        return
+    directory = Path(arg)
+    if not (directory / "config.json").is_file():
+        raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)")
+    import importlib.util
+
+    if importlib.util.find_spec("lerobot") is None:
+        import sys
+
+        raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it")
+    object.__setattr__(parts, "policy", Path(LEROBOT_PREFIX + str(directory.resolve())))
+
+
+def _named_policy(parts: Parts, env=None):
+    """The policy ``parts.policy`` names when it is not a checkpoint of ours (``lerobot:DIR``, ``expert[:STD]``), else None."""
+    named = named_policy(parts.policy)
+    if named is None:
+        return None
+    kind, arg = named
+    if kind == "expert":
+        return ExpertPolicy(ExpertPolicy.parse(arg))
+    from rollcap.policies.lerobot import LeRobotPolicy, map_features
+
+    torch.set_num_threads(parts.threads)  # it runs eagerly on the host's thread: torch's default (every core) measured 168 ms vs 1.5 ms a chunk beside a busy core
+    try:
+        policy = LeRobotPolicy.load(arg, device=parts.device)
+        if env is not None and isinstance(env.observation_space, gym.spaces.Dict):
+            map_features(policy.cfg.input_features, list(env.observation_space.spaces))
+    except (ValueError, ImportError) as err:
+        raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: {str(err).splitlines()[0]}") from err
+    return policy
+
+
+class ExpertPolicy:
+    """The built-in task's scripted expert as a :class:`~rollcap.rollout.protocols.ChunkPolicy` (``--policy expert``).
+
+    Reactive: a chunk of one action per boundary (the expert reads the current
+    state and the instruction). ``std`` > 0 adds ``std x`` the host's noise to
+    that action (DART-style exploration, clipped to [-1, 1]), so a noisy demo
+    is still a pure function of the episode seed and replays exactly.
+    Single caller: the host's thread.
+    """
+
+    chunk_shape = (1, 2)
+    execute_steps = 1
+
+    def __init__(self, std: float = 0.0):
+        from rollcap.envs.expert import ScriptedExpert
+
+        self.std = float(std)
+        self._expert = ScriptedExpert()
+        self._chunk: np.ndarray | None = None
+
+    @staticmethod
+    def parse(name: str) -> float:
+        """``expert`` -> 0.0, ``expert:0.1`` -> 0.1; a ConfigError naming ``policy`` otherwise."""
+        name = name.rpartition("/")[2]
+        text = name.removeprefix(EXPERT).removeprefix(":") or "0"
+        try:
+            std = float(text)
+        except ValueError:
+            std = -1.0
+        if not (0.0 <= std <= 1.0):
+            raise ConfigError("policy", f"{name}: expected expert or expert:STD with 0 <= STD <= 1")
+        return std
+
+    def reset(self) -> None:
+        """Episode start: the clean expert keeps no state between episodes; a chunk not yet taken is dropped."""
+        self._expert.reset(0)
+        self._chunk = None
+
+    def start(self, obs, noise: np.ndarray) -> None:
+        """The expert's action for ``obs`` (plus ``std`` x ``noise``), ready when this returns."""
+        noise = np.asarray(noise, np.float32)
+        if noise.shape != self.chunk_shape:
+            raise ValueError(f"noise: expected {self.chunk_shape}, got {noise.shape}")
+        action = self._expert.act(obs)
+        if self.std:
+            action = np.clip(action + np.float32(self.std) * noise[0], -1.0, 1.0).astype(np.float32)
+        self._chunk = action[None].copy()
+
+    def result(self) -> np.ndarray:
+        """The chunk :meth:`start` computed, float32 ``[1, 2]``."""
+        if self._chunk is None:
+            raise RuntimeError("result() called without a successful start()")
+        out, self._chunk = self._chunk, None
+        return out
+
+    def state_fingerprint(self) -> dict:
+        """The expert and its noise (numpy only: no weights)."""
+        return {"kind": "rollcap.expert", "std": self.std, "noise": "injected" if self.std else "not an input", "numpy": np.__version__}
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -6,8 +6,9 @@
 #   $ROLLCAP_LEROBOT_VENV, default .venv-lerobot in the repository root.
 # It holds lerobot (extras dataset, training, diffusers-dep), a torch its pin admits (torch==2.11.0: PyPI has no CPU-only
 # x86_64 wheel of any admitted version, so this is the CUDA build; it runs on CPU),
-# minari==0.5.4, h5py, pytest and rollcap itself (editable, --no-deps, then
-# rollcap's own dependencies minus torch, all in one resolve with lerobot's).
+# minari==0.5.4, h5py, pytest, matplotlib (`rollcap inspect --plot`), Ray (rollcap's `ray` extra: `rollcap run --policy
+# lerobot:DIR --actors N`) and rollcap itself (editable, --no-deps, then rollcap's
+# own dependencies minus torch, all in one resolve with lerobot's).
 #
 # Idempotent: an existing venv that already has all of it is left as it is
 # (seconds). pip's wheel cache is kept, so rebuilding on the same machine does
@@ -43,7 +44,7 @@ ready() {
   [ -x "$VENV/bin/python" ] && "$VENV/bin/python" - "$REPO" <<'PY' 2>/dev/null
 import os, sys
 from importlib.metadata import version
-import diffusers, h5py, lerobot.datasets, minari, pytest, rollcap, torch  # noqa: F401
+import diffusers, h5py, lerobot.datasets, matplotlib, minari, pytest, ray, rollcap, torch  # noqa: F401
 assert version("lerobot") == "0.6.1" and version("minari") == "0.5.4"
 assert os.path.realpath(os.path.dirname(rollcap.__file__)) == os.path.realpath(os.path.join(sys.argv[1], "rollcap"))
 PY
@@ -53,11 +54,12 @@ if ! ready; then
   [ -x "$VENV/bin/python" ] || "$(find_python)" -m venv "$VENV"
   log=$VENV/lerobot_env.log
   : >"$log"
-  # rollcap's own runtime dependencies from pyproject.toml, minus torch (lerobot's pin decides).
+  # rollcap's own runtime dependencies and its ray extra from pyproject.toml, minus torch (lerobot's pin decides).
   mapfile -t deps < <("$VENV/bin/python" - <<'PY'
 import re, tomllib
 with open("pyproject.toml", "rb") as f:
-    for d in tomllib.load(f)["project"]["dependencies"]:
+    project = tomllib.load(f)["project"]
+    for d in project["dependencies"] + project["optional-dependencies"]["ray"]:
         if re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].strip().lower() != "torch":
             print(d)
 PY
@@ -65,7 +67,7 @@ PY
   pipi() { "$VENV/bin/python" -m pip install --disable-pip-version-check "$@" >>"$log" 2>&1 ||
            { tail -n 30 "$log" >&2; echo "lerobot_env.sh: pip install failed; full log: $log" >&2; exit 1; }; }
   pipi --upgrade pip
-  pipi "$LEROBOT" "$TORCH" "$MINARI" h5py pytest "${deps[@]}"
+  pipi "$LEROBOT" "$TORCH" "$MINARI" h5py pytest "matplotlib>=3.7" "${deps[@]}"
   pipi --no-deps -e .
   ready || { echo "lerobot_env.sh: installed, but the check import failed; see $log" >&2; exit 1; }
 fi

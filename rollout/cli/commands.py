@@ -1,4 +1,4 @@
-"""The ``rollcap`` command line: run, replay, inspect, branch, recap, bench, capsule inspect."""
+"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import json
 import sys
 from pathlib import Path
 
-from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS, Terminated as _Terminated
+from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS
+from rollcap.rollout.cli.signals import Terminated as _Terminated
 
 EXAMPLES = """examples:
   rollcap run                                   10 episodes of the built-in task, shipped policy + critic
   rollcap run --episodes 50 --critic-threshold -0.8 --out runs/eval
   rollcap replay runs/latest/episodes.hdf5      prove every episode reproduces byte-for-byte
   rollcap inspect runs/latest --plot plots/     episode table, PNG per episode
+  rollcap export runs/latest --to lerobot --root datasets/latest   a LeRobotDataset v3 (--to minari: a Minari dataset)
   rollcap branch runs/latest --episode 0 --chunk 5 --n 16    16 continuations + the control; Monte-Carlo value
   rollcap bench --json bench.json               latency, overlap, capsule, env, host, recording figures
   rollcap capsule inspect path/to/capsule       a disk capsule's manifest and digest check
@@ -138,8 +140,8 @@ def cmd_replay(args) -> int:
     import_env = args.env is not None
     results, pool = [], {}
     if args.actors:
-        from rollcap.rollout.ray.replay import replay_on_actors
         from rollcap.rollout.ray.actors import check_actor_run
+        from rollcap.rollout.ray.replay import replay_on_actors
 
         check_actor_run("env", parts.policy, parts.critic)
         per_episode = replay_on_actors(items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool)
@@ -174,7 +176,11 @@ def _check_replay_env(args, rec, source: str) -> None:
 
 # ----------------------------------------------------------------- inspect
 def cmd_inspect(args) -> int:
-    from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes
+    from rollcap.rollout.offline.inspect import (
+        check_plot_dir,
+        episode_table,
+        plot_episodes,
+    )
     from rollcap.rollout.recording import iter_any, load_any
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
@@ -182,6 +188,45 @@ def cmd_inspect(args) -> int:
     if args.plot is not None:
         for path in plot_episodes(load_any(args.file), args.plot):  # branch fans need the episodes together
             print(f"wrote {path}")
+    return 0
+
+
+# ------------------------------------------------------------------ export
+def cmd_export(args) -> int:
+    import importlib.util
+
+    from rollcap.rollout.recording.exporters import export
+
+    if importlib.util.find_spec(args.to) is None:  # the wrong venv is the likeliest mistake: say so first
+        raise UserError(f"--to {args.to}: {args.to} is not importable in this Python ({sys.version.split()[0]}); it lives in LeRobot's venv: bash scripts/lerobot_env.sh, then run .venv-lerobot/bin/rollcap")
+
+    options = {"extras": tuple(x for x in args.extras.split(",") if x)} if args.extras is not None else {}
+    if args.to == "lerobot":
+        options.update(fps=args.fps, videos=args.videos, instruction_dims=args.instruction_dims)
+        if args.repo_id:
+            options["repo_id"] = args.repo_id
+        if args.obs_keys is not None:
+            options["obs_keys"] = tuple(x for x in args.obs_keys.split(",") if x)
+    else:
+        lerobot_only = [f for f, on in (("--repo-id", args.repo_id), ("--videos", args.videos), ("--obs-keys", args.obs_keys is not None), ("--instruction-dims", args.instruction_dims)) if on]
+        if lerobot_only:
+            raise UserError(f"{lerobot_only[0]}: an option of --to lerobot, not --to minari")
+        options["dataset_id"] = args.dataset_id
+    try:
+        out = export(args.run, args.to, args.root, **options)
+    except ImportError as err:  # the target's library lives in LeRobot's venv
+        raise UserError(f"--to {args.to}: {str(err).splitlines()[0]}") from err
+    except ValueError as err:  # the exporters name their Python argument: name the flag
+        arg, sep, rest = str(err).partition(": ")
+        flags = {"run_dir": "RUN", "root": "--root", "obs_keys": "--obs-keys", "extras": "--extras", "instruction_dims": "--instruction-dims", "fps": "--fps", "dataset_id": "--dataset-id", "repo_id": "--repo-id"}
+        raise UserError(f"{flags[arg]}: {rest}" if sep and arg in flags else str(err)) from err
+    skipped = f"; {len(out.skipped)} episode(s) without a step skipped" if out.skipped else ""
+    if args.to == "lerobot":
+        print(f"wrote {out.root}: LeRobotDataset v3 {out.repo_id!r}, {out.episodes} episodes, {out.frames} frames{skipped}")
+        print(f"read it with LeRobotDataset({out.repo_id!r}, root={str(out.root)!r}); train: lerobot-train --dataset.repo_id={out.repo_id} --dataset.root={out.root} ...")
+    else:
+        print(f"wrote {out.path}: Minari dataset {out.dataset_id!r}, {out.episodes} episodes, {out.steps} steps{skipped}")
+        print(f"read it with MINARI_DATASETS_PATH={out.root} and minari.load_dataset({out.dataset_id!r})")
     return 0
 
 
@@ -199,7 +244,8 @@ def cmd_bench(args) -> int:
     if report:
         print(format_report(report))
     if actors:  # Ray batch rollouts: 1 vs N actors vs AsyncVectorEnv(N), the shipped policy and critic
-        from rollcap.rollout.bench.ray import format_report as format_ray, run_bench as run_ray
+        from rollcap.rollout.bench.ray import format_report as format_ray
+        from rollcap.rollout.bench.ray import run_bench as run_ray
 
         report["ray"] = run_ray(episodes=8 if args.quick else 40, steps=40 if args.quick else 300, rounds=1 if args.quick else 2, actors=actors)
         print("ray (Ray batch rollouts, shipped policy and critic):\n" + format_ray(report["ray"]))
@@ -245,6 +291,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions", "Print a table of the episodes in an npz file, an HDF5 file or a run directory.", "rollcap inspect runs/eval --plot runs/eval/plots")
     p.add_argument("file", type=Path, help="npz file, HDF5 file or run directory")
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)")
+
+    p = command("export", cmd_export, "export a recording as a LeRobotDataset v3 or a Minari dataset", "Export the episodes of a run directory (or one npz / HDF5 file) as a LeRobotDataset v3 (--to lerobot: images lossless as PNG frames, the instruction as task, reward/done/success/intervention/critic value per frame) or a Minari dataset (--to minari: HDF5, observations with the final one). The dataset is written beside its target and renamed into place when whole: a failure leaves nothing. Needs lerobot / minari: run it with LeRobot's venv (bash scripts/lerobot_env.sh).", "rollcap export runs/demos --to lerobot --root datasets/demos --obs-keys state --instruction-dims 32")
+    p.add_argument("run", type=Path, help="run directory, npz file or HDF5 file")
+    p.add_argument("--to", required=True, choices=("lerobot", "minari"), help="the dataset format")
+    p.add_argument("--root", required=True, type=Path, help="lerobot: the dataset directory to create (absent or empty); minari: the datasets root (the dataset goes to ROOT/DATASET_ID)")
+    p.add_argument("--extras", default=None, metavar="LIST", help="comma list of per-step extras: reward,done,success,intervention,critic_value (default: all; '' for none)")
+    p.add_argument("--repo-id", default=None, help="lerobot: the dataset's repo id (default rollcap/<root's name>)")
+    p.add_argument("--fps", type=int, default=10, help="lerobot: frames per second (default 10, the built-in task's control rate)")
+    p.add_argument("--videos", action="store_true", help="lerobot: store images as videos (lossy, smaller) instead of PNG frames")
+    p.add_argument("--obs-keys", default=None, metavar="LIST", help="lerobot: comma list of observation keys to export (default all), e.g. state for a policy without images")
+    p.add_argument("--instruction-dims", type=int, default=0, metavar="N", help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time")
+    p.add_argument("--dataset-id", default=None, help="minari: the dataset id (default rollcap/<run name>-v0)")
 
     p = command("bench", cmd_bench, "measure latency, overlap, capsules, env and host overhead", "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.", "rollcap bench --quick --json bench.json")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")

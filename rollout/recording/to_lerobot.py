@@ -12,7 +12,7 @@ The dataset is written into a temporary directory beside ``root`` and renamed
 into place when finished: a failure leaves nothing. LeRobot is imported
 lazily; it lives in its own environment (``bash scripts/lerobot_env.sh``).
 
-Imports point downward: the recording readers (:mod:`.export`).
+Imports point downward: the recording readers (:mod:`.export`), the LeRobot adapter's instruction vector.
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from rollcap.policies.lerobot import (
+    INSTRUCTION_FEATURE,
+    instruction_vector,
+    quiet_import_logs,
+)
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.recording.export import (
     EXTRAS,
@@ -65,10 +70,14 @@ def feature_name(key: str) -> str:
     return f"observation.images.{key.removeprefix('image_')}" if key.startswith("image_") else f"observation.{key}"
 
 
-def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool) -> dict:
-    """LeRobot features for episodes shaped like ``rec``."""
+def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool, instruction_dims: int = 0, obs_keys: Sequence[str] | None = None) -> dict:
+    """LeRobot features for episodes shaped like ``rec`` (its observation keys ``obs_keys``, default all)."""
     feats = {}
+    if instruction_dims:
+        feats[INSTRUCTION_FEATURE] = {"dtype": "float32", "shape": (instruction_dims,), "names": None}
     for key, a in rec.obs.items():
+        if obs_keys is not None and key not in obs_keys:
+            continue
         if key.startswith("image_") and a.dtype == np.uint8 and a.ndim == 4:
             feats[feature_name(key)] = {"dtype": "video" if videos else "image", "shape": tuple(a.shape[1:]), "names": ["height", "width", "channel"]}
         else:
@@ -80,7 +89,10 @@ def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool) -> dict
     return feats
 
 
-def export_lerobot(run_dir, root, *, repo_id: str | None = None, fps: int = 10, videos: bool = False, extras: Sequence[str] = EXTRAS) -> LeRobotExport:
+def export_lerobot(
+    run_dir, root, *, repo_id: str | None = None, fps: int = 10, videos: bool = False, extras: Sequence[str] = EXTRAS, instruction_dims: int = 0,
+    obs_keys: Sequence[str] | None = None,
+) -> LeRobotExport:
     """Write the episodes at ``run_dir`` as a LeRobotDataset v3 at ``root``.
 
     Args:
@@ -91,6 +103,11 @@ def export_lerobot(run_dir, root, *, repo_id: str | None = None, fps: int = 10, 
         fps: frames per second (the built-in task's control rate is 10).
         videos: store images as videos (lossy, smaller) instead of PNG frames.
         extras: which of :data:`EXTRAS` to add.
+        instruction_dims: > 0 also writes the instruction as ``observation.environment_state``,
+            a hashed bag of words of that many dims (:func:`~rollcap.policies.lerobot.instruction_vector`),
+            for policies without a language input (ACT, Diffusion Policy); ``LeRobotPolicy`` computes
+            the same vector from the instruction at run time.
+        obs_keys: the observation keys to export (default: all), e.g. ``("state",)`` for a policy without images.
 
     Raises:
         ValueError: one line naming the argument: not a recording, a non-empty ``root``,
@@ -102,21 +119,29 @@ def export_lerobot(run_dir, root, *, repo_id: str | None = None, fps: int = 10, 
     check_target(root, "root")
     if not isinstance(fps, int) or isinstance(fps, bool) or fps < 1:
         raise ValueError(f"fps: expected an integer >= 1, got {fps!r}")
+    if not isinstance(instruction_dims, int) or isinstance(instruction_dims, bool) or instruction_dims < 0:
+        raise ValueError(f"instruction_dims: expected an integer >= 0, got {instruction_dims!r}")
     first, records = read_run(run_dir)
+    if obs_keys is not None:
+        obs_keys = (obs_keys,) if isinstance(obs_keys, str) else tuple(obs_keys)
+        missing = [k for k in obs_keys if k not in first.obs]
+        if missing or not obs_keys:
+            raise ValueError(f"obs_keys: {missing[0] if missing else 'empty'!r} is not an observation key of the recording (it has {sorted(first.obs)})")
+    quiet_import_logs()
     lazy_import("lerobot.datasets", INSTALL)
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     repo_id = repo_id or f"rollcap/{root.name}"
-    feats = features_of(first, extras, videos)
+    feats = features_of(first, extras, videos, instruction_dims, obs_keys)
     skipped: list[int] = []
     episodes = frames = 0
     with staged(root, "root") as tmp:
         ds = LeRobotDataset.create(repo_id, fps, feats, root=tmp, robot_type=first.env_id, use_videos=videos)
         try:
             for rec in without_empty(records, skipped):
-                if features_of(rec, extras, videos) != feats:
+                if features_of(rec, extras, videos, instruction_dims, obs_keys) != feats:
                     raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
-                _add_episode(ds, rec, extras)
+                _add_episode(ds, rec, extras, instruction_dims, obs_keys)
                 episodes, frames = episodes + 1, frames + rec.num_steps
         except BaseException:
             with contextlib.suppress(Exception):  # close its writers; the staged directory is removed anyway
@@ -126,11 +151,14 @@ def export_lerobot(run_dir, root, *, repo_id: str | None = None, fps: int = 10, 
     return LeRobotExport(root, repo_id, episodes, frames, feats, skipped)
 
 
-def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str]) -> None:
+def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str], instruction_dims: int, obs_keys) -> None:
     task = rec.instruction or DEFAULT_TASK
     more = step_extras(rec)
+    words = instruction_vector(rec.instruction, instruction_dims) if instruction_dims else None
     for t in range(rec.num_steps):
-        frame = {feature_name(k): _value(v[t]) for k, v in rec.obs.items()}
+        frame = {feature_name(k): _value(v[t]) for k, v in rec.obs.items() if obs_keys is None or k in obs_keys}
+        if words is not None:
+            frame[INSTRUCTION_FEATURE] = words
         frame["action"] = rec.steps["actions"][t]
         for name in extras:
             feature, dtype = _EXTRA_FEATURES[name]

@@ -17,17 +17,18 @@ pytest.importorskip("minari", reason="minari is not installed here (it is in LeR
 
 import torch
 from rollcap.policies.lerobot import LeRobotPolicy
-from rollcap.rollout.recording import load_any
-from rollcap.rollout.recording.to_lerobot import export_lerobot
-from rollcap.rollout.recording.to_minari import export_minari
 from rollcap.rollout.offline.replay import (
     closed_loop_host,
     replay_closed,
     replay_env,
     replay_policy,
 )
+from rollcap.rollout.recording import load_any
+from rollcap.rollout.recording.to_lerobot import export_lerobot
+from rollcap.rollout.recording.to_minari import export_minari
 
 import rollcap
+from tests.lerobot import _tiny
 
 pytestmark = pytest.mark.lerobot
 torch.set_num_threads(1)
@@ -103,41 +104,10 @@ def test_export_minari_reads_back_exactly(run_dir, tmp_path, monkeypatch):
     assert ds.recover_environment().spec.id == records[0].env_id
 
 
-def _save(policy, cfg, stats, directory):
-    from lerobot.policies.factory import make_pre_post_processors
-
-    pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
-    policy.save_pretrained(directory)
-    pre.save_pretrained(directory)
-    post.save_pretrained(directory)
-    return directory
-
-
-def _features():
-    from lerobot.configs.types import FeatureType, PolicyFeature
-
-    inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (28,)), "observation.images.front": PolicyFeature(FeatureType.VISUAL, (3, 64, 64))}
-    stats = {
-        "observation.state": {"mean": torch.zeros(28), "std": torch.ones(28), "min": -torch.ones(28), "max": torch.ones(28)},
-        "observation.images.front": {"mean": torch.full((3, 1, 1), 0.5), "std": torch.full((3, 1, 1), 0.25)},
-        "action": {"mean": torch.zeros(2), "std": torch.full((2,), 0.5), "min": -torch.ones(2), "max": torch.ones(2)},
-    }
-    return inputs, {"action": PolicyFeature(FeatureType.ACTION, (2,))}, stats
-
-
 @pytest.fixture(scope="module")
 def act_dir(tmp_path_factory):
     """A tiny ACT (no pretrained backbone), saved with its processors."""
-    from lerobot.policies.act.configuration_act import ACTConfig
-    from lerobot.policies.act.modeling_act import ACTPolicy
-
-    inputs, outputs, stats = _features()
-    cfg = ACTConfig(
-        input_features=inputs, output_features=outputs, chunk_size=6, n_action_steps=6, dim_model=32, n_heads=2, dim_feedforward=64,
-        n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8, pretrained_backbone_weights=None, device="cpu",
-    )
-    torch.manual_seed(0)
-    return _save(ACTPolicy(cfg), cfg, stats, tmp_path_factory.mktemp("act"))
+    return _tiny.act(tmp_path_factory.mktemp("act"))
 
 
 def test_act_under_the_host_replays_exactly(act_dir, tmp_path):
@@ -172,14 +142,14 @@ def test_diffusion_noise_is_the_hosts(scheduler, tmp_path):
     from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
     from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
 
-    inputs, outputs, stats = _features()
+    inputs, outputs, stats = _tiny.features()
     cfg = DiffusionConfig(
         input_features=inputs, output_features=outputs, n_obs_steps=2, horizon=8, n_action_steps=4, crop_shape=None,
         down_dims=(16, 32), kernel_size=3, n_groups=4, diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8,
         noise_scheduler_type=scheduler, num_train_timesteps=10, num_inference_steps=3, pretrained_backbone_weights=None, device="cpu",
     )
     torch.manual_seed(0)
-    policy = LeRobotPolicy.load(_save(DiffusionPolicy(cfg), cfg, stats, tmp_path / "dp"))
+    policy = LeRobotPolicy.load(_tiny.save(DiffusionPolicy(cfg), cfg, stats, tmp_path / "dp"))
     assert policy.chunk_shape == (4, 2)
     fp = policy.state_fingerprint()["noise"]
     assert fp == ("not injected" if scheduler == "DDPM" else "derived (seeded by the host noise digest)")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -62,3 +64,43 @@ def test_exporters_refuse_bad_input_before_importing(tmp_path, to):
     with pytest.raises(ValueError, match="exists and is not an empty directory"):
         export(empty, busy)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["busy", "empty"]
+
+
+def _cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.skipif(HAS_LEROBOT, reason="lerobot is importable here: nothing to refuse")
+def test_cli_refuses_lerobot_doors_in_one_line(tmp_path):
+    """`run --policy lerobot:DIR` and `export --to lerobot` without lerobot: one line naming the script, exit 2, nothing created."""
+    (tmp_path / "policy").mkdir()
+    (tmp_path / "policy" / "config.json").write_text('{"type": "act"}')
+    res = _cli("run", "--policy", f"lerobot:{tmp_path / 'policy'}", "--episodes", 1, "--out", tmp_path / "out")
+    assert res.returncode == 2 and "scripts/lerobot_env.sh" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    res = _cli("export", tmp_path, "--to", "lerobot", "--root", tmp_path / "ds")
+    assert res.returncode == 2 and "scripts/lerobot_env.sh" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]
+
+
+def test_expert_policy_records_and_replays_exactly(tmp_path):
+    """`--policy expert:0.2` (the scripted expert, noise from the host) records demonstrations that replay exact."""
+    out = tmp_path / "demos"
+    res = _cli("run", "--policy", "expert:0.2", "--critic", "none", "--episodes", 2, "--env-kwargs", '{"max_steps": 20}', "--out", out)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = _cli("replay", out, "--policy", "expert:0.2", "--critic", "none")
+    assert res.returncode == 0 and res.stdout.splitlines()[-1].endswith("all exact"), res.stdout[-2000:]
+    res = _cli("replay", out, "--policy", "expert", "--critic", "none", "--mode", "policy")
+    assert res.returncode == 1 and "not comparable" in res.stdout, res.stdout[-2000:]
+    res = _cli("run", "--policy", "expert:2", "--episodes", 1, "--out", tmp_path / "bad")
+    assert res.returncode == 2 and "--policy: expert:2: expected expert or expert:STD" in res.stderr and not (tmp_path / "bad").exists()
+
+
+def test_instruction_vector_tells_the_tasks_apart():
+    """The built-in task's 9 instructions give 9 different hashed bags of words; bad dims are refused."""
+    from rollcap.envs.scene import BLOCKS, TARGETS, make_instruction
+    from rollcap.policies.lerobot import instruction_vector
+
+    vecs = {instruction_vector(make_instruction(b, t), 32).tobytes() for b in range(len(BLOCKS)) for t in range(len(TARGETS))}
+    assert len(vecs) == 9
+    with pytest.raises(ValueError, match="instruction_dims: expected an integer >= 1"):
+        instruction_vector("push", 0)

@@ -11,11 +11,17 @@ import pytest
 def two_node_cluster(env: dict | None = None, **head_node_args):
     """Start a head and a worker node, one CPU each, with gRPC's fork handlers off (README); yield the ``Cluster``.
 
+    This process is disconnected from Ray before the cluster starts and after it stops.
+
     ``env``: more environment for the nodes (set before they start, undone after).
     """
+    import ray
     from ray.cluster_utils import Cluster
 
     from rollcap.rollout.ray.connect import FORK_SAFE_ENV
+
+    if ray.is_initialized():  # a connection left by an earlier module would be reused (connect() keeps one) and point at a dead cluster
+        ray.shutdown()
 
     mp = pytest.MonkeyPatch()
     for k, v in {**FORK_SAFE_ENV, **(env or {})}.items():
@@ -26,5 +32,7 @@ def two_node_cluster(env: dict | None = None, **head_node_args):
         c.wait_for_nodes()
         yield c
     finally:
+        if ray.is_initialized():  # a test that joined and kept the connection: it must not outlive the cluster
+            ray.shutdown()
         c.shutdown()
         mp.undo()
