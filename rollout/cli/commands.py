@@ -182,6 +182,7 @@ def cmd_inspect(args) -> int:
         plot_episodes,
     )
     from rollcap.rollout.recording import iter_any, load_any
+
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
     print(episode_table(iter_any(args.file)))  # streamed: memory is one episode's, whatever the run's size

@@ -124,10 +124,14 @@ def plot_episode(record: EpisodeRecord, png_path) -> Path:
 
 
 def check_plot_dir(out_dir) -> Path:
-    """Raise ``ValueError`` (one line naming ``out_dir``) unless ``out_dir`` is a directory or can be made one.
+    """Raise ``ValueError`` (one line naming ``out_dir``) unless ``out_dir`` is a directory or can be made one, and matplotlib is installed.
 
     Checks only; call it before loading so a bad ``--plot DIR`` costs nothing.
     """
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"plotting into {out_dir} needs matplotlib: pip install 'rollcap[plot]'")
     out_dir = Path(out_dir)
     for p in (out_dir, *out_dir.parents):
         if p.is_dir():

@@ -79,3 +79,16 @@ def test_plot_episode_writes_a_png(tmp_path):
         img = imread(path)
         assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 400
         assert np.ptp(img[..., :3]) > 0.5  # not a blank canvas
+
+
+def test_plotting_without_matplotlib_is_refused_before_loading(tmp_path, monkeypatch):
+    """No matplotlib: --plot is one line naming the extra to install, before any episode is read (a real import failure, not a mock of the plot)."""
+    import importlib.util
+
+    from rollcap.rollout.offline.inspect import check_plot_dir
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(ValueError, match=r"needs matplotlib: pip install 'rollcap\[plot\]'"):
+        check_plot_dir(tmp_path / "plots")
+    assert not (tmp_path / "plots").exists()
