@@ -84,7 +84,8 @@ def _charset() -> str:
     return "".join(map(chr, range(32, 127)))
 
 
-def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] = EXTRAS, description: str | None = None) -> MinariExport:
+def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] = EXTRAS, description: str | None = None,
+                  author: str | None = None, author_email: str | None = None, code_permalink: str | None = None) -> MinariExport:
     """Write the episodes at ``run_dir`` as the Minari dataset ``dataset_id`` (``namespace/name-vN``).
 
     Args:
@@ -93,6 +94,8 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
         root: the datasets root (default: :func:`datasets_root`); ``<root>/<dataset_id>`` must be absent or empty.
         extras: which of :data:`EXTRAS` to add (success, intervention, critic_value go to ``infos``;
             reward and done are Minari's own fields and always present).
+        author, author_email, code_permalink: the dataset's metadata, passed to Minari (which
+            warns when they are missing: a dataset should say who made it and with what code).
 
     Raises:
         ValueError: one line naming the argument: not a recording, an existing dataset, a bad id,
@@ -126,6 +129,8 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
             minari.create_dataset_from_buffers(
                 dataset_id, buffers, env=_env_spec(first), observation_space=obs_space, action_space=act_space,
                 algorithm_name="rollcap", description=description or f"rollcap recording {Path(run_dir).resolve()}",
+                eval_env=_env_spec(first),  # episodes are evaluated in the env that recorded them
+                author=author, author_email=author_email, code_permalink=code_permalink,
                 data_format="hdf5", jpeg_encoding=False,
             )
         except (ValueError, AssertionError) as err:  # Minari's own checks of the id and the data

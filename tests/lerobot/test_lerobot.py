@@ -88,7 +88,7 @@ def test_export_minari_reads_back_exactly(run_dir, tmp_path, monkeypatch):
     import minari
 
     records = load_any(run_dir)
-    out = export_minari(run_dir, "rollcap/pushblock-v0", root=tmp_path / "minari")
+    out = export_minari(run_dir, "rollcap/pushblock-v0", root=tmp_path / "minari", author="rollcap tests", author_email="tests@rollcap.invalid", code_permalink="tests/lerobot/test_lerobot.py")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(out.root))
     ds = minari.load_dataset(out.dataset_id)
     assert ds.total_episodes == 3 and ds.total_steps == out.steps
