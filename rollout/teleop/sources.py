@@ -328,7 +328,9 @@ def parse_script(lines: Sequence[str], where: str = "script") -> list[ScriptLine
     ``WHEN`` is seconds after the previous line fired (``0.5``), or
     ``step=N``: when the running episode has done ``N`` env steps (fired on
     the host's thread, before anything else happens: deterministic). A
-    ``0`` line right after a step line fires with it, in the same hook.
+    ``0`` line right after a step line fires with it, in the same hook. A
+    timed go key (``0.05 g``) also waits until the host awaits reset, as a
+    person does (the bus ignores a go key pressed while an episode runs).
     """
     out = []
     for n, raw in enumerate(lines, 1):
@@ -356,9 +358,9 @@ def parse_script(lines: Sequence[str], where: str = "script") -> list[ScriptLine
 class ScriptedSource(KeySource, Subscriber):
     """Keys from a script: a file of ``WHEN KEY [down|up]`` lines, or a list of such lines.
 
-    Timed lines fire on the source's thread; ``step=N`` lines fire inside the
-    host's hooks, so add the source to the host's subscribers when the script
-    uses them. Lines fire in order, each once.
+    Timed lines fire on the source's thread (a go key once the host also awaits
+    reset); ``step=N`` lines fire inside the host's hooks, so add the source to
+    the host's subscribers when the script uses them. Lines fire in order, each once.
     """
 
     name = "scripted"
@@ -422,7 +424,14 @@ class ScriptedSource(KeySource, Subscriber):
                 if now < due:
                     self._cond.wait(due - now)
                     continue
+                if self._early_go(line):
+                    self._cond.wait(0.01)  # the bus has no wake-up for this: look again shortly
+                    continue
                 self._fire()
+
+    def _early_go(self, line: ScriptLine) -> bool:
+        """A go key the bus would ignore now: the host does not await reset yet."""
+        return line.action != "up" and self.keys.verb_of(line.key) == "go" and not self.controller.bus.awaiting_go
 
     def _at_step(self, done: int) -> None:
         if not self.started:
