@@ -292,11 +292,71 @@ def test_end_key_stops_a_real_host_within_one_env_step(display, runners):
 
     res = summary(measure(make_host, display, presses=3, hz=50), 50)
     print(res)
-    assert res["end_steps_after"]["max"] <= 1
+    assert res["pause_steps_after"]["max"] == res["end_steps_after"]["max"] == 0
     assert res["end_effect_ms"]["max"] < 250  # one 20 ms env step; generous for a loaded machine (the step count is the contract)
     assert res["override_effect_ms"]["max"] < 250
 
 
+
+class NotedBus(EventBus):
+    """An event bus that notes when each pause, resume and stop took effect (``perf_counter``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.noted: list[tuple[str, float]] = []
+
+    def pause(self, paused=None):
+        state = super().pause(paused)
+        self.noted.append(("pause" if state else "resume", time.perf_counter()))
+        return state
+
+    def request_stop(self, reason="event"):
+        super().request_stop(reason)
+        self.noted.append(("stop", time.perf_counter()))
+
+
+class PressAfterStep(Subscriber):
+    """Runs ``at[n]()`` on a thread right after env step ``n``: a key it presses lands while the host waits for the next tick."""
+
+    def __init__(self, at):
+        self.at, self.threads = dict(at), []
+
+    def on_step(self, step):
+        act = self.at.pop(step.step, None)
+        if act is not None:
+            self.threads.append(threading.Thread(target=act, daemon=True))
+            self.threads[-1].start()
+
+    def join(self):
+        for thread in self.threads:
+            thread.join(10)
+
+
+def test_no_step_starts_after_a_pause_or_end_key_pressed_while_the_host_waits_for_the_tick(display, runners, monkeypatch):
+    """At 5 Hz, p (then p again) and e, each pressed right after a step: no env step begins while paused, nor
+    after the end key reached the bus (the host checks the keys again after the control tick's wait)."""
+    from rollcap.rollout.bench.teleop import StepLog, xdotool
+    from rollcap.rollout.teleop.sources import PynputSource
+
+    monkeypatch.setenv("DISPLAY", display)
+    bus = NotedBus()
+
+    def pause_then_resume():
+        xdotool(display, "key", "p")
+        _until(lambda: bus.paused)
+        time.sleep(0.5)
+        xdotool(display, "key", "p")
+
+    press = PressAfterStep({2: pause_then_resume, 6: lambda: xdotool(display, "key", "e")})  # steps 3 and 7: inside a chunk
+    env = StepLog(make_env())
+    with PynputSource().start(bus) as src:
+        host = RolloutHost(env, *runners, HostConfig(seed=0, max_chunks=8, control_period_s=0.2), [src.controller, press], events=bus)
+        end = host.run_episode(0)
+        press.join()
+    steps, noted = [t for t, _ in env.log], dict(bus.noted)
+    assert end.stop_reason == "keyboard" and [what for what, _ in bus.noted] == ["pause", "resume", "stop"]
+    assert [round(t - noted["pause"], 3) for t in steps if noted["pause"] < t < noted["resume"]] == []  # seconds after p
+    assert [round(t - noted["stop"], 3) for t in steps if t > noted["stop"]] == []  # seconds after e
 
 # ---------------------------------------------------------------- the terminal, through a pty
 
