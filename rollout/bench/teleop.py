@@ -52,8 +52,8 @@ def xvfb(screen: str = "800x600x24", timeout_s: float = 10.0) -> Iterator[str]:
     if missing:
         raise XUnavailable(f"{' and '.join(missing)} not installed (Debian: apt-get install xvfb xdotool)")
     read, write = os.pipe()
-    proc = subprocess.Popen(
-        ["Xvfb", "-displayfd", str(write), "-screen", "0", screen, "-nolisten", "tcp"],
+    proc = subprocess.Popen(  # -noreset: by default the server re-initialises whenever its last client leaves
+        ["Xvfb", "-displayfd", str(write), "-screen", "0", screen, "-nolisten", "tcp", "-noreset"],
         pass_fds=(write,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     os.close(write)

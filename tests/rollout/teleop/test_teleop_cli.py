@@ -123,3 +123,19 @@ def test_a_go_key_pressed_while_an_episode_runs_does_not_skip_the_next_reset(dis
     assert proc.returncode == 0, (stdout, err.lines[-20:])
     assert [r.stop_reason for r in load_any(out / "episodes")] == ["keyboard", "keyboard"]
 
+
+@pytest.mark.slow
+def test_no_x_error_when_a_run_ends_right_after_a_key(display, ckpt, tmp_path):
+    """Six runs, each ending right after a key (the go key at the last reset): none prints an X protocol error."""
+    errors = {}
+    for k in range(6):
+        with _rollcap_run(display, ckpt, tmp_path / f"r{k}", "--episodes", "1") as (proc, err):
+            at = err.wait_for("teleop: running")
+            bench.xdotool(display, "key", "e")
+            err.wait_for("awaiting reset", at)
+            bench.xdotool(display, "key", "g")  # the run ends on its key-down; the key-up is still on its way
+        assert proc.returncode == 0, (proc.stdout.read(), err.lines[-20:])
+        if any("X protocol error" in ln or "XError" in ln for ln in err.lines):
+            errors[k] = err.lines[-3:]
+    assert not errors, f"{len(errors)} of 6 runs printed an X error: {errors}"
+
