@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -139,3 +140,23 @@ def test_no_x_error_when_a_run_ends_right_after_a_key(display, ckpt, tmp_path):
             errors[k] = err.lines[-3:]
     assert not errors, f"{len(errors)} of 6 runs printed an X error: {errors}"
 
+
+@pytest.mark.slow
+def test_a_discard_by_key_is_named_in_the_summary(display, ckpt, tmp_path):
+    """r, then g: the episode is re-recorded; summary.json counts it as discarded by key (apart from episodes
+    left unwritten at an interrupt), and the printed summary names it."""
+    out = tmp_path / "r"
+    with _rollcap_run(display, ckpt, out, "--episodes", "1") as (proc, err):
+        at = err.wait_for("teleop: running")
+        bench.xdotool(display, "key", "r")
+        at = err.wait_for("awaiting reset", at)
+        bench.xdotool(display, "key", "g")
+        at = err.wait_for("teleop: running", at)
+        bench.xdotool(display, "key", "e")
+        at = err.wait_for("awaiting reset", at)
+        bench.xdotool(display, "key", "g")
+    stdout = proc.stdout.read()
+    assert proc.returncode == 0, (stdout, err.lines[-20:])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["episodes"] == 1 and summary["discarded_by_key"] == [0] and summary["unwritten_at_interrupt"] == []
+    assert "discarded by key  1 (episode 0; not recorded)" in stdout, stdout
