@@ -93,7 +93,9 @@ class RunResult:
 
     run_dir: Path
     summary: dict
-    """Success rate, stop reasons, latencies, wall time (also in ``run_dir/summary.json``)."""
+    """Success rate, stop reasons, latencies, wall time (also in ``run_dir/summary.json``). Episodes that ended
+    unrecorded: ``dropped`` counts them all; ``discarded_by_key`` lists those a person discarded (teleop's
+    discard key), ``unwritten_at_interrupt`` those finished but dropped from the writer's queue by a second Ctrl-C."""
     episodes: list[EpisodeEnd] = field(default_factory=list)
     """This session's episodes (outcomes; records are on disk: :meth:`records`)."""
     interrupted: bool = False
@@ -341,7 +343,11 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         kept = set(recorder.indices) - before
         interrupted = interrupted or guard.caught  # a signal during the drain: every episode is kept, the run still says interrupted
         summary = metrics.summary(only=kept, earlier=[Metrics.row(r) for r in earlier])
-        summary.update({"wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None, "discarded": writer.discarded})
+        summary.update({
+            "wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None,
+            "discarded_by_key": [e.index for e in ends if e.dropped and e.error is None],  # teleop's r: not recorded, re-run
+            "unwritten_at_interrupt": writer.discarded,  # finished, still queued at a second Ctrl-C: not written
+        })  # fmt: skip
         if pool is not None:
             summary.update(pool.summary())
         if sharded:

@@ -5,8 +5,11 @@ anything outside it (a keyboard listener, a terminal reader, an API call, a
 test). Producers call its verbs from any thread; the host polls it on its own
 thread: at every chunk boundary and before every env step it holds while
 paused (nothing is stepped or launched), then takes a stop request, then the
-intervention action. Labels and discard are taken when the episode finishes;
-``quit`` is read by the driver between episodes.
+intervention action; paced by a control period, it looks again once the wait
+for the step's tick is over, so no step begins after a pause or a stop. Labels and discard are taken when the episode finishes;
+``quit`` is read by the driver between episodes. The go key counts only while
+the driver awaits reset (:meth:`EventBus.expect_go` until :meth:`EventBus.wait_for_go`
+is released): one pressed while an episode runs cannot skip the next reset.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class EventBus:
         self._discard = False
         self._quit = False
         self._go = False
+        self._awaiting_go = False
 
     # -- producers (any thread) ---------------------------------------------
     def request_stop(self, reason: str = "event") -> None:
@@ -65,17 +69,17 @@ class EventBus:
             self._cond.notify_all()
 
     def quit(self) -> None:
-        """Ask the driver to stop after the running episode (it still finishes and is recorded)."""
+        """Ask the driver to stop after the running episode (it still finishes and is recorded; releases :meth:`wait_for_go`)."""
         with self._cond:
             self._quit = True
-            self._go = True
             self._cond.notify_all()
 
     def go(self) -> None:
-        """Start the next episode (releases :meth:`wait_for_go`)."""
+        """Start the next episode (releases :meth:`wait_for_go`); ignored unless the driver awaits reset."""
         with self._cond:
-            self._go = True
-            self._cond.notify_all()
+            if self._awaiting_go:
+                self._go = True
+                self._cond.notify_all()
 
     # -- the host's side (its thread only) -----------------------------------
     @property
@@ -85,6 +89,11 @@ class EventBus:
     @property
     def quit_requested(self) -> bool:
         return self._quit
+
+    @property
+    def awaiting_go(self) -> bool:
+        """True while a go key would count (the driver awaits reset)."""
+        return self._awaiting_go
 
     def hold(self) -> None:
         """Block while paused; a stop, discard or quit ends the pause (the caller then polls the stop)."""
@@ -110,15 +119,25 @@ class EventBus:
         with self._cond:
             return None if self._takeover is None else self._takeover.copy()
 
-    def wait_for_go(self, timeout: float | None = None) -> bool:
-        """Block until :meth:`go` or :meth:`quit` (a teleop reset waits for a key); True if released."""
+    def expect_go(self) -> None:
+        """Await the go key from now on: a reset hook calls this before it asks the person to press it."""
         with self._cond:
-            released = self._cond.wait_for(lambda: self._go, timeout)
-            self._go = False
+            self._awaiting_go = True
+
+    def wait_for_go(self, timeout: float | None = None) -> bool:
+        """Block until :meth:`go` or :meth:`quit` (a teleop reset waits for a key); True if released.
+
+        Awaits the go key from the call on (as :meth:`expect_go`) until released; a timeout keeps awaiting it.
+        """
+        with self._cond:
+            self._awaiting_go = True
+            released = self._cond.wait_for(lambda: self._go or self._quit, timeout)
+            if released:
+                self._go = self._awaiting_go = False
             return released
 
     def clear(self) -> None:
-        """Forget the last episode's stop, label, takeover, pause and discard (not quit)."""
+        """Forget the last episode's stop, label, takeover, pause, discard and go key (not quit); await no go key."""
         with self._cond:
             self._stop, self._label, self._takeover = None, None, None
-            self._paused = self._discard = False
+            self._paused = self._discard = self._go = self._awaiting_go = False

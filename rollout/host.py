@@ -427,19 +427,27 @@ class RolloutHost:
         return False
 
     def _step(self, ep: EpisodeState, policy_action: np.ndarray, actor: int, out: list[StepEvent]) -> str | object | None:
-        self.events.hold()  # paused: nothing is stepped
-        stop = self.events.poll_stop()
-        if stop is not None:
-            return stop
-        human = self.events.intervention()
-        if human is None and ep.human:
-            ep.human = False
-            return _HANDBACK
+        while True:
+            self.events.hold()  # paused: nothing is stepped
+            stop = self.events.poll_stop()
+            if stop is not None:
+                return stop
+            human = self.events.intervention()
+            if human is None and ep.human:
+                ep.human = False
+                return _HANDBACK
+            if self.clock is None:
+                break
+            self.clock.tick()
+            if not self.events.paused:  # keys pressed during the tick's wait count before the step begins
+                stop = self.events.poll_stop()
+                if stop is not None:
+                    return stop
+                break
+            # paused during the wait: hold above, then take the step from the keys of then, at a later tick
         ep.human = human is not None
         action, who = (human, ACTOR_HUMAN) if human is not None else (policy_action, actor)
         state = physics_row(self.state_env.get_state()) if self.state_env is not None else _EMPTY_ROW
-        if self.clock is not None:
-            self.clock.tick()
         new_obs, reward, terminated, truncated, info = self.env.step(action)
         event = StepEvent(ep.index, ep.steps, ep.obs, action, who, state, reward, bool(terminated), bool(truncated), new_obs, info)
         ep.obs = new_obs

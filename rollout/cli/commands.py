@@ -78,7 +78,7 @@ def cmd_run(args) -> int:
             result = run(run_cfg.episodes, out=run_cfg.out, env=env, policy=policy, critic=critic or "none", on_finished=_SIGNALS.finish, **opts)
     except Interrupted as stop:
         print(_summary_table(stop.result.summary))
-        dropped = stop.result.summary["discarded"]
+        dropped = stop.result.summary["unwritten_at_interrupt"]
         note = f"; {len(dropped)} finished but unwritten episode(s) dropped ({dropped[0]}..{dropped[-1]})" if dropped else ""
         print(f"interrupted: {stop.result.summary['episodes']} whole episode(s) of this session kept in {stop.result.run_dir}{note}", file=sys.stderr)
         return 143 if isinstance(stop.cause, _Terminated) else 130
@@ -107,6 +107,9 @@ def _summary_table(s: dict) -> str:
         ("policy | critic", f"median {s['policy_ms_median']:.2f} ms | {s['critic_ms_median']:.2f} ms"),
         ("wall", f"{s['wall_s']:.1f} s"),
     ]
+    if s.get("discarded_by_key"):
+        n, which = len(s["discarded_by_key"]), ", ".join(map(str, s["discarded_by_key"]))
+        rows.append(("discarded by key", f"{n} (episode{'s' if n > 1 else ''} {which}; not recorded)"))
     if "actors" in s:
         rows.append(("ray actors", f"{s['actors']} on {s['nodes']} node(s) ({s['address']}), {s['retries']} retried, {len(s['failed'])} failed; start-up {s['actors_start_s']:.1f} s"))
     w = max(len(k) for k, _ in rows)

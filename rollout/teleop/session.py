@@ -98,7 +98,12 @@ class TeleopSession:
             time.sleep(1.0)
 
     def reset_hook(self, host) -> None:
-        """The host's ``reset_hook`` in teleop mode: show ``awaiting reset`` and wait for the go key."""
+        """The host's ``reset_hook`` in teleop mode: show ``awaiting reset`` and wait for the go key.
+
+        Only a go key pressed from here on counts (one pressed while the episode ran is ignored: it
+        would skip this reset); the bus awaits it before the state is shown, so no press is missed.
+        """
+        self.bus.expect_go()
         self.status.awaiting_reset()
         self.wait_for_go()
 

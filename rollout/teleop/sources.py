@@ -156,21 +156,20 @@ class PynputSource(KeySource):
         listener, self._listener = self._listener, None
         if listener is None:
             return
-        listener.stop()
-        # pynput's X listener asks to stop on its busy record connection, which the server handles only
-        # after the next key event; disabling the record context from a fresh connection ends it now.
+        # pynput's stop() clears `running` and asks the listener's busy record connection to disable the
+        # RECORD context, which the server sees only with the next key event; that event ends the listener,
+        # which then frees the context. A disable sent after that free (as ours was, from a fresh connection,
+        # when a key-up was still on its way at exit) is answered with BadRecordContext, printed as an X
+        # protocol error. So the context is disabled first, while the listener runs: it frees the context
+        # only once its enable returns, which this disable makes happen; the listener then ends by itself.
         context = getattr(listener, "_context", None)
-        if context is not None:
-            try:
-                import Xlib.display
-
-                display = Xlib.display.Display(self._display)
-                display.record_disable_context(context)
-                display.sync()  # a round trip: the server has handled the disable before we hang up
-                display.close()
-            except Exception:  # noqa: BLE001 - the server is gone: so is the listener's connection
-                pass
-        listener.join(2.0)
+        ours = context is not None and listener.is_alive() and _disable_record(self._display, context)
+        if not ours:
+            listener.stop()  # no connection of our own: pynput's way (the next key event ends it)
+        listener.join(1.0)
+        if ours and listener.is_alive():  # stopped right after start: the disable came before the enable
+            _disable_record(self._display, context, quiet=True)  # the listener may be freeing it now: no error then
+            listener.join(1.0)
 
     def _on_press(self, key) -> None:
         name = _pynput_name(key)
@@ -181,6 +180,26 @@ class PynputSource(KeySource):
         name = _pynput_name(key)
         if name is not None and self._listener is not None:
             self.controller.release(name)
+
+
+def _disable_record(display_name: str, context: int, quiet: bool = False) -> bool:
+    """Disable a RECORD context from a fresh connection to the X display, waiting until the server has
+    handled it; False if the display cannot be reached. ``quiet``: an X error in reply is not printed."""
+    try:
+        import Xlib.display
+
+        display = Xlib.display.Display(display_name)
+    except Exception:  # noqa: BLE001 - the server is gone: so is the listener's connection
+        return False
+    try:
+        if quiet:
+            display.set_error_handler(lambda err, request=None: None)
+        display.record_disable_context(context)
+        display.sync()  # a round trip: the server has handled the disable before we hang up
+        display.close()
+        return True
+    except Exception:  # noqa: BLE001 - the connection broke: the server is going away
+        return False
 
 
 # ---------------------------------------------------------------- terminal
@@ -328,7 +347,9 @@ def parse_script(lines: Sequence[str], where: str = "script") -> list[ScriptLine
     ``WHEN`` is seconds after the previous line fired (``0.5``), or
     ``step=N``: when the running episode has done ``N`` env steps (fired on
     the host's thread, before anything else happens: deterministic). A
-    ``0`` line right after a step line fires with it, in the same hook.
+    ``0`` line right after a step line fires with it, in the same hook. A
+    timed go key (``0.05 g``) also waits until the host awaits reset, as a
+    person does (the bus ignores a go key pressed while an episode runs).
     """
     out = []
     for n, raw in enumerate(lines, 1):
@@ -356,9 +377,9 @@ def parse_script(lines: Sequence[str], where: str = "script") -> list[ScriptLine
 class ScriptedSource(KeySource, Subscriber):
     """Keys from a script: a file of ``WHEN KEY [down|up]`` lines, or a list of such lines.
 
-    Timed lines fire on the source's thread; ``step=N`` lines fire inside the
-    host's hooks, so add the source to the host's subscribers when the script
-    uses them. Lines fire in order, each once.
+    Timed lines fire on the source's thread (a go key once the host also awaits
+    reset); ``step=N`` lines fire inside the host's hooks, so add the source to
+    the host's subscribers when the script uses them. Lines fire in order, each once.
     """
 
     name = "scripted"
@@ -422,7 +443,14 @@ class ScriptedSource(KeySource, Subscriber):
                 if now < due:
                     self._cond.wait(due - now)
                     continue
+                if self._early_go(line):
+                    self._cond.wait(0.01)  # the bus has no wake-up for this: look again shortly
+                    continue
                 self._fire()
+
+    def _early_go(self, line: ScriptLine) -> bool:
+        """A go key the bus would ignore now: the host does not await reset yet."""
+        return line.action != "up" and self.keys.verb_of(line.key) == "go" and not self.controller.bus.awaiting_go
 
     def _at_step(self, done: int) -> None:
         if not self.started:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -58,10 +59,43 @@ def test_controller_sends_every_verb_to_the_bus():
     assert bus.take_label() is False
     ctl.tap("r")
     assert bus.take_discard() and bus.poll_stop() == "discarded"
+    bus.expect_go()  # the go key counts while a reset awaits it
     ctl.tap("g")
     assert bus.wait_for_go(timeout=0) and not bus.quit_requested
     ctl.tap("q")
     assert bus.quit_requested
+
+
+def test_a_go_key_counts_only_while_a_reset_awaits_it():
+    """go() while an episode runs is forgotten (it would skip the next reset); from expect_go() until the wait is
+    released it counts once; a new episode forgets a go that nobody waited for."""
+    bus = EventBus()
+    bus.go()
+    assert not bus.wait_for_go(timeout=0)  # pressed before the reset: not kept
+    assert bus.awaiting_go  # the wait went on awaiting it
+    bus.go()
+    assert bus.wait_for_go(timeout=0) and not bus.awaiting_go
+    bus.go()
+    assert not bus.wait_for_go(timeout=0)
+    bus.expect_go()
+    bus.go()
+    bus.clear()  # the next episode starts (host.start)
+    assert not bus.awaiting_go
+    bus.go()
+    assert not bus.wait_for_go(timeout=0)
+    bus.quit()
+    assert bus.wait_for_go(timeout=0) and bus.wait_for_go(timeout=0)  # quit releases every wait
+
+
+def test_a_scripted_go_key_waits_until_a_reset_awaits_it():
+    """A timed 'g' due while the episode still runs fires only once the reset hook awaits it, so it is not lost."""
+    src = ScriptedSource(["0 g"])
+    bus = EventBus()
+    with src.start(bus):
+        time.sleep(0.1)
+        assert not src.finished  # due at once, but no reset awaits it
+        bus.expect_go()
+        assert src.wait_finished(timeout=5) and bus.wait_for_go(timeout=5)
 
 
 def test_takeover_maps_held_keys_to_a_velocity_and_hands_back():
@@ -216,8 +250,6 @@ def test_real_keys_reach_the_bus_through_pynput(display, monkeypatch):
     from rollcap.rollout.bench.teleop import xdotool
     from rollcap.rollout.teleop.sources import PynputSource
 
-    import threading
-
     monkeypatch.setenv("DISPLAY", display)
     bus = EventBus()
     threads = threading.active_count()
@@ -235,6 +267,7 @@ def test_real_keys_reach_the_bus_through_pynput(display, monkeypatch):
         assert bus.take_label() is False
         xdotool(display, "key", "r")
         _until(bus.take_discard)
+        bus.expect_go()
         xdotool(display, "key", "Return")
         assert bus.wait_for_go(timeout=3)
         xdotool(display, "key", "t", "keydown", "Up")
@@ -249,18 +282,81 @@ def test_real_keys_reach_the_bus_through_pynput(display, monkeypatch):
 
 
 def test_end_key_stops_a_real_host_within_one_env_step(display, runners):
-    """A real 'e' stops the host before another env step begins; a held 'w' reaches the env at the next step."""
+    """Paced by the host's clock: after a real 'p' or 'e' no env step begins (until the resume); a held 'w' reaches
+    the env at the next step."""
     from rollcap.rollout.bench.teleop import measure, summary
 
-    def make_host(wrap, bus, subscribers, reset_hook):
-        return RolloutHost(wrap(make_env()), *runners, HostConfig(seed=0, max_chunks=50), subscribers, events=bus, reset_hook=reset_hook)
+    def make_host(wrap, bus, subscribers, reset_hook, control_period_s):
+        config = HostConfig(seed=0, max_chunks=50, control_period_s=control_period_s)
+        return RolloutHost(wrap(make_env()), *runners, config, subscribers, events=bus, reset_hook=reset_hook)
 
     res = summary(measure(make_host, display, presses=3, hz=50), 50)
     print(res)
-    assert res["end_steps_after_max"] <= 1
+    assert res["pause_steps_after"]["max"] == res["end_steps_after"]["max"] == 0
     assert res["end_effect_ms"]["max"] < 250  # one 20 ms env step; generous for a loaded machine (the step count is the contract)
     assert res["override_effect_ms"]["max"] < 250
 
+
+
+class NotedBus(EventBus):
+    """An event bus that notes when each pause, resume and stop took effect (``perf_counter``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.noted: list[tuple[str, float]] = []
+
+    def pause(self, paused=None):
+        state = super().pause(paused)
+        self.noted.append(("pause" if state else "resume", time.perf_counter()))
+        return state
+
+    def request_stop(self, reason="event"):
+        super().request_stop(reason)
+        self.noted.append(("stop", time.perf_counter()))
+
+
+class PressAfterStep(Subscriber):
+    """Runs ``at[n]()`` on a thread right after env step ``n``: a key it presses lands while the host waits for the next tick."""
+
+    def __init__(self, at):
+        self.at, self.threads = dict(at), []
+
+    def on_step(self, step):
+        act = self.at.pop(step.step, None)
+        if act is not None:
+            self.threads.append(threading.Thread(target=act, daemon=True))
+            self.threads[-1].start()
+
+    def join(self):
+        for thread in self.threads:
+            thread.join(10)
+
+
+def test_no_step_starts_after_a_pause_or_end_key_pressed_while_the_host_waits_for_the_tick(display, runners, monkeypatch):
+    """At 5 Hz, p (then p again) and e, each pressed right after a step: no env step begins while paused, nor
+    after the end key reached the bus (the host checks the keys again after the control tick's wait)."""
+    from rollcap.rollout.bench.teleop import StepLog, xdotool
+    from rollcap.rollout.teleop.sources import PynputSource
+
+    monkeypatch.setenv("DISPLAY", display)
+    bus = NotedBus()
+
+    def pause_then_resume():
+        xdotool(display, "key", "p")
+        _until(lambda: bus.paused)
+        time.sleep(0.5)
+        xdotool(display, "key", "p")
+
+    press = PressAfterStep({2: pause_then_resume, 6: lambda: xdotool(display, "key", "e")})  # steps 3 and 7: inside a chunk
+    env = StepLog(make_env())
+    with PynputSource().start(bus) as src:
+        host = RolloutHost(env, *runners, HostConfig(seed=0, max_chunks=8, control_period_s=0.2), [src.controller, press], events=bus)
+        end = host.run_episode(0)
+        press.join()
+    steps, noted = [t for t, _ in env.log], dict(bus.noted)
+    assert end.stop_reason == "keyboard" and [what for what, _ in bus.noted] == ["pause", "resume", "stop"]
+    assert [round(t - noted["pause"], 3) for t in steps if noted["pause"] < t < noted["resume"]] == []  # seconds after p
+    assert [round(t - noted["stop"], 3) for t in steps if t > noted["stop"]] == []  # seconds after e
 
 # ---------------------------------------------------------------- the terminal, through a pty
 
@@ -283,11 +379,17 @@ class Tell(Subscriber):
         time.sleep(0.02)
 
 
+def reset_hook(host):
+    tele.bus.expect_go()  # before saying so: an Enter sent on hearing it counts
+    say(awaiting=True)
+    tele.reset_hook(host)
+
+
 p, c = make_runners()
 with open_teleop(TeleopConfig(source="keyboard", view=False)) as tele:
     say(ready=tele.source.active.name)
     host = RolloutHost(make_env(), p, c, HostConfig(seed=0, max_chunks=60), [*tele.subscribers, Tell()],
-                       events=tele.bus, reset_hook=tele.reset_hook)
+                       events=tele.bus, reset_hook=reset_hook)
     index = 0
     while not tele.quit_requested:
         end = host.run_episode(index)
@@ -353,12 +455,15 @@ def test_keyboard_without_a_display_falls_back_to_the_terminal_through_a_pty():
                 break
             if "end" in msg:
                 ends.append(msg)
+            elif "awaiting" in msg:
+                if not ends:
+                    os.write(master, b"\r")  # Enter starts the next episode (once the reset awaits it)
             elif msg["episode"] == 0 and msg["step"] == 2 and "t" not in sent:
                 sent.add("t")
                 os.write(master, b"t\x1b[A")  # take over, hold up (a terminal hold: 0.5 s)
             elif msg["episode"] == 0 and msg["step"] == 10 and "e" not in sent:
                 sent.add("e")
-                os.write(master, b"ye\r")  # label success, end; Enter starts the next episode
+                os.write(master, b"ye")  # label success, end
             elif msg["episode"] == 1 and msg["step"] == 2 and "r" not in sent:
                 sent.add("r")
                 os.write(master, b"rq")  # discard (re-record), quit after it
