@@ -6,10 +6,11 @@ test). Producers call its verbs from any thread; the host polls it on its own
 thread: at every chunk boundary and before every env step it holds while
 paused (nothing is stepped or launched), then takes a stop request, then the
 intervention action; paced by a control period, it looks again once the wait
-for the step's tick is over, so no step begins after a pause or a stop. Labels and discard are taken when the episode finishes;
-``quit`` is read by the driver between episodes. The go key counts only while
-the driver awaits reset (:meth:`EventBus.expect_go` until :meth:`EventBus.wait_for_go`
-is released): one pressed while an episode runs cannot skip the next reset.
+for the step's tick is over, so no step begins after a pause or a stop.
+Labels and discard are taken when the episode finishes; ``quit`` is read by
+the driver between episodes. The go key counts only while the driver awaits
+reset (from :meth:`EventBus.expect_go` until :meth:`EventBus.wait_for_go` is
+released): one pressed while an episode runs cannot skip the next reset.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class EventBus:
 
     @property
     def awaiting_go(self) -> bool:
-        """True while a go key would count (the driver awaits reset)."""
+        """True while a go key would count (the driver awaits reset); may be read from any thread."""
         return self._awaiting_go
 
     def hold(self) -> None:

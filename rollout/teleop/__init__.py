@@ -9,6 +9,8 @@ through its :class:`~rollcap.rollout.events.EventBus`:
   ``stop()``): pynput under X, a raw-mode terminal reader, a script;
   :func:`open_source` picks one by name and falls back from the keyboard to
   the terminal with a one-line notice.
+- :mod:`.xrecord`: stopping pynput's X listener in the order that leaves no
+  X error (its RECORD context is disabled before the listener frees it).
 - :mod:`.status`: :class:`TeleopStatus`, the live state and the key help line.
 - :mod:`.view`: :class:`LiveView`, the scene, the planned chunk and the critic
   value in a window drawn on its own thread (off, saying so, without a display).
@@ -18,10 +20,11 @@ through its :class:`~rollcap.rollout.events.EventBus`:
   and stop, so closed-loop replay reproduces an intervened episode.
 - :mod:`.bench`: key-to-effect latency through Xvfb and xdotool.
 
-Imports point downward: ``keys`` <- ``sources``, ``status`` <- ``session``
-(which also uses ``view``); ``view`` and ``replay`` stand alone. They use the
-host's ``events``, ``protocols`` and ``episode`` only (``bench`` also builds a
-host), and nothing in ``rollcap.rollout`` below the API imports this package.
+Imports point downward: ``keys`` <- ``sources`` (which also uses ``xrecord``),
+``status`` <- ``session`` (which also uses ``view``); ``view``, ``replay`` and
+``xrecord`` stand alone. They use the host's ``events``, ``protocols`` and
+``episode`` only (``bench`` also builds a host), and nothing in
+``rollcap.rollout`` below the API imports this package.
 pynput and tkinter are imported lazily, when a source or the view starts;
 importing this package costs only numpy and the host's own modules.
 """

@@ -37,6 +37,7 @@ from rollcap.rollout.errors import RolloutError
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.protocols import EpisodeStart, StepEvent, Subscriber
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys, key_name
+from rollcap.rollout.teleop.xrecord import stop_listener
 
 SOURCES = ("keyboard", "terminal", "scripted:FILE")
 """What :func:`open_source` accepts."""
@@ -156,20 +157,7 @@ class PynputSource(KeySource):
         listener, self._listener = self._listener, None
         if listener is None:
             return
-        # pynput's stop() clears `running` and asks the listener's busy record connection to disable the
-        # RECORD context, which the server sees only with the next key event; that event ends the listener,
-        # which then frees the context. A disable sent after that free (as ours was, from a fresh connection,
-        # when a key-up was still on its way at exit) is answered with BadRecordContext, printed as an X
-        # protocol error. So the context is disabled first, while the listener runs: it frees the context
-        # only once its enable returns, which this disable makes happen; the listener then ends by itself.
-        context = getattr(listener, "_context", None)
-        ours = context is not None and listener.is_alive() and _disable_record(self._display, context)
-        if not ours:
-            listener.stop()  # no connection of our own: pynput's way (the next key event ends it)
-        listener.join(1.0)
-        if ours and listener.is_alive():  # stopped right after start: the disable came before the enable
-            _disable_record(self._display, context, quiet=True)  # the listener may be freeing it now: no error then
-            listener.join(1.0)
+        stop_listener(listener, self._display)
 
     def _on_press(self, key) -> None:
         name = _pynput_name(key)
@@ -180,26 +168,6 @@ class PynputSource(KeySource):
         name = _pynput_name(key)
         if name is not None and self._listener is not None:
             self.controller.release(name)
-
-
-def _disable_record(display_name: str, context: int, quiet: bool = False) -> bool:
-    """Disable a RECORD context from a fresh connection to the X display, waiting until the server has
-    handled it; False if the display cannot be reached. ``quiet``: an X error in reply is not printed."""
-    try:
-        import Xlib.display
-
-        display = Xlib.display.Display(display_name)
-    except Exception:  # noqa: BLE001 - the server is gone: so is the listener's connection
-        return False
-    try:
-        if quiet:
-            display.set_error_handler(lambda err, request=None: None)
-        display.record_disable_context(context)
-        display.sync()  # a round trip: the server has handled the disable before we hang up
-        display.close()
-        return True
-    except Exception:  # noqa: BLE001 - the connection broke: the server is going away
-        return False
 
 
 # ---------------------------------------------------------------- terminal
