@@ -91,6 +91,7 @@ def test_check_env_exact_mt10(task):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("ROLLCAP_METAWORLD_ALL") != "1", reason="all 50 tasks take minutes (env build + restore check each); set ROLLCAP_METAWORLD_ALL=1 (the MT10 tasks run always)")
 def test_probe_all_50_tasks_exact():
     """Every v3 task builds, is repeatable and passes the adapter's restore check."""
     bad = {t: p.reason for t in TASKS if not (p := envs.probe_exactness(_make(t))).ok}

@@ -56,6 +56,14 @@ def _run(parts: Parts, out: Path, **kw):
     return rollcap.run(EPISODES, out=out, env=parts.env_id, policy=parts.policy, critic=parts.critic, env_kwargs=parts.env_kwargs, progress=False, **CFG, **kw)
 
 
+def _committed(run_dir: Path) -> int:
+    """Episodes the run's manifest names (0 before it exists or while it is being started)."""
+    try:
+        return len(read_manifest(run_dir)[1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return 0
+
+
 def _digests(run_dir) -> dict[int, str]:
     return {r.index: episode_digest(r) for r in rollcap.load(run_dir)}
 
@@ -271,7 +279,7 @@ def test_ctrl_c_on_the_driver_stops_the_actors_and_keeps_finished_episodes(ray_l
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(list(out.glob("shards/*/episodes/*.npz"))) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        while _committed(out) < 3 and time.monotonic() < deadline and proc.poll() is None:  # named in the manifest, not only written
             time.sleep(0.1)
         import psutil
 
