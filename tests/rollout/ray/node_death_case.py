@@ -1,4 +1,4 @@
-"""The case behind test_ray_node_death.py (run in its own interpreter): a worker node dies (its raylet SIGKILLed) during a sharded run on a two-node loopback cluster; the run finishes on the survivor.
+"""The case behind test_node_death.py (run in its own interpreter): a worker node dies (its raylet SIGKILLed) during a sharded run on a two-node loopback cluster; the run finishes on the survivor.
 
 Its own cluster (the test takes a node down). Ray's node health checks are
 shortened so the death is noticed in seconds, and the replacement timeout so
