@@ -70,6 +70,7 @@ def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_LEROBOT, reason="lerobot is importable here: nothing to refuse")
 def test_cli_refuses_lerobot_doors_in_one_line(tmp_path):
     """`run --policy lerobot:DIR` and `export --to lerobot` without lerobot: one line naming the script, exit 2, nothing created."""
@@ -82,6 +83,7 @@ def test_cli_refuses_lerobot_doors_in_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]
 
 
+@pytest.mark.slow
 def test_expert_policy_records_and_replays_exactly(tmp_path):
     """`--policy expert:0.2` (the scripted expert, noise from the host) records demonstrations that replay exact."""
     out = tmp_path / "demos"

@@ -11,6 +11,8 @@ import pytest
 
 from rollcap.rollout.cli.options import Options
 
+pytestmark = pytest.mark.slow  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
+
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
 

@@ -14,7 +14,10 @@ from rollcap.rollout.recording import load_any
 HELPER = Path(__file__).with_name("_foreign_env.py")
 QUALIFIED = "gymnasium_robotics:FetchReach-v4"
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("gymnasium_robotics") is None, reason="gymnasium_robotics is not installed (pip install gymnasium-robotics): no env of another package to record")
+pytestmark = [
+    pytest.mark.slow,  # the rollcap command in subprocesses: the fast tier leaves them to the full suite
+    pytest.mark.skipif(importlib.util.find_spec("gymnasium_robotics") is None, reason="gymnasium_robotics is not installed (pip install gymnasium-robotics): no env of another package to record"),
+]
 
 
 def helper(*args, timeout=300) -> subprocess.CompletedProcess:

@@ -14,6 +14,8 @@ from rollcap.rollout.offline.branch import max_steps_of
 from rollcap.rollout.recording import load_any, synthetic_record
 from tests.rollout._other_env import record_inverted_pendulum
 
+pytestmark = pytest.mark.slow  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
+
 
 @pytest.fixture(scope="module")
 def ip_run(tmp_path_factory):

@@ -16,6 +16,8 @@ from rollcap.rollout.recording import EpisodeRecorder, load_any
 from tests.rollout._other_env import record_inverted_pendulum
 from tests.rollout._tiny import make_env
 
+pytestmark = pytest.mark.slow  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
+
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
 
