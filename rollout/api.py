@@ -338,8 +338,9 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
                 writer.close()  # every finished episode is written (after a second signal: only the one being written)
             except RecordingFailed as err:
                 failure = failure or err
-            for s in subs[0 if sharded else 1 :]:
-                s.on_run_end()
+            for s in subs:
+                if s is not writer:  # closed above
+                    s.on_run_end()
         kept = set(recorder.indices) - before
         interrupted = interrupted or guard.caught  # a signal during the drain: every episode is kept, the run still says interrupted
         summary = metrics.summary(only=kept, earlier=[Metrics.row(r) for r in earlier])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import re
 import sys
 from dataclasses import dataclass
@@ -215,17 +216,12 @@ LEROBOT_PREFIX, EXPERT = "lerobot:", "expert"
 
 
 def named_policy(policy) -> tuple[str, str] | None:
-    """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path.
-
-    Also found after ``Path.resolve()`` (Ray's actor parts are resolved: ``/cwd/lerobot:/abs/dir``, ``/cwd/expert``).
-    """
+    """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path."""
     text = str(policy)
-    head, sep, tail = text.partition(LEROBOT_PREFIX)
-    if sep and (not head or head.endswith("/")):
-        return "lerobot", tail
-    base = text.rpartition("/")[2]
-    if re.fullmatch(rf"{EXPERT}(:.*)?", base) and (base == text or not Path(text).exists()):
-        return "expert", base
+    if text.startswith(LEROBOT_PREFIX):
+        return "lerobot", text[len(LEROBOT_PREFIX):]
+    if re.fullmatch(rf"{EXPERT}(:.*)?", text):
+        return "expert", text
     return None
 
 
@@ -242,11 +238,7 @@ def _check_policy_name(parts: Parts) -> None:
     directory = Path(arg)
     if not (directory / "config.json").is_file():
         raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)")
-    import importlib.util
-
     if importlib.util.find_spec("lerobot") is None:
-        import sys
-
         raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it")
     object.__setattr__(parts, "policy", Path(LEROBOT_PREFIX + str(directory.resolve())))
 
@@ -294,7 +286,6 @@ class ExpertPolicy:
     @staticmethod
     def parse(name: str) -> float:
         """``expert`` -> 0.0, ``expert:0.1`` -> 0.1; a ConfigError naming ``policy`` otherwise."""
-        name = name.rpartition("/")[2]
         text = name.removeprefix(EXPERT).removeprefix(":") or "0"
         try:
             std = float(text)

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rollcap.rollout.build import Parts
+from rollcap.rollout.build import Parts, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
@@ -354,9 +354,13 @@ class ActorPool:
 
 
 def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
-    """``parts`` for actors that may run elsewhere: checkpoint paths made absolute; the shipped checkpoints named (each node has its own copy)."""
+    """``parts`` for actors that may run elsewhere: checkpoint paths made absolute; the shipped checkpoints named (each node has its own copy).
+
+    A named policy (``lerobot:DIR``, already absolute; ``expert[:STD]``) is no path and stays as it is.
+    """
     shipped = tuple(k for k, path in _SHIPPED.items() if getattr(parts, k) is not None and Path(getattr(parts, k)) == path)
-    return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in _SHIPPED if getattr(parts, k) is not None and k not in shipped}), shipped
+    paths = [k for k in _SHIPPED if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))]
+    return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in paths}), shipped
 
 
 def _one_line(err: BaseException) -> str:
