@@ -30,7 +30,7 @@ from gymnasium.utils.env_checker import check_env
 from rollcap.envs.adapters import find_exact_state
 from rollcap.envs.compare import canonical_bytes
 from rollcap.envs.errors import CheckFailed, NoExactState, StateMismatch
-from rollcap.envs.probe import PROBE_SEED, clone_env, repeat_difference
+from rollcap.envs.probe import PROBE_SEED, clone_env, repeat_difference, sample_actions
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -119,12 +119,6 @@ def probe_exactness(env: gym.Env, *, seed: int = PROBE_SEED, steps: int = 5) -> 
 def _name(env: gym.Env) -> str:
     spec = getattr(env, "spec", None)
     return spec.id if spec is not None else type(env.unwrapped).__name__
-
-
-def _actions(env: gym.Env, n: int, seed: int) -> list[Any]:
-    space = env.action_space
-    space.seed(seed)
-    return [space.sample() for _ in range(n)]
 
 
 Record = dict[str, bytes]
@@ -244,12 +238,12 @@ def check_env_exact(
             raise CheckFailed(f"{type(handle).__name__} does not implement the Stateful protocol")
         json.dumps(handle.state_fingerprint())
 
-        actions = _actions(env, max(restore_at) + steps, seed + 1)
+        actions = sample_actions(env.action_space, max(restore_at) + steps, seed + 1)
         env.reset(seed=seed)
         reference, states = _rollout(env, actions, handle, report.restore_points)
         other_handle = find_exact_state(other)
         other.reset(seed=seed + 2)
-        _rollout(other, _actions(other, 3, seed + 3))  # a state unlike any restored one
+        _rollout(other, sample_actions(other.action_space, 3, seed + 3))  # a state unlike any restored one
         for p in report.restore_points:
             handle.set_state(states[p])
             _same_state(states[p], handle.get_state(), f"get_state() right after set_state() of step {p}")
