@@ -9,6 +9,20 @@ macOS and Windows (node IP 127.0.0.1, every server on loopback) is chosen by
 earlier) for a local start only, checks the node IP, and starts no dashboard
 and no usage-stats reporting (Ray's token authentication stays on).
 
+A ``HOST:PORT`` address of a head started with token authentication
+(``RAY_AUTH_MODE=token ray start --head``): Ray 2.60's ``ray.init`` turns
+token mode on by itself only for a new local instance or ``address="auto"``
+(``ray/_private/worker.py``), never for an explicit address, so it sent no
+token and retried for about 20 s before "Failed to connect to Ray cluster at
+<node ip>". :func:`check_token` asks the head's GCS for its cluster id first
+(one gRPC call, the first call Ray's own client makes): when it answers
+UNAUTHENTICATED, the token is taken where Ray's CLI takes it
+(``RAY_AUTH_TOKEN``, else the file ``RAY_AUTH_TOKEN_PATH`` names, else
+``~/.ray/auth_token``; Ray's ``AuthenticationTokenLoader``), checked with a
+second call, and token mode is turned on for this process as Ray does for a
+local start (left on, like Ray's own). No token, or one the head refuses: one
+ConfigError naming ``--address``, before anything is created.
+
 A ``ray://`` address (Ray Client) sends the cluster's token only when
 ``RAY_AUTH_MODE=token`` is set (Ray 2.60; without it the connection timed
 out): :func:`connect` sets it when a token is at hand and the user did not
@@ -64,6 +78,8 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
         check_reachable(address)
     for k, v in FORK_SAFE_ENV.items():
         os.environ.setdefault(k, v)  # kept: gRPC reads it once, and Ray's children inherit it
+    if not local:
+        check_token(address)
     saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}  # put back afterwards (Ray's own settings are left alone)
     if local:
         os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
@@ -125,6 +141,71 @@ def check_reachable(address: str, timeout_s: float = 5.0) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as err:
         raise ConfigError("address", f"nothing answers at {hostport} ({err.strerror or err})") from None
+
+
+def check_token(address: str, timeout_s: float = 5.0) -> None:
+    """For a ``HOST:PORT`` address whose head wants Ray's auth token: find it as Ray's CLI does and turn token mode on here.
+
+    A ConfigError naming ``address`` when the head wants a token and none is found, the one found
+    is refused, or ``RAY_AUTH_MODE=disabled`` is set here. ``ray://`` (the Ray Client server,
+    see the module docstring), ``auto``, TLS (``RAY_USE_TLS``) and a Ray without gRPC are left to Ray,
+    and so is any answer other than "unauthenticated" (Ray's own retries and messages stand).
+    """
+    host, sep, port = address.rpartition(":")
+    if address.startswith("ray://") or not sep or not port.isdigit() or os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return  # no Ray: import_ray() says which extra to install
+    target = f"{host}:{port}"
+    if _gcs_accepts(target, None, timeout_s) is not False:
+        return  # no token wanted (or an answer Ray's own client will report)
+    wants = f"the Ray cluster at {address} requires a token (Ray token authentication)"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
+        raise ConfigError("address", f"{wants} and RAY_AUTH_MODE=disabled is set here: unset it or set RAY_AUTH_MODE=token")
+    loader = AuthenticationTokenLoader.instance()
+    loader.reset_cache()  # the environment may have changed since Ray last looked
+    try:
+        found = loader.has_token(ignore_auth_mode=True)
+    except AuthenticationError:  # RAY_AUTH_TOKEN_PATH names a missing or empty file
+        raise ConfigError("address", f"{wants}; RAY_AUTH_TOKEN_PATH names no readable token file ({os.environ.get('RAY_AUTH_TOKEN_PATH')})") from None
+    if not found:
+        raise ConfigError("address", f"{wants} and none was found: set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file holding it, or put it in ~/.ray/auth_token (`ray get-auth-token` on the head prints it)")
+    if _gcs_accepts(target, loader.get_token_for_http_header(ignore_auth_mode=True), timeout_s) is False:
+        raise ConfigError("address", f"{wants} and refused the one from {_token_source()}")
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        os.environ["RAY_AUTH_MODE"] = "token"  # as Ray's own local start does (authentication_token_setup._enable_token_auth): left on
+        Config.initialize("")  # the mode is cached when ray is imported
+
+
+def _gcs_accepts(target: str, header: dict | None, timeout_s: float) -> bool | None:
+    """Ask the GCS at ``target`` for its cluster id with ``header`` (Ray's ``authorization`` metadata, or none).
+
+    True: answered; False: UNAUTHENTICATED; None: anything else, or no gRPC (``ray[client]`` not installed).
+    """
+    try:
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:
+        return None
+    with grpc.insecure_channel(target) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=tuple((header or {}).items()))
+        except grpc.RpcError as err:
+            return False if err.code() == grpc.StatusCode.UNAUTHENTICATED else None
+    return True
+
+
+def _token_source() -> str:
+    """Where Ray's token loader took the token from (its order: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, then ~/.ray/auth_token)."""
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return "RAY_AUTH_TOKEN"
+    if os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return f"RAY_AUTH_TOKEN_PATH ({os.environ['RAY_AUTH_TOKEN_PATH']})"
+    return str(Path.home() / ".ray" / "auth_token")
 
 
 def _shutdown_quietly(ray) -> None:
