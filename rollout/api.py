@@ -48,13 +48,15 @@ class RunConfig:
     actors: int = 0
     """Run the episodes on this many Ray actors (0: in this process, without Ray); needs pip install 'rollcap[ray]'."""
     address: str | None = None
-    """With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)."""
+    """With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only); a head with token auth takes the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
     actor_cpus: float = 1.0
     """With actors: CPUs reserved per actor."""
     actor_gpus: float | None = None
     """With actors: GPU share per actor, e.g. 0.5 (default: 0 on cpu; with a cuda device 1/actors, all on one GPU)."""
     shards: bool = True
     """With actors: each actor records its own shard of the run dir and this process writes only manifest.jsonl (every command reads it as one run; rollcap merge RUN makes one file); false: actors send episodes here to be recorded."""
+    shard_dir: Path | None = None
+    """With actors and shards, for a cluster without a shared filesystem: each actor writes its shard to PATH/<run name>/sNNN on its own node (a PATH every node has); the manifest names each shard's path and node; copy them back, then rollcap merge RUN [--from DIR]."""
     teleop: str | None = None
     """A person in the loop: keys from keyboard (X, else the terminal), terminal or scripted:FILE; a live view; the reset waits for the go key."""
     require_exact: bool = False
@@ -81,6 +83,8 @@ class RunConfig:
         object.__setattr__(self, "formats", formats)
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))
+        if self.shard_dir is not None and not (self.actors and self.shards):
+            raise ConfigError("shard_dir", "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)")
 
 
 def _is_number(v) -> bool:
@@ -289,11 +293,10 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         if parts is not None:  # Ray actors run the episodes; this process records what they return
             from rollcap.rollout.ray.actors import ActorPool
 
-            shards = None
             if sharded:
                 from rollcap.rollout.ray.shards import Shards
 
-                shards = Shards(recorder, env_meta)
+                shards = Shards(recorder, env_meta, cfg.shard_dir)
             pool = ActorPool.for_run(parts, host, cfg, setup=shards and shards.setup, poll_stop=poll_stop)
             if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
                 subs.append(Progress(len(todo)))
@@ -352,7 +355,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         if pool is not None:
             summary.update(pool.summary())
         if sharded:
-            summary["shards"] = len(recorder.shard_names())
+            summary["shards"] = len(set(recorder.shard_names()) | {Path(e.shard).name for e in recorder.entries.values() if Path(e.shard).is_absolute()})
         if failure is not None:
             summary["recording_failed"] = str(failure)
         try:

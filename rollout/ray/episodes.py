@@ -115,7 +115,8 @@ class RolloutActor:
         from rollcap.rollout.recording import EpisodeRecorder
         from rollcap.rollout.recording.shards import MANIFEST
 
-        self._sees_run = (Path(shard_dir).parents[1] / MANIFEST).is_file()  # False: a node without the driver's filesystem
+        if not Path(shard).is_absolute():  # under the run directory (an absolute shard is a per-node directory: --shard-dir)
+            self._sees_run = (Path(shard_dir).parents[1] / MANIFEST).is_file()  # False: a node without the driver's filesystem
         self._shard = (shard, EpisodeRecorder(shard_dir, formats, env_meta))
 
     def run_recorded(self, index: int, seed: int, config: HostConfig | None = None) -> tuple[EpisodeRecord, dict]:

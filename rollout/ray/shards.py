@@ -18,6 +18,12 @@ gets. An actor killed after writing its shard and before its answer arrived
 leaves a copy no line names (readers ignore it; the episode runs again
 elsewhere).
 
+Per-node shard directories (``shard_dir``, ``rollcap run --shard-dir DIR``,
+for a cluster without a shared filesystem): each actor writes its shard to
+``DIR/<run name>/sNNN`` on its own node, and the manifest names that absolute
+path and the node. The numbers are the driver's, unique across nodes. At the
+end one line says where the shards are when some are not on this machine.
+
 Imports point downward: this module knows ``recording`` and ``ray.actors``.
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.actors import MAX_TRIES, ActorPool, emit, episode_specs
@@ -38,21 +45,27 @@ class Shards:
     Args:
         manifest: the run's manifest (its run directory holds ``shards/``).
         env_meta: robomimic's env metadata for the shards' HDF5 files.
+        shard_dir: a directory every node has: shards go to ``<shard_dir>/<run name>/`` on each actor's node (None: the run directory).
     """
 
-    def __init__(self, manifest: ManifestWriter, env_meta: dict):
+    def __init__(self, manifest: ManifestWriter, env_meta: dict, shard_dir: Path | None = None):
         self.manifest, self.env_meta = manifest, env_meta
-        taken = [int(n[1:]) for n in manifest.shard_names() if n[:1] == "s" and n[1:].isdigit()]
-        self._base = max(taken, default=-1) + 1
+        self.root = None if shard_dir is None else Path(shard_dir).expanduser().absolute() / manifest.run_dir.resolve().name  # as every node reads it
+        here = sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root is not None and self.root.is_dir() else []
+        names = [*manifest.shard_names(), *here, *(Path(e.shard).name for e in manifest.entries.values())]  # the manifest's: shards on other nodes
+        self._base = max([int(n[1:]) for n in names if n[:1] == "s" and n[1:].isdigit()], default=-1) + 1
+        self._named: set[str] = set()
 
     def name(self, number: int) -> str:
-        """The shard of the pool's actor ``number`` (relative to the run directory)."""
-        return f"{SHARDS_DIR}/s{self._base + number:03d}"
+        """The shard of the pool's actor ``number`` (relative to the run directory, or absolute under ``shard_dir``)."""
+        name = f"s{self._base + number:03d}"
+        return f"{SHARDS_DIR}/{name}" if self.root is None else str(self.root / name)
 
     def setup(self, handle, number: int) -> None:
         """Tell a new actor its shard (it runs this before its ``ready()``)."""
         shard = self.name(number)
-        handle.record_to.remote(str((self.manifest.run_dir / shard).resolve()), shard, self.manifest.formats, self.env_meta)
+        where = shard if self.root is not None else str((self.manifest.run_dir / shard).resolve())
+        handle.record_to.remote(where, shard, self.manifest.formats, self.env_meta)
 
     def episodes(self, pool: ActorPool, indices: Iterable[int], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES) -> Iterator[EpisodeEnd]:
         """Run episodes ``indices`` on ``pool``'s actors, each recorded in its actor's shard; yield each end once its manifest line is written.
@@ -63,7 +76,16 @@ class Shards:
         call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)
         for _, (light, receipt) in pool.map(call, episode_specs(indices, pool.config), lambda spec: spec.index, max_tries):
             self.manifest.add(receipt["index"], receipt["digest"], receipt["shard"], receipt["node"])
+            self._named.add(receipt["shard"])
             yield replace(emit(light, subscribers), record=None)
+        self.say_where()
+
+    def say_where(self) -> None:
+        """With ``shard_dir``: one line on stderr when shards of this run are not on this machine (their nodes have them)."""
+        away = sorted(s for s in self._named if not Path(s).is_dir())
+        if self.root is not None and away:
+            print(f"rollcap: {len(away)} shard(s) of this run are under {self.root} on other nodes ({', '.join(Path(s).name for s in away)}): copy them back "
+                  f"to that path here, or into one directory for `rollcap merge {self.manifest.run_dir} --from DIR`", file=sys.stderr)  # fmt: skip
 
 
     def check_visible(self, pool: ActorPool) -> None:

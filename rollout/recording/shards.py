@@ -40,8 +40,14 @@ Readers see a sharded run as one run in index order
 ``episodes.hdf5`` in the run directory) and then removes the manifest and the
 shards; a merge cut short is finished by running it again.
 
-A shard named by an absolute path (a per-node directory) is read there, or,
-once copied, from ``<run_dir>/shards/<its name>``.
+A shard named by an absolute path (a per-node directory: ``rollcap run
+--shard-dir DIR`` writes ``DIR/<run name>/sNNN`` on each actor's node) is
+read there, or, once copied back, from ``<run_dir>/shards/<its name>`` or
+from ``<d>/<its name>`` for a directory ``d`` the reader is given
+(``rollcap merge RUN --from D``). Shard names are numbered by the driver
+across all nodes, so the shards of every node can be copied into one
+directory. A shard found nowhere is one :class:`CorruptEpisode` line naming
+the episode, its node and every place looked.
 
 Imports point downward: this module knows ``kernels.files``, ``episode``,
 ``errors``, the codec, the formats and the recorder.
@@ -129,22 +135,32 @@ def read_manifest(run_dir) -> tuple[dict, dict[int, Entry], int]:
     return header, entries, len(whole)
 
 
-def shard_path(run_dir, shard: str) -> Path:
-    """Where ``shard`` is read: as named (relative to ``run_dir``), else ``<run_dir>/shards/<its name>`` (a per-node directory copied in)."""
-    run_dir = Path(run_dir)
-    p = run_dir / shard  # an absolute shard stays absolute
-    if p.is_dir() or not Path(shard).is_absolute():
-        return p
-    return run_dir / SHARDS_DIR / Path(shard).name
+def shard_places(run_dir, shard: str, search=()) -> list[Path]:
+    """Where ``shard`` may be, in the order looked: as named (relative to ``run_dir``, or absolute), then
+    ``<run_dir>/shards/<its name>`` and ``<d>/<its name>`` for each ``d`` in ``search`` (a shard copied back from its node)."""
+    run_dir, name = Path(run_dir), Path(shard).name
+    return list(dict.fromkeys([run_dir / shard, *([run_dir / SHARDS_DIR / name] if name else []), *(Path(d) / name for d in search if name)]))
 
 
-def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False) -> EpisodeRecord:
+def shard_path(run_dir, shard: str, search=()) -> Path:
+    """The first of :func:`shard_places` that is a directory (the first place when none is)."""
+    places = shard_places(run_dir, shard, search)
+    return next((p for p in places if p.is_dir()), places[0])
+
+
+def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False, search=()) -> EpisodeRecord:
     """Episode ``entry`` from its shard (npz when recorded, else HDF5; ``every``: each format, and they must agree), digest checked.
 
+    ``search``: more directories holding shards copied back from their nodes (:func:`shard_places`).
+
     Raises:
-        CorruptEpisode: the shard's copy is missing, damaged, or not the episode the manifest names.
+        CorruptEpisode: the shard is nowhere, or its copy is missing, damaged, or not the episode the manifest names.
     """
-    root = shard_path(run_dir, entry.shard)
+    root = shard_path(run_dir, entry.shard, search)
+    if not root.is_dir():
+        places = ", ".join(map(str, shard_places(run_dir, entry.shard, search)))
+        node = f" on node {entry.node}" if entry.node else ""
+        raise CorruptEpisode(f"episode {entry.index}: its shard {entry.shard} (written{node}) is not here: looked in {places}; copy it back from that node")
     copies = []
     for fmt in [f for f in ("npz", "h5") if f in formats][: None if every else 1]:
         if fmt == "npz":
@@ -164,16 +180,16 @@ def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False) -> E
     return copies[0][1]
 
 
-def iter_sharded(run_dir) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
-    """``(source, record or its CorruptEpisode)`` of every episode the manifest names, in index order."""
+def iter_sharded(run_dir, search=()) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
+    """``(source, record or its CorruptEpisode)`` of every episode the manifest names, in index order (``search``: :func:`read_entry`'s)."""
     header, entries, _ = read_manifest(run_dir)
     for i in sorted(entries):
         entry = entries[i]
-        root = shard_path(run_dir, entry.shard)
+        root = shard_path(run_dir, entry.shard, search)
         formats = header.get("formats", FORMATS)
         source = str(root / EPISODES_DIR / f"episode_{i:05d}.npz") if "npz" in formats else f"{root / H5_NAME}:demo_{i}"
         try:
-            yield source, read_entry(run_dir, entry, formats)
+            yield source, read_entry(run_dir, entry, formats, search=search)
         except CorruptEpisode as err:
             yield source, err
 
@@ -290,18 +306,19 @@ def _read_shard_episode(root: Path, index: int, formats) -> EpisodeRecord:
     return copies[0]
 
 
-def merge(run_dir) -> int:
+def merge(run_dir, search=()) -> int:
     """Consolidate a sharded run into the single-file layout (``episodes/``, ``episodes.hdf5``) in index order; returns the episodes merged.
 
     Episodes are copied from their shards (digests checked), the result is
     read back and checked against the manifest, and only then are the
     manifest (the commit point: from there readers see the single-file
-    layout) and the shards removed. Interrupted, it is finished by running it
-    again.
+    layout) and ``<run_dir>/shards`` removed (shards outside the run
+    directory, per-node or in ``search``, are left as they are). Interrupted,
+    it is finished by running it again. ``search``: :func:`read_entry`'s.
 
     Raises:
         FileNotFoundError: ``run_dir`` is not a sharded run.
-        CorruptEpisode: an episode the manifest names cannot be read from its shard.
+        CorruptEpisode: an episode the manifest names cannot be read from its shard, or its shard is nowhere.
     """
     run_dir = Path(run_dir)
     if not is_sharded(run_dir):
@@ -313,7 +330,7 @@ def merge(run_dir) -> int:
         for i in sorted(entries):
             if entries[i].shard == "." or i in have:
                 continue
-            rec.write(read_entry(run_dir, entries[i], formats))
+            rec.write(read_entry(run_dir, entries[i], formats, search=search))
         merged = {r.index: episode_digest(r) for r in rec.verify()}
     want = {i: e.digest for i, e in entries.items()}
     if merged != want:

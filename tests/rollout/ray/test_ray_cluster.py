@@ -119,3 +119,52 @@ def test_a_failed_connection_leaves_ray_usable_in_the_process(cluster, monkeypat
         assert ray.get(ray.put(7)) == 7
     finally:
         ray.shutdown()
+
+
+def test_per_node_shard_dirs_are_named_in_the_manifest_and_merged_back_from_where_they_were_copied(cluster, ckpt, tmp_path, capsys):
+    """shard_dir=<nodes>: each actor writes <nodes>/<run name>/sNNN (absolute, named in the manifest with its node; nothing under the run dir's
+    shards/). Moved away as if on other nodes, then collected into one directory: merge without it is one line naming the episode, its node
+    and each place looked; with `--from` and one shard missing, the line names that shard's first episode; with every shard, the merged run
+    has the in-process run's digests."""
+    import shutil
+
+    from rollcap.rollout.cli import main
+
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False, "seed": 6, "max_chunks": 4}
+    local = rollcap.run(6, out=tmp_path / "local", **names)
+    want = {r.index: episode_digest(r) for r in rollcap.load(local.run_dir)}
+    nodes, run_dir = tmp_path / "nodes", tmp_path / "run"
+    result = rollcap.run(6, out=run_dir, actors=2, address=cluster.address, shard_dir=nodes, **names)
+    entries = read_manifest(run_dir)[1]
+    shards = sorted({e.shard for e in entries.values()})
+    assert shards == [str(nodes / "run" / f"s{i:03d}") for i in range(2)] and len({e.node for e in entries.values()}) == 2, entries
+    assert result.summary["shards"] == 2 and not (run_dir / "shards").exists()
+    assert {r.index: episode_digest(r) for r in rollcap.load(run_dir)} == want  # read where they were written
+
+    back = tmp_path / "back"  # the nodes' shards, collected into one directory; none left where the manifest says
+    shutil.move(str(nodes / "run"), str(back))
+    first = {s: min(i for i, e in entries.items() if e.shard == s) for s in shards}
+    assert main(["merge", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    e0 = entries[0]
+    assert err == [f"rollcap merge: error: episode 0: its shard {e0.shard} (written on node {e0.node}) is not here: looked in {e0.shard}, {run_dir / 'shards' / Path(e0.shard).name}; copy it back from that node"], err
+    missing = Path(shards[1]).name
+    shutil.move(str(back / missing), str(tmp_path / "aside"))
+    assert main(["merge", str(run_dir), "--from", str(back)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"rollcap merge: error: episode {first[shards[1]]}: its shard {shards[1]} ") and str(back / missing) in err[0], err
+    assert (run_dir / "manifest.jsonl").is_file()  # nothing merged away
+    shutil.move(str(tmp_path / "aside"), str(back / missing))
+    assert main(["merge", str(run_dir), "--from", str(back)]) == 0
+    assert not (run_dir / "manifest.jsonl").exists() and h5_indices(run_dir / "episodes.hdf5") == list(range(6))
+    assert {r.index: episode_digest(r) for r in rollcap.load(run_dir)} == want
+
+
+def test_a_shard_dir_without_sharded_actors_is_refused(ckpt, tmp_path):
+    """shard_dir with no actors, or with shards=False: one ConfigError naming it; nothing is created."""
+    names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1]), "env_kwargs": ENV_KW, "progress": False}
+    for kw in ({}, {"actors": 2, "shards": False}):
+        with pytest.raises(ConfigError, match="per-node shard directories are for runs on actors that record shards") as err:
+            rollcap.run(2, out=tmp_path / "run", shard_dir=tmp_path / "nodes", **kw, **names)
+        assert err.value.field == "shard_dir"
+        assert not (tmp_path / "run").exists() and not (tmp_path / "nodes").exists()
