@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,6 +87,7 @@ def head():
         except ProcessLookupError:
             pass
         log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _names(ckpt) -> dict:
