@@ -16,6 +16,20 @@ noise cannot be injected: the fingerprint says ``"noise": "not injected"``
 and carries a fresh token per call, so replay reports "not comparable"
 instead of "exact" or "diverged". ACT takes no noise (deterministic in eval).
 
+Backends: ``eager`` (the default) calls ``predict_action_chunk`` as it is.
+``jit`` (CPU) and ``cuda`` (a CUDA device) run it (ACT's forward, Diffusion
+Policy's DDIM loop) through rollcap's own capture, a
+:class:`~rollcap.kernels.runner.GraphRunner` over static buffers: the
+preprocessed tensor features and the noise in, ``actions`` out; the
+preprocessor and postprocessor stay eager. Where capture is not possible
+(DDPM draws the global RNG; the trace fails; the model needs the batch's
+non-tensor entries; the plan disagrees with eager on a probe) it runs eager
+and :attr:`LeRobotPolicy.backend` says why (``"eager (reason)"``). The
+fingerprint carries ``"backend"`` whenever a capture was asked for, so a
+chunk recorded with one backend and replayed with another is "not
+comparable", never falsely "exact"; an eager policy's fingerprint has no
+``"backend"`` (as every LeRobot recording made before capture existed).
+
 No live state between chunks (the chunk is a function of observation, noise
 and weights), so this is not a capsule ``Stateful``: the host's capsule holds
 nothing of it.
@@ -33,13 +47,18 @@ import inspect
 import json
 import sys
 import uuid
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
+from rollcap.kernels.graph import default_backend
+from rollcap.kernels.lanes import CallerLane, make_lane
+from rollcap.kernels.runner import GraphRunner
 
 INSTALL_HINT = "build LeRobot's venv with `bash scripts/lerobot_env.sh` (lerobot==0.6.1 needs Python >= 3.12) and run there"
 STATE_KEYS = ("state", "proprio", "observation.state")
@@ -47,6 +66,11 @@ STATE_KEYS = ("state", "proprio", "observation.state")
 _NOT_BITS = frozenset({"device", "pretrained_path", "pretrained_backbone_weights", "push_to_hub", "repo_id", "private", "tags", "license", "use_amp"})
 """Config fields that do not change a chunk's bits (where it came from or is published; the device is in the fingerprint already)."""
 
+
+BACKENDS = ("eager", "jit", "cuda")
+"""What runs ``predict_action_chunk``: eager, a ``torch.jit.trace`` plan (CPU), a CUDA graph (CUDA)."""
+NOISE = "noise"
+"""The noise buffer's name (a feature is named ``observation.*``)."""
 
 INSTRUCTION_FEATURE = "observation.environment_state"
 """Where an exported instruction goes for policies without a language input (ACT and Diffusion Policy read this feature)."""
@@ -171,9 +195,19 @@ class LeRobotPolicy:
         keys: LeRobot input feature -> rollcap observation key, for what the defaults
             (:func:`map_features`) do not find.
         source: where it came from (recorded in the fingerprint).
+        backend: one of :data:`BACKENDS`; ``jit`` needs a CPU policy, ``cuda`` a CUDA one.
+        threads: intra-op threads of the captured plan's replay (CPU; it runs in the caller's thread).
+
+    Attributes:
+        backend: what runs the model: ``"eager"``, ``"jit"``, ``"cuda"``, or ``"eager (why capture was not possible)"``.
+        capture_max_abs_diff: captured vs eager chunk on two probe inputs, max |difference| (0.0: bit-identical
+            there); None when nothing was captured.
+
+    Raises:
+        ValueError: (naming ``backend``) a backend not in :data:`BACKENDS`, or one that does not run on the device.
     """
 
-    def __init__(self, policy, preprocessor, postprocessor, keys: Mapping[str, str] | None = None, source: str = ""):
+    def __init__(self, policy, preprocessor, postprocessor, keys: Mapping[str, str] | None = None, source: str = "", backend: str = "eager", threads: int = 1):
         self.policy = policy.eval()
         self.preprocessor, self.postprocessor = preprocessor, postprocessor
         self.cfg = cfg = policy.config
@@ -193,15 +227,30 @@ class LeRobotPolicy:
         self.device = torch.device(str(getattr(cfg, "device", None) or "cpu"))
         self._mapping: tuple[frozenset, dict[str, str]] | None = None
         self._chunk: np.ndarray | None = None
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: a LeRobot policy runs {', '.join(BACKENDS)}; got {backend!r}")
+        if backend not in ("eager", default_backend(self.device)):
+            raise ValueError(f"backend: {backend!r} does not run on {self.device} (use {default_backend(self.device)!r} or 'eager')")
+        self.requested_backend = backend
+        self.backend = "eager"
+        self.capture_max_abs_diff: float | None = None
+        self._graph: GraphRunner | None = None
+        self._tensor_keys: tuple[str, ...] = ()
+        self.trace_warnings: list[str] = []
+        if backend != "eager":
+            why = self._capture(backend, threads)
+            self.backend = backend if why is None else f"eager ({why})"
+            if why is not None:
+                warnings.warn(f"lerobot.{cfg.type}: backend {backend!r} not possible, it runs eager: {why}", RuntimeWarning, stacklevel=2)
         self._static_fp = self._fingerprint_base()
 
     @classmethod
-    def load(cls, directory, device: str = "cpu", keys: Mapping[str, str] | None = None) -> LeRobotPolicy:
-        """Load what ``save_pretrained`` wrote (the policy, and the processors beside it), offline.
+    def load(cls, directory, device: str = "cpu", keys: Mapping[str, str] | None = None, backend: str = "eager", threads: int = 1) -> LeRobotPolicy:
+        """Load what ``save_pretrained`` wrote (the policy, and the processors beside it), offline; ``backend``, ``threads`` as for the class.
 
         Raises:
             ImportError: lerobot is not installed here.
-            ValueError: ``directory`` holds no saved LeRobot policy.
+            ValueError: ``directory`` holds no saved LeRobot policy, or a bad ``backend``.
         """
         directory = Path(directory)
         if not (directory / "config.json").is_file():
@@ -220,7 +269,7 @@ class LeRobotPolicy:
         policy = get_policy_class(cfg.type).from_pretrained(str(directory), config=cfg, local_files_only=True)
         overrides = {"device_processor": {"device": str(device)}}
         pre, post = make_pre_post_processors(cfg, pretrained_path=str(directory), preprocessor_overrides=overrides, postprocessor_overrides=overrides)
-        return cls(policy, pre, post, keys=keys, source=str(directory))
+        return cls(policy, pre, post, keys=keys, source=str(directory), backend=backend, threads=threads)
 
     # -- ChunkPolicy ---------------------------------------------------------
     def reset(self) -> None:
@@ -242,13 +291,11 @@ class LeRobotPolicy:
             value = instruction_vector(obs[key], int(feat.shape[0])) if key == INSTRUCTION else obs[key]
             batch[name] = _to_feature(name, feat, value)
         batch["task"] = [str(obs.get("instruction", ""))]
+        batch = self._preprocess(batch)
+        policy_noise = self._policy_noise(noise) if self.injects else None
+        actions = self._eager(batch, policy_noise) if self._graph is None else self._replay(batch, policy_noise)
         with torch.inference_mode():
-            batch = self.preprocessor(batch)
-            if self.n_obs_steps > 1:  # one observation per boundary: the history is the current one repeated
-                for name in self.cfg.input_features:
-                    batch[name] = batch[name].unsqueeze(1).expand(-1, self.n_obs_steps, *batch[name].shape[1:])
-            kw = {"noise": self._policy_noise(noise)} if self.injects else {}
-            actions = self.postprocessor(self.policy.predict_action_chunk(batch, **kw))
+            actions = self.postprocessor(actions)
         chunk = actions.detach().to("cpu", torch.float32).numpy()
         if chunk.shape[0] != 1 or chunk.shape[1:] != self.chunk_shape:
             raise ValueError(f"policy {self.cfg.type!r} returned a chunk of shape {chunk.shape}, expected (1, *{self.chunk_shape})")
@@ -262,13 +309,16 @@ class LeRobotPolicy:
         return out
 
     def state_fingerprint(self) -> dict:
-        """Weights (policy and processors), config, lerobot and torch versions, device, and how noise is used."""
+        """Weights (policy and processors), config, lerobot and torch versions, device, how noise is used, and
+        ``backend`` (what ran) when a capture was asked for."""
         if self.takes_noise and not self.injects:
             return {**self._static_fp, "draw": uuid.uuid4().hex}  # unrecorded RNG draws: never equal to another call's
         return dict(self._static_fp)
 
     def close(self) -> None:
-        """Nothing to release (the host calls it when the run ends)."""
+        """Release the captured plan's lane, if any (the host calls it when the run ends)."""
+        if self._graph is not None:
+            self._graph.lane.close()
 
     # -- internals -----------------------------------------------------------
     def _map(self, obs: Mapping[str, Any]) -> dict[str, str]:
@@ -276,6 +326,96 @@ class LeRobotPolicy:
         if self._mapping is None or self._mapping[0] != keys:
             self._mapping = (keys, map_features(self.cfg.input_features, keys, self.keys))
         return self._mapping[1]
+
+    def _preprocess(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The preprocessor, then the history axis where the policy reads ``n_obs_steps`` observations."""
+        with torch.inference_mode():
+            batch = self.preprocessor(batch)
+            if self.n_obs_steps > 1:  # one observation per boundary: the history is the current one repeated
+                for name in self.cfg.input_features:
+                    batch[name] = batch[name].unsqueeze(1).expand(-1, self.n_obs_steps, *batch[name].shape[1:])
+        return batch
+
+    def _eager(self, batch: dict[str, Any], noise: torch.Tensor | None) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.policy.predict_action_chunk(batch, **({} if noise is None else {"noise": noise}))
+
+    def _replay(self, batch: dict[str, Any], noise: torch.Tensor | None) -> torch.Tensor:
+        """The captured plan over the static buffers: the batch's tensors (and the noise) in, a copy of ``actions`` out."""
+        values = {k: batch[k] for k in self._tensor_keys} | ({} if noise is None else {NOISE: noise})
+        self._graph.write(values)  # BadInput (a ValueError naming the buffer) if the preprocessor gave another shape
+        self._graph.launch()
+        return self._graph.wait()["actions"].clone()
+
+    def _capture(self, backend: str, threads: int) -> str | None:
+        """Capture ``predict_action_chunk`` over static buffers; None when done, else why not (the policy stays eager).
+
+        Two probe inputs (zeros, then seeded random features and noise) go through the preprocessor; their
+        tensor entries fix the buffers. The model must give the same chunk without the batch's other entries
+        (``task``), and the plan must agree with eager on both probes (``torch.allclose``); the largest
+        difference is kept in :attr:`capture_max_abs_diff`.
+        """
+        if self.takes_noise and not self.injects:
+            return "DDPM draws torch's global RNG at every denoising step; its noise cannot be a buffer"
+        gen = torch.Generator().manual_seed(0)
+        probes = []
+        for random in (False, True):
+            raw = {name: (torch.rand(tuple(f.shape), generator=gen) if random else torch.zeros(tuple(f.shape))) for name, f in self.cfg.input_features.items()}
+            noise = torch.randn((1, *self.noise_shape), generator=gen).to(self.device) if self.injects else None
+            probes.append((self._preprocess({**raw, "task": [""]}), noise))
+        tensors = {k: v for k, v in probes[0][0].items() if isinstance(v, torch.Tensor)}
+        others = sorted(set(probes[0][0]) - set(tensors))
+        self._tensor_keys = tuple(tensors)
+
+        def model(b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            kw = {"noise": b[NOISE]} if self.injects else {}
+            return {"actions": self.policy.predict_action_chunk({k: b[k] for k in self._tensor_keys}, **kw)}
+
+        ref = [self._eager(batch, noise) for batch, noise in probes]
+        try:
+            with torch.no_grad():
+                alone = model({k: probes[0][0][k] for k in self._tensor_keys} | ({NOISE: probes[0][1]} if self.injects else {}))["actions"]
+        except Exception as err:  # noqa: BLE001 - a model's own code: any failure means it needs what was left out
+            return f"predict_action_chunk needs the batch's non-tensor entries {others} ({type(err).__name__})"
+        if alone.shape != ref[0].shape or not torch.equal(alone, ref[0]):
+            return f"predict_action_chunk's chunk depends on the batch's non-tensor entries {others}"
+        specs = [BufferSpec(k, tuple(v.shape), v.dtype) for k, v in tensors.items()]
+        if self.injects:
+            specs.append(BufferSpec(NOISE, (1, *self.noise_shape), torch.float32))
+        lane = CallerLane("lerobot", threads) if self.device.type == "cpu" else make_lane("lerobot", self.device)
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always", torch.jit.TracerWarning)
+                self._graph = GraphRunner(model, specs, [BufferSpec("actions", tuple(ref[0].shape), ref[0].dtype)], self.device, backend, [self.policy], lane=lane, label="lerobot")
+            got = [self._replay(batch, noise) for batch, noise in probes]
+        except Exception as err:  # noqa: BLE001 - tracing a model's own code can fail in any way; it is said, not hidden
+            self._graph = None
+            lane.close()
+            return f"{backend} capture failed: {type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"[:300]
+        self.capture_max_abs_diff = max(float((g - r).abs().max()) for g, r in zip(got, ref))
+        if not all(torch.allclose(g, r, rtol=1e-4, atol=1e-5) for g, r in zip(got, ref)):
+            self.close()
+            self._graph = None
+            return f"the {backend} plan disagrees with eager on a probe input (max |diff| {self.capture_max_abs_diff:.3g})"
+        self._say_tracer_warnings(seen, backend)
+        return None
+
+    def _say_tracer_warnings(self, seen, backend: str) -> None:
+        """The tracer's warnings (shapes read as Python numbers, a constant tensor iterated) as one warning naming
+        where they came from and what checked the plan; any other warning as it was."""
+        tracer = [w for w in seen if issubclass(w.category, torch.jit.TracerWarning)]
+        for w in seen:
+            if w not in tracer:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        self.trace_warnings = sorted({f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in tracer})
+        if tracer:
+            warnings.warn(
+                f"lerobot.{self.cfg.type}: the {backend} plan was traced through {len(tracer)} TracerWarning(s) at "
+                f"{', '.join(self.trace_warnings)} (values read as Python numbers are fixed in the plan); it matched eager on two probe "
+                f"inputs (max |diff| {self.capture_max_abs_diff:.3g})",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def _policy_noise(self, noise: np.ndarray) -> torch.Tensor:
         if self.noise_shape == self.chunk_shape:
@@ -309,4 +449,5 @@ class LeRobotPolicy:
             "dtype": str(next(self.policy.parameters()).dtype).removeprefix("torch."),
             "noise": noise,
             "obs_history": "current observation" if self.n_obs_steps == 1 else f"current observation x{self.n_obs_steps}",
+            **({"backend": self.backend} if self.requested_backend != "eager" else {}),
         }

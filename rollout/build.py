@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 from rollcap.critics import CriticRunner, load_critic
+from rollcap.kernels.graph import default_backend
 from rollcap.kernels.lanes import make_lane
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import PolicyRunner, load_policy
@@ -42,7 +43,7 @@ class Parts:
     device: str = "cpu"
     """cpu or cuda[:i]."""
     backend: Literal["eager", "jit", "aoti", "compile", "cuda"] | None = None
-    """Graph backend (default: jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap)."""
+    """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap)."""
     threads: int = 1
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
 
@@ -184,7 +185,8 @@ def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
 def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None = None) -> tuple[PolicyRunner, CriticRunner | None]:
     """Load the checkpoints and capture their graphs, each on its own lane (no critic if ``parts.critic`` is None).
 
-    ``parts.policy`` ``lerobot:DIR`` is a :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager) and
+    ``parts.policy`` ``lerobot:DIR`` is a :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager unless ``parts.backend``
+    names jit / cuda) and
     ``expert[:STD]`` an :class:`ExpertPolicy`; neither carries a prefix, so ``rtc`` is refused by the host.
 
     With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
@@ -251,11 +253,15 @@ def _named_policy(parts: Parts, env=None):
     kind, arg = named
     if kind == "expert":
         return ExpertPolicy(ExpertPolicy.parse(arg))
+    from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
     from rollcap.policies.lerobot import LeRobotPolicy, map_features
 
-    torch.set_num_threads(parts.threads)  # it runs eagerly on the host's thread: torch's default (every core) measured 168 ms vs 1.5 ms a chunk beside a busy core
+    backend = parts.backend or "eager"  # the default: every LeRobot recording before capture existed was eager, and replays so
+    if backend not in LEROBOT_BACKENDS or (backend != "eager" and backend != default_backend(parts.device)):
+        raise ConfigError("backend", f"{backend!r}: a LeRobot policy on {parts.device} runs 'eager' or {default_backend(parts.device)!r} ({LEROBOT_PREFIX}{arg})")
+    torch.set_num_threads(parts.threads)  # it runs on the host's thread: torch's default (every core) measured 168 ms vs 1.5 ms a chunk beside a busy core
     try:
-        policy = LeRobotPolicy.load(arg, device=parts.device)
+        policy = LeRobotPolicy.load(arg, device=parts.device, backend=backend, threads=parts.threads)
         if env is not None and isinstance(env.observation_space, gym.spaces.Dict):
             map_features(policy.cfg.input_features, list(env.observation_space.spaces))
     except (ValueError, ImportError) as err:
