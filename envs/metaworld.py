@@ -213,6 +213,11 @@ class _Sawyer:
         return super().reset()
 
     @property
+    def rollcap_step_limit(self) -> int:
+        """Steps after which the env truncates itself (``max_path_length``; in the env fingerprint as ``step_limit``)."""
+        return int(self.max_path_length)
+
+    @property
     def model_body_pos(self) -> np.ndarray:
         """``model.body_pos`` (task state: MetaWorld places objects by moving bodies of the model)."""
         return self.model.body_pos

@@ -170,6 +170,12 @@ def test_success_is_reported_as_is_success():
     assert flags[-1] and not any(flags[:-1]) and len(flags) > 5
 
 
+def test_fingerprint_names_the_step_limit():
+    """The env truncates itself after max_steps: the exact-state fingerprint says so (what branch values divide by)."""
+    assert envs.exact_state_of(_make()).state_fingerprint()["step_limit"] == 500
+    assert envs.exact_state_of(_make(max_steps=12)).state_fingerprint()["step_limit"] == 12
+
+
 def test_expert_policy_is_the_tasks_script():
     """`expert[:STD]` on a MetaWorld env is that task's metaworld.policies class: 4-wide chunks, named in the fingerprint;
     an env id without an expert is refused naming the policy; the built-in task keeps its expert and fingerprint."""
@@ -208,6 +214,12 @@ def test_cli_expert_run_records_and_replays_exact(tmp_path):
     assert rec.returncode == 0, rec.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["successes"] == 2 and summary["stop_reasons"] == {"success": 2}, summary
+    from rollcap.rollout.offline.branch import max_steps_of
+    from rollcap.rollout.recording import load_any
+
+    recs = load_any(tmp_path / "run")
+    assert recs[0].steps["actions"].shape[1] == 4 and max_steps_of(recs[0]) == 500  # the step limit MC values divide by
+    assert recs[0].fingerprints["policy"]["expert"].endswith("SawyerPushV3Policy")
     replay = [*cli, "replay", str(tmp_path / "run"), "--policy", "expert:0.1", "--critic", "none"]
     out = subprocess.run(replay, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "6 exact" in out.stdout.splitlines()[-1], out.stdout[-2000:] + out.stderr[-2000:]
