@@ -93,7 +93,7 @@ def format_host(h: dict, row) -> None:
     """The section's rows of the human table."""
     row("chunk boundary (median)", f"{h['boundary_ms_median']:.2f} ms")
     row("host overhead per chunk (median)", f"{h['host_overhead_ms_median']:.3f} ms ({h['host_overhead_fraction']:.1%} of boundary)")
-    row("recording overhead, background writer", f"{h['recorded_background_overhead']:.1%} of rollout wall (npz + h5, images)")
+    row("recording overhead, background writer", f"{h['recorded_background_overhead']:.1%} of rollout wall (npz + h5)")
     row("recording overhead, synchronous writes", f"{h['recorded_sync_overhead']:.1%} of rollout wall")
     row("capsule reset / env.reset + runner rebuild", f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)")
     row("episode start in a rollout (restore + env.reset + initial state)", f"{h['episode_start_ms']:.3f} ms")

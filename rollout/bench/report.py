@@ -91,7 +91,7 @@ _FORMAT = {
     "gym": ("gym", "gym (ChunkEnv / NoiseSteeringEnv):"),
     "scaling": ("capsule", "capsule scaling (restore / snapshot vs a plain copy; ratio median, IQR over rounds):"),
     "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
-    "recording": ("recording", "recording (the writer's stages per episode, real episodes of the shipped task):"),
+    "recording": ("recording", "recording (the writer's stages per episode, real episodes of the policy in the env):"),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
     "section_s": None,
     "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),
