@@ -429,7 +429,8 @@ class ExactStateWrapper(gym.Wrapper):
 
         ``state_layout`` (:data:`MUJOCO_LAYOUT`) and ``task_attributes`` (name ->
         kind) are there in MuJoCo mode only; over a native env the fingerprint is
-        that env's, plus ``state_spec`` and ``time_limits``.
+        that env's, plus ``state_spec`` and ``time_limits``; ``step_limit`` when the
+        base env declares ``rollcap_step_limit`` (the steps after which it truncates itself).
         """
         if not self.exact_state:
             raise NoExactState(self.exact_state_reason)
@@ -447,4 +448,6 @@ class ExactStateWrapper(gym.Wrapper):
             }
         fp["state_spec"] = spec_to_json(self._spec)
         fp["time_limits"] = [w._max_episode_steps for w in self._time_limits]
+        if getattr(base, "rollcap_step_limit", None):  # an env that truncates itself (MetaWorld's max_path_length)
+            fp["step_limit"] = int(base.rollcap_step_limit)
         return fp

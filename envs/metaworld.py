@@ -213,6 +213,11 @@ class _Sawyer:
         return super().reset()
 
     @property
+    def rollcap_step_limit(self) -> int:
+        """Steps after which the env truncates itself (``max_path_length``; in the env fingerprint as ``step_limit``)."""
+        return int(self.max_path_length)
+
+    @property
     def model_body_pos(self) -> np.ndarray:
         """``model.body_pos`` (task state: MetaWorld places objects by moving bodies of the model)."""
         return self.model.body_pos
@@ -331,7 +336,7 @@ class MetaWorldConfig:
 
 
 class MetaWorldObservation(gym.ObservationWrapper):
-    """MetaWorld's flat observation as rollcap's dict: ``state``, ``image_<camera>``, ``instruction``.
+    """MetaWorld's flat observation as rollcap's dict: ``state``, ``image_<camera>``, ``instruction``; ``info["is_success"]``.
 
     ``state`` float32 ``(39,)`` (:data:`STATE_DIM`, unbounded), one uint8
     ``(S, S, 3)`` image per camera, rendered from the Sawyer env's qpos and mocap
@@ -352,6 +357,15 @@ class MetaWorldObservation(gym.ObservationWrapper):
         obs["instruction"] = spaces.Text(max_length=longest, min_length=1, charset="abcdefghijklmnopqrstuvwxyz ")
         self.observation_space = spaces.Dict(obs)
         self._renderers: dict[str, MujocoRenderer] = {}
+
+    def step(self, action: Any) -> tuple[dict[str, Any], Any, bool, bool, dict[str, Any]]:
+        """MetaWorld's step, with ``info["is_success"]``: its ``info["success"]`` as the bool rollcap stops on.
+
+        The host ends an episode at its first success, as MetaWorld's own
+        evaluation does (``terminate_on_success``); MetaWorld itself never terminates.
+        """
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return self.observation(obs), reward, terminated, truncated, {**info, "is_success": bool(info["success"])}
 
     def observation(self, observation: np.ndarray) -> dict[str, Any]:
         """The dict of one flat MetaWorld observation (rendering the cameras now)."""

@@ -37,7 +37,7 @@ class Parts:
     env_kwargs: dict | None = None
     """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
     policy: Path = DEFAULT_POLICY
-    """Policy checkpoint (.json or .safetensors; default: the shipped one); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the scripted expert of the built-in task (STD: Gaussian action noise from the host's noise)."""
+    """Policy checkpoint (.json or .safetensors; default: the shipped one); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
     critic: Path | None = DEFAULT_CRITIC
     """Critic checkpoint (default: the shipped one); 'none' runs without a critic."""
     device: str = "cpu"
@@ -252,7 +252,7 @@ def _named_policy(parts: Parts, env=None):
         return None
     kind, arg = named
     if kind == "expert":
-        return ExpertPolicy(ExpertPolicy.parse(arg))
+        return expert_policy(arg, env)
     from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
     from rollcap.policies.lerobot import LeRobotPolicy, map_features
 
@@ -269,24 +269,40 @@ def _named_policy(parts: Parts, env=None):
     return policy
 
 
-class ExpertPolicy:
-    """The built-in task's scripted expert as a :class:`~rollcap.rollout.protocols.ChunkPolicy` (``--policy expert``).
+def expert_policy(name: str, env=None, env_id: str | None = None) -> ExpertPolicy:
+    """``expert[:STD]`` for ``env`` (or the env with id ``env_id``, what a recording names; neither: the built-in task).
 
-    Reactive: a chunk of one action per boundary (the expert reads the current
-    state and the instruction). ``std`` > 0 adds ``std x`` the host's noise to
-    that action (DART-style exploration, clipped to [-1, 1]), so a noisy demo
-    is still a pure function of the episode seed and replays exactly.
-    Single caller: the host's thread.
+    Raises:
+        ConfigError: (field ``policy``) the env has no scripted expert (:func:`rollcap.envs.experts.scripted_expert`).
+    """
+    from rollcap.envs.experts import scripted_expert
+
+    std = ExpertPolicy.parse(name)
+    try:
+        return ExpertPolicy(std, scripted_expert(env, env_id))
+    except ValueError as err:
+        raise ConfigError("policy", f"{name}: {err}") from err
+
+
+class ExpertPolicy:
+    """An env's scripted expert as a :class:`~rollcap.rollout.protocols.ChunkPolicy` (``--policy expert``).
+
+    The script (:mod:`rollcap.envs.experts`: the built-in task's, or a MetaWorld
+    task's from ``metaworld.policies``) is reactive: a chunk of one action per
+    boundary, read from the current observation. ``std`` > 0 adds ``std x``
+    the host's noise to that action (DART-style exploration, clipped to
+    [-1, 1]), so a noisy demo is still a pure function of the episode seed and
+    replays exactly. Single caller: the host's thread.
     """
 
-    chunk_shape = (1, 2)
     execute_steps = 1
 
-    def __init__(self, std: float = 0.0):
-        from rollcap.envs.expert import ScriptedExpert
+    def __init__(self, std: float = 0.0, script=None):
+        from rollcap.envs.experts import PushBlockScript
 
         self.std = float(std)
-        self._expert = ScriptedExpert()
+        self._script = script if script is not None else PushBlockScript()
+        self.chunk_shape = (1, int(self._script.action_dim))
         self._chunk: np.ndarray | None = None
 
     @staticmethod
@@ -303,7 +319,7 @@ class ExpertPolicy:
 
     def reset(self) -> None:
         """Episode start: the clean expert keeps no state between episodes; a chunk not yet taken is dropped."""
-        self._expert.reset(0)
+        self._script.reset()
         self._chunk = None
 
     def start(self, obs, noise: np.ndarray) -> None:
@@ -311,21 +327,21 @@ class ExpertPolicy:
         noise = np.asarray(noise, np.float32)
         if noise.shape != self.chunk_shape:
             raise ValueError(f"noise: expected {self.chunk_shape}, got {noise.shape}")
-        action = self._expert.act(obs)
+        action = self._script.act(obs)
         if self.std:
             action = np.clip(action + np.float32(self.std) * noise[0], -1.0, 1.0).astype(np.float32)
         self._chunk = action[None].copy()
 
     def result(self) -> np.ndarray:
-        """The chunk :meth:`start` computed, float32 ``[1, 2]``."""
+        """The chunk :meth:`start` computed, float32 ``[1, A]``."""
         if self._chunk is None:
             raise RuntimeError("result() called without a successful start()")
         out, self._chunk = self._chunk, None
         return out
 
     def state_fingerprint(self) -> dict:
-        """The expert and its noise (numpy only: no weights)."""
-        return {"kind": "rollcap.expert", "std": self.std, "noise": "injected" if self.std else "not an input", "numpy": np.__version__}
+        """The expert and its noise (numpy only: no weights); a MetaWorld expert also names its class and metaworld's version."""
+        return {"kind": "rollcap.expert", "std": self.std, "noise": "injected" if self.std else "not an input", "numpy": np.__version__, **self._script.fingerprint()}
 
     def close(self) -> None:
         """Nothing to release."""

@@ -5,7 +5,8 @@
   is a ratio <= 1.05.
 - ``AsyncVectorEnv`` of 2 ``NoiseSteeringEnv`` workers vs one env in this
   process, in chunks per second (each worker builds its own runners; on a
-  2-core machine the two workers and their lanes share the cores).
+  2-core machine the two workers and their lanes share the cores). Only for
+  the built-in task and a checkpoint policy (the env it steers); skipped, saying so, with another.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import numpy as np
 
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.gym.envs import ChunkEnv, make_noise_steering_env
 from rollcap.rollout.host import HostState
@@ -99,6 +100,9 @@ def bench_gym(parts: Parts, n: int) -> dict:
         "core_boundary_execute_ms": float(np.median(via_core) * 1e3),
     }
     out["chunk_env_over_core"] = out["chunk_env_step_ms"] / out["core_boundary_execute_ms"]
+    if parts.env_id != DEFAULT_ENV or named_policy(parts.policy) is not None:
+        out["vector_skipped"] = "NoiseSteerPushBlock-v0 is the built-in task with a checkpoint policy, not --env / --policy"
+        return out
     k = max(10, n // 10)
     out["single_env_chunks_per_s"] = _vector_rate(parts, 1, k)
     out["async_2_workers_chunks_per_s"] = _vector_rate(parts, 2, k)
@@ -108,4 +112,7 @@ def bench_gym(parts: Parts, n: int) -> dict:
 
 def format_gym(g: dict, row) -> None:
     row("ChunkEnv.step vs host boundary+execute", f"{g['chunk_env_step_ms']:.2f} vs {g['core_boundary_execute_ms']:.2f} ms ({g['chunk_env_over_core']:.3f}x, {g['chunks']} chunks)")
+    if "vector_skipped" in g:
+        row("chunks/s: 1 env / AsyncVectorEnv(2 workers)", f"skipped: {g['vector_skipped']}")
+        return
     row("chunks/s: 1 env / AsyncVectorEnv(2 workers)", f"{g['single_env_chunks_per_s']:.1f} / {g['async_2_workers_chunks_per_s']:.1f} ({g['async_2_over_single']:.2f}x)")

@@ -21,7 +21,7 @@ def bench_host(parts: Parts, n: int) -> dict:
 
     episodes = max(2, n // 20)
     env = make_env(parts.env_id, parts.env_kwargs)
-    policy, critic = make_runners(parts)
+    policy, critic = make_runners(parts, env)  # checked against the env's observations (--env with a policy that cannot read it is refused)
     out: dict = {"episodes": episodes}
 
     walls: dict[str, list[float]] = {}
@@ -62,9 +62,10 @@ def bench_host(parts: Parts, n: int) -> dict:
 
     def rebuild_reset():
         env.reset(seed=1)
-        p, c = make_runners(parts)
-        p.close()
-        c.close()
+        p, c = make_runners(parts, env)
+        for part in (p, c):
+            if part is not None:  # --critic none
+                part.close()
 
     t_caps = time_calls(capsule_reset, n)
     t_rebuild = time_calls(rebuild_reset, max(2, n // 20), warm=0)
@@ -82,9 +83,9 @@ def bench_host(parts: Parts, n: int) -> dict:
     out["capsule_reset_ms"] = stats(t_caps)["median_ms"]
     out["env_reset_plus_rebuild_ms"] = stats(t_rebuild)["median_ms"]
     out["capsule_reset_speedup"] = out["env_reset_plus_rebuild_ms"] / out["capsule_reset_ms"]
-    policy.close()
-    critic.close()
-    env.close()
+    for part in (policy, critic, env):
+        if part is not None:
+            part.close()
     return out
 
 
@@ -92,7 +93,7 @@ def format_host(h: dict, row) -> None:
     """The section's rows of the human table."""
     row("chunk boundary (median)", f"{h['boundary_ms_median']:.2f} ms")
     row("host overhead per chunk (median)", f"{h['host_overhead_ms_median']:.3f} ms ({h['host_overhead_fraction']:.1%} of boundary)")
-    row("recording overhead, background writer", f"{h['recorded_background_overhead']:.1%} of rollout wall (npz + h5, images)")
+    row("recording overhead, background writer", f"{h['recorded_background_overhead']:.1%} of rollout wall (npz + h5)")
     row("recording overhead, synchronous writes", f"{h['recorded_sync_overhead']:.1%} of rollout wall")
     row("capsule reset / env.reset + runner rebuild", f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)")
     row("episode start in a rollout (restore + env.reset + initial state)", f"{h['episode_start_ms']:.3f} ms")

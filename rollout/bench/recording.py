@@ -50,7 +50,7 @@ def bench_recording(parts: Parts, n: int) -> dict:
     quick = n < 100
     episodes, rounds = (2, 2) if quick else (10, 3)
     env = make_env(parts.env_id, parts.env_kwargs)
-    policy, critic = make_runners(parts)
+    policy, critic = make_runners(parts, env)
     env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(parts.env_kwargs or {})}
     walls: dict[str, list[float]] = {"plain": [], "background": [], "sync": []}
     with tempfile.TemporaryDirectory(prefix="rollcap-recbench-") as tmp:
@@ -74,9 +74,9 @@ def bench_recording(parts: Parts, n: int) -> dict:
             stage_s["image deflate-1 (npz's)"].append(_timed(lambda: [zlib.compress(a.tobytes(), 1) for a in images]))
             stage_s["image gzip-4 per frame (h5's)"].append(_timed(lambda: [zlib.compress(f.tobytes(), 4) for a in images for f in a]))
             stage_s["image gzip-1 per frame"].append(_timed(lambda: [zlib.compress(f.tobytes(), 1) for a in images for f in a]))
-    policy.close()
-    critic.close()
-    env.close()
+    for part in (policy, critic, env):
+        if part is not None:  # --critic none
+            part.close()
     plain = statistics.median(walls["plain"]) / episodes
     spread = lambda xs: {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}  # noqa: E731
     stages = {}

@@ -31,12 +31,44 @@ _MODULE = {"scaling": "capsule"}
 """The module of a section whose name is not its module's: ``bench_<section>`` lives in ``rollcap.rollout.bench.<module>``."""
 
 
+CHECKPOINTS = ("models", "capsule", "scaling", "peer", "backends")
+"""Sections that measure a policy checkpoint's and a critic's graphs (captured and eager) and capsules (not a named policy, not --critic none)."""
+IN_ENV = ("host", "gym", "branch", "peer", "recording")
+"""Sections that run the policy in ``--env``."""
+
+
+def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
+    """Refuse, before any section runs, parts a chosen section cannot measure (ConfigError naming the option).
+
+    A named policy (``expert``, ``lerobot:DIR``) or no critic has no captured graph for :data:`CHECKPOINTS`;
+    another ``--env`` must be one the policy reads (checked as ``rollcap run`` checks it) for :data:`IN_ENV`.
+    """
+    from rollcap.rollout.build import DEFAULT_ENV, make_env, make_runners, named_policy
+    from rollcap.rollout.errors import ConfigError
+
+    need = [s for s in only if s in CHECKPOINTS]
+    others = ",".join(s for s in SECTIONS if s not in CHECKPOINTS)
+    if need and named_policy(parts.policy) is not None:
+        raise ConfigError("policy", f"{parts.policy}: section(s) {','.join(need)} measure a checkpoint's captured graph; pick others with --only ({others})")
+    if need and parts.critic is None:
+        raise ConfigError("critic", f"none: section(s) {','.join(need)} measure the critic too; pick others with --only ({others})")
+    if any(s in IN_ENV for s in only) and (parts.env_id != DEFAULT_ENV or parts.env_kwargs):
+        env = make_env(parts.env_id, parts.env_kwargs)
+        try:
+            for runner in make_runners(parts, env):
+                if runner is not None:
+                    runner.close()
+        finally:
+            env.close()
+
+
 def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None) -> dict:
-    """Run the chosen sections (default: all) and return a JSON-able report."""
+    """Run the chosen sections (default: all) and return a JSON-able report (:func:`check_parts` first)."""
     only = only or SECTIONS
     bad = [s for s in only if s not in SECTIONS + OPT_IN]
     if bad:
         raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS + OPT_IN)}")
+    check_parts(parts, only)
     n = 20 if quick else 200
     report: dict = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
@@ -59,7 +91,7 @@ _FORMAT = {
     "gym": ("gym", "gym (ChunkEnv / NoiseSteeringEnv):"),
     "scaling": ("capsule", "capsule scaling (restore / snapshot vs a plain copy; ratio median, IQR over rounds):"),
     "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
-    "recording": ("recording", "recording (the writer's stages per episode, real episodes of the shipped task):"),
+    "recording": ("recording", "recording (the writer's stages per episode, real episodes of the policy in the env):"),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
     "section_s": None,
     "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),

@@ -170,6 +170,7 @@ def max_steps_of(rec: EpisodeRecord, env=None, source: str = "") -> int:
     if "max_steps" in fp.get("dynamics", {}):
         return int(fp["dynamics"]["max_steps"])
     limits = [int(n) for n in fp.get("time_limits") or () if n]  # gymnasium TimeLimit wrappers (an adapted env's fingerprint)
+    limits += [int(fp["step_limit"])] if fp.get("step_limit") else []  # an adapted env that truncates itself (MetaWorld)
     if limits:
         return min(limits)
     limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)

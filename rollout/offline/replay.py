@@ -263,8 +263,21 @@ class Replayer:
     def __init__(self, parts):
         from rollcap.rollout.build import make_runners
 
+        self.parts = parts
         self.policy, self.critic = make_runners(parts)
         self.envs: dict[str, object] = {}
+        self.experts: dict[str, object] = {}
+
+    def policy_for(self, rec: EpisodeRecord):
+        """The policy that replays ``rec``: ``expert[:STD]`` is the expert of the recording's env (one per env id), any other the one policy."""
+        from rollcap.rollout.build import expert_policy, named_policy
+
+        named = named_policy(self.parts.policy)
+        if named is None or named[0] != "expert":
+            return self.policy
+        if rec.env_id not in self.experts:
+            self.experts[rec.env_id] = expert_policy(named[1], env_id=rec.env_id)
+        return self.experts[rec.env_id]
 
     def env_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
         """The recording's env (built once per id and kwargs). ``import_env``: the user named a ``module:Env`` id, so it may be imported."""
@@ -287,11 +300,12 @@ class Replayer:
         out = []
         for mode in modes:
             try:
+                policy = self.policy_for(rec)
                 if mode == "policy":
-                    res = replay_policy(rec, self.policy, self.critic)
+                    res = replay_policy(rec, policy, self.critic)
                 else:
                     env = self.env_for(rec, source, import_env)
-                    res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, self.policy, self.critic))
+                    res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, policy, self.critic))
             except (ValueError, KeyError, TypeError) as err:
                 res = ReplayResult.could_not(source, mode, err, rec.index)
             res.source = str(source)  # every mode's result names the episode's file: the summary counts episodes by (file, index)

@@ -151,3 +151,78 @@ def test_cli_run_records_and_replays_exact(tmp_path):
     out = subprocess.run(replay, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "6 exact" in out.stdout.splitlines()[-1], out.stdout
+
+
+def test_success_is_reported_as_is_success():
+    """info["is_success"] (what the host stops on) is MetaWorld's info["success"], and the task's expert reaches it."""
+    from rollcap.envs.experts import scripted_expert
+
+    env = _make("reach-v3")
+    expert = scripted_expert(env)
+    obs, _ = env.reset(seed=1)
+    flags = []
+    for _ in range(200):
+        obs, _, terminated, truncated, info = env.step(expert.act(obs))
+        assert info["is_success"] is bool(info["success"]) and not terminated
+        flags.append(info["is_success"])
+        if info["is_success"]:
+            break
+    assert flags[-1] and not any(flags[:-1]) and len(flags) > 5
+
+
+def test_fingerprint_names_the_step_limit():
+    """The env truncates itself after max_steps: the exact-state fingerprint says so (what branch values divide by)."""
+    assert envs.exact_state_of(_make()).state_fingerprint()["step_limit"] == 500
+    assert envs.exact_state_of(_make(max_steps=12)).state_fingerprint()["step_limit"] == 12
+
+
+def test_expert_policy_is_the_tasks_script():
+    """`expert[:STD]` on a MetaWorld env is that task's metaworld.policies class: 4-wide chunks, named in the fingerprint;
+    an env id without an expert is refused naming the policy; the built-in task keeps its expert and fingerprint."""
+    from rollcap.rollout.build import expert_policy
+    from rollcap.rollout.errors import ConfigError
+
+    env = _make("drawer-open-v3")
+    policy = expert_policy("expert:0.1", env)
+    assert policy.chunk_shape == (1, 4)
+    fp = policy.state_fingerprint()
+    assert fp["expert"] == "metaworld.policies.sawyer_drawer_open_v3_policy.SawyerDrawerOpenV3Policy" and fp["std"] == 0.1
+    assert expert_policy("expert", env_id="rollcap/MetaWorld-drawer-open-v3").state_fingerprint()["expert"] == fp["expert"]
+    obs, _ = env.reset(seed=4)
+    noise = np.full((1, 4), 0.5, np.float32)
+    clean = expert_policy("expert", env)
+    clean.start(obs, noise)
+    policy.start(obs, noise)
+    a, b = clean.result(), policy.result()
+    assert a.dtype == np.float32 and np.array_equal(b, np.clip(a + np.float32(0.1) * noise, -1, 1))
+    with pytest.raises(ConfigError, match="expert: Pendulum-v1 has no scripted expert") as err:
+        expert_policy("expert", env_id="Pendulum-v1")
+    assert err.value.field == "policy"
+    push_block = expert_policy("expert", env_id="rollcap/PushBlock-v0")
+    assert push_block.chunk_shape == (1, 2) and set(push_block.state_fingerprint()) == {"kind", "std", "noise", "numpy"}
+
+
+@pytest.mark.slow
+def test_cli_expert_run_records_and_replays_exact(tmp_path):
+    """rollcap run --policy expert:0.1 on push-v3 (state only) records successes; a fresh rollcap replay proves all three modes exact,
+    and the clean expert is another policy (not comparable, not exact)."""
+    cli = [sys.executable, "-m", "rollcap.rollout.cli"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = [*cli, "run", "--env", "rollcap/MetaWorld-push-v3", "--env-kwargs", '{"render_images": false}', "--policy", "expert:0.1",
+           "--critic", "none", "--episodes", "2", "--seed", "5", "--format", "npz", "--out", str(tmp_path / "run")]  # fmt: skip
+    rec = subprocess.run(run, env=env, capture_output=True, text=True, timeout=600)
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["successes"] == 2 and summary["stop_reasons"] == {"success": 2}, summary
+    from rollcap.rollout.offline.branch import max_steps_of
+    from rollcap.rollout.recording import load_any
+
+    recs = load_any(tmp_path / "run")
+    assert recs[0].steps["actions"].shape[1] == 4 and max_steps_of(recs[0]) == 500  # the step limit MC values divide by
+    assert recs[0].fingerprints["policy"]["expert"].endswith("SawyerPushV3Policy")
+    replay = [*cli, "replay", str(tmp_path / "run"), "--policy", "expert:0.1", "--critic", "none"]
+    out = subprocess.run(replay, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "6 exact" in out.stdout.splitlines()[-1], out.stdout[-2000:] + out.stderr[-2000:]
+    clean = subprocess.run([*cli, "replay", str(tmp_path / "run"), "--policy", "expert", "--critic", "none", "--mode", "policy"],
+                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert clean.returncode == 1 and "2 not comparable" in clean.stdout.splitlines()[-1], clean.stdout[-2000:]
