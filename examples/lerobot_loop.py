@@ -1,5 +1,11 @@
-"""The LeRobot loop, end to end: expert demonstrations -> LeRobotDataset v3 -> lerobot-train (a small ACT)
+"""The LeRobot loop, end to end: DART-style expert demonstrations -> LeRobotDataset v3 -> lerobot-train (a small ACT)
 -> rollcap run with the shipped critic -> replay exact -> inspect --plot.
+
+The demonstrations are DART-style: the scripted expert executes with Gaussian
+noise (`--policy expert:NOISE`, the noise from the host, so they replay exactly)
+and the export labels every frame with the *clean* expert's action on that
+frame's observation (`rollcap export --labels expert`): the dataset shows how to
+recover from states off the expert's path, with labels free of the noise.
 
 Run it with LeRobot's venv (Python >= 3.12; `bash scripts/lerobot_env.sh` builds it):
 
@@ -25,9 +31,11 @@ from pathlib import Path
 class Args:
     out: Path = Path("runs/lerobot_loop")
     """Directory for the demos, the dataset, the training run and the evaluation run."""
-    demos: int = 500
-    """Expert episodes recorded (`--policy expert:0.05`: the scripted expert with Gaussian action noise from the host's noise)."""
-    steps: int = 5000
+    demos: int = 1000
+    """Expert episodes recorded (`--policy expert:NOISE`: the scripted expert with Gaussian action noise from the host's noise)."""
+    noise: float = 0.3
+    """Std of the expert's executed action noise (the labels are the clean expert's)."""
+    steps: int = 12000
     """lerobot-train steps."""
     episodes: int = 20
     """Evaluation episodes under rollcap's host with the shipped critic."""
@@ -50,8 +58,8 @@ def sh(*cmd) -> None:
 def main(args: Args) -> None:
     rollcap = (sys.executable, "-m", "rollcap.rollout.cli")
     out = args.out
-    sh(*rollcap, "run", "--policy", "expert:0.05", "--critic", "none", "--episodes", args.demos, "--seed", args.seed, "--format", "npz", "--out", out / "demos")
-    sh(*rollcap, "export", out / "demos", "--to", "lerobot", "--root", out / "dataset", "--obs-keys", "state", "--instruction-dims", "32", "--extras", "")
+    sh(*rollcap, "run", "--policy", f"expert:{args.noise}", "--critic", "none", "--episodes", args.demos, "--seed", args.seed, "--format", "npz", "--out", out / "demos")
+    sh(*rollcap, "export", out / "demos", "--to", "lerobot", "--root", out / "dataset", "--obs-keys", "state", "--instruction-dims", "32", "--extras", "", "--labels", "expert")
     sh(
         Path(sys.executable).with_name("lerobot-train"), "--dataset.repo_id=rollcap/dataset", f"--dataset.root={out / 'dataset'}", *ACT,
         f"--steps={args.steps}", "--batch_size=32", "--num_workers=0", f"--save_freq={args.steps}", "--log_freq=200", "--seed=1000",

@@ -21,7 +21,7 @@ import numpy as np
 def success(run_a, run_b) -> dict:
     """Per-seed success of two runs paired by episode index: rates with Wilson 95% intervals, the paired
     difference with a normal 95% interval, and the exact McNemar p over the discordant seeds."""
-    from rollcap.rollout.learn.recap.evaluate import mcnemar_exact, wilson
+    from rollcap.rollout.stats import mcnemar_p, wilson
     from rollcap.rollout.recording import iter_any
 
     runs = []
@@ -40,7 +40,7 @@ def success(run_a, run_b) -> dict:
     for name, s in ((str(run_a), sa), (str(run_b), sb)):
         p, lo, hi = wilson(int(s.sum()), n)
         out[name] = {"successes": int(s.sum()), "rate": p, "wilson95": [lo, hi]}
-    out["difference"] = {"a_minus_b": float(d.mean()), "ci95": [float(d.mean() - half), float(d.mean() + half)], "only_a": only_a, "only_b": only_b, "mcnemar_p": mcnemar_exact(only_a, only_b)}
+    out["difference"] = {"a_minus_b": float(d.mean()), "ci95": [float(d.mean() - half), float(d.mean() + half)], "only_a": only_a, "only_b": only_b, "mcnemar_p": mcnemar_p(only_a, only_b)}
     return out
 
 

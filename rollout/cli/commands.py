@@ -205,6 +205,7 @@ def cmd_export(args) -> int:
         raise UserError(f"--to {args.to}: {args.to} is not importable in this Python ({sys.version.split()[0]}); it lives in LeRobot's venv: bash scripts/lerobot_env.sh, then run .venv-lerobot/bin/rollcap")
 
     options = {"extras": tuple(x for x in args.extras.split(",") if x)} if args.extras is not None else {}
+    options["labels"] = args.labels
     if args.to == "lerobot":
         options.update(fps=args.fps, videos=args.videos, instruction_dims=args.instruction_dims)
         if args.repo_id:
@@ -222,7 +223,7 @@ def cmd_export(args) -> int:
         raise UserError(f"--to {args.to}: {str(err).splitlines()[0]}") from err
     except ValueError as err:  # the exporters name their Python argument: name the flag
         arg, sep, rest = str(err).partition(": ")
-        flags = {"run_dir": "RUN", "root": "--root", "obs_keys": "--obs-keys", "extras": "--extras", "instruction_dims": "--instruction-dims", "fps": "--fps", "dataset_id": "--dataset-id", "repo_id": "--repo-id"}
+        flags = {"run_dir": "RUN", "root": "--root", "obs_keys": "--obs-keys", "extras": "--extras", "instruction_dims": "--instruction-dims", "fps": "--fps", "dataset_id": "--dataset-id", "repo_id": "--repo-id", "labels": "--labels"}
         raise UserError(f"{flags[arg]}: {rest}" if sep and arg in flags else str(err)) from err
     skipped = f"; {len(out.skipped)} episode(s) without a step skipped" if out.skipped else ""
     if args.to == "lerobot":
@@ -307,6 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--obs-keys", default=None, metavar="LIST", help="lerobot: comma list of observation keys to export (default all), e.g. state for a policy without images")
     p.add_argument("--instruction-dims", type=int, default=0, metavar="N", help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time")
     p.add_argument("--dataset-id", default=None, help="minari: the dataset id (default rollcap/<run name>-v0)")
+    p.add_argument("--labels", choices=("recorded", "expert"), default="recorded", help="the actions written: recorded (what the env received, default) or expert: the clean scripted expert's action on each recorded observation (DART: record with --policy expert:STD, label clean; built-in task only; the dataset says so)")
 
     p = command("bench", cmd_bench, "measure latency, overlap, capsules, env and host overhead", "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.", "rollcap bench --quick --json bench.json")
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")

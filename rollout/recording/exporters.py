@@ -22,10 +22,11 @@ def export(run_dir, to: str, root, **options):
     """Export the recording at ``run_dir`` to ``to`` (:data:`TARGETS`) under ``root``; written whole or not at all.
 
     ``to="lerobot"``: :func:`~rollcap.rollout.recording.to_lerobot.export_lerobot` (``root`` is the dataset
-    directory; options ``repo_id``, ``fps``, ``videos``, ``extras``, ``instruction_dims``, ``obs_keys``).
+    directory; options ``repo_id``, ``fps``, ``videos``, ``extras``, ``instruction_dims``, ``obs_keys``, ``labels``).
     ``to="minari"``: :func:`~rollcap.rollout.recording.to_minari.export_minari` (``root`` is Minari's datasets
     root, the dataset goes to ``root/<dataset_id>``; options ``dataset_id`` (default :func:`default_dataset_id`),
-    ``extras``, ``description``).
+    ``extras``, ``description``, ``labels``). ``labels="expert"``: the clean scripted expert's action on each
+    recorded observation instead of the executed one (:mod:`~rollcap.rollout.recording.labels`).
 
     Returns what was written (``LeRobotExport`` / ``MinariExport``).
 

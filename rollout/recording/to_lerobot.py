@@ -7,17 +7,21 @@ stored losslessly in image mode (PNG in parquet, the default) or as videos
 (:data:`~rollcap.rollout.recording.export.EXTRAS`) become ``next.reward``,
 ``next.done``, ``next.success``, ``intervention`` and ``critic_value``.
 Episodes of zero steps have no frame and are skipped (their indices are returned).
+``labels="expert"`` writes the clean scripted expert's action on each recorded
+observation instead of the executed one (DART-style demonstrations, :mod:`.labels`)
+and says so in ``meta/info.json`` (``"rollcap_labels"``).
 
 The dataset is written into a temporary directory beside ``root`` and renamed
 into place when finished: a failure leaves nothing. LeRobot is imported
 lazily; it lives in its own environment (``bash scripts/lerobot_env.sh``).
 
-Imports point downward: the recording readers (:mod:`.export`), the LeRobot adapter's instruction vector.
+Imports point downward: the recording readers (:mod:`.export`), the labels (:mod:`.labels`), the LeRobot adapter's instruction vector.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +42,12 @@ from rollcap.rollout.recording.export import (
     staged,
     step_extras,
     without_empty,
+)
+from rollcap.rollout.recording.labels import (
+    EXPERT_LABELS_NOTE,
+    actions_of,
+    check_labels,
+    expert_for,
 )
 
 INSTALL = "LeRobot lives in its own venv: `bash scripts/lerobot_env.sh`, then run with .venv-lerobot/bin/python"
@@ -91,7 +101,7 @@ def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool, instruc
 
 def export_lerobot(
     run_dir, root, *, repo_id: str | None = None, fps: int = 10, videos: bool = False, extras: Sequence[str] = EXTRAS, instruction_dims: int = 0,
-    obs_keys: Sequence[str] | None = None,
+    obs_keys: Sequence[str] | None = None, labels: str = "recorded",
 ) -> LeRobotExport:
     """Write the episodes at ``run_dir`` as a LeRobotDataset v3 at ``root``.
 
@@ -108,10 +118,14 @@ def export_lerobot(
             for policies without a language input (ACT, Diffusion Policy); ``LeRobotPolicy`` computes
             the same vector from the instruction at run time.
         obs_keys: the observation keys to export (default: all), e.g. ``("state",)`` for a policy without images.
+        labels: ``"recorded"`` (the actions the env received) or ``"expert"``: the clean scripted
+            expert's action on each recorded observation (:mod:`~rollcap.rollout.recording.labels`;
+            DART: demonstrations executed with noise, labelled clean). Only for the built-in task.
 
     Raises:
         ValueError: one line naming the argument: not a recording, a non-empty ``root``,
-            an unknown extra, episodes of different shapes.
+            an unknown extra, episodes of different shapes, ``labels="expert"`` for a recording
+            the expert cannot label.
         ImportError: lerobot is not installed here.
     """
     extras = check_extras(extras)
@@ -121,7 +135,10 @@ def export_lerobot(
         raise ValueError(f"fps: expected an integer >= 1, got {fps!r}")
     if not isinstance(instruction_dims, int) or isinstance(instruction_dims, bool) or instruction_dims < 0:
         raise ValueError(f"instruction_dims: expected an integer >= 0, got {instruction_dims!r}")
+    check_labels(labels)
     first, records = read_run(run_dir)
+    if labels == "expert":
+        expert_for(first)  # refuse a recording the expert cannot label before anything is created
     if obs_keys is not None:
         obs_keys = (obs_keys,) if isinstance(obs_keys, str) else tuple(obs_keys)
         missing = [k for k in obs_keys if k not in first.obs]
@@ -141,17 +158,27 @@ def export_lerobot(
             for rec in without_empty(records, skipped):
                 if features_of(rec, extras, videos, instruction_dims, obs_keys) != feats:
                     raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
-                _add_episode(ds, rec, extras, instruction_dims, obs_keys)
+                _add_episode(ds, rec, extras, instruction_dims, obs_keys, actions_of(rec, labels))
                 episodes, frames = episodes + 1, frames + rec.num_steps
         except BaseException:
             with contextlib.suppress(Exception):  # close its writers; the staged directory is removed anyway
                 ds.finalize()
             raise
         ds.finalize()
+        if labels == "expert":  # a default export's info.json stays LeRobot's own
+            _note_labels(tmp / "meta" / "info.json")
     return LeRobotExport(root, repo_id, episodes, frames, feats, skipped)
 
 
-def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str], instruction_dims: int, obs_keys) -> None:
+def _note_labels(info: Path) -> None:
+    """Say in the dataset's ``meta/info.json`` that its actions are the expert's (``"rollcap_labels": "expert"`` and a note)."""
+    meta = json.loads(info.read_text())
+    meta["rollcap_labels"] = "expert"
+    meta["rollcap_labels_note"] = EXPERT_LABELS_NOTE
+    info.write_text(json.dumps(meta, indent=4))
+
+
+def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str], instruction_dims: int, obs_keys, actions: np.ndarray) -> None:
     task = rec.instruction or DEFAULT_TASK
     more = step_extras(rec)
     words = instruction_vector(rec.instruction, instruction_dims) if instruction_dims else None
@@ -159,7 +186,7 @@ def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str], instruction_dims
         frame = {feature_name(k): _value(v[t]) for k, v in rec.obs.items() if obs_keys is None or k in obs_keys}
         if words is not None:
             frame[INSTRUCTION_FEATURE] = words
-        frame["action"] = rec.steps["actions"][t]
+        frame["action"] = actions[t]
         for name in extras:
             feature, dtype = _EXTRA_FEATURES[name]
             frame[feature] = np.asarray([more[name][t]], dtype=dtype)

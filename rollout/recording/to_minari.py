@@ -7,13 +7,16 @@ truncations, the episode seed and id; the instruction is an observation
 (:data:`~rollcap.rollout.recording.export.EXTRAS` other than reward and done,
 which Minari holds itself) go to ``infos`` as ``T + 1`` rows (the last:
 False / NaN). Images are stored raw (``jpeg_encoding=False``): lossless.
+``labels="expert"`` stores the clean scripted expert's action on each recorded
+observation instead of the executed one (:mod:`.labels`) and says so in the
+dataset's description.
 
 Minari keeps datasets under a root directory (``MINARI_DATASETS_PATH``,
 default ``~/.minari/datasets``) at ``<root>/<dataset_id>``. The dataset is
 written under a temporary root beside that path and renamed into place when
 finished: a failure leaves nothing. Minari is imported lazily.
 
-Imports point downward: the recording readers (:mod:`.export`).
+Imports point downward: the recording readers (:mod:`.export`), the labels (:mod:`.labels`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,12 @@ from rollcap.rollout.recording.export import (
     staged,
     step_extras,
     without_empty,
+)
+from rollcap.rollout.recording.labels import (
+    EXPERT_LABELS_NOTE,
+    actions_of,
+    check_labels,
+    expert_for,
 )
 
 INSTALL = "pip install minari==0.5.4 (it is in LeRobot's venv: `bash scripts/lerobot_env.sh`)"
@@ -85,7 +94,8 @@ def _charset() -> str:
 
 
 def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] = EXTRAS, description: str | None = None,
-                  author: str | None = None, author_email: str | None = None, code_permalink: str | None = None) -> MinariExport:
+                  author: str | None = None, author_email: str | None = None, code_permalink: str | None = None,
+                  labels: str = "recorded") -> MinariExport:
     """Write the episodes at ``run_dir`` as the Minari dataset ``dataset_id`` (``namespace/name-vN``).
 
     Args:
@@ -96,10 +106,12 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
             reward and done are Minari's own fields and always present).
         author, author_email, code_permalink: the dataset's metadata, passed to Minari (which
             warns when they are missing: a dataset should say who made it and with what code).
+        labels: ``"recorded"`` (the executed actions) or ``"expert"`` (the clean scripted expert's
+            action on each recorded observation; the description says so), as for the LeRobot export.
 
     Raises:
         ValueError: one line naming the argument: not a recording, an existing dataset, a bad id,
-            an unknown extra, episodes of different shapes.
+            an unknown extra, episodes of different shapes, a recording the expert cannot label.
         ImportError: minari is not installed here.
     """
     extras = check_extras(extras)
@@ -108,7 +120,10 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
     root = datasets_root(root)
     target = root / dataset_id
     check_target(target, "dataset_id")
+    check_labels(labels)
     first, records = read_run(run_dir)
+    if labels == "expert":
+        expert_for(first)
     minari = lazy_import("minari", INSTALL)
     from minari.data_collector import EpisodeBuffer
 
@@ -117,10 +132,13 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
     for rec in without_empty(records, skipped):
         if spaces_of(rec) != (obs_space, act_space):
             raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
-        buffers.append(_buffer(EpisodeBuffer, rec, extras))
+        buffers.append(_buffer(EpisodeBuffer, rec, extras, actions_of(rec, labels)))
         steps += rec.num_steps
     if not buffers:
         raise ValueError(f"run_dir: {run_dir} holds no episode with a step")
+    description = description or f"rollcap recording {Path(run_dir).resolve()}"
+    if labels == "expert":
+        description = f"{description}; {EXPERT_LABELS_NOTE}"
     with staged(target, "dataset_id") as out:
         scratch = out.with_name("minari")  # a datasets root beside ``out``, inside the staging directory
         previous = os.environ.get("MINARI_DATASETS_PATH")
@@ -128,7 +146,7 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
         try:
             minari.create_dataset_from_buffers(
                 dataset_id, buffers, env=_env_spec(first), observation_space=obs_space, action_space=act_space,
-                algorithm_name="rollcap", description=description or f"rollcap recording {Path(run_dir).resolve()}",
+                algorithm_name="rollcap", description=description,
                 eval_env=_env_spec(first),  # episodes are evaluated in the env that recorded them
                 author=author, author_email=author_email, code_permalink=code_permalink,
                 data_format="hdf5", jpeg_encoding=False,
@@ -158,7 +176,7 @@ def _env_spec(rec: EpisodeRecord):
     return dataclasses.replace(spec, kwargs={**(spec.kwargs or {}), **(rec.env_kwargs or {})})
 
 
-def _buffer(EpisodeBuffer, rec: EpisodeRecord, extras: Sequence[str]):
+def _buffer(EpisodeBuffer, rec: EpisodeRecord, extras: Sequence[str], actions: np.ndarray):
     obs = {k: np.concatenate([v, rec.final_obs[k][None]]) for k, v in rec.obs.items()}
     if rec.instruction:
         obs["instruction"] = [rec.instruction] * (rec.num_steps + 1)
@@ -169,6 +187,6 @@ def _buffer(EpisodeBuffer, rec: EpisodeRecord, extras: Sequence[str]):
             pad = np.array([np.nan if name == "critic_value" else False], dtype=more[name].dtype)
             infos[name] = np.concatenate([more[name], pad])
     return EpisodeBuffer(
-        id=rec.index, seed=rec.seed, observations=obs, actions=rec.steps["actions"],
+        id=rec.index, seed=rec.seed, observations=obs, actions=actions,
         rewards=rec.steps["rewards"], terminations=rec.steps["terminated"], truncations=rec.steps["truncated"], infos=infos,
     )
