@@ -60,6 +60,7 @@ def cmd_run(args) -> int:
     from rollcap.rollout.build import Parts, make_env, make_runners
     from rollcap.rollout.config import HostConfig
 
+    _SIGNALS.poll()  # the heavy imports are done: a Ctrl-C held during them stops here, not after the build and capture
     opts = args.options
     parts = Parts(**opts.values(args, Parts))
     host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
@@ -72,6 +73,7 @@ def cmd_run(args) -> int:
         else:
             env = make_env(parts.env_id, parts.env_kwargs)
             built.append(env)
+            _SIGNALS.poll()
             policy, critic = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
             built += [policy, critic]
             _SIGNALS.release()  # start-up is over: a Ctrl-C held during it stops here

@@ -33,5 +33,7 @@ def test_bench_quick_runs_every_section(tmp_path):
     stages = report["recording"]["stages"]
     assert {"digest", "npz write (whole)", "h5 append (whole)"} <= set(stages)
     assert all(s["cpu_ms"] >= 0 and s["wall_ms"] > 0 for s in stages.values())
-    for line in ("capsule scaling", "peer (", "recording (", "seconds per section"):
+    g = report["gym"]  # ChunkEnv over the core and AsyncVectorEnv over one env
+    assert g["chunks"] >= 120 and g["chunk_env_over_core"] > 0 and g["async_2_over_single"] > 0
+    for line in ("capsule scaling", "peer (", "recording (", "seconds per section", "ChunkEnv.step vs host boundary+execute"):
         assert line in proc.stdout

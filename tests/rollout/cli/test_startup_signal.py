@@ -25,14 +25,20 @@ A signal before that lands in Python's own initialisation (site-packages
 ``.pth`` files), where no program can handle it yet."""
 
 
+SITE_INIT = "init_import_site: Failed to import the site module"
+"""CPython's own message when a signal interrupts its site initialisation."""
+
+
 @pytest.fixture(scope="module")
 def interpreter_start_s():
+    """The longest of 5 bare interpreter start-ups: with the median, a start-up slower than usual (a busy machine) put
+    the 0.0 s signal inside site initialisation, where no program can handle it (seen in 2 of 14 runs)."""
     walls = []
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         walls.append(time.perf_counter() - t0)
-    return sorted(walls)[1]
+    return max(walls)
 
 
 @pytest.mark.slow
@@ -53,11 +59,16 @@ def test_gym_ids_register_when_gymnasium_is_imported_after_rollcap():
 @pytest.mark.parametrize("at", MOMENTS)
 def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, at, interpreter_start_s):
     assert SCRIPT.exists(), f"the rollcap console script is not installed at {SCRIPT}"
-    out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--episodes", "50", "--out", str(out), "--no-progress", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(interpreter_start_s + at)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
+    for attempt in range(3):
+        out = tmp_path / f"run{attempt}"
+        proc = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--episodes", "50", "--out", str(out), "--no-progress", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(interpreter_start_s + at)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        if SITE_INIT not in stderr:
+            break
+        # This start-up was slower than the measured ones and the signal landed in Python's own site initialisation
+        # (before any program's code runs): that sample says nothing about rollcap; take another.
     assert proc.returncode in (130, 0), f"at {at}s: exit {proc.returncode} (a negative code is a death by signal)\n{stderr}"
     assert "Traceback" not in stderr, f"at {at}s:\n{stderr}"
     lines = [line for line in stderr.splitlines() if line.strip()]

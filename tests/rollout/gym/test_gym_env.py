@@ -170,18 +170,6 @@ def test_registered_ids_build_the_shipped_task():
     env.close()
 
 
-@pytest.mark.slow
-def test_bench_gym_section_reports_both_ratios():
-    """`rollcap bench --only gym` measures ChunkEnv over the core and AsyncVectorEnv over one env."""
-    from rollcap.rollout.bench.report import format_report, run_bench
-    from rollcap.rollout.build import Parts
-
-    report = run_bench(Parts(), quick=True, only=("gym",))
-    g = report["gym"]
-    assert g["chunks"] >= 120 and g["chunk_env_over_core"] > 0 and g["async_2_over_single"] > 0
-    assert "ChunkEnv.step vs host boundary+execute" in format_report(report)
-
-
 def test_an_exception_inside_a_step_reaches_the_caller_and_reset_recovers():
     """A policy that raises at a boundary: step() raises that error; reset() starts a clean episode."""
     env = tiny_noise_env()
