@@ -49,3 +49,18 @@ def act(directory, image: bool = True, instruction_dims: int = 0, seed: int = 0)
     )
     torch.manual_seed(seed)
     return save(ACTPolicy(cfg), cfg, stats, directory)
+
+
+def diffusion(directory, scheduler: str):
+    """A tiny Diffusion Policy (two observation steps, 3 denoising steps), saved with its processors."""
+    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
+    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
+
+    inputs, outputs, stats = features()
+    cfg = DiffusionConfig(
+        input_features=inputs, output_features=outputs, n_obs_steps=2, horizon=8, n_action_steps=4, crop_shape=None,
+        down_dims=(16, 32), kernel_size=3, n_groups=4, diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8,
+        noise_scheduler_type=scheduler, num_train_timesteps=10, num_inference_steps=3, pretrained_backbone_weights=None, device="cpu",
+    )
+    torch.manual_seed(0)
+    return save(DiffusionPolicy(cfg), cfg, stats, directory)

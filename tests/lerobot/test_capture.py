@@ -37,21 +37,6 @@ def rollcap(*args, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV, check=False)
 
 
-def diffusion(directory, scheduler: str):
-    """A tiny Diffusion Policy (two observation steps, 3 denoising steps), saved with its processors."""
-    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
-    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
-
-    inputs, outputs, stats = _tiny.features()
-    cfg = DiffusionConfig(
-        input_features=inputs, output_features=outputs, n_obs_steps=2, horizon=8, n_action_steps=4, crop_shape=None,
-        down_dims=(16, 32), kernel_size=3, n_groups=4, diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8,
-        noise_scheduler_type=scheduler, num_train_timesteps=10, num_inference_steps=3, pretrained_backbone_weights=None, device="cpu",
-    )
-    torch.manual_seed(0)
-    return _tiny.save(DiffusionPolicy(cfg), cfg, stats, directory)
-
-
 @pytest.fixture(scope="module")
 def act_dir(tmp_path_factory):
     """A tiny ACT reading the state and the front image (ResNet-18 backbone, random weights)."""
@@ -60,7 +45,7 @@ def act_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ddim_dir(tmp_path_factory):
-    return diffusion(tmp_path_factory.mktemp("ddim"), "DDIM")
+    return _tiny.diffusion(tmp_path_factory.mktemp("ddim"), "DDIM")
 
 
 def observations(n: int, seed: int = 0):
@@ -110,7 +95,7 @@ def test_tracer_warnings_are_one_summary(act_dir):
 
 def test_ddpm_falls_back_to_eager_and_says_so(tmp_path):
     """DDPM draws the global RNG at every step: asked for jit it runs eager, warns, and says why in backend and fingerprint."""
-    directory = diffusion(tmp_path / "ddpm", "DDPM")
+    directory = _tiny.diffusion(tmp_path / "ddpm", "DDPM")
     with pytest.warns(RuntimeWarning, match="backend 'jit' not possible, it runs eager: DDPM draws torch's global RNG"):
         policy = LeRobotPolicy.load(directory, backend="jit")
     assert policy.backend.startswith("eager (DDPM draws") and policy._graph is None and policy.capture_max_abs_diff is None

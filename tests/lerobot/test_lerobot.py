@@ -139,17 +139,7 @@ def test_unmappable_feature_is_named(act_dir):
 @pytest.mark.parametrize("scheduler", ["DDIM", "DDPM"])
 def test_diffusion_noise_is_the_hosts(scheduler, tmp_path):
     """DDIM: the host's noise decides the chunk and replay is exact; DDPM: marked 'not injected', replay not comparable."""
-    from lerobot.policies.diffusion.configuration_diffusion import DiffusionConfig
-    from lerobot.policies.diffusion.modeling_diffusion import DiffusionPolicy
-
-    inputs, outputs, stats = _tiny.features()
-    cfg = DiffusionConfig(
-        input_features=inputs, output_features=outputs, n_obs_steps=2, horizon=8, n_action_steps=4, crop_shape=None,
-        down_dims=(16, 32), kernel_size=3, n_groups=4, diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8,
-        noise_scheduler_type=scheduler, num_train_timesteps=10, num_inference_steps=3, pretrained_backbone_weights=None, device="cpu",
-    )
-    torch.manual_seed(0)
-    policy = LeRobotPolicy.load(_tiny.save(DiffusionPolicy(cfg), cfg, stats, tmp_path / "dp"))
+    policy = LeRobotPolicy.load(_tiny.diffusion(tmp_path / "dp", scheduler))
     assert policy.chunk_shape == (4, 2)
     fp = policy.state_fingerprint()["noise"]
     assert fp == ("not injected" if scheduler == "DDPM" else "derived (seeded by the host noise digest)")
