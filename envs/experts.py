@@ -39,10 +39,14 @@ class PushBlockScript:
 
     action_dim = 2
 
-    def __init__(self) -> None:
+    def __init__(self, config: Any = None) -> None:
+        """``config``: the env's :class:`~rollcap.envs.push_block.PushBlockConfig` (default: the built-in one), whose
+        scene, speed and control period the expert's actions are scaled by."""
         from rollcap.envs.expert import ScriptedExpert
+        from rollcap.envs.push_block import PushBlockConfig
 
-        self._expert = ScriptedExpert()
+        cfg = config or PushBlockConfig()
+        self._expert = ScriptedExpert(scene=cfg.scene, max_speed=cfg.max_speed, control_dt=cfg.frame_skip * cfg.scene.timestep)
 
     def reset(self) -> None:
         self._expert.reset(0)
@@ -128,4 +132,9 @@ def scripted_expert(env: Any = None, env_id: str | None = None) -> Script:
     if task is None:
         name = env_id or getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
         raise ValueError(f"{name} has no scripted expert (there is one for {PUSH_BLOCK_ID} and each {ID_PREFIX}<task>)")
-    return PushBlockScript() if task == "push-block" else MetaWorldScript(task)
+    if task != "push-block":
+        return MetaWorldScript(task)
+    layer = env
+    while layer is not None and not isinstance(layer, PushBlockEnv):
+        layer = getattr(layer, "env", None)
+    return PushBlockScript(layer.config if layer is not None else None)  # the env's speed and control period (the relabeller's too)

@@ -95,3 +95,14 @@ def test_exporters_refuse_expert_labels_for_another_env_before_importing(tmp_pat
     with pytest.raises(ValueError, match="^labels: expected one of"):
         export(labels="clean")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_the_expert_policy_and_the_labels_follow_the_env_s_speed(tmp_path):
+    """At a non-default ``max_speed`` `--policy expert` scales its actions as the relabeller does: a clean run relabels to itself
+    (the policy used to build the default-speed expert whatever the env, so the two disagreed off the default)."""
+    kw = {**KW, "max_steps": 40, "max_speed": 0.6}  # fast: the field is off its norm-1 cap near the block
+    rollcap.run(2, out=tmp_path / "fast", policy="expert", critic="none", env_kwargs=kw, seed=5, progress=False)
+    for rec in load_any(tmp_path / "fast"):
+        default = np.stack([ScriptedExpert().act({"state": s, "instruction": rec.instruction}) for s in rec.obs["state"]])
+        assert np.array_equal(expert_actions(rec), rec.steps["actions"])
+        assert not np.array_equal(default, rec.steps["actions"])
