@@ -16,6 +16,7 @@ import time
 import numpy as np
 
 from rollcap.kernels.lanes import CpuLane
+from rollcap.rollout.bench.timing import step_times
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env
 from rollcap.rollout.errors import ConfigError
 
@@ -39,13 +40,7 @@ def _step_ms(env, steps: int, seed: int) -> tuple[float, float]:
     actions = [space.sample() for _ in range(steps)]
     env.reset(seed=seed)
     env.step(actions[0])  # first-use costs (a renderer's GL context) are not a step's
-    times = []
-    for a in actions:
-        t0 = time.perf_counter()
-        _, _, terminated, truncated, _ = env.step(a)
-        times.append(time.perf_counter() - t0)
-        if terminated or truncated:
-            env.reset()
+    times = step_times(env, actions)
     return float(np.median(times) * 1e3), float(np.mean(times) * 1e3)
 
 

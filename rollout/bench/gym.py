@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 
+from rollcap.rollout.bench.timing import step_times
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.gym.envs import ChunkEnv, make_noise_steering_env
@@ -28,15 +29,8 @@ def _chunks(n: int, shape: tuple[int, int]) -> list[np.ndarray]:
 
 
 def _through_env(env: ChunkEnv, chunks: list[np.ndarray], seed: int) -> list[float]:
-    times = []
     env.reset(seed=seed)
-    for c in chunks:
-        t0 = time.perf_counter()
-        _, _, term, trunc, _ = env.step(c)
-        times.append(time.perf_counter() - t0)
-        if term or trunc:
-            env.reset()
-    return times
+    return step_times(env, chunks)
 
 
 def _through_core(env: ChunkEnv, chunks: list[np.ndarray], seed: int) -> list[float]:

@@ -25,6 +25,18 @@ def time_calls(fn, n: int, warm: int = 3) -> list[float]:
     return out
 
 
+def step_times(env, actions) -> list[float]:
+    """Seconds of each ``env.step(a)`` for ``actions`` (gymnasium envs); a terminated or truncated episode is reset, untimed."""
+    times = []
+    for a in actions:
+        t0 = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(a)
+        times.append(time.perf_counter() - t0)
+        if terminated or truncated:
+            env.reset()
+    return times
+
+
 def sample_obs(parts: Parts):
     env = make_env(parts.env_id, parts.env_kwargs)
     obs, _ = env.reset(seed=0)
