@@ -54,11 +54,11 @@ class MT10Config:
 
     seed: int = 0
     """Run seed: demonstrations, initialisation and batches derive from it."""
-    demos_per_task: int = 200
+    demos_per_task: int = 150
     """Expert episodes per task."""
     noise: tuple[float, ...] = (0.1, 0.3)
     """Execution noise std (in action units), episode ``i`` uses ``noise[i % len(noise)]``."""
-    steps: int = 15000
+    steps: int = 12000
     """Optimiser steps."""
     batch: int = 64
     """Batch size."""
