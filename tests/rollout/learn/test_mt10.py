@@ -54,3 +54,14 @@ def test_mt10_refuses_the_held_out_seed_and_bad_settings():
         MT10Config(steps=10)
     with pytest.raises(ValueError, match="--tasks"):
         MT10Config(tasks=("assembly-v3",))
+
+
+def test_mt10_training_is_byte_identical_when_repeated(tmp_path):
+    """The weights are a function of the settings: the same smallest run twice writes the same bytes."""
+    from rollcap.rollout.learn.mt10 import train_mt10
+
+    cfg = MT10Config(demos_per_task=1, steps=40, tasks=("reach-v3",))
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        train_mt10(cfg, tmp_path / name / "p", log=lambda m: None)
+    assert (tmp_path / "a" / "p.safetensors").read_bytes() == (tmp_path / "b" / "p.safetensors").read_bytes()
