@@ -11,6 +11,11 @@ runs (through ``rollcap.run``), then prints one markdown table read back from th
 rate with its Wilson 95% interval, mean episode length (an episode ends at its first success, as MetaWorld's
 evaluation with ``terminate_on_success``; a failure runs to the 500-step limit) and the run's wall time. A run
 directory that already holds ``summary.json`` is read, not run again (``--tasks`` picks tasks; default MT10).
+
+``--policy CKPT`` runs a checkpoint instead of the experts (``--std`` is then ignored), into ``OUT/<task>``:
+
+    OMP_NUM_THREADS=1 nice -n 5 python scripts/metaworld_experts.py --policy policies/weights/mt10_policy.json \
+        --episodes 200 --seed 31337 --out runs/mt10_eval
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from pathlib import Path
 import numpy as np
 
 
-def run_one(task: str, std: float, episodes: int, seed: int, out: Path) -> Path:
-    """Record ``episodes`` of ``task``'s expert at noise ``std`` into ``out`` (skipped when it is already there)."""
+def run_one(task: str, std: float, episodes: int, seed: int, out: Path, policy: str | None = None) -> Path:
+    """Record ``episodes`` of ``task``'s expert at noise ``std`` (or of checkpoint ``policy``) into ``out`` (skipped when
+    it is already there)."""
     import rollcap
 
     if not (out / "summary.json").is_file():
-        rollcap.run(episodes, out=out, env=f"rollcap/MetaWorld-{task}", env_kwargs={"render_images": False}, policy=f"expert:{std:g}",
+        spec = policy or f"expert:{std:g}"
+        rollcap.run(episodes, out=out, env=f"rollcap/MetaWorld-{task}", env_kwargs={"render_images": False}, policy=spec,
                     critic="none", seed=seed, threads=1, formats=("npz",), progress=False)  # fmt: skip
     return out
 
@@ -58,18 +65,20 @@ def main() -> None:
     ap.add_argument("--std", type=float, nargs="+", default=[0.0, 0.1])
     ap.add_argument("--tasks", nargs="+", default=list(MT10))
     ap.add_argument("--out", type=Path, default=Path("runs/mw_experts"))
+    ap.add_argument("--policy", default=None, help="a checkpoint to run instead of the experts (--std ignored)")
     args = ap.parse_args()
     rows = []
-    for std in args.std:
+    for std in [float("nan")] if args.policy else args.std:
         for task in args.tasks:
             t0 = time.perf_counter()
-            run = run_one(task, std, args.episodes, args.seed, args.out / f"{task}_std{std:g}")
+            where = args.out / (task if args.policy else f"{task}_std{std:g}")
+            run = run_one(task, std, args.episodes, args.seed, where, args.policy)
             rows.append(row(task, std, run))
             print(json.dumps({**rows[-1], "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
     print("\n| task | noise | successes | rate (Wilson 95%) | mean steps (successes) | wall |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['task']} | {r['std']:g} | {r['successes']}/{r['episodes']} | {r['rate']:.1%} ({r['lo']:.1%}–{r['hi']:.1%}) | "
+        print(f"| {r['task']} | {'policy' if r['std'] != r['std'] else format(r['std'], 'g')} | {r['successes']}/{r['episodes']} | {r['rate']:.1%} ({r['lo']:.1%}–{r['hi']:.1%}) | "
               f"{r['mean_steps']:.1f} ({r['mean_steps_success']:.1f}) | {r['wall_s']:.1f} s |")  # fmt: skip
 
 
