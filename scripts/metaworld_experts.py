@@ -74,7 +74,8 @@ def main() -> None:
             where = args.out / (task if args.policy else f"{task}_std{std:g}")
             run = run_one(task, std, args.episodes, args.seed, where, args.policy)
             rows.append(row(task, std, run))
-            print(json.dumps({**rows[-1], "elapsed_s": round(time.perf_counter() - t0, 1)}), flush=True)
+            line = {k: (None if isinstance(v, float) and v != v else v) for k, v in rows[-1].items()}  # NaN is not JSON: null
+            print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0, 1)}, allow_nan=False), flush=True)
     print("\n| task | noise | successes | rate (Wilson 95%) | mean steps (successes) | wall |")
     print("| --- | --- | --- | --- | --- | --- |")
     for r in rows:
