@@ -71,10 +71,7 @@ def collect_demos(
     if n_episodes < 0:
         raise ValueError(f"n_episodes must be >= 0, got {n_episodes}")
     env = PushBlockEnv(config=env_config)
-    expert = ScriptedExpert(
-        expert_noise, scene=env.config.scene, max_speed=env.config.max_speed,
-        control_dt=env.config.frame_skip * env.config.scene.timestep,
-    )
+    expert = ScriptedExpert.for_env(env.config, expert_noise)
     episodes = []
     try:
         for env_seed, expert_seed in episode_seeds(seed, n_episodes):

@@ -82,6 +82,12 @@ class ScriptedExpert:
         self._give_up_at: int | None = None
         self._t = 0
 
+    @classmethod
+    def for_env(cls, config, noise: ExpertNoise | None = None) -> ScriptedExpert:
+        """The expert for an env built with ``config`` (a :class:`~rollcap.envs.push_block.PushBlockConfig`): its scene,
+        its speed and its control period (``frame_skip`` physics steps), which scale every action."""
+        return cls(noise, scene=config.scene, max_speed=config.max_speed, control_dt=config.frame_skip * config.scene.timestep)
+
     def reset(self, seed: int | None = None) -> None:
         """Start an episode: reseed and draw this episode's mistakes (if any)."""
         self._rng = np.random.default_rng(seed)

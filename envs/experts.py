@@ -14,9 +14,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rollcap.envs.expert import ScriptedExpert
 from rollcap.envs.metaworld import ID_PREFIX, STATE_DIM, TASKS, MetaWorldObservation
 from rollcap.envs.push_block import ENV_ID as PUSH_BLOCK_ID
-from rollcap.envs.push_block import PushBlockEnv
+from rollcap.envs.push_block import PushBlockConfig, PushBlockEnv
 
 
 class Script(Protocol):
@@ -42,11 +43,7 @@ class PushBlockScript:
     def __init__(self, config: Any = None) -> None:
         """``config``: the env's :class:`~rollcap.envs.push_block.PushBlockConfig` (default: the built-in one), whose
         scene, speed and control period the expert's actions are scaled by."""
-        from rollcap.envs.expert import ScriptedExpert
-        from rollcap.envs.push_block import PushBlockConfig
-
-        cfg = config or PushBlockConfig()
-        self._expert = ScriptedExpert(scene=cfg.scene, max_speed=cfg.max_speed, control_dt=cfg.frame_skip * cfg.scene.timestep)
+        self._expert = ScriptedExpert.for_env(config or PushBlockConfig())
 
     def reset(self) -> None:
         self._expert.reset(0)

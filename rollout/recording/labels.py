@@ -60,7 +60,7 @@ def expert_for(rec: EpisodeRecord) -> ScriptedExpert:
         cfg = PushBlockConfig.with_overrides(**kwargs)
     except (TypeError, ValueError) as err:
         raise ValueError(f"labels: episode {rec.index}'s env_kwargs are not the built-in task's: {str(err).splitlines()[0]}") from None
-    return ScriptedExpert(ExpertNoise(), scene=cfg.scene, max_speed=cfg.max_speed, control_dt=cfg.frame_skip * cfg.scene.timestep)
+    return ScriptedExpert.for_env(cfg, ExpertNoise())
 
 
 def expert_actions(rec: EpisodeRecord) -> np.ndarray:
