@@ -268,16 +268,18 @@ class Replayer:
         self.envs: dict[str, object] = {}
         self.experts: dict[str, object] = {}
 
-    def policy_for(self, rec: EpisodeRecord):
-        """The policy that replays ``rec``: ``expert[:STD]`` is the expert of the recording's env (one per env id), any other the one policy."""
+    def policy_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
+        """The policy that replays ``rec``: ``expert[:STD]`` is the expert of the recording's env, built with its
+        kwargs as ``rollcap run`` built it (one per env, :meth:`env_for`'s), any other the one policy."""
         from rollcap.rollout.build import expert_policy, named_policy
 
         named = named_policy(self.parts.policy)
         if named is None or named[0] != "expert":
             return self.policy
-        if rec.env_id not in self.experts:
-            self.experts[rec.env_id] = expert_policy(named[1], env_id=rec.env_id)
-        return self.experts[rec.env_id]
+        env = self.env_for(rec, source, import_env)
+        if id(env) not in self.experts:
+            self.experts[id(env)] = expert_policy(named[1], env)
+        return self.experts[id(env)]
 
     def env_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
         """The recording's env (built once per id and kwargs). ``import_env``: the user named a ``module:Env`` id, so it may be imported."""
@@ -300,7 +302,7 @@ class Replayer:
         out = []
         for mode in modes:
             try:
-                policy = self.policy_for(rec)
+                policy = self.policy_for(rec, source, import_env)
                 if mode == "policy":
                     res = replay_policy(rec, policy, self.critic)
                 else:

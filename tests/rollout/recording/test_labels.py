@@ -106,3 +106,17 @@ def test_the_expert_policy_and_the_labels_follow_the_env_s_speed(tmp_path):
         default = np.stack([ScriptedExpert().act({"state": s, "instruction": rec.instruction}) for s in rec.obs["state"]])
         assert np.array_equal(expert_actions(rec), rec.steps["actions"])
         assert not np.array_equal(default, rec.steps["actions"])
+
+
+def test_an_expert_run_off_the_default_speed_replays_exact(tmp_path):
+    """Replay builds the expert from the recording's env (its kwargs), as the run did: all three modes exact."""
+    from rollcap.rollout.build import Parts
+    from rollcap.rollout.offline.replay import Replayer
+
+    rollcap.run(2, out=tmp_path / "fast", policy="expert", critic="none", env_kwargs={**KW, "max_steps": 40, "max_speed": 0.6}, seed=5, progress=False)
+    replayer = Replayer(Parts(policy="expert", critic=None))
+    try:
+        results = [r for rec in load_any(tmp_path / "fast") for r in replayer.check(str(tmp_path / "fast"), rec, ("policy", "env", "closed"))]
+    finally:
+        replayer.close()
+    assert len(results) == 6 and all(r.exact for r in results), [(r.mode, r.status) for r in results]
