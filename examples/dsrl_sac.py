@@ -1,7 +1,10 @@
-"""DSRL: Stable-Baselines3 SAC steers the frozen shipped policy through its flow noise.
+"""DSRL: Stable-Baselines3 SAC steers a frozen policy through its flow noise (default: the shipped PushBlock one).
 
     python examples/dsrl_sac.py                                   # 30 min of SAC, then 200 held-out episodes
     python examples/dsrl_sac.py --timesteps 300 --learning-starts 100 --eval-episodes 5 --out /tmp/dsrl
+    python examples/dsrl_sac.py --env rollcap/MetaWorld-peg-insert-side-v3 --env-kwargs '{"render_images": false}' \
+        --policy policies/weights/mt10_policy.json --critic critics/weights/mt10_critic.json \
+        --execute-steps 4 --env-reward-scale 0 --eval-seed 31337 --out runs/dsrl_peg   # the MT10 policy on one task
 
 One SAC step is one 8-action chunk of the frozen policy run on the agent's
 noise (rollcap's NoiseSteeringEnv, execute_steps=8). The agent sees the
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 from stable_baselines3 import SAC
 
+from rollcap.rollout.build import Parts
 from rollcap.rollout.learn.dsrl import SteeringConfig, compare, make_steering_env, train_sac
 from rollcap.rollout.cli.options import Options
 
@@ -47,11 +51,11 @@ class Args:
     """Evaluate this saved model instead of training one (result.json still goes to --out)."""
 
 
-def main(args: Args, cfg: SteeringConfig) -> None:
+def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
     if args.seed == args.eval_seed:
         raise SystemExit("--seed and --eval-seed must differ: evaluation episodes are held out from training")
     torch.set_num_threads(1)  # SAC's updates; the policy and critic lanes keep their own budgets
-    env = make_steering_env(cfg)
+    env = make_steering_env(cfg, parts=parts)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.load is not None:
         model, stats = SAC.load(args.load, device="cpu"), None
@@ -61,7 +65,8 @@ def main(args: Args, cfg: SteeringConfig) -> None:
         print(f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {args.out / 'dsrl_sac.zip'}")
     result = compare(env, lambda obs: model.predict(obs, deterministic=True)[0], args.eval_seed, args.eval_episodes)
     print("\n".join(result.lines()))
-    report = {"args": {k: str(v) for k, v in vars(args).items()}, "config": vars(cfg), "train": vars(stats) if stats else None, "eval": result.to_json()}
+    report = {"args": {k: str(v) for k, v in vars(args).items()}, "config": vars(cfg), "parts": {k: str(v) for k, v in vars(parts or Parts()).items()},
+              "train": vars(stats) if stats else None, "eval": result.to_json()}  # fmt: skip
     (args.out / "result.json").write_text(json.dumps(report, indent=1))
     env.close()
 
@@ -71,5 +76,6 @@ if __name__ == "__main__":
     opts = Options(ap)
     opts.add(Args)
     opts.add(SteeringConfig)
+    opts.add(Parts, flags={"env_id": "--env"}, skip=("backend", "threads"))
     ns = ap.parse_args()
-    main(Args(**opts.values(ns, Args)), SteeringConfig(**opts.values(ns, SteeringConfig)))
+    main(Args(**opts.values(ns, Args)), SteeringConfig(**opts.values(ns, SteeringConfig)), Parts(**opts.values(ns, Parts)))

@@ -54,6 +54,10 @@ RTC_CHUNK_DTYPES = {
 }
 
 
+NATURAL_ENDS = ("success", "terminated", "truncated")
+"""Stop reasons of an episode that ran to its natural end; any other (a critic stop, a key, a limit, an error) cut it short."""
+
+
 @dataclass
 class EpisodeRecord:
     """One episode; see the module docstring. Validated by :meth:`validate`."""

@@ -22,6 +22,12 @@ Sections (``--only``):
   (``--prefix-policy``); its synchronous episodes (``sync-prefix``) run
   then too, and those rows add the paired difference to them.
 
+``--env`` picks the task (default the built-in one; ``MT10`` runs every
+MetaWorld MT10 task, each on the same episode seeds, and the success rows
+pool them, with a per-task breakdown), ``--policy`` / ``--prefix-policy`` /
+``--critic`` the checkpoints (the MT10 ones for MetaWorld, e.g.
+``--policy policies/weights/mt10_policy.json``).
+
 Everything prints as it goes and lands in ``--out`` as JSON. The machine is
 shared: say so next to any figure taken from it.
 """
@@ -82,12 +88,40 @@ def _config(mode: str, delay: int, seed: int, **kw) -> HostConfig:
     return HostConfig(seed=seed, chunking=mode, inference_delay=delay, **kw)
 
 
+MT10 = "MT10"
+"""``--env MT10``: every MetaWorld MT10 task."""
+
+
+def env_specs(env: str | None, env_kwargs: dict | None = None) -> list[tuple[str, dict]]:
+    """``--env``'s ``(env id, kwargs)`` list: one env, or the ten MT10 tasks for ``MT10`` (default: the built-in task)."""
+    from rollcap.rollout.build import DEFAULT_ENV
+
+    if env == MT10:
+        from rollcap.envs.metaworld import ID_PREFIX
+        from rollcap.envs.metaworld import MT10 as TASKS
+
+        return [(ID_PREFIX + t, dict(env_kwargs or {})) for t in TASKS]
+    return [(env or DEFAULT_ENV, dict(env_kwargs or {}))]
+
+
+def _outcomes(host: RolloutHost, episodes: int, d: int) -> tuple[list[bool], list[float], list[float]]:
+    """Success of episodes ``0 .. episodes-1`` of the host's run seed, and the jerk at and away from chunk seams."""
+    ok, seam, other = [], [], []
+    for i in range(episodes):
+        rec = host.run_episode(i).record
+        ok.append(bool(rec.success))
+        s, o = seam_jerk(rec.steps["actions"], seams_of(rec, d))
+        seam += s
+        other += o
+    return ok, seam, other
+
+
 def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED, execute_steps: int | None = None,
-                    prefix_policy: Path = PREFIX_CHECKPOINT) -> None:  # fmt: skip
-    parts = Parts(critic="none")  # no critic threshold: the critic cannot change an outcome
+                    prefix_policy: Path = PREFIX_CHECKPOINT, policy_path: Path | None = None, envs: list[tuple[str, dict]] | None = None) -> None:  # fmt: skip
+    parts = Parts(critic="none") if policy_path is None else Parts(policy=policy_path, critic="none")  # no critic threshold: it cannot change an outcome
     policy, _ = make_runners(parts, rtc=True)
     pigdm = prefixed = None
-    env = make_env()
+    made = [(env_id, make_env(env_id, kw)) for env_id, kw in (envs or env_specs(None))]
     rows = out.setdefault("success", {})
     ref = ref_prefix = None
     try:
@@ -101,15 +135,14 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
             if mode.endswith("-prefix") and prefixed is None:  # the trained hard-prefix checkpoint, on its own lane
                 prefixed, _ = make_runners(Parts(policy=prefix_policy, critic="none"), rtc=True)
             runner = pigdm if mode == "rtc-pigdm" else prefixed if mode.endswith("-prefix") else policy
-            host = RolloutHost(env, runner, None, _config(mode, d, seed, execute_steps=execute_steps))
             t0 = time.perf_counter()
-            ok, seam, other = [], [], []
-            for i in range(episodes):
-                rec = host.run_episode(i).record
-                ok.append(bool(rec.success))
-                s, o = seam_jerk(rec.steps["actions"], seams_of(rec, d if mode != "sync" else 0))
-                seam += s
-                other += o
+            ok, seam, other, per_env = [], [], [], {}
+            for env_id, env in made:
+                got = _outcomes(RolloutHost(env, runner, None, _config(mode, d, seed, execute_steps=execute_steps)), episodes, d if mode != "sync" else 0)
+                ok += got[0]
+                seam += got[1]
+                other += got[2]
+                per_env[env_id] = int(sum(got[0]))
             ok_a = np.array(ok)
             ref = ok_a if mode == "sync" else ref
             ref_prefix = ok_a if mode == "sync-prefix" else ref_prefix
@@ -119,6 +152,8 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
                 "jerk_seam": float(np.mean(seam)), "jerk_other": float(np.mean(other)), "seams": len(seam),
                 "outcomes": ok_a.astype(int).tolist(), "wall_s": time.perf_counter() - t0,
             }  # fmt: skip
+            if len(made) > 1:
+                row["per_env_successes"] = per_env  # of ``episodes`` each; ``outcomes`` holds the envs one after another
             if mode != "sync":
                 row["minus_sync"] = list(paired_diff(ok_a, ref))
             if mode.endswith("-prefix") and mode != "sync-prefix":
@@ -145,9 +180,12 @@ class _Stall(Subscriber):
             self.windows[(e.episode, k)] = self.windows.get((e.episode, k), 0.0) + self.host_ref[0].clock.last_late_s
 
 
-def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, execute_steps: int | None = None, policy_path: Path | None = None) -> None:
-    policy, critic = make_runners(Parts() if policy_path is None else Parts(policy=policy_path), rtc=True)
-    env = make_env()
+def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, execute_steps: int | None = None, policy_path: Path | None = None,
+                  env_spec: tuple[str, dict] | None = None, critic_path: Path | str | None = None) -> None:  # fmt: skip
+    """Stall per chunk at ``period_s`` in the first env of ``--env`` (policy and critic on their lanes, as ``rollcap run``)."""
+    parts = Parts(**{"policy": policy_path} if policy_path is not None else {}, **{"critic": critic_path} if critic_path is not None else {})
+    policy, critic = make_runners(parts, rtc=True)
+    env = make_env(*(env_spec or env_specs(None)[0]))
     rows = out.setdefault("stall", {})
     try:
         for mode, d in [("sync", 0)] + [("rtc", d) for d in delays]:
@@ -173,20 +211,21 @@ def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, 
                   f"policy inference p50 {row['inference_ms_p50']:.1f} ms, p95 {row['inference_ms_p95']:.1f}", flush=True)  # fmt: skip
     finally:
         policy.close()
-        critic.close()
+        if critic is not None:
+            critic.close()
 
 
-def graph_section(chunks: int, out: dict) -> None:
+def graph_section(chunks: int, out: dict, policy_path: Path | None = None, prefix_policy: Path | None = PREFIX_CHECKPOINT, env_spec: tuple[str, dict] | None = None) -> None:
     """Plain vs guided captured graph, interleaved, on one observation (median latency per chunk)."""
     from rollcap.policies import PolicyRunner
 
-    model = load_policy(Parts().policy)
+    model = load_policy(policy_path or Parts().policy)
     plain, rtc = PolicyRunner(model), RTCPolicyRunner(model)
     rtc.configure(2, model.cfg.execute_steps, "rtc", "soft")
-    pre = RTCPolicyRunner(load_policy(PREFIX_CHECKPOINT)) if PREFIX_CHECKPOINT.is_file() else None
+    pre = RTCPolicyRunner(load_policy(prefix_policy)) if prefix_policy is not None and Path(prefix_policy).is_file() else None
     if pre is not None:
         pre.configure(2, model.cfg.execute_steps, "rtc", "hard")
-    obs, _ = make_env().reset(seed=0)
+    obs, _ = make_env(*(env_spec or env_specs(None)[0])).reset(seed=0)
     noise = np.zeros(plain.chunk_shape, np.float32)
     times: dict = {"plain": [], "rtc": [], "prefix": []}
     try:
@@ -218,22 +257,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
     ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower); "
                     "naive-prefix, rtc-prefix: the same through the --prefix-policy checkpoint (hard-prefix RTC), whose synchronous episodes (sync-prefix) then run too")
-    ap.add_argument("--prefix-policy", type=Path, default=PREFIX_CHECKPOINT, help="the prefix-conditioned checkpoint of the -prefix modes")
+    ap.add_argument("--prefix-policy", type=Path, default=None, help="the prefix-conditioned checkpoint of the -prefix modes (default: the shipped PushBlock one, without --policy)")
     ap.add_argument("--stall-policy", type=Path, default=None, help="policy checkpoint of the stall section (default: the shipped one; a prefix-conditioned one runs hard-prefix RTC)")
     ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the stall and success runs (default: the policy's)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
+    ap.add_argument("--env", default=None, help="env id (default: the built-in task), or MT10: every MetaWorld MT10 task on the same seeds (stall and graph: the first)")
+    ap.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON keyword arguments of the env(s), e.g. '{\"render_images\": false}'")
+    ap.add_argument("--policy", type=Path, default=None, help="policy checkpoint of the graph, stall and success runs (default: the shipped one)")
+    ap.add_argument("--critic", default=None, help="critic checkpoint of the stall section, or none (default: the shipped one)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
+    envs = env_specs(args.env, args.env_kwargs)
+    if args.prefix_policy is None and args.policy is None:
+        args.prefix_policy = PREFIX_CHECKPOINT
+    if args.prefix_policy is None and any(m.endswith("-prefix") for m in args.modes.split(",")):
+        ap.error("--modes: the -prefix modes with --policy need --prefix-policy (a prefix-conditioned checkpoint of that policy)")
     delays = [int(x) for x in args.delays.split(",") if x]
     out: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     only = set(args.only.split(","))
     if "graph" in only:
-        graph_section(50, out)
+        graph_section(50, out, args.policy, args.prefix_policy, envs[0])
     if "stall" in only:
-        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps, args.stall_policy)
+        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps, args.stall_policy or args.policy, envs[0], args.critic)
     if "success" in only:
-        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps, args.prefix_policy)
+        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps, args.prefix_policy, args.policy, envs)
     if args.out is not None:
         from rollcap.kernels.files import atomic_write
 

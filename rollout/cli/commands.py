@@ -190,11 +190,31 @@ def cmd_inspect(args) -> int:
 
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
-    print(episode_table(iter_any(args.file)))  # streamed: memory is one episode's, whatever the run's size
+    thresholds = _thresholds(args.early_stop) if args.early_stop is not None else None
+    if args.patience < 1:
+        raise UserError(f"--patience: expected an integer >= 1, got {args.patience}")
+    for path in args.file:
+        print(episode_table(iter_any(path)))  # streamed: memory is one episode's, whatever the run's size
+    if thresholds is not None:
+        from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
+
+        try:
+            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in iter_any(path)]
+        except ValueError as err:
+            raise UserError(f"--early-stop: {err}") from err
+        print(table(early_stop_rows(eps, thresholds, args.patience)))
     if args.plot is not None:
-        for path in plot_episodes(load_any(args.file), args.plot):  # branch fans need the episodes together
-            print(f"wrote {path}")
+        for path in args.file:
+            for png in plot_episodes(load_any(path), args.plot):  # branch fans need the episodes together
+                print(f"wrote {png}")
     return 0
+
+
+def _thresholds(values: list[float]) -> list[float]:
+    """``--early-stop``'s critic thresholds, each in [-1, 0]."""
+    if any(not -1.0 <= t <= 0.0 for t in values):
+        raise UserError(f"--early-stop: expected critic thresholds in [-1, 0], got {' '.join(f'{t:g}' for t in values)}")
+    return list(values)
 
 
 # ------------------------------------------------------------------ export
@@ -295,9 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
     p.set_defaults(options=_parts_options(p, skip=("env_id", "env_kwargs")))
 
-    p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions", "Print a table of the episodes in an npz file, an HDF5 file or a run directory.", "rollcap inspect runs/eval --plot runs/eval/plots")
-    p.add_argument("file", type=Path, help="npz file, HDF5 file or run directory")
+    p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions; what a critic threshold would do",
+                "Print a table of the episodes in an npz file, an HDF5 file or a run directory; --early-stop replays the critic's stop "
+                "predicate on their recorded values for each threshold.", "rollcap inspect runs/eval --plot runs/eval/plots --early-stop -0.9 -0.8")  # fmt: skip
+    p.add_argument("file", type=Path, nargs="+", help="npz file, HDF5 file or run directory (several: one table each)")
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)")
+    p.add_argument("--early-stop", default=None, nargs="+", type=float, metavar="THRESHOLD", help="critic thresholds, e.g. -0.9 -0.8: what each would do to these episodes "
+                   "(stopped, of them would have succeeded, success with the stops, steps saved), from episodes recorded with a critic and no threshold, all runs together")
+    p.add_argument("--patience", type=int, default=2, help="with --early-stop: consecutive boundaries below the threshold before a stop (as --critic-patience; default 2)")
 
     p = command("export", cmd_export, "export a recording as a LeRobotDataset v3 or a Minari dataset", "Export the episodes of a run directory (or one npz / HDF5 file) as a LeRobotDataset v3 (--to lerobot: images lossless as PNG frames, the instruction as task, reward/done/success/intervention/critic value per frame) or a Minari dataset (--to minari: HDF5, observations with the final one). The dataset is written beside its target and renamed into place when whole: a failure leaves nothing. Needs lerobot / minari: run it with LeRobot's venv (bash scripts/lerobot_env.sh).", "rollcap export runs/demos --to lerobot --root datasets/demos --obs-keys state --instruction-dims 32")
     p.add_argument("run", type=Path, help="run directory, npz file or HDF5 file")

@@ -1,13 +1,15 @@
-"""DSRL on the built-in task: Stable-Baselines3 SAC steering the frozen policy's flow noise.
+"""DSRL: Stable-Baselines3 SAC steering a frozen policy's flow noise (the built-in task, or any env and checkpoints).
 
 The pieces ``examples/dsrl_sac.py`` wires together:
 
 - :class:`SteeringConfig`: what the agent sees, how far it may push the noise,
   its reward, how many actions of each chunk run.
 - :func:`make_steering_env`: :class:`~rollcap.rollout.gym.envs.NoiseSteeringEnv`
-  (shipped policy and critic) inside three one-hook wrappers:
+  (the shipped policy and critic, or the env and checkpoints a
+  :class:`~rollcap.rollout.build.Parts` names, e.g. a MetaWorld task with the
+  MT10 policy and critic) inside three one-hook wrappers:
   :class:`SteeringObs` (a flat vector for an MLP), :class:`NoiseBound` (the
-  agent's noise box) and :class:`SuccessBonus`.
+  agent's noise box) and :class:`SuccessBonus` (with the env's reward scaled).
 - :func:`train_sac`: SAC with a wall-clock budget.
 - :func:`compare`: the trained agent (its deterministic action) against the
   frozen policy on the same held-out episode seeds, paired.
@@ -34,6 +36,7 @@ from gymnasium import spaces
 from rollcap.envs.scene import BLOCKS, TARGETS, parse_instruction
 from rollcap.rollout.errors import ConfigError
 from rollcap.policies.observation import BOS, EOS
+from rollcap.rollout.build import DEFAULT_ENV
 from rollcap.rollout.gym.envs import NOISE_BOUND, NoiseSteeringEnv, make_noise_steering_env
 from rollcap.rollout.host import HostState
 from rollcap.rollout.protocols import EpisodeEnd
@@ -54,9 +57,12 @@ class SteeringConfig:
     noise_bound: float = 1.5
     """The agent's noise lies in [-bound, bound] per element (DSRL's action magnitude; standard-normal noise exceeds 1.5 13% of the time)."""
     success_bonus: float = 5.0
-    """Added to the reward of the chunk that ends in success (the env itself adds 1.0 on the success step)."""
+    """Added to the reward of the chunk that ends in success (the built-in env itself adds 1.0 on the success step)."""
+    env_reward_scale: float = 1.0
+    """The env's own reward is multiplied by this (0: a sparse reward, the success bonus alone; MetaWorld's shaped
+    reward is up to 10 a step)."""
     value_in_obs: bool = True
-    """Give the agent the shipped critic's value of the current observation."""
+    """Give the agent the critic's value of the current observation."""
     execute_steps: int = 8
     """Actions of each 8-action chunk the env executes (8: whole chunks, where the frozen policy succeeds about 70%)."""
 
@@ -65,41 +71,85 @@ class SteeringConfig:
             raise ConfigError("noise_bound", f"expected a number in (0, {NOISE_BOUND}], got {self.noise_bound!r}")
         if not (isinstance(self.success_bonus, (int, float)) and math.isfinite(self.success_bonus) and self.success_bonus >= 0):
             raise ConfigError("success_bonus", f"expected a finite number >= 0, got {self.success_bonus!r}")
+        if not (isinstance(self.env_reward_scale, (int, float)) and math.isfinite(self.env_reward_scale) and self.env_reward_scale >= 0):
+            raise ConfigError("env_reward_scale", f"expected a finite number >= 0, got {self.env_reward_scale!r}")
         if not isinstance(self.execute_steps, int) or isinstance(self.execute_steps, bool) or self.execute_steps < 1:
             raise ConfigError("execute_steps", f"expected an integer >= 1, got {self.execute_steps!r}")
 
 
 # ------------------------------------------------------------------ wrappers
-def task_one_hot(tokens: np.ndarray) -> np.ndarray:
-    """The instruction's block and target as a float32 one-hot of length ``len(BLOCKS) + len(TARGETS)``."""
+def instruction_text(tokens: np.ndarray) -> str:
+    """The instruction of ``instruction_tokens`` (byte tokens between BOS and EOS)."""
     tokens = np.asarray(tokens)
     end = int(np.flatnonzero(tokens == EOS)[0]) if (tokens == EOS).any() else len(tokens)
-    text = bytes(int(t) for t in tokens[1 if tokens[0] == BOS else 0 : end]).decode("utf-8")
-    block, target = parse_instruction(text)
+    return bytes(int(t) for t in tokens[1 if tokens[0] == BOS else 0 : end]).decode("utf-8")
+
+
+def task_one_hot(tokens: np.ndarray) -> np.ndarray:
+    """The built-in task's instruction as its block and target, a float32 one-hot of length ``len(BLOCKS) + len(TARGETS)``."""
+    block, target = parse_instruction(instruction_text(tokens))
     out = np.zeros(len(BLOCKS) + len(TARGETS), np.float32)
     out[block], out[len(BLOCKS) + target] = 1.0, 1.0
     return out
 
 
-class SteeringObs(gym.ObservationWrapper):
-    """NoiseSteeringEnv's Dict -> one float32 vector: ``state`` (28), task one-hot (6), ``value`` (1, if present).
+def mt10_one_hot(tokens: np.ndarray) -> np.ndarray:
+    """A MetaWorld MT10 task's instruction as a float32 one-hot over the MT10 tasks."""
+    from rollcap.envs.metaworld import INSTRUCTIONS, MT10
 
-    The image is dropped: the egocentric state already holds every puck and
-    target, and an MLP on 35 numbers trains far faster on a CPU than a CNN.
+    text = instruction_text(tokens)
+    names = [INSTRUCTIONS[t] for t in MT10]
+    if text not in names:
+        raise ValueError(f"instruction {text!r} is not an MT10 task's ({', '.join(MT10)})")
+    out = np.zeros(len(MT10), np.float32)
+    out[names.index(text)] = 1.0
+    return out
+
+
+@dataclass(frozen=True)
+class TaskCode:
+    """How the agent sees the task: ``encode(instruction_tokens)``, float32 ``[width]``."""
+
+    width: int
+    encode: Callable[[np.ndarray], np.ndarray]
+
+
+def task_code_for(env_id: str) -> TaskCode | None:
+    """The task encoding the agent sees for ``env_id``: the built-in task's block/target, an MT10 task's one-hot, else none."""
+    from rollcap.envs.metaworld import ID_PREFIX, MT10
+    from rollcap.rollout.build import DEFAULT_ENV
+
+    if env_id == DEFAULT_ENV:
+        return TaskCode(len(BLOCKS) + len(TARGETS), task_one_hot)
+    if env_id.startswith(ID_PREFIX) and env_id.removeprefix(ID_PREFIX) in MT10:
+        return TaskCode(len(MT10), mt10_one_hot)
+    return None
+
+
+class SteeringObs(gym.ObservationWrapper):
+    """NoiseSteeringEnv's Dict -> one float32 vector: ``state``, the task code (if any), ``value`` (1, if present).
+
+    Images are dropped: the state holds every object and goal (the built-in
+    task's egocentric 28 numbers, MetaWorld's 39), and an MLP on a few dozen
+    numbers trains far faster on a CPU than a CNN. ``task_code`` turns the
+    instruction tokens into numbers (default: the built-in task's, :func:`task_code_for`; None: no task code).
     """
 
-    def __init__(self, env: gym.Env):
+    def __init__(self, env: gym.Env, task_code: TaskCode | None | str = "default"):
         super().__init__(env)
         space = env.observation_space
         if not isinstance(space, spaces.Dict) or not {"state", "instruction_tokens"} <= set(space.spaces):
             raise ValueError(f"SteeringObs needs a Dict observation with 'state' and 'instruction_tokens', got {space}")
         self.keys = ("state", "value") if "value" in space.spaces else ("state",)
-        low = np.concatenate([space["state"].low, np.zeros(len(BLOCKS) + len(TARGETS), np.float32)] + ([space["value"].low] if "value" in self.keys else []))
-        high = np.concatenate([space["state"].high, np.ones(len(BLOCKS) + len(TARGETS), np.float32)] + ([space["value"].high] if "value" in self.keys else []))
+        self.task_code = task_code_for(DEFAULT_ENV) if task_code == "default" else task_code
+        width = 0 if self.task_code is None else self.task_code.width
+        low = np.concatenate([space["state"].low, np.zeros(width, np.float32)] + ([space["value"].low] if "value" in self.keys else []))
+        high = np.concatenate([space["state"].high, np.ones(width, np.float32)] + ([space["value"].high] if "value" in self.keys else []))
         self.observation_space = spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
 
     def observation(self, obs):
-        parts = [obs["state"], task_one_hot(obs["instruction_tokens"])] + ([obs["value"]] if "value" in self.keys else [])
+        code = [] if self.task_code is None else [self.task_code.encode(obs["instruction_tokens"])]
+        parts = [obs["state"], *code] + ([obs["value"]] if "value" in self.keys else [])
         return np.concatenate(parts).astype(np.float32)
 
 
@@ -121,24 +171,40 @@ class NoiseBound(gym.ActionWrapper):
 
 
 class SuccessBonus(gym.Wrapper):
-    """Adds ``bonus`` to the reward of the step whose ``info["is_success"]`` is true."""
+    """``scale`` x the env's reward, plus ``bonus`` on the step whose ``info["is_success"]`` is true."""
 
-    def __init__(self, env: gym.Env, bonus: float):
+    def __init__(self, env: gym.Env, bonus: float, scale: float = 1.0):
         super().__init__(env)
-        if not (math.isfinite(bonus) and bonus >= 0):
-            raise ValueError(f"bonus must be a finite number >= 0, got {bonus!r}")
-        self.bonus = float(bonus)
+        for name, v in (("bonus", bonus), ("scale", scale)):
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
+        self.bonus, self.scale = float(bonus), float(scale)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, reward + (self.bonus if info.get("is_success", False) else 0.0), terminated, truncated, info
+        return obs, self.scale * reward + (self.bonus if info.get("is_success", False) else 0.0), terminated, truncated, info
 
 
-def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu") -> gym.Env:
-    """The built-in task, shipped policy and critic, steered through its noise; ``env.unwrapped`` is the NoiseSteeringEnv."""
+def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu", parts=None) -> gym.Env:
+    """A frozen policy steered through its noise; ``env.unwrapped`` is the NoiseSteeringEnv.
+
+    ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the env, policy and critic (default: the built-in task
+    with the shipped policy and critic); the agent's task code follows the env (:func:`task_code_for`).
+    """
+    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.config import HostConfig
+
     cfg = cfg or SteeringConfig()
-    core = make_noise_steering_env(device=device, config={"execute_steps": cfg.execute_steps}, value_in_obs=cfg.value_in_obs)
-    return SuccessBonus(NoiseBound(SteeringObs(core), cfg.noise_bound), cfg.success_bonus)
+    if parts is None:
+        core = make_noise_steering_env(device=device, config={"execute_steps": cfg.execute_steps}, value_in_obs=cfg.value_in_obs)
+        code = task_code_for(DEFAULT_ENV)
+    else:
+        parts = parts if isinstance(parts, Parts) else Parts(**parts)
+        env = make_env(parts.env_id, parts.env_kwargs)
+        policy, critic = make_runners(parts, env)
+        core = NoiseSteeringEnv(env, policy, critic, HostConfig(execute_steps=cfg.execute_steps), value_in_obs=cfg.value_in_obs)
+        code = task_code_for(parts.env_id)
+    return SuccessBonus(NoiseBound(SteeringObs(core, code), cfg.noise_bound), cfg.success_bonus, cfg.env_reward_scale)
 
 
 # ------------------------------------------------------------------ training

@@ -35,7 +35,7 @@ import torch
 from rollcap.envs.experts import MetaWorldScript
 from rollcap.envs.metaworld import INSTRUCTIONS, MT10, STATE_DIM, make_metaworld_env
 from rollcap.policies import ADV_POSITIVE, FlowVLA, FlowVLAConfig, save_policy, tokenize
-from rollcap.rollout.learn.training import _batches, optimise
+from rollcap.rollout.learn.training import Demos, _batches, optimise
 from rollcap.rollout.seeding import episode_seed
 
 HELD_OUT_SEED = 31337
@@ -93,6 +93,9 @@ class MT10Demos:
     tokens: np.ndarray  # [N, T] int64
     chunks: np.ndarray  # [N, H, 4] float32
     per_task: dict  # task -> {"episodes", "successes", "steps"}
+    value: np.ndarray | None = None  # [N] float32: the critic's target, -(steps to success) / max_steps, -1 in a failed episode
+    episode_success: np.ndarray | None = None  # [E] bool
+    executed: np.ndarray | None = None  # [N, H, 4] float32: the noisy actions executed at steps t .. t+H-1 (past the end as chunks)
 
 
 def run_seeds(cfg: MT10Config) -> list[int]:
@@ -105,7 +108,7 @@ def collect(cfg: MT10Config, log=print) -> MT10Demos:
     h = cfg.policy.horizon
     if HELD_OUT_SEED in run_seeds(cfg):
         raise ValueError(f"--seed: {cfg.seed} makes run seed {HELD_OUT_SEED}, the held-out evaluation's")
-    states, tokens, chunks, per_task = [], [], [], {}
+    states, tokens, chunks, values, outcomes, executed, per_task = [], [], [], [], [], [], {}
     for task, run_seed in zip(cfg.tasks, run_seeds(cfg)):
         t0 = time.perf_counter()
         env = make_metaworld_env(task, render_images=False)
@@ -117,13 +120,14 @@ def collect(cfg: MT10Config, log=print) -> MT10Demos:
             rng = np.random.default_rng(seed)
             std = cfg.noise[i % len(cfg.noise)]
             obs, _ = env.reset(seed=seed)
-            ep_states, clean = [], []
+            ep_states, clean, done = [], [], []
             success = False
             while True:
                 a = expert.act(obs)
                 ep_states.append(obs["state"])
                 clean.append(a)
                 noisy = np.clip(a + rng.normal(0.0, std, a.shape), -1.0, 1.0).astype(np.float32)
+                done.append(noisy)
                 obs, _, term, trunc, info = env.step(noisy)
                 if info.get("is_success"):
                     success = True
@@ -135,13 +139,31 @@ def collect(cfg: MT10Config, log=print) -> MT10Demos:
             idx = np.arange(n)[:, None] + np.arange(h)[None, :]
             states.append(np.asarray(ep_states, np.float32))
             chunks.append(padded[idx])
+            executed.append(np.concatenate([np.asarray(done, np.float32), padded[n:]])[idx])
             tokens.append(np.repeat(toks[None], n, 0))
+            values.append(-(n - np.arange(n, dtype=np.float32)) / env.unwrapped.max_path_length if success else np.full(n, -1.0, np.float32))
+            outcomes.append(success)
             wins += success
             steps += n
         env.close()
         per_task[task] = {"episodes": cfg.demos_per_task, "successes": wins, "steps": steps, "seconds": round(time.perf_counter() - t0, 1)}
         log(f"{task}: {wins}/{cfg.demos_per_task} expert episodes succeeded, {steps} steps ({time.perf_counter() - t0:.1f} s)")
-    return MT10Demos(np.concatenate(states), np.concatenate(tokens), np.concatenate(chunks), per_task)
+    return MT10Demos(np.concatenate(states), np.concatenate(tokens), np.concatenate(chunks), per_task,
+                     np.concatenate(values).astype(np.float32), np.array(outcomes, bool), np.concatenate(executed))  # fmt: skip
+
+
+def recap_demos(tasks: list[str], demos: int, seed: int, policy_cfg: FlowVLAConfig | None = None) -> tuple[Demos, set[int], str]:
+    """``demos`` DART demonstrations split evenly over ``tasks`` (at least one each) as RECAP mixes them in
+    (:func:`rollcap.rollout.learn.recap.collect.demonstrations`): a state-only :class:`~rollcap.rollout.learn.training.Demos`
+    (``images`` ``[N, 0]``, every sample advantage-positive), their episode seeds, and the rule that regenerates them.
+    With ``seed`` 0 and 150 a task they are what the shipped MT10 policy was trained on."""
+    per = max(1, -(-demos // len(tasks)))
+    cfg = MT10Config(seed=seed, demos_per_task=per, tasks=tuple(t for t in MT10 if t in tasks), policy=policy_cfg or POLICY)
+    d = collect(cfg, log=lambda line: None)
+    seeds = {episode_seed(r, i) for r in run_seeds(cfg) for i in range(per)}
+    adv = np.full(len(d.state), ADV_POSITIVE, np.int64)
+    rule = f"learn.mt10.collect(MT10Config(seed={seed}, demos_per_task={per}, tasks={list(cfg.tasks)}))"
+    return Demos(np.zeros((len(d.state), 0), np.uint8), d.state, d.tokens, d.chunks, d.value, adv, d.episode_success), seeds, rule
 
 
 def train(d: MT10Demos, cfg: MT10Config, log=print) -> tuple[FlowVLA, list[float]]:

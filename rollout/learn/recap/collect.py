@@ -35,18 +35,16 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.kernels.files import plain_json
-from rollcap.rollout.episode import ACTOR_HUMAN
+from rollcap.rollout.episode import ACTOR_HUMAN, NATURAL_ENDS
 from rollcap.rollout.recording.codec import episode_digest
 
-NATURAL_ENDS = ("success", "terminated", "truncated")
-"""Stop reasons of an episode that ran to its natural end; any other is censored."""
 
 
 @dataclass
 class Steps:
     """Flat per-step arrays over a set of episodes (rollouts or demonstrations)."""
 
-    images: np.ndarray  # [N, S, S, 3] uint8, observation before step t
+    images: np.ndarray  # [N, S, S, 3] uint8, observation before step t ([N, 0] for a state-only model: see value.image_inputs)
     state: np.ndarray  # [N, D] float32
     tokens: np.ndarray  # [N, L] int64
     chunks: np.ndarray  # [N, H, A] float32, actions t .. t+H-1 (zero padded after a success)
@@ -75,6 +73,8 @@ class Collected:
     """:class:`~rollcap.rollout.learn.training.Demos` of the shipped expert (None with ``demos=0``)."""
     runs: list[dict]
     """Per input run: path, episodes, successes, digests of its seeds and of its episodes, the weights digests and config it was made with."""
+    shown: Demonstrations | None = None
+    """The demonstrations' seeds and how to regenerate them."""
 
 
 def _max_steps(rec, source: str = "") -> int:
@@ -101,8 +101,11 @@ def check_readable(rec, spec, source: str = "") -> None:
                           f"(recorded {recorded}; it reads {needed}): recap learns only from runs of an env the policy reads")  # fmt: skip
 
 
-def episode_steps(rec, horizon: int, image_key: str, max_tokens: int, source: str = "") -> dict:
-    """One episode's per-step arrays and its row (see :class:`Steps`); ``source``: its file, named in errors."""
+def episode_steps(rec, horizon: int, image_key: str | None, max_tokens: int, source: str = "") -> dict:
+    """One episode's per-step arrays and its row (see :class:`Steps`); ``source``: its file, named in errors.
+
+    ``image_key`` None: a state-only model's steps (``images`` ``[T, 0]``, see :class:`Steps`).
+    """
     from rollcap.policies import tokenize
 
     t_len = rec.num_steps
@@ -129,11 +132,16 @@ def episode_steps(rec, horizon: int, image_key: str, max_tokens: int, source: st
         "critic_at_boundaries": rec.chunks["critic_value"].astype(float).tolist(),
     }  # fmt: skip
     return {
-        "images": _per_step(rec, image_key, t_len).astype(np.uint8), "state": _per_step(rec, "state", t_len).astype(np.float32),
+        "images": _images(rec, image_key, t_len), "state": _per_step(rec, "state", t_len).astype(np.float32),
         "tokens": np.repeat(tokens[None], t_len, 0), "chunks": chunks, "t": np.arange(t_len), "human": rec.steps["actor"] == ACTOR_HUMAN,
-        "label_ok": label_ok, "boundary": boundary, "plan": plan, "row": row, "final_image": np.asarray(rec.final_obs[image_key], np.uint8),
+        "label_ok": label_ok, "boundary": boundary, "plan": plan, "row": row, "final_image": np.zeros(0, np.uint8) if image_key is None else np.asarray(rec.final_obs[image_key], np.uint8),
         "final_state": np.asarray(rec.final_obs["state"], np.float32), "final_tokens": tokens,
     }  # fmt: skip
+
+
+def _images(rec, key: str | None, t_len: int) -> np.ndarray:
+    """One camera's images before each step, uint8 ``[T, S, S, 3]``; ``[T, 0]`` for a state-only model (``key`` None)."""
+    return np.zeros((t_len, 0), np.uint8) if key is None else _per_step(rec, key, t_len).astype(np.uint8)
 
 
 def _per_step(rec, key: str, t_len: int) -> np.ndarray:
@@ -152,8 +160,10 @@ def _branch_of(rec) -> dict | None:
     return {"parent": str(o.get("parent", o.get("file", ""))), "episode": int(o.get("episode", -1)), "chunk": int(o.get("chunk", -1))}
 
 
-def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_tokens: int = 48, spec=None) -> tuple[Steps, list[dict]]:
+def read_runs(paths, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, spec=None) -> tuple[Steps, list[dict]]:
     """Every episode of the run directories (or recording files) ``paths``, streamed, as :class:`Steps`.
+
+    ``image_key``: the camera a model reads (None: a state-only model's steps, ``images`` ``[N, 0]``).
 
     ``spec``: the policy's observation spec; an episode it cannot read is refused (:func:`check_readable`).
 
@@ -163,37 +173,59 @@ def read_runs(paths, horizon: int = 8, image_key: str = "image_front", max_token
         CorruptEpisode / FileNotFoundError: as :func:`~rollcap.rollout.offline.inspect.iter_any`.
     """
     from rollcap.rollout.recording import iter_any
-    cols: dict[str, list] = {k: [] for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan", "episode", "final_image", "final_state", "final_tokens")}
-    rows, runs = [], []
+
+    acc = StepsBuilder(horizon, image_key, max_tokens, spec)
+    runs = []
     for path in paths:
-        n0 = len(rows)
+        n0 = len(acc.rows)
         fps, seeds, digests = set(), [], []
         for rec in iter_any(path):
-            if spec is not None:
-                check_readable(rec, spec, str(path))
-            one = episode_steps(rec, horizon, image_key, max_tokens, str(path))
-            one["row"]["source"] = str(path)
-            for k in ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan"):
-                cols[k].append(one[k])
-            cols["episode"].append(np.full(len(one["t"]), len(rows), np.int64))
-            for k in ("final_image", "final_state", "final_tokens"):
-                cols[k].append(one[k])
-            rows.append(one["row"])
+            acc.add(rec, str(path))
             seeds.append(int(rec.seed))
             digests.append(episode_digest(rec))
             made = {p: (rec.fingerprints.get(p) or {}).get("weights_digest") for p in ("policy", "critic")} | {"config": rec.config}
             fps.add(json.dumps(plain_json(made), sort_keys=True))
-        if len(rows) == n0:
+        if len(acc.rows) == n0:
             raise ValueError(f"{path}: no episodes to learn from")
-        runs.append({"path": str(path), "episodes": len(rows) - n0, "successes": sum(r["success"] for r in rows[n0:]),
+        rows = acc.rows[n0:]
+        runs.append({"path": str(path), "episodes": len(rows), "successes": sum(r["success"] for r in rows),
                      "seeds_digest": _seeds_digest(seeds), "episodes_digest": _episodes_digest(digests), "made_with": [json.loads(x) for x in sorted(fps)]})  # fmt: skip
-    cat = {k: np.concatenate(v) for k, v in cols.items() if k not in ("final_image", "final_state", "final_tokens")}
-    steps = Steps(
-        images=cat["images"], state=cat["state"], tokens=cat["tokens"].astype(np.int64), chunks=cat["chunks"].astype(np.float32),
-        episode=cat["episode"], t=cat["t"].astype(np.int64), human=cat["human"].astype(bool), label_ok=cat["label_ok"].astype(bool),
-        boundary=cat["boundary"].astype(bool), plan=cat["plan"].astype(np.float32), episodes=rows, final_images=np.stack(cols["final_image"]), final_state=np.stack(cols["final_state"]), final_tokens=np.stack(cols["final_tokens"]).astype(np.int64),
-    )  # fmt: skip
-    return steps, runs
+    return acc.steps(), runs
+
+
+class StepsBuilder:
+    """Episodes (records) in, :class:`Steps` out: what :func:`read_runs` does for files, for records held in memory too."""
+
+    PER_STEP = ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan")
+    FINAL = ("final_image", "final_state", "final_tokens")
+
+    def __init__(self, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, spec=None):
+        self.horizon, self.image_key, self.max_tokens, self.spec = horizon, image_key, max_tokens, spec
+        self.cols: dict[str, list] = {k: [] for k in (*self.PER_STEP, "episode", *self.FINAL)}
+        self.rows: list[dict] = []
+
+    def add(self, rec, source: str = "") -> None:
+        """One episode (refused as :func:`check_readable` says when a ``spec`` was given); ``source`` names it in errors and rows."""
+        if self.spec is not None:
+            check_readable(rec, self.spec, source)
+        one = episode_steps(rec, self.horizon, self.image_key, self.max_tokens, source)
+        one["row"]["source"] = source
+        for k in self.PER_STEP:
+            self.cols[k].append(one[k])
+        self.cols["episode"].append(np.full(len(one["t"]), len(self.rows), np.int64))
+        for k in self.FINAL:
+            self.cols[k].append(one[k])
+        self.rows.append(one["row"])
+
+    def steps(self) -> Steps:
+        """Everything added, as one :class:`Steps`."""
+        cat = {k: np.concatenate(self.cols[k]) for k in (*self.PER_STEP, "episode")}
+        return Steps(
+            images=cat["images"], state=cat["state"], tokens=cat["tokens"].astype(np.int64), chunks=cat["chunks"].astype(np.float32),
+            episode=cat["episode"], t=cat["t"].astype(np.int64), human=cat["human"].astype(bool), label_ok=cat["label_ok"].astype(bool),
+            boundary=cat["boundary"].astype(bool), plan=cat["plan"].astype(np.float32), episodes=self.rows, final_images=np.stack(self.cols["final_image"]),
+            final_state=np.stack(self.cols["final_state"]), final_tokens=np.stack(self.cols["final_tokens"]).astype(np.int64),
+        )  # fmt: skip
 
 
 def _seeds_digest(seeds: list[int]) -> str:
@@ -223,19 +255,58 @@ def demo_config(seed: int, demos: int, policy_cfg=None):
     return dataclasses.replace(base, seed=seed, demos=max(1, demos), policy=policy_cfg or base.policy)
 
 
-def collect(paths, *, demos: int = 200, seed: int = 0, policy_cfg=None, log=lambda line: None) -> Collected:
-    """Stage 1: the runs' episodes (:func:`read_runs`) and ``demos`` expert demonstrations, regenerated deterministically.
+@dataclass
+class Demonstrations:
+    """Scripted demonstrations mixed into the refit and the fine-tune, and how they were made."""
 
-    The demonstrations are the shipped training's (:func:`~rollcap.rollout.learn.training.collect_demos`:
-    the same expert mix, seeds ``episode_seed(seed + 1, i)``), so the fine-tune keeps seeing them.
+    demos: object | None
+    """:class:`~rollcap.rollout.learn.training.Demos` (None: no demonstrations)."""
+    seeds: set[int]
+    """Their episode seeds (the held-out streams must avoid them)."""
+    rule: str
+    """How to regenerate them (recorded in the manifest)."""
+
+
+def demonstrations(env_ids: set[str], demos: int, seed: int, policy_cfg=None) -> Demonstrations:
+    """``demos`` demonstrations of the scripted expert of the runs' envs, regenerated deterministically from ``seed``.
+
+    The built-in task: the shipped policy's training demonstrations (:func:`~rollcap.rollout.learn.training.collect_demos`,
+    seeds ``episode_seed(seed + 1, i)``). MetaWorld MT10 tasks: the MT10 policy's DART demonstrations of those tasks
+    (:func:`~rollcap.rollout.learn.mt10.recap_demos`, ``demos`` split evenly over the tasks). With ``seed`` 0 either is
+    what the shipped checkpoint was trained on, so the fine-tune keeps seeing it.
+
+    Raises:
+        ConfigError: (field ``demos``) the runs' envs have no scripted demonstrations here, or mix two families.
     """
-    from rollcap.rollout.learn.training import collect_demos
+    from rollcap.rollout.build import DEFAULT_ENV
+    from rollcap.rollout.errors import ConfigError
 
-    tc = demo_config(seed, demos, policy_cfg)
-    steps, runs = read_runs([Path(p) for p in paths], tc.policy.horizon, tc.policy.image_keys[0], tc.policy.max_tokens, tc.policy.obs_spec)
+    if not demos:
+        return Demonstrations(None, set(), "none")
+    if env_ids == {DEFAULT_ENV}:
+        from rollcap.rollout.learn.training import collect_demos
+        from rollcap.rollout.seeding import episode_seed
+
+        return Demonstrations(collect_demos(demo_config(seed, demos, policy_cfg)), {episode_seed(seed + 1, i) for i in range(demos)},
+                              f"training.collect_demos(TrainConfig(seed={seed}, demos={demos}))")  # fmt: skip
+    from rollcap.envs.metaworld import ID_PREFIX, MT10
+
+    tasks = sorted(e.removeprefix(ID_PREFIX) for e in env_ids)
+    if all(e.startswith(ID_PREFIX) for e in env_ids) and all(t in MT10 for t in tasks):
+        from rollcap.rollout.learn.mt10 import recap_demos
+
+        return Demonstrations(*recap_demos(tasks, demos, seed, policy_cfg))
+    raise ConfigError("demos", f"no scripted demonstrations for {', '.join(sorted(env_ids))} (there are for {DEFAULT_ENV} and the "
+                      "MetaWorld MT10 tasks, one family at a time); learn from the runs alone with `demos=0`")  # fmt: skip
+
+
+def collect(paths, *, demos: int = 200, seed: int = 0, policy_cfg=None, log=lambda line: None) -> Collected:
+    """Stage 1: the runs' episodes (:func:`read_runs`) and ``demos`` expert demonstrations of their envs (:func:`demonstrations`)."""
+    pc = policy_cfg or demo_config(seed, demos).policy
+    steps, runs = read_runs([Path(p) for p in paths], pc.horizon, pc.image_keys[0] if pc.image_keys else None, pc.max_tokens, pc.obs_spec)
     log(f"collect: {len(steps.episodes)} episodes, {len(steps)} steps from {len(runs)} run(s); "
         f"{sum(r['success'] for r in steps.episodes)} successes, {sum(r['censored'] for r in steps.episodes)} censored, {int(steps.human.sum())} human steps")  # fmt: skip
-    d = collect_demos(tc) if demos else None
-    if d is not None:
-        log(f"collect: {demos} demonstrations, {len(d.value)} steps, {d.episode_success.mean():.0%} successful")
-    return Collected(steps, d, runs)
+    shown = demonstrations({r["task"] for r in steps.episodes}, demos, seed, pc)
+    if shown.demos is not None:
+        log(f"collect: {demos} demonstrations, {len(shown.demos.value)} steps, {shown.demos.episode_success.mean():.0%} successful")
+    return Collected(steps, shown.demos, runs, shown)

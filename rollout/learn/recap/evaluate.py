@@ -50,23 +50,38 @@ def check_disjoint(seeds: list[int], used: set[int], what: str) -> None:
         raise ConfigError("seed", f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another `seed`")
 
 
-def successes(model, seeds: list[int], execute_steps: int, env: tuple[str, dict] | None = None, threads: int = 1) -> np.ndarray:
-    """``[len(seeds)]`` bool: did ``model`` (a FlowVLA) solve each seed with ``execute_steps`` actions per chunk.
+def env_list(env) -> list[tuple[str, dict]]:
+    """``(env id, kwargs)``, a list of them, or None (the built-in task) as a list of ``(env id, kwargs)``."""
+    from rollcap.rollout.build import DEFAULT_ENV
 
-    ``env``: ``(env id, kwargs)`` (default: the built-in task).
+    if env is None:
+        return [(DEFAULT_ENV, {})]
+    if isinstance(env, tuple) and len(env) == 2 and isinstance(env[0], str):
+        return [env]
+    return [(str(e), dict(kw or {})) for e, kw in env]
+
+
+def successes(model, seeds: list[int], execute_steps: int, env=None, threads: int = 1) -> np.ndarray:
+    """Did ``model`` (a FlowVLA) solve each seed with ``execute_steps`` actions per chunk: bool ``[len(envs) * len(seeds)]``.
+
+    ``env``: ``(env id, kwargs)`` or a list of them (:func:`env_list`; default: the built-in task); every env runs
+    every seed, env by env, each on a host of its own.
     """
     from rollcap.kernels.lanes import make_lane
     from rollcap.policies import PolicyRunner
-    from rollcap.rollout.build import DEFAULT_ENV, make_env
+    from rollcap.rollout.build import make_env
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 
-    env = make_env(*(env or (DEFAULT_ENV, {})))
-    host = RolloutHost(env, PolicyRunner(model, lane=make_lane("policy", "cpu", threads)), None, HostConfig(execute_steps=execute_steps), records=False)
-    try:
-        return np.array([host.run_episode(i, s).success for i, s in enumerate(seeds)], bool)
-    finally:
-        host.close()
+    out: list[bool] = []
+    for env_id, kwargs in env_list(env):
+        runner = PolicyRunner(model, lane=make_lane("policy", "cpu", threads))
+        host = RolloutHost(make_env(env_id, kwargs), runner, None, HostConfig(execute_steps=execute_steps), records=False)
+        try:
+            out += [host.run_episode(i, s).success for i, s in enumerate(seeds)]
+        finally:
+            host.close()
+    return np.array(out, bool)
 
 
 def paired(before: np.ndarray, after: np.ndarray) -> dict:
@@ -88,15 +103,20 @@ def paired(before: np.ndarray, after: np.ndarray) -> dict:
     }
 
 
-def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], env: tuple[str, dict] | None = None, threads: int = 1, log=lambda line: None) -> dict:
-    """Stage 5: ``before`` and ``after`` (FlowVLA models) on ``seeds`` at each ``execute_steps`` in ``env``; :func:`paired` per setting."""
+def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], env=None, threads: int = 1, log=lambda line: None) -> dict:
+    """Stage 5: ``before`` and ``after`` (FlowVLA models) on ``seeds`` at each ``execute_steps`` in each env of ``env``
+    (:func:`env_list`); :func:`paired` per setting over every (env, seed), and per env when there are several."""
+    envs = env_list(env)
     out = {}
     for s in execute_steps:
-        b = successes(before, seeds, s, env, threads)
-        a = successes(after, seeds, s, env, threads)
+        b = successes(before, seeds, s, envs, threads)
+        a = successes(after, seeds, s, envs, threads)
         res = paired(b, a)
         res["outcomes"] = {"before": b.astype(int).tolist(), "after": a.astype(int).tolist()}
+        if len(envs) > 1:
+            n = len(seeds)
+            res["per_env"] = {e: {k: v for k, v in paired(b[i * n : (i + 1) * n], a[i * n : (i + 1) * n]).items()} for i, (e, _) in enumerate(envs)}
         out[str(s)] = res
-        log(f"evaluate: execute_steps {s}: before {b.mean():.1%}, after {a.mean():.1%} over {len(seeds)} held-out seeds; "
+        log(f"evaluate: execute_steps {s}: before {b.mean():.1%}, after {a.mean():.1%} over {len(seeds)} held-out seeds x {len(envs)} env(s); "
             f"fixed {res['fixed']}, broken {res['broken']}, McNemar p {res['mcnemar_p']:.3g}")  # fmt: skip
     return out

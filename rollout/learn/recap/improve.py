@@ -21,7 +21,7 @@ import dataclasses
 import numpy as np
 
 from rollcap.rollout.learn.recap.collect import Steps
-from rollcap.rollout.learn.recap.value import fit, gather
+from rollcap.rollout.learn.recap.value import fit, gather, image_inputs
 
 
 def with_beta(model, beta: float):
@@ -55,7 +55,7 @@ def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, 
 
     def loss(parts, gen):
         b = gather(sources, parts, ("images", "state", "tokens", "chunks", "adv"))
-        return policy.loss([b["images"]], b["state"], b["tokens"].long(), b["adv"].long(), b["chunks"].float(), gen)
+        return policy.loss(image_inputs(b["images"]), b["state"], b["tokens"].long(), b["adv"].long(), b["chunks"].float(), gen)
 
     return fit(policy, loss, sizes, n_steps, batch, lr, seed, log)
 

@@ -63,8 +63,6 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
     from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC, load_critic, save_critic
     from rollcap.policies import DEFAULT_CHECKPOINT as POLICY, load_policy, save_policy
     from rollcap.rollout.learn.recap import advantage, collect, evaluate, improve, value
-    from rollcap.rollout.seeding import episode_seed
-
     cfg = cfg or RecapConfig()
     out = Path(out)
     _check_out(out)
@@ -92,10 +90,10 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         steps = got.rollouts
         if len(steps) == 0:
             raise ValueError(f"{', '.join(map(str, runs))}: no executed steps to learn from (every episode stopped at its first boundary)")
-        env = (steps.episodes[0]["task"], steps.episodes[0]["env_kwargs"])  # validation and evaluation run in the first run's env
+        env = _envs_of(steps)  # validation and evaluation run in every env the runs were recorded in
         val_seeds = evaluate.stream_seeds(cfg.seed, evaluate.VALIDATION, cfg.val_episodes)
         test_seeds = evaluate.stream_seeds(cfg.seed, evaluate.TEST, cfg.eval_episodes)
-        used = collect.collected_seeds(steps) | {episode_seed(cfg.seed + 1, i) for i in range(cfg.demos)}
+        used = collect.collected_seeds(steps) | got.shown.seeds
         evaluate.check_disjoint(val_seeds, used, "validation")
         evaluate.check_disjoint(test_seeds, used, "held-out")
         evaluate.check_disjoint(test_seeds, set(val_seeds), "held-out")
@@ -137,7 +135,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         manifest = {
             "rollcap_recap": 1,
             "config": plain_json({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(cfg).items()}),
-            "inputs": {"runs": got.runs, "demonstrations": {"episodes": cfg.demos, "steps": 0 if got.demos is None else len(got.demos.value), "rule": f"training.collect_demos(TrainConfig(seed={cfg.seed}, demos={cfg.demos}))"}},
+            "inputs": {"runs": got.runs, "demonstrations": {"episodes": cfg.demos, "steps": 0 if got.demos is None else len(got.demos.value), "rule": got.shown.rule}},
             "policy": {"from": str(policy_path), "from_digest": _weights_digest(policy_path),
                        "to": str(policy_json), "to_digest": _weights_digest(stage / "policy.json"), "cfg_beta": beta},
             "critic": {"from": str(critic_path), "from_digest": _weights_digest(critic_path),
@@ -150,7 +148,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
             "advantage": {"n_step": cfg.n_step, "percentile": cfg.percentile, **adv_stats},
             "improve": {"policy_steps": cfg.policy_steps, "windows": cfg.windows, "label_steps": int((steps.boundary if cfg.windows == "boundaries" else steps.label_ok).sum()), "loss_first_last": _ends(policy_losses),
                         "beta": beta, "validation": {**beta_report, "seeds": _seed_block(val_seeds, evaluate.VALIDATION, cfg.seed)}},
-            "evaluate": {"env": {"id": env[0], "kwargs": env[1]}, "seeds": _seed_block(test_seeds, evaluate.TEST, cfg.seed), "results": results},
+            "evaluate": {"env": {"id": env[0][0], "kwargs": env[0][1]}, "envs": [{"id": e, "kwargs": kw} for e, kw in env], "seeds": _seed_block(test_seeds, evaluate.TEST, cfg.seed), "results": results},
             "seconds": times,
             "torch": torch.__version__,
         }  # fmt: skip
@@ -166,6 +164,14 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         torch.set_num_threads(threads_before)
     log(f"recap: wrote {out / MANIFEST} ({times['total']:.0f} s)")
     return manifest
+
+
+def _envs_of(steps) -> list[tuple[str, dict]]:
+    """The distinct ``(env id, kwargs)`` of the collected episodes, in the order first seen."""
+    seen: dict[str, tuple[str, dict]] = {}
+    for r in steps.episodes:
+        seen.setdefault(canonical_json([r["task"], r["env_kwargs"]]), (r["task"], r["env_kwargs"]))
+    return list(seen.values())
 
 
 def _staging(out: Path) -> Path:

@@ -30,6 +30,13 @@ HOLDOUT_EVERY = 5
 """Episode rows ``r % HOLDOUT_EVERY == 0`` are held out of the critic refit (its quality is measured there)."""
 
 
+def image_inputs(images) -> list[torch.Tensor]:
+    """A batch's image inputs for the models: ``[images]`` (one camera, ``[B, S, S, 3]``), or ``[]`` for a state-only
+    model's ``[B, 0]`` placeholder (:class:`~rollcap.rollout.learn.recap.collect.Steps`)."""
+    t = torch.as_tensor(images)
+    return [] if t.ndim == 2 else [t]
+
+
 @torch.no_grad()
 def predict(critic, images: np.ndarray, state: np.ndarray, tokens: np.ndarray, batch: int = 256) -> np.ndarray:
     """The critic's values for many observations (eager, batched, eval mode), float32 ``[N]``."""
@@ -37,7 +44,7 @@ def predict(critic, images: np.ndarray, state: np.ndarray, tokens: np.ndarray, b
     out = []
     for i in range(0, len(state), batch):
         sl = slice(i, i + batch)
-        out.append(critic.value([torch.from_numpy(np.ascontiguousarray(images[sl]))], torch.from_numpy(state[sl]), torch.from_numpy(tokens[sl])).numpy())
+        out.append(critic.value(image_inputs(np.ascontiguousarray(images[sl])), torch.from_numpy(state[sl]), torch.from_numpy(tokens[sl])).numpy())
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
@@ -102,7 +109,7 @@ def refit_critic(critic, steps: Steps, targets: np.ndarray, demos, *, n_steps: i
 
     def loss(parts, gen):
         b = gather(sources, parts, ("images", "state", "tokens", "value"))
-        return critic.loss([b["images"]], b["state"], b["tokens"].long(), b["value"].float())
+        return critic.loss(image_inputs(b["images"]), b["state"], b["tokens"].long(), b["value"].float())
 
     return fit(critic, loss, sizes, n_steps, batch, lr, seed, log) if n_steps else []
 
