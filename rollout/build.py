@@ -37,9 +37,9 @@ class Parts:
     env_kwargs: dict | None = None
     """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
     policy: Path = DEFAULT_POLICY
-    """Policy checkpoint (.json or .safetensors; default: the shipped one); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
+    """Policy checkpoint (.json or .safetensors; default: the shipped one for the env, the MT10 policy on a MetaWorld MT10 task); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
     critic: Path | None = DEFAULT_CRITIC
-    """Critic checkpoint (default: the shipped one); 'none' runs without a critic."""
+    """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task); 'none' runs without a critic."""
     device: str = "cpu"
     """cpu or cuda[:i]."""
     backend: Literal["eager", "jit", "aoti", "compile", "cuda"] | None = None
@@ -50,6 +50,11 @@ class Parts:
     def __post_init__(self):
         if self.critic is not None and str(self.critic).lower() == "none":
             object.__setattr__(self, "critic", None)
+        policy, critic = shipped_models(self.env_id)  # the built-in task's defaults stand for "the shipped one for the env"
+        if named_policy(self.policy) is None and Path(self.policy) == DEFAULT_POLICY:
+            object.__setattr__(self, "policy", policy)
+        if self.critic is not None and Path(self.critic) == DEFAULT_CRITIC:
+            object.__setattr__(self, "critic", critic)
         _check_policy_name(self)
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ConfigError("threads", f"expected an integer >= 1, got {self.threads!r}")
@@ -70,6 +75,17 @@ class Parts:
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if count == 0 or (dev.index or 0) >= count:
                 raise ConfigError("device", f"{self.device!r} is not available here ({count} CUDA device(s) visible)")
+
+
+def shipped_models(env_id: str) -> tuple[Path, Path]:
+    """The shipped policy and critic for ``env_id``: the MT10 pair on a MetaWorld MT10 task, else the built-in task's."""
+    from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
+    from rollcap.envs.metaworld import ID_PREFIX, MT10
+    from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
+
+    if env_id.startswith(ID_PREFIX) and env_id.removeprefix(ID_PREFIX) in MT10:
+        return MT10_POLICY, MT10_CRITIC
+    return DEFAULT_POLICY, DEFAULT_CRITIC
 
 
 def split_env_id(env_id: str) -> tuple[str | None, str]:

@@ -12,10 +12,14 @@ rate with its Wilson 95% interval, mean episode length (an episode ends at its f
 evaluation with ``terminate_on_success``; a failure runs to the 500-step limit) and the run's wall time. A run
 directory that already holds ``summary.json`` is read, not run again (``--tasks`` picks tasks; default MT10).
 
-``--policy CKPT`` runs a checkpoint instead of the experts (``--std`` is then ignored), into ``OUT/<task>``:
+``--policy CKPT`` runs a checkpoint instead of the experts (``--std`` is then ignored), into ``OUT/<task>``,
+``--critic CKPT`` a critic beside it (``--critic-threshold`` its stop threshold):
 
     OMP_NUM_THREADS=1 nice -n 5 python scripts/metaworld_experts.py --policy policies/weights/mt10_policy.json \
         --episodes 200 --seed 31337 --out runs/mt10_eval
+    OMP_NUM_THREADS=1 nice -n 5 python scripts/metaworld_experts.py --policy policies/weights/mt10_policy.json \
+        --critic critics/weights/mt10_critic.json --episodes 200 --seed 31337 --out runs/mt10_eval_critic
+    rollcap inspect runs/mt10_eval_critic/* --early-stop -0.9 -0.8     # what each threshold would do to those episodes
 """
 
 from __future__ import annotations
@@ -28,15 +32,15 @@ from pathlib import Path
 import numpy as np
 
 
-def run_one(task: str, std: float, episodes: int, seed: int, out: Path, policy: str | None = None) -> Path:
-    """Record ``episodes`` of ``task``'s expert at noise ``std`` (or of checkpoint ``policy``) into ``out`` (skipped when
-    it is already there)."""
+def run_one(task: str, std: float, episodes: int, seed: int, out: Path, policy: str | None = None, critic: str = "none", threshold: float | None = None) -> Path:
+    """Record ``episodes`` of ``task``'s expert at noise ``std`` (or of checkpoint ``policy``, with ``critic`` and its stop
+    ``threshold``) into ``out`` (skipped when it is already there)."""
     import rollcap
 
     if not (out / "summary.json").is_file():
         spec = policy or f"expert:{std:g}"
         rollcap.run(episodes, out=out, env=f"rollcap/MetaWorld-{task}", env_kwargs={"render_images": False}, policy=spec,
-                    critic="none", seed=seed, threads=1, formats=("npz",), progress=False)  # fmt: skip
+                    critic=critic, critic_threshold=threshold, seed=seed, threads=1, formats=("npz",), progress=False)  # fmt: skip
     return out
 
 
@@ -66,13 +70,15 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=list(MT10))
     ap.add_argument("--out", type=Path, default=Path("runs/mw_experts"))
     ap.add_argument("--policy", default=None, help="a checkpoint to run instead of the experts (--std ignored)")
+    ap.add_argument("--critic", default="none", help="with --policy: a critic checkpoint to run beside it (default none)")
+    ap.add_argument("--critic-threshold", type=float, default=None, help="with --critic: its stop threshold (default: none, the critic only records its values)")
     args = ap.parse_args()
     rows = []
     for std in [float("nan")] if args.policy else args.std:
         for task in args.tasks:
             t0 = time.perf_counter()
             where = args.out / (task if args.policy else f"{task}_std{std:g}")
-            run = run_one(task, std, args.episodes, args.seed, where, args.policy)
+            run = run_one(task, std, args.episodes, args.seed, where, args.policy, args.critic, args.critic_threshold)
             rows.append(row(task, std, run))
             line = {k: (None if isinstance(v, float) and v != v else v) for k, v in rows[-1].items()}  # NaN is not JSON: null
             print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0, 1)}, allow_nan=False), flush=True)

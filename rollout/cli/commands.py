@@ -134,14 +134,15 @@ def cmd_replay(args) -> int:
     def episodes():  # streamed: one episode in memory at a time, however large the run
         return (item for f in args.files for item in iter_episodes(f))
 
-    for f in args.files:  # an unreadable path stops the replay before anything runs (reads one episode)
-        next(iter_episodes(f), None)
+    firsts = [next(iter_episodes(f), None) for f in args.files]  # an unreadable path stops the replay before anything runs (reads one episode)
+    recorded_env = next((rec.env_id for _, rec in filter(None, firsts) if not isinstance(rec, Exception)), None)
     if args.env is not None or args.env_kwargs is not None:
         for source, rec in episodes():  # a mismatched --env / --env-kwargs stops the replay before anything runs
             if not isinstance(rec, Exception):
                 _check_replay_env(args, rec, source)
     items = list(episodes()) if args.actors else episodes()  # the Ray path keeps them for its retries
-    parts = Parts(**{k: v for k, v in args.options.values(args, Parts).items() if k not in ("env_id", "env_kwargs")})
+    given = {k: v for k, v in args.options.values(args, Parts).items() if k not in ("env_id", "env_kwargs")}
+    parts = Parts(**given, **({"env_id": recorded_env} if recorded_env else {}))  # the defaults: the shipped models of the recording's env
     import_env = args.env is not None
     results, pool = [], {}
     if args.actors:

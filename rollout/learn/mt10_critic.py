@@ -14,9 +14,9 @@ One command, seeded end to end::
 3. **Training.** A :class:`~rollcap.critics.ValueCritic` from scratch (state normalised by the training steps'
    mean and std) on every step of four episodes in five; every fifth episode is held out
    (:data:`~rollcap.rollout.learn.recap.value.HOLDOUT_EVERY`) and the report measures the critic there:
-   MAE, mid-episode AUROC (success vs failure), and what a stop threshold would do to those episodes
-   (:func:`~rollcap.rollout.offline.early_stop.early_stop_rows`: the host's stop predicate replayed on the values
-   at each episode's chunk boundaries).
+   MAE, mid-episode AUROC (success vs failure), and what each stop threshold and patience would do to those
+   episodes (:func:`~rollcap.rollout.offline.early_stop.early_stop_rows`: the host's stop predicate replayed on the
+   values at each episode's chunk boundaries), with the setting :func:`suggest` picks there.
 
 Writes ``critics/weights/mt10_critic.{json,safetensors}`` and ``mt10_critic_report.json`` beside them. The
 figures on held-out seeds (run seed 31337) are measured through the host (BENCHMARKS.md, "MT10 critic").
@@ -34,22 +34,32 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
 from rollcap.critics import ValueCritic, ValueCriticConfig, save_critic
 from rollcap.envs.metaworld import ID_PREFIX, MT10, STATE_DIM
+from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
 from rollcap.rollout.learn.mt10 import HELD_OUT_SEED, POLICY
 from rollcap.rollout.learn.recap.collect import Steps, StepsBuilder, read_runs
 from rollcap.rollout.offline.early_stop import Boundaries, early_stop_rows
 from rollcap.rollout.learn.recap.value import HOLDOUT_EVERY, critic_quality, fit, holdout_mask, image_inputs, predict, value_targets
 
-ROOT = Path(__file__).resolve().parents[2]
-MT10_POLICY = ROOT / "policies" / "weights" / "mt10_policy.json"
-MT10_CRITIC = ROOT / "critics" / "weights" / "mt10_critic.json"
 
 CRITIC = ValueCriticConfig(image_keys=(), state_dim=STATE_DIM, state_group=3, max_tokens=POLICY.max_tokens, width=64, depth=2, heads=4, n_bins=41)
 """The MT10 critic: the MT10 policy's observation layout (39 numbers as 13 tokens of 3, 48 instruction tokens)."""
 
-THRESHOLDS = (-0.5, -0.6, -0.7, -0.8, -0.9, -0.95)
-"""Stop thresholds the report's early-stop table replays on the held-out episodes."""
+THRESHOLDS = (-0.8, -0.9, -0.95, -0.97, -0.99)
+"""Stop thresholds the report's early-stop table replays on the held-out episodes, each at every :data:`PATIENCES`."""
+PATIENCES = (2, 4, 6, 8)
+"""``critic_patience`` values of the early-stop table (2: the host's default)."""
+MAX_LOST = 0.005
+"""The report's suggested stop setting loses at most this fraction of the held-out successes (:func:`suggest`)."""
+
+
+def suggest(rows: list) -> dict | None:
+    """Of the early-stop rows (held-out episodes of the training rollouts, never the evaluation seeds), the one that
+    saves the most env steps while stopping at most :data:`MAX_LOST` of the successes (ties: the earlier row)."""
+    ok = [r for r in rows if r.stopped_would_succeed <= MAX_LOST * r.successes]
+    return max(ok, key=lambda r: (r.steps_saved, -rows.index(r))).to_json() if ok else None
 
 
 @dataclass(frozen=True)
@@ -62,21 +72,19 @@ class CriticTrainConfig:
     """Run seed of the rollouts (``rollcap run --seed``); never the held-out 31337."""
     episodes: int = 200
     """Rollouts per task."""
-    steps: int = 6000
+    steps: int = 4000
     """Optimiser steps."""
-    batch: int = 128
+    batch: int = 64
     lr: float = 1e-3
     """AdamW learning rate (one-cycle)."""
     threads: int = 1
     """Intra-op threads for rollouts and training."""
-    patience: int = 2
-    """``critic_patience`` of the early-stop table (the host's default)."""
     tasks: tuple[str, ...] = MT10
 
     def __post_init__(self):
         if self.run_seed == HELD_OUT_SEED:
             raise ValueError(f"--run-seed: {HELD_OUT_SEED} is the held-out evaluation's run seed")
-        for name in ("episodes", "steps", "batch", "threads", "patience"):
+        for name in ("episodes", "steps", "batch", "threads"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: expected an int >= 1, got {v!r}")
@@ -181,6 +189,7 @@ def train_mt10_critic(cfg: CriticTrainConfig, runs: list[Path] | None = None, ou
     values = np.zeros(len(steps), np.float32)
     values[hold] = predict(critic, steps.images[hold], steps.state[hold], steps.tokens[hold])
     held = held_out_boundaries(critic, steps, POLICY.execute_steps)
+    stops = [row for patience in PATIENCES for row in early_stop_rows(held, THRESHOLDS, patience)]
     per_task = {}
     for task in sorted({r["task"] for r in steps.episodes}):
         sel = hold & (np.array([r["task"] for r in steps.episodes])[steps.episode] == task)
@@ -191,7 +200,8 @@ def train_mt10_critic(cfg: CriticTrainConfig, runs: list[Path] | None = None, ou
                      "per_task": {t: {"episodes": sum(r["task"] == t for r in steps.episodes), "successes": sum(r["success"] for r in steps.episodes if r["task"] == t)}
                                   for t in sorted({r["task"] for r in steps.episodes})}},
         "held_out": {"every": HOLDOUT_EVERY, **critic_quality(values, targets, steps, hold), "per_task": per_task},
-        "early_stop_held_out": [row.to_json() for row in early_stop_rows(held, THRESHOLDS, cfg.patience)],
+        "early_stop_held_out": [row.to_json() for row in stops],
+        "suggested_stop": suggest(stops),
         "data_seconds": round(t_data, 1), "train_seconds": round(t_train, 1),
         "loss_first_50": float(np.mean(losses[:50])), "loss_last_500": float(np.mean(losses[-500:])),
         "loss_curve": [round(float(np.mean(losses[i : i + k])), 5) for i in range(0, len(losses), k)],

@@ -33,14 +33,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollcap.policies import ADV_POSITIVE, load_policy, save_policy
+from rollcap.policies import ADV_POSITIVE, MT10_CHECKPOINT, load_policy, save_policy
 from rollcap.rollout.learn.mt10 import MT10Config, collect
 from rollcap.rollout.learn.train_prefix import prefix_loss, prefix_model
 from rollcap.rollout.learn.training import _batches, optimise
 
-WEIGHTS = Path(__file__).resolve().parents[2] / "policies" / "weights"
-BASE = WEIGHTS / "mt10_policy.json"
-PREFIX = WEIGHTS / "mt10_policy_prefix.json"
+BASE = MT10_CHECKPOINT
+PREFIX = MT10_CHECKPOINT.parent / "mt10_policy_prefix.json"
+"""The shipped hard-prefix MT10 checkpoint (select it with ``--policy``; an RTC host then pins the prefix)."""
 
 
 @dataclass(frozen=True)

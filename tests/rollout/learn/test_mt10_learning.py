@@ -105,7 +105,8 @@ def test_mt10_critic_trainer_smallest_setting(tmp_path, tiny_mt10_run):
     main(["--runs", str(tiny_mt10_run / "run"), "--steps", "40", "--batch", "8", "--out", str(out)])
     report = json.loads((tmp_path / "mt10_critic_report.json").read_text())
     assert report["rollouts"]["episodes"] == 2 and report["held_out"]["every"] == 5
-    assert [r["threshold"] for r in report["early_stop_held_out"]] == [-0.5, -0.6, -0.7, -0.8, -0.9, -0.95]
+    assert [(r["threshold"], r["patience"]) for r in report["early_stop_held_out"][:6]] == [(-0.8, 2), (-0.9, 2), (-0.95, 2), (-0.97, 2), (-0.99, 2), (-0.8, 4)]
+    assert report["suggested_stop"] is None or report["suggested_stop"]["stopped_would_succeed"] == 0  # at most 0.5% of 2 successes
     assert load_critic(tmp_path / "critic.json").cfg.image_keys == ()
     with pytest.raises(ValueError, match="--episodes"):
         CriticTrainConfig(episodes=0)
@@ -180,3 +181,35 @@ def test_bench_rtc_over_metaworld(tmp_path):
     assert main(args) == 0
     res = json.loads(out.read_text())
     assert set(res["success"]) == {"sync/d0", "naive/d1", "rtc/d1"} and set(res["stall"]) == {"sync/d0", "rtc/d1"} and "prefix_ms_p50" not in res["graph"]
+
+
+def test_the_shipped_models_follow_the_env():
+    """An MT10 task gets the MT10 policy and critic by default; other envs keep the built-in task's; a named one is kept."""
+    from rollcap.critics import DEFAULT_CHECKPOINT as PUSH_CRITIC
+    from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
+    from rollcap.policies import DEFAULT_CHECKPOINT as PUSH_POLICY
+    from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
+    from rollcap.rollout.build import Parts
+
+    assert (Parts(env_id=ID_PREFIX + "push-v3").policy, Parts(env_id=ID_PREFIX + "push-v3").critic) == (MT10_POLICY, MT10_CRITIC)
+    assert (Parts(env_id=ID_PREFIX + "assembly-v3").policy, Parts().critic) == (PUSH_POLICY, PUSH_CRITIC)
+    named = Parts(env_id=ID_PREFIX + "push-v3", policy="expert:0.1", critic="none")
+    assert (named.policy, named.critic) == ("expert:0.1", None)
+
+
+@pytest.mark.slow
+def test_run_and_replay_a_metaworld_task_with_the_defaults(tmp_path):
+    """rollcap run --env <MT10 task> records with the MT10 policy and critic; rollcap replay (no --policy) proves it exact."""
+    import subprocess
+    import sys
+
+    kw = '{"render_images": false, "max_steps": 24}'
+    run = subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", "run", "--env", ID_PREFIX + "reach-v3", "--env-kwargs", kw, "--episodes", "1",
+                          "--format", "npz", "--out", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    from rollcap.rollout.recording import load_any
+
+    rec = load_any(tmp_path / "r")[0]
+    assert rec.fingerprints["critic"]["config"]["state_dim"] == 39 and rec.fingerprints["policy"]["config"]["state_dim"] == 39
+    rep = subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", "replay", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0 and "1 episode(s), 3 mode(s): 3 exact" in rep.stdout and "all exact" in rep.stdout, rep.stdout + rep.stderr[-2000:]
