@@ -6,7 +6,7 @@ observation encoder of ``policies``; it knows nothing of episodes.
 
 from __future__ import annotations
 
-from rollcap.critics.runner import DEFAULT_CHECKPOINT, CriticRunner, load_critic, save_critic
+from rollcap.critics.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, CriticRunner, load_critic, save_critic
 from rollcap.critics.value_critic import ValueCritic, ValueCriticConfig
 
-__all__ = ["DEFAULT_CHECKPOINT", "CriticRunner", "ValueCritic", "ValueCriticConfig", "load_critic", "save_critic"]
+__all__ = ["DEFAULT_CHECKPOINT", "MT10_CHECKPOINT", "CriticRunner", "ValueCritic", "ValueCriticConfig", "load_critic", "save_critic"]

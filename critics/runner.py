@@ -15,6 +15,8 @@ from rollcap.policies.observation import ObsRunner
 
 KIND = "rollcap.ValueCritic"
 DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_critic.json"
+MT10_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "mt10_critic.json"
+"""The shipped MetaWorld MT10 critic (trained on the MT10 policy's rollouts; ``python3 -m rollcap.rollout.learn.mt10_critic``)."""
 
 
 def save_critic(model: ValueCritic, path: str | Path) -> Path:

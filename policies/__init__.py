@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from rollcap.policies.flow_vla import ADV_DROPPED, ADV_NEGATIVE, ADV_POSITIVE, FlowVLA, FlowVLAConfig
 from rollcap.policies.observation import ObsSpec, tokenize
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, PolicyRunner, load_policy, save_policy
+from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, PolicyRunner, load_policy, save_policy
 
 __all__ = [
     "ADV_DROPPED",
     "ADV_NEGATIVE",
     "ADV_POSITIVE",
     "DEFAULT_CHECKPOINT",
+    "MT10_CHECKPOINT",
     "FlowVLA",
     "FlowVLAConfig",
     "ObsSpec",

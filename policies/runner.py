@@ -23,6 +23,8 @@ from rollcap.policies.observation import ObsRunner
 
 KIND = "rollcap.FlowVLA"
 DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_policy.json"
+MT10_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "mt10_policy.json"
+"""The shipped MetaWorld MT10 policy (state + instruction; ``python3 -m rollcap.rollout.learn.mt10``)."""
 
 
 def save_policy(model: FlowVLA, path: str | Path) -> Path:
