@@ -62,13 +62,14 @@ def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, 
 
 def choose_beta(policy, betas: tuple[float, ...], seeds: list[int], execute_steps: int, env=None, threads: int = 1, log=lambda line: None) -> tuple[float, dict]:
     """Stage 4b: the guidance weight with the most successes on the validation ``seeds`` (ties: the earlier in ``betas``)."""
-    from rollcap.rollout.learn.recap.evaluate import successes
+    from rollcap.rollout.learn.recap.evaluate import env_list, successes
 
     if not seeds:
         return float(betas[0]), {}
     scores = {}
+    n = len(seeds) * len(env_list(env))
     for b in betas:
         scores[float(b)] = int(successes(with_beta(policy, b), seeds, execute_steps, env, threads).sum())
-        log(f"improve: beta {b:g}: {scores[float(b)]}/{len(seeds)} validation successes at execute_steps {execute_steps}")
+        log(f"improve: beta {b:g}: {scores[float(b)]}/{n} validation successes at execute_steps {execute_steps}")
     best = max(scores, key=lambda b: (scores[b], -list(scores).index(b)))
-    return best, {"execute_steps": execute_steps, "episodes": len(seeds), "successes": {f"{b:g}": s for b, s in scores.items()}}
+    return best, {"execute_steps": execute_steps, "episodes": n, "successes": {f"{b:g}": s for b, s in scores.items()}}
