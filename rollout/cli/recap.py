@@ -45,5 +45,6 @@ def table(m: dict) -> str:
         b, a, d = r["before"]["rate_ci"], r["after"]["rate_ci"], r["difference_ci"]
         rows.append(f"{s:>13}  {b[0]:6.1%} ({b[1]:.1%}-{b[2]:.1%})  {a[0]:6.1%} ({a[1]:.1%}-{a[2]:.1%})  "
                     f"{d[0] * 100:+6.1f} ({d[1] * 100:+.1f} to {d[2] * 100:+.1f}) pts  {r['fixed']:>5}/{r['broken']:<6}  {r['mcnemar_p']:.3g}")  # fmt: skip
-    rows.append(f"held-out seeds: {m['evaluate']['seeds']['n']}; guidance weight {m['improve']['beta']:g}; policy {m['policy']['to_digest'][:19]}...; {m['seconds']['total']:.0f} s")
+    envs = len(m["evaluate"].get("envs") or [m["evaluate"]["env"]])
+    rows.append(f"held-out seeds: {m['evaluate']['seeds']['n']}" + (f" in each of {envs} envs" if envs > 1 else "") + f"; guidance weight {m['improve']['beta']:g}; policy {m['policy']['to_digest'][:19]}...; {m['seconds']['total']:.0f} s")
     return "\n".join(rows)
