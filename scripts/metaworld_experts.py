@@ -32,7 +32,8 @@ from pathlib import Path
 import numpy as np
 
 
-def run_one(task: str, std: float, episodes: int, seed: int, out: Path, policy: str | None = None, critic: str = "none", threshold: float | None = None) -> Path:
+def run_one(task: str, std: float, episodes: int, seed: int, out: Path, policy: str | None = None, critic: str = "none", threshold: float | None = None,
+            patience: int = 2) -> Path:  # fmt: skip
     """Record ``episodes`` of ``task``'s expert at noise ``std`` (or of checkpoint ``policy``, with ``critic`` and its stop
     ``threshold``) into ``out`` (skipped when it is already there)."""
     import rollcap
@@ -40,7 +41,7 @@ def run_one(task: str, std: float, episodes: int, seed: int, out: Path, policy: 
     if not (out / "summary.json").is_file():
         spec = policy or f"expert:{std:g}"
         rollcap.run(episodes, out=out, env=f"rollcap/MetaWorld-{task}", env_kwargs={"render_images": False}, policy=spec,
-                    critic=critic, critic_threshold=threshold, seed=seed, threads=1, formats=("npz",), progress=False)  # fmt: skip
+                    critic=critic, critic_threshold=threshold, critic_patience=patience, seed=seed, threads=1, formats=("npz",), progress=False)  # fmt: skip
     return out
 
 
@@ -72,13 +73,14 @@ def main() -> None:
     ap.add_argument("--policy", default=None, help="a checkpoint to run instead of the experts (--std ignored)")
     ap.add_argument("--critic", default="none", help="with --policy: a critic checkpoint to run beside it (default none)")
     ap.add_argument("--critic-threshold", type=float, default=None, help="with --critic: its stop threshold (default: none, the critic only records its values)")
+    ap.add_argument("--critic-patience", type=int, default=2, help="with --critic-threshold: boundaries below it before a stop (default 2)")
     args = ap.parse_args()
     rows = []
     for std in [float("nan")] if args.policy else args.std:
         for task in args.tasks:
             t0 = time.perf_counter()
             where = args.out / (task if args.policy else f"{task}_std{std:g}")
-            run = run_one(task, std, args.episodes, args.seed, where, args.policy, args.critic, args.critic_threshold)
+            run = run_one(task, std, args.episodes, args.seed, where, args.policy, args.critic, args.critic_threshold, args.critic_patience)
             rows.append(row(task, std, run))
             line = {k: (None if isinstance(v, float) and v != v else v) for k, v in rows[-1].items()}  # NaN is not JSON: null
             print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0, 1)}, allow_nan=False), flush=True)
