@@ -39,6 +39,8 @@ class Args:
     """Steps of uniformly random noise before SAC's first update."""
     ent_coef: str = "0.01"
     """SAC's entropy coefficient: a number, or auto (SB3 tunes it; with it the critic diverged, see BENCHMARKS.md)."""
+    target_entropy: str = "auto"
+    """With --ent-coef auto: the entropy SAC tunes towards (auto: minus the noise's dimension, SB3's default; DSRL's robomimic runs use 0)."""
     eval_episodes: int = 200
     """Held-out episodes, each run steered, unsteered and with zero noise."""
     seed: int = 0
@@ -60,7 +62,7 @@ def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
     if args.load is not None:
         model, stats = SAC.load(args.load, device="cpu"), None
     else:
-        model, stats = train_sac(env, args.timesteps, 60 * args.max_minutes, args.seed, args.learning_starts, args.ent_coef)
+        model, stats = train_sac(env, args.timesteps, 60 * args.max_minutes, args.seed, args.learning_starts, args.ent_coef, target_entropy=args.target_entropy)
         model.save(args.out / "dsrl_sac.zip")
         print(f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {args.out / 'dsrl_sac.zip'}")
     result = compare(env, lambda obs: model.predict(obs, deterministic=True)[0], args.eval_seed, args.eval_episodes)

@@ -61,6 +61,9 @@ class SteeringConfig:
     env_reward_scale: float = 1.0
     """The env's own reward is multiplied by this (0: a sparse reward, the success bonus alone; MetaWorld's shaped
     reward is up to 10 a step)."""
+    chunk_penalty: float = 0.0
+    """Subtracted from every chunk's reward (1 with no bonus and scale 0: -1 a chunk until success, DSRL's robomimic
+    reward, under which finishing sooner is always worth more)."""
     value_in_obs: bool = True
     """Give the agent the critic's value of the current observation."""
     execute_steps: int = 8
@@ -71,8 +74,10 @@ class SteeringConfig:
             raise ConfigError("noise_bound", f"expected a number in (0, {NOISE_BOUND}], got {self.noise_bound!r}")
         if not (isinstance(self.success_bonus, (int, float)) and math.isfinite(self.success_bonus) and self.success_bonus >= 0):
             raise ConfigError("success_bonus", f"expected a finite number >= 0, got {self.success_bonus!r}")
-        if not (isinstance(self.env_reward_scale, (int, float)) and math.isfinite(self.env_reward_scale) and self.env_reward_scale >= 0):
-            raise ConfigError("env_reward_scale", f"expected a finite number >= 0, got {self.env_reward_scale!r}")
+        for name in ("env_reward_scale", "chunk_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise ConfigError(name, f"expected a finite number >= 0, got {v!r}")
         if not isinstance(self.execute_steps, int) or isinstance(self.execute_steps, bool) or self.execute_steps < 1:
             raise ConfigError("execute_steps", f"expected an integer >= 1, got {self.execute_steps!r}")
 
@@ -171,18 +176,18 @@ class NoiseBound(gym.ActionWrapper):
 
 
 class SuccessBonus(gym.Wrapper):
-    """``scale`` x the env's reward, plus ``bonus`` on the step whose ``info["is_success"]`` is true."""
+    """``scale`` x the env's reward, plus ``bonus`` on the step whose ``info["is_success"]`` is true, minus ``penalty`` every step."""
 
-    def __init__(self, env: gym.Env, bonus: float, scale: float = 1.0):
+    def __init__(self, env: gym.Env, bonus: float, scale: float = 1.0, penalty: float = 0.0):
         super().__init__(env)
-        for name, v in (("bonus", bonus), ("scale", scale)):
+        for name, v in (("bonus", bonus), ("scale", scale), ("penalty", penalty)):
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-        self.bonus, self.scale = float(bonus), float(scale)
+        self.bonus, self.scale, self.penalty = float(bonus), float(scale), float(penalty)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, self.scale * reward + (self.bonus if info.get("is_success", False) else 0.0), terminated, truncated, info
+        return obs, self.scale * reward + (self.bonus if info.get("is_success", False) else 0.0) - self.penalty, terminated, truncated, info
 
 
 def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu", parts=None) -> gym.Env:
@@ -204,7 +209,7 @@ def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu", pa
         policy, critic = make_runners(parts, env)
         core = NoiseSteeringEnv(env, policy, critic, HostConfig(execute_steps=cfg.execute_steps), value_in_obs=cfg.value_in_obs)
         code = task_code_for(parts.env_id)
-    return SuccessBonus(NoiseBound(SteeringObs(core, code), cfg.noise_bound), cfg.success_bonus, cfg.env_reward_scale)
+    return SuccessBonus(NoiseBound(SteeringObs(core, code), cfg.noise_bound), cfg.success_bonus, cfg.env_reward_scale, cfg.chunk_penalty)
 
 
 # ------------------------------------------------------------------ training
@@ -237,19 +242,24 @@ class TrainStats:
     """Wall time of ``learn``."""
 
 
-def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learning_starts: int = 1000, ent_coef: str | float = "auto", log_interval: int = 20, verbose: int = 1) -> tuple[SAC, TrainStats]:
+def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learning_starts: int = 1000, ent_coef: str | float = "auto", log_interval: int = 20,
+              verbose: int = 1, target_entropy: float | str = "auto") -> tuple[SAC, TrainStats]:  # fmt: skip
     """SB3 SAC (MlpPolicy, its defaults otherwise) on ``env`` for ``timesteps`` steps or ``max_seconds``, whichever ends first.
 
     Args:
         seed: seeds SB3, and is the run seed of the training episodes (the env is reset with it once).
         ent_coef: SAC's entropy coefficient: a number (fixed), or ``"auto"`` / ``"auto_<init>"`` (SB3 tunes it).
+        target_entropy: the entropy an ``auto`` coefficient is tuned towards (SB3's ``"auto"``: minus the action
+            dimension; DSRL's robomimic runs use 0).
     """
+    if target_entropy != "auto":
+        target_entropy = float(target_entropy)
     try:
         ent_coef = float(ent_coef)
     except ValueError:
         if not str(ent_coef).startswith("auto"):
             raise ValueError(f"ent_coef: expected a number, 'auto' or 'auto_<init>', got {ent_coef!r}") from None
-    model = SAC("MlpPolicy", env, learning_starts=learning_starts, ent_coef=ent_coef, seed=seed, verbose=verbose, device="cpu")
+    model = SAC("MlpPolicy", env, learning_starts=learning_starts, ent_coef=ent_coef, target_entropy=target_entropy, seed=seed, verbose=verbose, device="cpu")
     t0 = time.perf_counter()
     model.learn(timesteps, callback=WallClockBudget(max_seconds), log_interval=log_interval)
     seconds = time.perf_counter() - t0
