@@ -39,7 +39,6 @@ from rollcap.rollout.episode import ACTOR_HUMAN, NATURAL_ENDS
 from rollcap.rollout.recording.codec import episode_digest
 
 
-
 @dataclass
 class Steps:
     """Flat per-step arrays over a set of episodes (rollouts or demonstrations)."""
