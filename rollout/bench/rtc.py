@@ -25,8 +25,8 @@ Sections (``--only``):
 ``--env`` picks the task (default the built-in one; ``MT10`` runs every
 MetaWorld MT10 task, each on the same episode seeds, and the success rows
 pool them, with a per-task breakdown), ``--policy`` / ``--prefix-policy`` /
-``--critic`` the checkpoints (the MT10 ones for MetaWorld, e.g.
-``--policy policies/weights/mt10_policy.json``).
+``--critic`` the checkpoints (default: the env's shipped ones, the MT10
+policy, its hard-prefix checkpoint and critic on an MT10 task).
 
 Everything prints as it goes and lands in ``--out`` as JSON. The machine is
 shared: say so next to any figure taken from it.
@@ -104,6 +104,18 @@ def env_specs(env: str | None, env_kwargs: dict | None = None) -> list[tuple[str
     return [(env or DEFAULT_ENV, dict(env_kwargs or {}))]
 
 
+def _parts(env_id: str, policy: Path | None = None, critic=None) -> Parts:
+    """The env's shipped models (:func:`~rollcap.rollout.build.shipped_models`) unless ``policy`` / ``critic`` name others."""
+    return Parts(env_id=env_id, **({"policy": policy} if policy is not None else {}), **({"critic": critic} if critic is not None else {}))
+
+
+def shipped_prefix(env_id: str) -> Path | None:
+    """The shipped hard-prefix checkpoint of the env's shipped policy (PushBlock's or MT10's), None if it has none."""
+    from rollcap.rollout.learn.mt10_prefix import PREFIX as MT10_PREFIX
+
+    return {Parts().policy: PREFIX_CHECKPOINT, Parts(env_id=env_specs(MT10)[0][0]).policy: MT10_PREFIX}.get(_parts(env_id).policy)
+
+
 def _outcomes(host: RolloutHost, episodes: int, d: int) -> tuple[list[bool], list[float], list[float]]:
     """Success of episodes ``0 .. episodes-1`` of the host's run seed, and the jerk at and away from chunk seams."""
     ok, seam, other = [], [], []
@@ -118,10 +130,11 @@ def _outcomes(host: RolloutHost, episodes: int, d: int) -> tuple[list[bool], lis
 
 def success_section(episodes: int, delays: list[int], modes: list[str], out: dict, seed: int = HELD_OUT_SEED, execute_steps: int | None = None,
                     prefix_policy: Path = PREFIX_CHECKPOINT, policy_path: Path | None = None, envs: list[tuple[str, dict]] | None = None) -> None:  # fmt: skip
-    parts = Parts(critic="none") if policy_path is None else Parts(policy=policy_path, critic="none")  # no critic threshold: it cannot change an outcome
+    envs = envs or env_specs(None)
+    parts = _parts(envs[0][0], policy_path, "none")  # no critic threshold: it cannot change an outcome
     policy, _ = make_runners(parts, rtc=True)
     pigdm = prefixed = None
-    made = [(env_id, make_env(env_id, kw)) for env_id, kw in (envs or env_specs(None))]
+    made = [(env_id, make_env(env_id, kw)) for env_id, kw in envs]
     rows = out.setdefault("success", {})
     ref = ref_prefix = None
     try:
@@ -183,9 +196,9 @@ class _Stall(Subscriber):
 def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, execute_steps: int | None = None, policy_path: Path | None = None,
                   env_spec: tuple[str, dict] | None = None, critic_path: Path | str | None = None) -> None:  # fmt: skip
     """Stall per chunk at ``period_s`` in the first env of ``--env`` (policy and critic on their lanes, as ``rollcap run``)."""
-    parts = Parts(**{"policy": policy_path} if policy_path is not None else {}, **{"critic": critic_path} if critic_path is not None else {})
-    policy, critic = make_runners(parts, rtc=True)
-    env = make_env(*(env_spec or env_specs(None)[0]))
+    env_spec = env_spec or env_specs(None)[0]
+    policy, critic = make_runners(_parts(env_spec[0], policy_path, critic_path), rtc=True)
+    env = make_env(*env_spec)
     rows = out.setdefault("stall", {})
     try:
         for mode, d in [("sync", 0)] + [("rtc", d) for d in delays]:
@@ -219,13 +232,14 @@ def graph_section(chunks: int, out: dict, policy_path: Path | None = None, prefi
     """Plain vs guided captured graph, interleaved, on one observation (median latency per chunk)."""
     from rollcap.policies import PolicyRunner
 
-    model = load_policy(policy_path or Parts().policy)
+    env_spec = env_spec or env_specs(None)[0]
+    model = load_policy(_parts(env_spec[0], policy_path).policy)
     plain, rtc = PolicyRunner(model), RTCPolicyRunner(model)
     rtc.configure(2, model.cfg.execute_steps, "rtc", "soft")
     pre = RTCPolicyRunner(load_policy(prefix_policy)) if prefix_policy is not None and Path(prefix_policy).is_file() else None
     if pre is not None:
         pre.configure(2, model.cfg.execute_steps, "rtc", "hard")
-    obs, _ = make_env(*(env_spec or env_specs(None)[0])).reset(seed=0)
+    obs, _ = make_env(*env_spec).reset(seed=0)
     noise = np.zeros(plain.chunk_shape, np.float32)
     times: dict = {"plain": [], "rtc": [], "prefix": []}
     try:
@@ -257,22 +271,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
     ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower); "
                     "naive-prefix, rtc-prefix: the same through the --prefix-policy checkpoint (hard-prefix RTC), whose synchronous episodes (sync-prefix) then run too")
-    ap.add_argument("--prefix-policy", type=Path, default=None, help="the prefix-conditioned checkpoint of the -prefix modes (default: the shipped PushBlock one, without --policy)")
+    ap.add_argument("--prefix-policy", type=Path, default=None, help="the prefix-conditioned checkpoint of the -prefix modes (default, without --policy: the env's shipped one, PushBlock's or MT10's)")
     ap.add_argument("--stall-policy", type=Path, default=None, help="policy checkpoint of the stall section (default: the shipped one; a prefix-conditioned one runs hard-prefix RTC)")
     ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the stall and success runs (default: the policy's)")
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
     ap.add_argument("--env", default=None, help="env id (default: the built-in task), or MT10: every MetaWorld MT10 task on the same seeds (stall and graph: the first)")
     ap.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON keyword arguments of the env(s), e.g. '{\"render_images\": false}'")
-    ap.add_argument("--policy", type=Path, default=None, help="policy checkpoint of the graph, stall and success runs (default: the shipped one)")
-    ap.add_argument("--critic", default=None, help="critic checkpoint of the stall section, or none (default: the shipped one)")
+    ap.add_argument("--policy", type=Path, default=None, help="policy checkpoint of the graph, stall and success runs (default: the env's shipped one)")
+    ap.add_argument("--critic", default=None, help="critic checkpoint of the stall section, or none (default: the env's shipped one)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     envs = env_specs(args.env, args.env_kwargs)
     if args.prefix_policy is None and args.policy is None:
-        args.prefix_policy = PREFIX_CHECKPOINT
+        args.prefix_policy = shipped_prefix(envs[0][0])
     if args.prefix_policy is None and any(m.endswith("-prefix") for m in args.modes.split(",")):
-        ap.error("--modes: the -prefix modes with --policy need --prefix-policy (a prefix-conditioned checkpoint of that policy)")
+        ap.error("--modes: the -prefix modes need --prefix-policy (a prefix-conditioned checkpoint of --policy)")
     delays = [int(x) for x in args.delays.split(",") if x]
     out: dict = {"args": {k: str(v) for k, v in vars(args).items()}}
     only = set(args.only.split(","))
