@@ -1,4 +1,4 @@
-"""DSRL: Stable-Baselines3 SAC steers a frozen policy through its flow noise (default: the shipped PushBlock one).
+r"""DSRL: Stable-Baselines3 SAC steers a frozen policy through its flow noise (default: the shipped PushBlock one).
 
     python examples/dsrl_sac.py                                   # 30 min of SAC, then 200 held-out episodes
     python examples/dsrl_sac.py --timesteps 300 --learning-starts 100 --eval-episodes 5 --out /tmp/dsrl
@@ -7,11 +7,12 @@
         --execute-steps 4 --env-reward-scale 0 --eval-seed 31337 --out runs/dsrl_peg   # the MT10 policy on one task
 
 One SAC step is one 8-action chunk of the frozen policy run on the agent's
-noise (rollcap's NoiseSteeringEnv, execute_steps=8). The agent sees the
-egocentric state, the task as a one-hot and the critic's value. After
-training, its deterministic action and the frozen policy (``rollcap run
---execute-steps 8``) run the same held-out episode seeds; both success rates,
-the paired counts and result.json go to --out with the model (dsrl_sac.zip).
+noise (rollcap's NoiseSteeringEnv, --execute-steps of them executed). The
+agent sees the state, the task as a one-hot and the critic's value. After
+training, its deterministic action and the frozen policy (``rollcap run`` at
+the same --execute-steps) run the same held-out episode seeds; both success rates,
+the paired counts, the agent's Q and how much of its noise sits at the box's edge,
+and result.json go to --out with the model (dsrl_sac.zip).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from stable_baselines3 import SAC
 
 from rollcap.rollout.build import Parts
-from rollcap.rollout.learn.dsrl import SteeringConfig, compare, make_steering_env, train_sac
+from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, train_sac
 from rollcap.rollout.cli.options import Options
 
 
@@ -65,10 +66,14 @@ def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
         model, stats = train_sac(env, args.timesteps, 60 * args.max_minutes, args.seed, args.learning_starts, args.ent_coef, target_entropy=args.target_entropy)
         model.save(args.out / "dsrl_sac.zip")
         print(f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {args.out / 'dsrl_sac.zip'}")
-    result = compare(env, lambda obs: model.predict(obs, deterministic=True)[0], args.eval_seed, args.eval_episodes)
+    probe = SteeringProbe(model, cfg.noise_bound)
+    result = compare(env, probe, args.eval_seed, args.eval_episodes)
     print("\n".join(result.lines()))
+    agent = probe.stats()
+    print(f"the agent over {agent['chunks']} steered chunks: Q mean {agent['q_mean']:.3g} (5-95%: {agent['q_p5']:.3g} to {agent['q_p95']:.3g}), "
+          f"{agent['saturated_fraction']:.1%} of noise elements at the box's edge")
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "config": vars(cfg), "parts": {k: str(v) for k, v in vars(parts or Parts()).items()},
-              "train": vars(stats) if stats else None, "eval": result.to_json()}  # fmt: skip
+              "train": vars(stats) if stats else None, "eval": result.to_json(), "agent": agent}  # fmt: skip
     (args.out / "result.json").write_text(json.dumps(report, indent=1))
     env.close()
 

@@ -111,8 +111,11 @@ class Options:
         docs = field_docs(cls)
         hints = typing.get_type_hints(cls)
         dests = self._dest.setdefault(cls, {})
-        title = (inspect.getdoc(cls) or cls.__name__).splitlines()[0].rstrip(".")
-        group = self.parser.add_argument_group(f"{title} ({cls.__name__})")
+        doc = inspect.getdoc(cls) or ""
+        if doc.startswith(cls.__name__ + "("):  # dataclass's generated signature, not a docstring anyone wrote
+            doc = ""
+        title = doc.splitlines()[0].rstrip(".") if doc else ""
+        group = self.parser.add_argument_group(f"{title} ({cls.__name__})" if title else None)
         for f in dataclasses.fields(cls):
             if f.name in skip or not f.init:
                 continue

@@ -268,6 +268,38 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
 
 
 # ---------------------------------------------------------------- evaluation
+class SteeringProbe:
+    """The trained agent's deterministic noise as ``act``, recording what it chose: its critic's value and the box's edge.
+
+    Two symptoms of a SAC critic gone wrong show here: Q far above any return the reward allows (it is at most the
+    success bonus plus the env's reward), and noise pinned to the box's edge. ``stats()`` summarises every call.
+    """
+
+    def __init__(self, model: SAC, bound: float):
+        import torch
+
+        self._torch, self.model, self.bound = torch, model, float(bound)
+        self.q: list[float] = []
+        self.saturated: list[float] = []
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        action = self.model.predict(obs, deterministic=True)[0]
+        with self._torch.no_grad():
+            o, _ = self.model.policy.obs_to_tensor(obs)
+            a = self._torch.as_tensor(self.model.policy.scale_action(action), dtype=self._torch.float32).reshape(1, -1)
+            q = self._torch.min(self._torch.cat(self.model.critic(o, a), dim=1), dim=1).values  # SAC's min over the twins
+        self.q.append(float(q[0]))
+        self.saturated.append(float(np.mean(np.abs(action) >= 0.99 * self.bound)))
+        return action
+
+    def stats(self) -> dict:
+        if not self.q:
+            return {"chunks": 0}
+        q = np.asarray(self.q)
+        return {"chunks": len(q), "q_mean": float(q.mean()), "q_p5": float(np.percentile(q, 5)), "q_p95": float(np.percentile(q, 95)),
+                "saturated_fraction": float(np.mean(self.saturated))}  # fmt: skip
+
+
 def steered_successes(env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int) -> list[bool]:
     """Success of episodes ``0 .. episodes-1`` of run ``run_seed`` with the noise ``act(obs)`` chooses each chunk."""
     out = []

@@ -38,6 +38,9 @@ def test_dsrl_sac_example_smoke(tmp_path):
     SAC.load(tmp_path / "dsrl_sac.zip", device="cpu")
     ev = json.loads((tmp_path / "result.json").read_text())["eval"]
     assert ev["episodes"] == 5 and len(ev["steered"]) == len(ev["frozen"]) == 5 and ev["run_seed"] == 2
+    agent = json.loads((tmp_path / "result.json").read_text())["agent"]  # the probe saw every steered chunk
+    assert agent["chunks"] >= 5 and np.isfinite([agent["q_mean"], agent["q_p5"], agent["q_p95"]]).all() and 0 <= agent["saturated_fraction"] <= 1
+    assert f"the agent over {agent['chunks']} steered chunks: Q mean" in res.stdout
 
 
 def test_unsteered_episodes_are_rollcap_runs_episodes(tmp_path):
