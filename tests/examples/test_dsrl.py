@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow(seconds=26)
 def test_dsrl_sac_example_smoke(tmp_path):
     """A few hundred SAC steps and 5 held-out episodes: the model is written and both success rates are printed."""
     from stable_baselines3 import SAC

@@ -68,7 +68,7 @@ def cache(tmp_path_factory):
 
 
 @needs_cxx
-@pytest.mark.slow
+@pytest.mark.slow(seconds=20)
 @pytest.mark.parametrize("backend", ["aoti", "compile"])
 def test_compiled_plan_is_exact_across_calls_processes_and_threads(backend, cache):
     """Same inputs give the same bytes on every replay, in a fresh process, and on a 2-thread lane; close to eager."""

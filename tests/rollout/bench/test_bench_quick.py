@@ -12,7 +12,7 @@ import pytest
 from rollcap.rollout.bench.report import SECTIONS
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=65)
 def test_bench_quick_runs_every_section(tmp_path):
     """Every section reports; the peer loop ran the same episodes as rollcap's; ratios carry their spread."""
     out = tmp_path / "bench.json"

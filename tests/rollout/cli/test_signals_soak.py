@@ -20,7 +20,7 @@ from rollcap.rollout.recording import load_any
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=31)
 def test_sigint_at_random_times_exits_cleanly(ckpt, tmp_path):
     """Each run gets 1-2 SIGINTs at a seeded random time: exit 130 or 0, no traceback, both formats agree, no journal."""
     rng = random.Random(20261121)

@@ -123,7 +123,7 @@ def test_calibration_stats_and_report(parent, runners, tmp_path):
     assert (tmp_path / "cal" / "calibration.png").stat().st_size > 1000
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=30)
 def test_cli_branch_then_replay_in_a_fresh_process(ckpt, tmp_path):
     """rollcap run -> rollcap branch (control exact) -> rollcap replay of the branches: all exact, in fresh processes."""
     run = tmp_path / "run"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(seconds=50)
 
 
 def test_a_raylet_killed_mid_run_loses_nothing_and_the_run_finishes_without_a_new_node():

@@ -125,7 +125,7 @@ def test_a_go_key_pressed_while_an_episode_runs_does_not_skip_the_next_reset(dis
     assert [r.stop_reason for r in load_any(out / "episodes")] == ["keyboard", "keyboard"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=42)
 def test_no_x_error_when_a_run_ends_right_after_a_key(display, ckpt, tmp_path):
     """Six runs, each ending right after a key (the go key at the last reset): none prints an X protocol error."""
     errors = {}
