@@ -42,3 +42,20 @@ def _heaviest_modules_first(items: list) -> None:
         first.setdefault(module(item), i)
         weight[module(item)] = weight.get(module(item), 0.0) + seconds(item)
     items.sort(key=lambda item: (-weight[module(item)], first[module(item)]))  # stable: a module's own order is kept
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored():
+    """Each test starts with pytest's SIGINT / SIGTERM handlers and leaves them so.
+
+    The CLI's ``main()`` ends by ignoring both (a process about to exit must not
+    die by a late signal); tests that call it in-process would otherwise leave
+    Ctrl-C ignored for every later test.
+    """
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if handler is not None:
+            signal.signal(sig, handler)
