@@ -26,7 +26,7 @@ import torch
 from stable_baselines3 import SAC
 
 from rollcap.rollout.build import Parts
-from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, train_sac
+from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, sac_entropy, train_sac
 from rollcap.rollout.cli.options import Options
 
 
@@ -85,4 +85,9 @@ if __name__ == "__main__":
     opts.add(SteeringConfig)
     opts.add(Parts, flags={"env_id": "--env"}, skip=("backend", "threads"))
     ns = ap.parse_args()
-    main(Args(**opts.values(ns, Args)), SteeringConfig(**opts.values(ns, SteeringConfig)), Parts(**opts.values(ns, Parts)))
+    args = Args(**opts.values(ns, Args))
+    try:
+        sac_entropy(args.ent_coef, args.target_entropy)  # refused here, before any env is built
+    except ValueError as err:
+        ap.error(f"--{str(err).replace('_', '-', 1)}")
+    main(args, SteeringConfig(**opts.values(ns, SteeringConfig)), Parts(**opts.values(ns, Parts)))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium import spaces
 
 from rollcap.envs.scene import BLOCKS, TARGETS, parse_instruction
@@ -242,6 +243,21 @@ class TrainStats:
     """Wall time of ``learn``."""
 
 
+def sac_entropy(ent_coef: str | float, target_entropy: str | float = "auto") -> tuple[str | float, str | float]:
+    """SB3's ``ent_coef`` and ``target_entropy`` from their command-line forms; ValueError names the one that is wrong."""
+    try:
+        ent_coef = float(ent_coef)
+    except ValueError:
+        if not str(ent_coef).startswith("auto"):
+            raise ValueError(f"ent_coef: expected a number, 'auto' or 'auto_<init>', got {ent_coef!r}") from None
+    if target_entropy != "auto":
+        try:
+            target_entropy = float(target_entropy)
+        except ValueError:
+            raise ValueError(f"target_entropy: expected a number or 'auto', got {target_entropy!r}") from None
+    return ent_coef, target_entropy
+
+
 def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learning_starts: int = 1000, ent_coef: str | float = "auto", log_interval: int = 20,
               verbose: int = 1, target_entropy: float | str = "auto") -> tuple[SAC, TrainStats]:  # fmt: skip
     """SB3 SAC (MlpPolicy, its defaults otherwise) on ``env`` for ``timesteps`` steps or ``max_seconds``, whichever ends first.
@@ -252,13 +268,7 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
         target_entropy: the entropy an ``auto`` coefficient is tuned towards (SB3's ``"auto"``: minus the action
             dimension; DSRL's robomimic runs use 0).
     """
-    if target_entropy != "auto":
-        target_entropy = float(target_entropy)
-    try:
-        ent_coef = float(ent_coef)
-    except ValueError:
-        if not str(ent_coef).startswith("auto"):
-            raise ValueError(f"ent_coef: expected a number, 'auto' or 'auto_<init>', got {ent_coef!r}") from None
+    ent_coef, target_entropy = sac_entropy(ent_coef, target_entropy)
     model = SAC("MlpPolicy", env, learning_starts=learning_starts, ent_coef=ent_coef, target_entropy=target_entropy, seed=seed, verbose=verbose, device="cpu")
     t0 = time.perf_counter()
     model.learn(timesteps, callback=WallClockBudget(max_seconds), log_interval=log_interval)
@@ -276,18 +286,16 @@ class SteeringProbe:
     """
 
     def __init__(self, model: SAC, bound: float):
-        import torch
-
-        self._torch, self.model, self.bound = torch, model, float(bound)
+        self.model, self.bound = model, float(bound)
         self.q: list[float] = []
         self.saturated: list[float] = []
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         action = self.model.predict(obs, deterministic=True)[0]
-        with self._torch.no_grad():
+        with torch.no_grad():
             o, _ = self.model.policy.obs_to_tensor(obs)
-            a = self._torch.as_tensor(self.model.policy.scale_action(action), dtype=self._torch.float32).reshape(1, -1)
-            q = self._torch.min(self._torch.cat(self.model.critic(o, a), dim=1), dim=1).values  # SAC's min over the twins
+            a = torch.as_tensor(self.model.policy.scale_action(action), dtype=torch.float32).reshape(1, -1)
+            q = torch.min(torch.cat(self.model.critic(o, a), dim=1), dim=1).values  # SAC's min over the twins
         self.q.append(float(q[0]))
         self.saturated.append(float(np.mean(np.abs(action) >= 0.99 * self.bound)))
         return action

@@ -87,3 +87,11 @@ def test_config_and_statistics():
     assert mcnemar_p(0, 0) == 1.0 and abs(mcnemar_p(1, 9) - 0.021484375) < 1e-12
     d, lo, hi = paired_difference(13, 74, 200)
     assert d == -0.305 and abs(lo + 0.386) < 1e-3 and abs(hi + 0.224) < 1e-3
+
+
+@pytest.mark.parametrize("flag, value", [("--target-entropy", "abc"), ("--ent-coef", "x")])
+def test_a_bad_entropy_flag_is_one_line_before_any_env(flag, value, tmp_path):
+    """A malformed SAC entropy flag is refused at parse time: exit 2, one line naming the flag, nothing written."""
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl_sac.py"), flag, value, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert f"error: {flag}: expected a number" in res.stderr.strip().splitlines()[-1] and not (tmp_path / "o").exists()
