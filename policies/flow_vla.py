@@ -129,6 +129,10 @@ class FlowVLA(nn.Module):
         self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group)
         self.adv_emb = nn.Embedding(3, cfg.width)
         self.expert = ActionExpert(cfg)
+        # The guided sampler's advantage pair, built once on the model's device: a tensor made from host data
+        # inside the captured sampler is a host-to-device copy that CUDA graph capture refuses. Not persistent:
+        # checkpoints (and their weights digest) are unchanged.
+        self.register_buffer("cfg_adv", torch.tensor([ADV_POSITIVE, ADV_DROPPED]), persistent=False)
 
     def _prefix(self, images, state, tokens, adv):
         hidden, _, valid = self.encoder(images, state, tokens, self.adv_emb(adv)[:, None, :])
@@ -136,8 +140,7 @@ class FlowVLA(nn.Module):
 
     def cfg_prefix(self, images, state, tokens):
         """The prefix of one observation for classifier-free guidance: batch 2, advantage positive / dropped."""
-        adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
-        return self._prefix([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), adv)
+        return self._prefix([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
 
     def velocity(self, images, state, tokens, adv, x_t, t) -> torch.Tensor:
         """Predicted flow velocity for a batch (training and tests)."""
