@@ -122,8 +122,14 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
         raise ConfigError("env_id", f"{source}: the recording's env id {env_id!r} is not a registered gymnasium env here; {how}")
     where = f"{source}: " if source else ""
     try:
-        if module is not None and module.split(".")[0] not in OWN_PACKAGES:
+        own = module is None or module.split(".")[0] in OWN_PACKAGES
+        if not own:
             importlib.import_module(module)  # what gym.make does for a module:id; the spec then keeps the module
+        if "gymnasium_robotics" in sys.modules:
+            from rollcap.envs.robotics import fix_joint_types
+
+            fix_joint_types()  # gymnasium-robotics 1.4 cannot build a Fetch env on MuJoCo 4 without it
+        if not own:
             env = gym.make(dataclasses.replace(gym.spec(plain), id=env_id), **(env_kwargs or {}))
         else:
             env = gym.make(env_id, **(env_kwargs or {}))
@@ -133,11 +139,25 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
         raise ConfigError("env_id", f"{where}{env_id!r}: {err}") from err
     except (TypeError, ValueError, MemoryError) as err:
         raise ConfigError("env_kwargs", f"{where}{env_id}: {err}") from err  # MemoryError: "Unable to allocate ..."
+    except Exception as err:  # the env's own code failed: one line naming the env and the cause, not its traceback
+        raise ConfigError("env_id", f"{where}{env_id!r} failed to build: {_cause(err)}") from err
     if envs.exact_state_of(env) is None:
         wrapped = envs.ExactStateWrapper(env)
         if wrapped.exact_state:
             return wrapped
     return env
+
+
+def _cause(err: BaseException) -> str:
+    """``Type: message`` of an exception, and where it was raised when the message is empty (a bare ``assert``)."""
+    text = str(err).strip().splitlines()
+    if text:
+        return f"{type(err).__name__}: {text[0]}"
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})" if tb is not None else ""
+    return f"{type(err).__name__}{where}"
 
 
 def named_env(recorded: str, named: str | None, source) -> bool:
@@ -193,6 +213,17 @@ def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: 
         raise ConfigError(field, f"{name} does not fit the {label}: {what}")
 
 
+NO_SHIPPED_POLICY = ("no shipped policy reads this env's observations (they read rollcap/PushBlock-v0's and the MetaWorld MT10 tasks'): "
+                     "record it with a policy of your own, rollcap.run(env=..., policy=...) (examples/custom_policy.py; for Fetch, examples/fetch_reach.py)")
+"""What a run of a shipped checkpoint on an env it cannot read adds to :func:`check_fits`' line."""
+
+
+def _shipped_policies() -> set[Path]:
+    from rollcap.policies import MT10_CHECKPOINT
+
+    return {DEFAULT_POLICY, MT10_CHECKPOINT}
+
+
 def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
     """The field a model that cannot read the env names: the env's, or (the env read from ``source``) the model's."""
     return label if source else "env_kwargs" if parts.env_kwargs else "env_id"
@@ -215,7 +246,12 @@ def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None =
         return named, critic
     model = load_policy(parts.policy)
     if env is not None:
-        check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
+        try:
+            check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
+        except ConfigError as err:
+            if Path(parts.policy) not in _shipped_policies():
+                raise
+            raise ConfigError(err.field, f"{err.problem}; {NO_SHIPPED_POLICY}") from None
     critic = make_critic(parts, env, source) if parts.critic is not None else None
     runner = RTCPolicyRunner if rtc else PolicyRunner
     return runner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads)), critic

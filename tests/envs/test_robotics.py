@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import types
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
-import mujoco
 import numpy as np
 import pytest
 
@@ -15,27 +16,19 @@ import rollcap.envs.adapters as adapters  # noqa: E402
 from rollcap.capsule import inspect_main, load, restore, save, snapshot  # noqa: E402
 from rollcap.envs import TASK_ATTRIBUTES, ExactStateWrapper, exact_state_of, probe_exactness  # noqa: E402
 from rollcap.envs.checks import canonical_bytes, check_env_exact  # noqa: E402
+from rollcap.envs.robotics import fix_joint_types, joint_types_compare  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
 FETCH = ["FetchReach-v4", "FetchPush-v4"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def fetch_builds():
-    """Register the robotics ids; under MuJoCo >= 4 let gymnasium-robotics compare joint types again.
-
-    gymnasium-robotics 1.4.2 asserts ``model.jnt_type[i] in (mjJNT_HINGE,
-    mjJNT_SLIDE)``; MuJoCo 4's enums compare unequal to a numpy int that way
-    round, so no Fetch env can be built. Its ``mujoco_utils`` then sees the
-    joint types as plain ints (the values MuJoCo defines); nothing else changes.
-    """
+    """Register the robotics ids and apply the library's MuJoCo 4 fix, as ``rollcap.make_env`` does."""
     gym.register_envs(robotics)
-    from gymnasium_robotics.utils import mujoco_utils
-
-    with pytest.MonkeyPatch.context() as mp:
-        if not mujoco.mjtJoint.mjJNT_SLIDE == np.int32(int(mujoco.mjtJoint.mjJNT_SLIDE)):
-            joints = {n: int(getattr(mujoco.mjtJoint, n)) for n in dir(mujoco.mjtJoint) if n.startswith("mjJNT_")}
-            mp.setattr(mujoco_utils, "mujoco", types.SimpleNamespace(**{**vars(mujoco), "mjtJoint": types.SimpleNamespace(**joints)}))
-        yield
+    fix_joint_types()
 
 
 def _wrapped(env_id: str, **kwargs) -> ExactStateWrapper:
@@ -163,3 +156,51 @@ def test_fetch_capsule_through_disk(tmp_path, capsys):
     assert [canonical_bytes(fresh.step(a)) for a in actions] == reference
     assert inspect_main([str(cap.path)]) == 0
     assert "FAILED" not in capsys.readouterr().out
+
+
+def _errors(stderr: str) -> list[str]:
+    """stderr without gymnasium-robotics' own import banner (the Adroit reward note)."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("AdroitHand")]
+
+
+@pytest.mark.slow(seconds=8)
+def test_cli_fetch_builds_and_says_no_shipped_policy_reads_it(tmp_path):
+    """`rollcap run --env gymnasium_robotics:FetchReach-v4` (README's line) builds Fetch in a fresh process and
+    refuses the shipped policy in one line naming what it cannot read (it was a 38-line AssertionError, exit 1)."""
+    out = tmp_path / "r"
+    res = subprocess.run([*ROLLCAP, "run", "--env", "gymnasium_robotics:FetchReach-v4", "--episodes", "1", "--out", str(out), "--no-progress"],
+                         capture_output=True, text=True, timeout=240)
+    lines = _errors(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert lines[0].startswith("rollcap run: error: --env: gymnasium_robotics:FetchReach-v4 does not fit the policy: ")
+    assert "no shipped policy reads this env's observations" in lines[0] and "examples/fetch_reach.py" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.slow(seconds=8)
+@pytest.mark.skipif(joint_types_compare(), reason="this MuJoCo compares joint types to numpy ints: gymnasium-robotics builds Fetch unpatched")
+def test_an_env_that_fails_to_build_is_one_line(tmp_path):
+    """Without the fix, Fetch's own assert fails while it builds: one line naming the env and where, exit 2, nothing created."""
+    code = ("import sys, rollcap.envs.robotics as r; r.fix_joint_types = lambda: False; from rollcap.rollout.cli import main; "
+            f"sys.exit(main(['run', '--env', 'gymnasium_robotics:FetchPush-v4', '--episodes', '1', '--out', {str(tmp_path / 'r')!r}]))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    lines = _errors(res.stderr)
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert lines[0] == ("rollcap run: error: --env: 'gymnasium_robotics:FetchPush-v4' failed to build: "
+                        "AssertionError at mujoco_utils.py:142 (set_joint_qpos)")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow(seconds=10)
+def test_fetch_example_records_and_replays_exactly(tmp_path):
+    """README's Fetch line: examples/fetch_reach.py records FetchReach with its scripted policy; both replays are exact,
+    and `rollcap replay RUN --env gymnasium_robotics:FetchReach-v4 --mode env` agrees in a fresh process."""
+    out = tmp_path / "fetch"
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "fetch_reach.py"), "--episodes", "2", "--out", str(out)],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("episode")]
+    assert len(lines) == 2 and all(ln.endswith("policy replay exact, env replay exact") for ln in lines), res.stdout
+    assert "'success': 2" in res.stdout, res.stdout  # the script reaches the goal
+    res = subprocess.run([*ROLLCAP, "replay", str(out), "--env", "gymnasium_robotics:FetchReach-v4", "--mode", "env"], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0 and "2 exact" in res.stdout, res.stdout + res.stderr[-3000:]
