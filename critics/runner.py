@@ -30,13 +30,13 @@ def load_critic(path: str | Path = DEFAULT_CHECKPOINT) -> ValueCritic:
 
 
 class CriticRunner(ObsRunner):
-    """Captured critic on one lane: observation buffers in, ``value [1]`` out."""
+    """Captured critic on one lane: observation buffers in, ``value [batch]`` out (``batch``: see :class:`ObsRunner`)."""
 
     label = "critic"
     kind = KIND
 
-    def __init__(self, model: ValueCritic, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1):
-        super().__init__(model, [], [BufferSpec("value", (1,), torch.float32)], device, backend, lane, threads)
+    def __init__(self, model: ValueCritic, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1, batch: int = 1, precision: str = "fp32"):
+        super().__init__(model, [], [BufferSpec("value", (batch,), torch.float32)], device, backend, lane, threads, batch, precision)
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]
@@ -62,6 +62,14 @@ class CriticRunner(ObsRunner):
     def value(self, obs: Mapping[str, object]) -> float:
         self.submit(obs)
         return self.result()
+
+    def load_row(self, row: int, obs: Mapping[str, object]) -> None:
+        """Validate and write one observation into row ``row`` (nothing launched)."""
+        self.write_row(row, self.obs_inputs(obs))
+
+    def row_result(self, row: int) -> float:
+        """Row ``row`` of the last waited-for replay's value (call after :meth:`wait`)."""
+        return float(self.outputs["value"][row].item())
 
     def value_eager(self, obs: Mapping[str, object]) -> float:
         """The reference path."""

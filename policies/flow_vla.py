@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollcap.kernels.ops import cfg_euler_step
-from rollcap.policies.layers import Block, PrefixEncoder, timestep_embedding
+from rollcap.policies.layers import Block, CompiledRegions, PrefixEncoder, timestep_embedding
 from rollcap.policies.observation import ObsModelConfig
 
 ADV_NEGATIVE, ADV_POSITIVE, ADV_DROPPED = 0, 1, 2
@@ -59,6 +59,11 @@ class FlowVLAConfig(ObsModelConfig):
     """Guidance weight beta (1.0: conditioned branch only in effect)."""
     adv_dropout: float = 0.3
     """Training: probability the advantage indicator is dropped (enables CFG)."""
+    expert_width: int = 0
+    """Action expert width (0: ``width``). A narrower expert (pi0's is 1024 wide beside a 2048-wide prefix) projects
+    the prefix's hidden states to its own keys/values. Omitted from the JSON when 0."""
+    mlp_ratio: int = 2
+    """MLP hidden width over the block width (prefix and expert). Omitted from the JSON when 2."""
     prefix_conditioning: bool = False
     """Trained with a clean action prefix (real-time chunking's hard-prefix variant): each action token has its own
     flow time, 0 on the prefix; sampling pins the prefix (:meth:`FlowVLA.inpaint_sample`). Omitted from the JSON when
@@ -79,11 +84,16 @@ class FlowVLAConfig(ObsModelConfig):
             raise self._fail("adv_dropout", "a probability in [0, 1)")
         if not isinstance(self.prefix_conditioning, bool):
             raise self._fail("prefix_conditioning", "true or false")
+        self._require_int("expert_width", 0, self.LIMITS["width"])
+        if self.expert_width and (self.expert_width % 2 or self.expert_width % self.heads):
+            raise self._fail("expert_width", f"0 or an even multiple of heads {self.heads}")
+        self._require_int("mlp_ratio", 1, 64)
 
     def to_json(self) -> dict:
         d = super().to_json()
-        if not self.prefix_conditioning:
-            del d["prefix_conditioning"]  # a plain checkpoint's config (and fingerprint) as before the field existed
+        for name, default in (("prefix_conditioning", False), ("expert_width", 0), ("mlp_ratio", 2)):
+            if d[name] == default:
+                del d[name]  # a checkpoint without the field keeps its config (and fingerprint) as before the field existed
         return d
 
 
@@ -92,12 +102,14 @@ class ActionExpert(nn.Module):
 
     def __init__(self, cfg: FlowVLAConfig):
         super().__init__()
-        w = cfg.width
+        w = cfg.expert_width or cfg.width
         self.in_proj = nn.Linear(cfg.action_dim, w)
         self.time_mlp = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
         self.pos = nn.Parameter(torch.zeros(cfg.horizon, w))
-        self.prefix_ln = nn.ModuleList(nn.LayerNorm(w) for _ in range(cfg.depth))
-        self.blocks = nn.ModuleList(Block(w, cfg.heads) for _ in range(cfg.depth))
+        self.prefix_ln = nn.ModuleList(nn.LayerNorm(cfg.width) for _ in range(cfg.depth))
+        self.blocks = nn.ModuleList(Block(w, cfg.heads, cfg.mlp_ratio) for _ in range(cfg.depth))
+        if w != cfg.width:  # a narrower expert: the prefix's keys/values through their own projection
+            self.prefix_proj = nn.ModuleList(nn.Linear(cfg.width, 2 * w) for _ in range(cfg.depth))
         self.ln_out = nn.LayerNorm(w)
         self.out = nn.Linear(w, cfg.action_dim)
         nn.init.normal_(self.pos, std=0.02)
@@ -105,7 +117,13 @@ class ActionExpert(nn.Module):
 
     def prefix_kv(self, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Project the prefix's per-layer hidden states once per chunk."""
-        return [blk.attn.project_kv(ln(h)) for blk, ln, h in zip(self.blocks, self.prefix_ln, hidden)]
+        if not hasattr(self, "prefix_proj"):
+            return [blk.attn.project_kv(ln(h)) for blk, ln, h in zip(self.blocks, self.prefix_ln, hidden)]
+        out = []
+        for blk, ln, proj, h in zip(self.blocks, self.prefix_ln, self.prefix_proj, hidden):
+            k, v = proj(ln(h)).chunk(2, dim=-1)
+            out.append((blk.attn.split(k), blk.attn.split(v)))
+        return out
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, kv: list, mask: torch.Tensor) -> torch.Tensor:
         """``t``: flow time ``[B]`` (one per chunk), or ``[B, H]`` (one per action token: prefix-conditioned models)."""
@@ -120,13 +138,18 @@ class ActionExpert(nn.Module):
         return self.out(self.ln_out(z))
 
 
-class FlowVLA(nn.Module):
-    """The policy network; see the module docstring."""
+class FlowVLA(CompiledRegions, nn.Module):
+    """The policy network; see the module docstring.
+
+    Compiled regions (:class:`~rollcap.policies.layers.CompiledRegions`): the guided prefix and one expert step.
+    """
+
+    REGIONS = ("cfg_prefix", "expert")
 
     def __init__(self, cfg: FlowVLAConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group)
+        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group, mlp_ratio=cfg.mlp_ratio)
         self.adv_emb = nn.Embedding(3, cfg.width)
         self.expert = ActionExpert(cfg)
         # The guided sampler's advantage pair, built once on the model's device: a tensor made from host data
@@ -168,13 +191,39 @@ class FlowVLA(nn.Module):
         if cfg.prefix_conditioning:
             zero = torch.zeros_like(noise)
             return self.inpaint_sample(images, state, tokens, noise, zero, zero[..., :1])
-        kv, valid = self.cfg_prefix(images, state, tokens)
+        kv, valid = self._region("cfg_prefix")(images, state, tokens)
         x = noise
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             t = torch.full((2,), 1.0 - k / cfg.num_steps, device=state.device)
-            v = self.expert(x.expand(2, -1, -1), t, kv, valid)
+            v = self._region("expert")(x.expand(2, -1, -1), t, kv, valid)
             x = cfg_euler_step(x, v[1:2], v[0:1], dt, cfg.cfg_beta)
+        return x
+
+    def sample_rows(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """Batch-N guided sampling: ``noise [N,H,A]`` -> actions ``[N,H,A]`` (capturable; the batched runner's sampler).
+
+        Each row is :meth:`sample` of its own observation and noise, the same ops in the same order, over
+        ``2N`` rows (N advantage-positive, then N dropped); whether a row is the same bits as at batch 1 is
+        the kernels' matter (measured in ``tests/rollout/test_batch.py``). A prefix-conditioned model takes
+        :meth:`inpaint_sample`'s path with an empty prefix, as :meth:`sample` does.
+        """
+        cfg, n = self.cfg, noise.shape[0]
+        kv, valid = self._prefix([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv.repeat_interleave(n))
+        x, dt = noise, -1.0 / cfg.num_steps
+        if cfg.prefix_conditioning:
+            zero = torch.zeros_like(noise)
+            keep, pinned = 1.0 - zero[..., :1], zero * zero[..., :1]
+            x = noise * keep + pinned
+        for k in range(cfg.num_steps):
+            if cfg.prefix_conditioning:
+                t = (keep[..., 0] * (1.0 - k / cfg.num_steps)).repeat(2, 1)
+            else:
+                t = torch.full((2 * n,), 1.0 - k / cfg.num_steps, device=state.device)
+            v = self.expert(x.repeat(2, 1, 1), t, kv, valid)
+            x = cfg_euler_step(x, v[n:], v[:n], dt, cfg.cfg_beta)
+            if cfg.prefix_conditioning:
+                x = x * keep + pinned
         return x
 
     def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
@@ -185,13 +234,13 @@ class FlowVLA(nn.Module):
         :meth:`sample`, capturable. ``weights`` must be 0/1 (real-time chunking's hard mask).
         """
         cfg = self.cfg
-        kv, valid = self.cfg_prefix(images, state, tokens)
+        kv, valid = self._region("cfg_prefix")(images, state, tokens)
         keep = 1.0 - weights
         pinned = carried * weights
         x = noise * keep + pinned
         dt = -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             t = (keep[..., 0] * (1.0 - k / cfg.num_steps)).expand(2, -1)
-            v = self.expert(x.expand(2, -1, -1), t, kv, valid)
+            v = self._region("expert")(x.expand(2, -1, -1), t, kv, valid)
             x = cfg_euler_step(x, v[1:2], v[0:1], dt, cfg.cfg_beta) * keep + pinned
         return x

@@ -57,10 +57,11 @@ class ObsSpec:
     state_dim: int
     max_tokens: int
 
-    def buffer_shapes(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        shapes = {k: ((1, self.image_size, self.image_size, 3), torch.uint8) for k in self.image_keys}
-        shapes["state"] = ((1, self.state_dim), torch.float32)
-        shapes["tokens"] = ((1, self.max_tokens), torch.int64)
+    def buffer_shapes(self, batch: int = 1) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Buffer name -> (shape, dtype) for ``batch`` observations (one row each)."""
+        shapes = {k: ((batch, self.image_size, self.image_size, 3), torch.uint8) for k in self.image_keys}
+        shapes["state"] = ((batch, self.state_dim), torch.float32)
+        shapes["tokens"] = ((batch, self.max_tokens), torch.int64)
         return shapes
 
     def to_inputs(self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
@@ -184,21 +185,29 @@ class ObsRunner(GraphRunner):
     config's :class:`ObsSpec`, caches instruction tokens per string, and
     fingerprints the weights. Subclasses give the graph function, the extra
     input and the output buffers, and a label.
+
+    ``batch`` > 1: every buffer holds ``batch`` rows (one observation each) and
+    one replay computes them all; :meth:`write_row` fills one row, and the
+    fingerprint names the batch (a row's bits may depend on it). Batch 1 is
+    the plain runner (its fingerprint has no ``batch`` field).
     """
 
     label = "model"
     kind = "rollcap.model"
 
-    def __init__(self, model: torch.nn.Module, extra_inputs: list[BufferSpec], outputs: list[BufferSpec], device="cpu", backend=None, lane=None, threads: int = 1):
+    def __init__(self, model: torch.nn.Module, extra_inputs: list[BufferSpec], outputs: list[BufferSpec], device="cpu", backend=None, lane=None, threads: int = 1, batch: int = 1, precision: str = "fp32"):
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
+        self.batch = batch
         self.model = model.to(device).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.cfg = model.cfg
         self.spec = self.cfg.obs_spec
         self._tokens: dict[str, np.ndarray] = {}
-        ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes().items()] + extra_inputs
+        ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
         digest = tensor_digest(dict(self.model.state_dict()))
-        super().__init__(self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads)
+        super().__init__(self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads, precision)
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -211,9 +220,18 @@ class ObsRunner(GraphRunner):
         """Validate one observation into batch-1 arrays for the buffers."""
         return self.spec.to_inputs(obs, self._tokens)
 
+    def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
+        """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""
+        self._require_idle("inputs written")
+        bufs = self.inputs.tensors()
+        for name, v in values.items():
+            bufs[name][row].copy_(torch.from_numpy(np.ascontiguousarray(v[0])))
+
     def _make_fingerprint(self) -> dict:
         fp = super()._make_fingerprint()
         fp["model"] = self.kind
         fp["config"] = self.cfg.to_json()
         fp["dtype"] = "float32"
+        if self.batch != 1:
+            fp["batch"] = self.batch
         return fp

@@ -51,14 +51,16 @@ class PolicyRunner(ObsRunner):
         backend: ``eager``/``jit``/``cuda`` (default: fastest exact for the device).
         lane: the lane to run on (default: a new one named ``policy``).
         threads: intra-op threads of a new CPU lane.
+        batch: observations per replay (see :class:`ObsRunner`); ``start``/``result``/``act``
+            are batch 1's, a batched core drives rows through :meth:`load_row` and :meth:`row_result`.
     """
 
     label = "policy"
     kind = KIND
 
-    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1):
-        shape = (1, model.cfg.horizon, model.cfg.action_dim)
-        super().__init__(model, [BufferSpec("noise", shape, torch.float32)], [BufferSpec("actions", shape, torch.float32)], device, backend, lane, threads)
+    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1, batch: int = 1, precision: str = "fp32"):
+        shape = (batch, model.cfg.horizon, model.cfg.action_dim)
+        super().__init__(model, [BufferSpec("noise", shape, torch.float32)], [BufferSpec("actions", shape, torch.float32)], device, backend, lane, threads, batch, precision)
 
     @property
     def execute_steps(self) -> int:
@@ -76,7 +78,8 @@ class PolicyRunner(ObsRunner):
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]
-        return {"actions": self.model.sample(images, b["state"], b["tokens"], b["noise"])}
+        sample = self.model.sample if self.batch == 1 else self.model.sample_rows
+        return {"actions": sample(images, b["state"], b["tokens"], b["noise"])}
 
     def _inputs(self, obs: Mapping[str, object], noise: np.ndarray) -> dict[str, np.ndarray]:
         values = self.obs_inputs(obs)
@@ -110,6 +113,14 @@ class PolicyRunner(ObsRunner):
         """One chunk through the captured graph."""
         self.submit(obs, noise)
         return self.result()
+
+    def load_row(self, row: int, obs: Mapping[str, object], noise: np.ndarray) -> None:
+        """Validate and write one observation and its noise into row ``row`` (nothing launched)."""
+        self.write_row(row, self._inputs(obs, noise))
+
+    def row_result(self, row: int) -> np.ndarray:
+        """Row ``row`` of the last waited-for replay's chunk, a copy ``[H, A]`` (call after :meth:`wait`)."""
+        return self.outputs["actions"][row].to("cpu").numpy().copy()
 
     def act_eager(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:
         """One chunk through the plain module (the reference path)."""

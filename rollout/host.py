@@ -34,7 +34,6 @@ through its :class:`EventBus`.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable, Sequence
 
@@ -46,7 +45,7 @@ from rollcap.rollout.episode import ACTOR_AGENT, ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.lifecycle import ALLOWED, ON_ERROR, Bookkeeping, EpisodeState, HostState
+from rollcap.rollout.lifecycle import ALLOWED, ON_ERROR, Bookkeeping, EpisodeState, HostState, Launched, checked_noise, fingerprints_of, jsonable
 from rollcap.rollout.predicates import BoundaryView, StopPredicate
 from rollcap.rollout.protocols import ChunkCritic, ChunkEvent, ChunkPolicy, EpisodeEnd, EpisodeStart, Observation, StepEvent, Subscriber, instruction_of
 from rollcap.rollout.builder import RecordBuilder
@@ -58,6 +57,7 @@ from rollcap.rollout.seeding import chunk_noise, episode_seed
 _STATEFUL = ("live_state", "load_live_state", "state_fingerprint")
 _HANDBACK = object()  # _step's signal: the human handed back; end the chunk, not the episode
 _EMPTY_ROW = np.zeros(0, np.float64)
+
 
 
 class RolloutHost:
@@ -126,6 +126,7 @@ class RolloutHost:
         self.book = Bookkeeping()
         self._initial = None
         self._ep: EpisodeState | None = None
+        self._launched = False
         self.env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
         self.state_env = exact_state_of(env)
         self.components = {"host": self.book}
@@ -212,7 +213,7 @@ class RolloutHost:
             if at is not None:
                 self._resume(at)
             initial_state = self.state_env.get_state() if self.state_env is not None else {}
-            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), _jsonable(dataclasses.asdict(self.config)), self._fingerprints(), self.noise_shape, None if at is None else at.origin)
+            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), jsonable(dataclasses.asdict(self.config)), fingerprints_of(self.policy, self.critic, self.state_env), self.noise_shape, None if at is None else at.origin)
         except Exception as err:
             self._fail(err)
             return None
@@ -244,15 +245,19 @@ class RolloutHost:
         this boundary's chunk event, which keeps the launch step and
         observation; see :mod:`rollcap.rollout.rtc`).
         """
+        launched = self.launch(noise)
+        return None if launched is None else self.decide(launched)
+
+    def launch(self, noise: np.ndarray | None = None) -> Launched | None:
+        """:meth:`boundary`'s first half: write the inputs, start policy and critic; None if the episode ended instead.
+
+        A batched core (:mod:`rollcap.rollout.batch`) launches every slot's host, replays once, then lets each :meth:`decide`.
+        """
         self._require(HostState.RUNNING, "boundary()")
         ep = self._ep
-        if ep.pending is not None:
+        if ep.pending is not None or self._launched:
             raise IllegalTransition("host: boundary() called twice; execute() the last chunk first")
-        if noise is not None:
-            noise = np.asarray(noise)
-            if noise.shape != self.noise_shape or noise.dtype != np.float32 or not np.isfinite(noise).all():
-                raise ValueError(f"boundary(noise): expected finite float32 {self.noise_shape}, got {noise.dtype} {noise.shape}")
-            noise = noise.copy()
+        noise = None if noise is None else checked_noise(noise, self.noise_shape)
         self.events.hold()  # paused: nothing is launched
         stop = self.events.poll_stop()
         if stop is not None:  # ended from outside: no further chunk is launched
@@ -270,6 +275,20 @@ class RolloutHost:
             self.policy.start(ep.obs, noise)
             if self.critic is not None:
                 self.critic.start(ep.obs)
+        except Exception as err:
+            self._fail(err)
+            return None
+        self._launched = True
+        return Launched(noise, carried, queue, obs, step, t0)
+
+    def decide(self, launched: Launched) -> ChunkEvent | None:
+        """:meth:`boundary`'s second half: wait for the chunk and the value, ask the predicates, emit the event."""
+        self._require(HostState.RUNNING, "boundary()")
+        if not self._launched:
+            raise IllegalTransition("host: decide() needs a launch() first")
+        self._launched = False
+        ep, (noise, carried, queue, obs, step, t0) = self._ep, launched
+        try:
             t_queue = time.perf_counter()
             if self._run_queue(ep, queue):  # real-time chunking: the carried actions execute meanwhile
                 return None
@@ -390,6 +409,7 @@ class RolloutHost:
             if runner is not None:
                 runner.reset()
         self._ep = None
+        self._launched = False
         self.state = HostState.RESET
 
     def close(self) -> None:
@@ -468,6 +488,7 @@ class RolloutHost:
     def _stop(self, reason: str) -> None:
         self._ep.stop_reason = reason
         self._ep.pending = None
+        self._launched = False
         self._to(HostState.STOP_INFER)
 
     def _fail(self, err: Exception) -> None:
@@ -475,16 +496,4 @@ class RolloutHost:
         self._stop("error")
 
     def _env_kwargs(self) -> dict:
-        return _jsonable(dict(getattr(getattr(self.env, "spec", None), "kwargs", {}) or {}))
-
-    def _fingerprints(self) -> dict:
-        fps = {"policy": self.policy.state_fingerprint()}
-        if self.critic is not None:
-            fps["critic"] = self.critic.state_fingerprint()
-        if self.state_env is not None and hasattr(self.state_env, "state_fingerprint"):
-            fps["env"] = self.state_env.state_fingerprint()
-        return fps
-
-
-def _jsonable(d):
-    return json.loads(json.dumps(d, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+        return jsonable(dict(getattr(getattr(self.env, "spec", None), "kwargs", {}) or {}))

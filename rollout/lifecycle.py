@@ -10,7 +10,10 @@ host keeps of the running episode (no per-step lists: events carry the data).
 from __future__ import annotations
 
 import enum
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,3 +82,37 @@ class EpisodeState:
     exception: BaseException | None = None
     at: Resume | None = None
     """Where a resumed episode began (its predicates see the parent's chunk and step counts)."""
+
+
+class Launched(NamedTuple):
+    """What :meth:`RolloutHost.launch` hands to :meth:`RolloutHost.decide` (the boundary's two halves)."""
+
+    noise: np.ndarray
+    carried: object
+    queue: Sequence[np.ndarray]
+    obs: Observation
+    step: int
+    t0: float
+
+
+def checked_noise(noise, shape: tuple[int, int]) -> np.ndarray:
+    """A caller's noise for ``boundary(noise)``: a copy of a finite float32 ``shape`` array, else ValueError."""
+    noise = np.asarray(noise)
+    if noise.shape != shape or noise.dtype != np.float32 or not np.isfinite(noise).all():
+        raise ValueError(f"boundary(noise): expected finite float32 {shape}, got {noise.dtype} {noise.shape}")
+    return noise.copy()
+
+
+def jsonable(d):
+    """``d`` through JSON (tuples as lists, anything else unknown as its str)."""
+    return json.loads(json.dumps(d, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+
+
+def fingerprints_of(policy, critic, state_env) -> dict:
+    """An episode's fingerprints: the policy's, the critic's (if any), the exact-state env's (if it has one)."""
+    fps = {"policy": policy.state_fingerprint()}
+    if critic is not None:
+        fps["critic"] = critic.state_fingerprint()
+    if state_env is not None and hasattr(state_env, "state_fingerprint"):
+        fps["env"] = state_env.state_fingerprint()
+    return fps
