@@ -7,7 +7,9 @@ choice to vary between runs).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +19,38 @@ from rollcap.policies.observation import PAD, VOCAB_SIZE, ObsSpec
 
 
 N_FREQS = 4
+
+
+class CompiledRegions:
+    """Mixin: named regions (submodules or methods) a compiler may stand in for while a context is open.
+
+    The ``compile-cuda`` graph backend (:mod:`rollcap.kernels.compiled`) compiles each region once with inductor
+    and opens :meth:`compiled_regions` around the warm-up runs and the CUDA graph capture; the Python between the
+    regions (a sampler's Euler loop) is recorded by the capture, so a chunk is still one graph replay. Outside the
+    context every call takes the plain module: the eager reference path is untouched. Single-threaded: do not
+    call the model from another thread while the context is open.
+    """
+
+    REGIONS: tuple[str, ...] = ()
+    """Attribute names of the regions, each called as ``self.<name>(...)`` by the sampler through :meth:`_region`."""
+
+    def _region(self, name: str) -> Callable:
+        active = self.__dict__.get("_regions_active")
+        return active[name] if active else getattr(self, name)
+
+    @contextlib.contextmanager
+    def compiled_regions(self, compile: Callable[[Callable], Callable]) -> Iterator[None]:
+        """Route every region through ``compile(region)`` (built on first use, kept) inside the block."""
+        built = self.__dict__.setdefault("_regions_built", {})
+        key = id(compile)
+        if key not in built:
+            built[key] = {name: compile(getattr(self, name)) for name in self.REGIONS}
+        outer = self.__dict__.get("_regions_active")
+        self.__dict__["_regions_active"] = built[key]
+        try:
+            yield
+        finally:
+            self.__dict__["_regions_active"] = outer
 
 
 class Attention(nn.Module):
@@ -73,7 +107,7 @@ class PrefixEncoder(nn.Module):
     attention), the final hidden state, and the key mask (False on PAD tokens).
     """
 
-    def __init__(self, spec: ObsSpec, width: int, depth: int, heads: int, patch: int, n_extra: int, state_group: int = 0):
+    def __init__(self, spec: ObsSpec, width: int, depth: int, heads: int, patch: int, n_extra: int, state_group: int = 0, mlp_ratio: int = 2):
         super().__init__()
         if state_group and spec.state_dim % state_group:
             raise ValueError(f"state_group {state_group} does not divide state_dim {spec.state_dim}")
@@ -97,7 +131,7 @@ class PrefixEncoder(nn.Module):
         self.register_buffer("state_mean", torch.zeros(spec.state_dim))
         self.register_buffer("state_std", torch.ones(spec.state_dim))
         self.extra_pos = nn.Parameter(torch.zeros(n_extra, width))
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(depth))
+        self.blocks = nn.ModuleList(Block(width, heads, mlp_ratio) for _ in range(depth))
         self.ln_out = nn.LayerNorm(width)
         nn.init.normal_(self.cam_pos, std=0.02)
         nn.init.normal_(self.tok_pos, std=0.02)
@@ -111,6 +145,15 @@ class PrefixEncoder(nn.Module):
         return self.patch_proj(x)
 
     def forward(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor):
+        x, valid = self.embed(images, state, tokens, extra)
+        hidden = []
+        for blk in self.blocks:
+            hidden.append(x)
+            x = blk(x, valid)
+        return hidden, self.ln_out(x), valid
+
+    def embed(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix tokens ``[B, N, width]`` before the blocks, and the key mask ``[B, N]``."""
         b = state.shape[0]
         parts = [self.patchify(img) + self.cam_pos[i] for i, img in enumerate(images)]
         parts.append(self.tok_emb(tokens) + self.tok_pos)
@@ -135,11 +178,7 @@ class PrefixEncoder(nn.Module):
             ],
             dim=1,
         )
-        hidden = []
-        for blk in self.blocks:
-            hidden.append(x)
-            x = blk(x, valid)
-        return hidden, self.ln_out(x), valid
+        return x, valid
 
 
 def timestep_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:

@@ -1,0 +1,214 @@
+"""The fused FlowVLA sampler: an equivalent re-parameterisation of a trained :class:`FlowVLA` with fewer kernels.
+
+:func:`fuse` builds it from a plain model (so it loads today's checkpoints: ``fuse(load_policy(path))``):
+
+- every LayerNorm's affine is folded into the linear that reads it (``W' = W diag(g)``, ``b' = W beta + b``, in
+  float64): the blocks' pre-attention and pre-MLP norms, the expert's per-layer prefix norms and its output norm;
+- the query and key/value projections of each block are one ``qkv`` linear;
+- the expert's flow-time input for the ``K`` fixed times, ``in_proj.bias + pos + time_mlp(embedding(t_k))``, is a
+  ``[K, H, width]`` buffer computed once (no time MLP in the sampler);
+- the prefix's per-layer keys/values come from one layer norm and one batched matmul over all layers, stored as
+  ``[B, N, 2, heads, head_dim]`` so each expert block joins them to its own with one concatenation;
+- attention takes an additive float mask built once per chunk (0 on valid keys, -inf on PAD) in the dtype the
+  attention runs in, its rows padded to 16 elements so CUDA's memory-efficient kernel reads it in place, instead of
+  a boolean mask SDPA converts on every call. (Padding needs a mask, so SDPA's flash kernel stays out of reach.)
+- the encoder's final norm, which the policy never reads, is dropped.
+
+Equal up to float rounding, not byte-equal: ``tests/policies/test_fused.py`` bounds the difference on the shipped
+checkpoints in fp32. The config of a fused model is a :class:`FusedFlowVLAConfig`, whose JSON (and so the runner's
+fingerprint) says ``"variant": "fused"``. Inference only (no ``loss``); not saved as a checkpoint: save the plain
+model and fuse at load.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollcap.kernels.ops import cfg_euler_step
+from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig
+from rollcap.policies.layers import Block, CompiledRegions, timestep_embedding
+
+MASK_ALIGN = 16
+"""Key-mask rows are allocated to a multiple of this many elements (CUDA memory-efficient attention's alignment)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedFlowVLAConfig(FlowVLAConfig):
+    """A :class:`FlowVLAConfig` whose model is the fused re-parameterisation (``"variant": "fused"`` in its JSON)."""
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "variant": "fused"}
+
+
+def _fold(norm: nn.LayerNorm, lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``lin(norm(x)) == lin'(layer_norm(x))`` with the norm's affine moved into ``lin'`` (float64, then float32)."""
+    w, g, beta = lin.weight.double(), norm.weight.double(), norm.bias.double()
+    return (w * g[None, :]).float(), (w @ beta + lin.bias.double()).float()
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+    lin = nn.Linear(weight.shape[1], weight.shape[0], device=weight.device)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        lin.bias.copy_(bias)
+    return lin
+
+
+class FusedBlock(nn.Module):
+    """A pre-norm block with norm affines folded and one ``qkv`` projection; keys may be prefixed by cached ones."""
+
+    def __init__(self, blk: Block):
+        super().__init__()
+        a = blk.attn
+        self.heads, self.eps1, self.eps2 = a.heads, blk.ln1.eps, blk.ln2.eps
+        wq, bq = _fold(blk.ln1, a.q)
+        wkv, bkv = _fold(blk.ln1, a.kv)
+        self.qkv = _linear(torch.cat([wq, wkv]), torch.cat([bq, bkv]))
+        self.out = copy.deepcopy(a.out)
+        self.fc1 = _linear(*_fold(blk.ln2, blk.mlp[0]))
+        self.fc2 = copy.deepcopy(blk.mlp[2])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: additive ``[B, 1, 1, N_keys]``; ``prefix_kv``: ``[B, N_prefix, 2, heads, head_dim]``."""
+        b, n, w = x.shape
+        h = self.heads
+        qkv = self.qkv(F.layer_norm(x, (w,), eps=self.eps1))
+        q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
+        kv = qkv[..., w:].view(b, n, 2, h, w // h)
+        if prefix_kv is not None:
+            kv = torch.cat([prefix_kv, kv], dim=1)
+        o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
+        x = x + self.out(o.transpose(1, 2).reshape(b, n, w))
+        return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh"))
+
+
+def additive_mask(valid: torch.Tensor, extra: int = 0) -> torch.Tensor:
+    """``[B, 1, 1, N + extra]``: 0 where ``valid`` (and on ``extra`` trailing keys), -inf elsewhere.
+
+    In the dtype attention runs in (autocast's, else float32), rows allocated to a multiple of :data:`MASK_ALIGN`.
+    """
+    dev = valid.device
+    dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else torch.float32
+    b, n = valid.shape
+    total = n + extra
+    pad = -total % MASK_ALIGN
+    zero = torch.zeros((), dtype=dtype, device=dev)
+    rows = torch.cat([torch.where(valid, zero, torch.full((), -math.inf, dtype=dtype, device=dev)), torch.zeros(b, extra + pad, dtype=dtype, device=dev)], dim=1)
+    return rows.view(b, 1, 1, total + pad)[..., :total]
+
+
+class FusedExpert(nn.Module):
+    """The action expert, fused (see the module docstring)."""
+
+    def __init__(self, expert: nn.Module, cfg: FlowVLAConfig):
+        super().__init__()
+        self.blocks = nn.ModuleList(FusedBlock(b) for b in expert.blocks)
+        projs = expert.prefix_proj if hasattr(expert, "prefix_proj") else [b.attn.kv for b in expert.blocks]
+        folded = [_fold(ln, p) for ln, p in zip(expert.prefix_ln, projs)]
+        self.prefix_w = nn.Parameter(torch.stack([w.t() for w, _ in folded]))  # [depth, width, 2 * expert width]
+        self.prefix_b = nn.Parameter(torch.stack([b[None, :] for _, b in folded]))  # [depth, 1, 2 * expert width]
+        self.prefix_eps = expert.prefix_ln[0].eps
+        self.in_w = nn.Parameter(expert.in_proj.weight.detach().clone())
+        k = cfg.num_steps
+        with torch.no_grad():
+            times = torch.tensor([1.0 - i / k for i in range(k)] + [0.0], device=self.in_w.device)
+            te = expert.time_mlp(timestep_embedding(times, expert.width))  # the K step times, then t = 0
+            base = expert.in_proj.bias + expert.pos  # [H, w]
+        self.register_buffer("step_bias", base[None] + te[:k, None, :])  # [K, H, w]: what in_proj(x) is offset by at step k
+        self.register_buffer("base", base.clone())
+        self.register_buffer("time_emb", te.clone())  # [K + 1, w] (prefix-conditioned sampling mixes per token)
+        self.out = _linear(*_fold(expert.ln_out, expert.out))
+        self.out_eps = expert.ln_out.eps
+        self.width = expert.width
+
+    def prefix_kv(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """All layers' prefix keys/values: ``[depth, B, N, 2, heads, head_dim]`` (one norm, one batched matmul)."""
+        depth = len(hidden)
+        b, n, w = hidden[0].shape
+        x = F.layer_norm(torch.stack(hidden).view(depth, b * n, w), (w,), eps=self.prefix_eps)
+        heads = self.blocks[0].heads
+        return torch.baddbmm(self.prefix_b, x, self.prefix_w).view(depth, b, n, 2, heads, self.width // heads)
+
+    def forward(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Velocity ``[B, H, A]`` of ``x`` at one step (``step_bias``: that step's ``[H, w]`` or ``[B, H, w]`` row)."""
+        z = F.linear(x, self.in_w) + step_bias
+        for i, blk in enumerate(self.blocks):
+            z = blk(z, mask, kv[i])
+        return self.out(F.layer_norm(z, (self.width,), eps=self.out_eps))
+
+
+class FusedFlowVLA(CompiledRegions, nn.Module):
+    """A fused :class:`FlowVLA` for sampling (:meth:`sample`, :meth:`sample_rows`, :meth:`inpaint_sample`)."""
+
+    REGIONS = ("guided_prefix", "expert")
+
+    def __init__(self, plain: FlowVLA):
+        super().__init__()
+        cfg = plain.cfg
+        self.cfg = FusedFlowVLAConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FlowVLAConfig)})
+        src = plain.encoder
+        enc = copy.deepcopy(src, memo={id(src.blocks): nn.ModuleList(), id(src.ln_out): None})  # the blocks are rebuilt, not copied
+        enc.blocks = nn.ModuleList(FusedBlock(b) for b in src.blocks)
+        del enc.ln_out  # the policy reads the per-layer inputs only
+        self.encoder = enc
+        self.adv_emb = copy.deepcopy(plain.adv_emb)
+        self.expert = FusedExpert(plain.expert, cfg)
+        self.register_buffer("cfg_adv", plain.cfg_adv.clone(), persistent=False)
+
+    def guided_prefix(self, images, state, tokens, adv):
+        """Keys/values ``[depth, B, N, 2, heads, head_dim]`` and the expert's additive key mask of a guided batch."""
+        x, valid = self.encoder.embed(images, state, tokens, self.adv_emb(adv)[:, None, :])
+        mask = additive_mask(valid, self.cfg.horizon)
+        enc_mask = mask[..., : valid.shape[1]]
+        hidden = []
+        for blk in self.encoder.blocks:
+            hidden.append(x)
+            x = blk(x, enc_mask)
+        return self.expert.prefix_kv(hidden), mask
+
+    def _euler(self, x, kv, mask, bias_of, n: int, keep=None, pinned=None):
+        cfg = self.cfg
+        dt = -1.0 / cfg.num_steps
+        expert = self._region("expert")
+        for k in range(cfg.num_steps):
+            xx = x.expand(2, -1, -1) if n == 1 else x.repeat(2, 1, 1)
+            v = expert(xx, bias_of(k), kv, mask)
+            x = cfg_euler_step(x, v[n:], v[:n], dt, cfg.cfg_beta)
+            if keep is not None:
+                x = x * keep + pinned
+        return x
+
+    def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """As :meth:`FlowVLA.sample` (batch 1, guided; capturable)."""
+        kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k], 1)
+
+    def sample_rows(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """As :meth:`FlowVLA.sample_rows` (batch N: N positive rows, then N dropped)."""
+        n = noise.shape[0]
+        kv, mask = self._region("guided_prefix")([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv.repeat_interleave(n))
+        return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k], n)
+
+    def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
+        """As :meth:`FlowVLA.inpaint_sample` (a prefix-conditioned model; ``weights`` 0/1)."""
+        kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        keep = 1.0 - weights
+        pinned = carried * weights
+        e = self.expert
+        te, te0 = e.time_emb[:-1], e.time_emb[-1]
+        bias = e.base + te0 + keep[0] * (te - te0)[:, None, :]  # [K, H, w]: clean (t = 0) tokens where kept
+        return self._euler(noise * keep + pinned, kv, mask, lambda k: bias[k], 1, keep, pinned)
+
+
+def fuse(model: FlowVLA) -> FusedFlowVLA:
+    """The fused sampler of a plain :class:`FlowVLA` (its weights re-parameterised; ``model`` is not changed)."""
+    if not isinstance(model, FlowVLA):
+        raise TypeError(f"fuse: expected a FlowVLA, got {type(model).__name__}")
+    with torch.no_grad():
+        return FusedFlowVLA(model).eval()
