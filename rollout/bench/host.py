@@ -1,4 +1,4 @@
-"""Bench section ``host``: host overhead per chunk, recording overhead (background and synchronous), capsule reset vs env.reset + runner rebuild, episode start."""
+"""Bench section ``host``: host overhead per chunk (with the shipped policy, and at GPU speed with a stand-in 2 ms policy and critic), recording overhead (background and synchronous), capsule reset vs env.reset + runner rebuild, episode start."""
 
 from __future__ import annotations
 
@@ -86,7 +86,73 @@ def bench_host(parts: Parts, n: int) -> dict:
     for part in (policy, critic, env):
         if part is not None:
             part.close()
+    out["gpu_speed"] = bench_gpu_speed(parts, max(4, n // 10))
     return out
+
+
+def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
+    """The host's own time per boundary when a chunk takes ``chunk_s`` (a GPU's 2 ms), on any machine.
+
+    The shipped runners' host-side work (validation, input writes, the output
+    copy) with a chunk that is ready ``chunk_s`` after start
+    (:class:`~rollcap.rollout.bench.standin.FixedLatency`), in the bench's env,
+    records built (as a recorded run does), no writer. Three figures, medians over every chunk:
+    ``host_overhead_ms`` (boundary minus the lanes' ``chunk_s``, as the host's own
+    latencies say; the issue's figure), ``call_overhead_ms`` (the whole
+    :meth:`~rollcap.rollout.host.RolloutHost.boundary` call minus ``chunk_s``:
+    noise, events and subscribers too), ``step_overhead_ms`` (per env step,
+    :meth:`~rollcap.rollout.host.RolloutHost.execute` minus ``env.step``).
+    """
+    from rollcap.rollout.bench.standin import FixedLatency
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.host import RolloutHost
+    from rollcap.rollout.subscribers import Metrics
+
+    env = make_env(parts.env_id, parts.env_kwargs)
+    runners = make_runners(parts, env)
+    policy, critic = (FixedLatency(r, chunk_s) if r is not None else None for r in runners)
+    metrics = Metrics()
+    host = RolloutHost(env, policy, critic, HostConfig(seed=7), [metrics], records=True)
+    env_step, env_s = env.step, [0.0]
+
+    def timed_step(action):  # the bench's own hook: the host calls env.step, this times it
+        t0 = time.perf_counter()
+        try:
+            return env_step(action)
+        finally:
+            env_s[0] += time.perf_counter() - t0
+
+    env.step = timed_step
+    host.run_episode(0)  # warm-up: first-call caches, the initial capsule
+    del metrics.boundary_s[:], metrics.policy_s[:], metrics.critic_s[:]
+    calls: list[float] = []
+    steps: list[float] = []
+    for i in range(1, episodes + 1):
+        host.start(i)
+        while not host.done:
+            t0 = time.perf_counter()
+            host.boundary()
+            calls.append(time.perf_counter() - t0 - chunk_s)
+            if not host.done:
+                e0, t0 = env_s[0], time.perf_counter()
+                done = host.execute()
+                if done:
+                    steps.append((time.perf_counter() - t0 - (env_s[0] - e0)) / len(done))
+        host.finish()
+    host.close()
+    over = np.asarray(metrics.boundary_s) - np.maximum(metrics.policy_s, metrics.critic_s)
+    ms = lambda xs: float(np.median(xs) * 1e3)  # noqa: E731
+    return {
+        "chunk_ms": chunk_s * 1e3,
+        "episodes": episodes,
+        "chunks": len(calls),
+        "boundary_ms": ms(metrics.boundary_s),
+        "host_overhead_ms": ms(over),
+        "host_overhead_p90_ms": float(np.percentile(over, 90) * 1e3),
+        "host_overhead_fraction": float(np.median(over / np.asarray(metrics.boundary_s))),
+        "call_overhead_ms": ms(calls),
+        "step_overhead_ms": ms(steps),
+    }
 
 
 def format_host(h: dict, row) -> None:
@@ -97,3 +163,9 @@ def format_host(h: dict, row) -> None:
     row("recording overhead, synchronous writes", f"{h['recorded_sync_overhead']:.1%} of rollout wall")
     row("capsule reset / env.reset + runner rebuild", f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)")
     row("episode start in a rollout (restore + env.reset + initial state)", f"{h['episode_start_ms']:.3f} ms")
+    g = h.get("gpu_speed")
+    if g is not None:
+        row(f"at GPU speed (stand-in {g['chunk_ms']:.0f} ms policy and critic, {g['chunks']} chunks):")
+        row("  host overhead per boundary (median, p90)", f"{g['host_overhead_ms']:.3f} ms, {g['host_overhead_p90_ms']:.3f} ms ({g['host_overhead_fraction']:.1%} of boundary)")
+        row("  whole boundary() call minus the chunk", f"{g['call_overhead_ms']:.3f} ms")
+        row("  host per env step (execute minus env.step)", f"{g['step_overhead_ms']:.3f} ms")
