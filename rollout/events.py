@@ -98,10 +98,14 @@ class EventBus:
 
     def hold(self) -> None:
         """Block while paused; a stop, discard or quit ends the pause (the caller then polls the stop)."""
+        if not self._paused:  # the usual case, read without the lock: a pause set meanwhile holds the next call
+            return
         with self._cond:
             self._cond.wait_for(lambda: not self._paused or self._stop is not None or self._quit)
 
     def poll_stop(self) -> str | None:
+        if self._stop is None:  # read without the lock (every step asks); a request set meanwhile is taken next time
+            return None
         with self._cond:
             reason, self._stop = self._stop, None
         return reason
@@ -117,6 +121,8 @@ class EventBus:
         return discard
 
     def intervention(self) -> np.ndarray | None:
+        if self._takeover is None:  # read without the lock, as poll_stop
+            return None
         with self._cond:
             return None if self._takeover is None else self._takeover.copy()
 

@@ -127,6 +127,8 @@ class RolloutHost:
         self._initial = None
         self._ep: EpisodeState | None = None
         self._launched = False
+        self._noise_ahead: tuple[int, int, np.ndarray] | None = None  # (seed, chunk, noise) drawn while the last chunk ran
+        self._draw_ahead = False
         self.env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
         self.state_env = exact_state_of(env)
         self.components = {"host": self.book}
@@ -263,11 +265,14 @@ class RolloutHost:
         if stop is not None:  # ended from outside: no further chunk is launched
             self._stop(stop)
             return None
+        self._draw_ahead = False
         try:
             if noise is None and ep.at is not None and ep.at.noise is not None and ep.chunk < len(ep.at.noise):
                 noise = np.array(ep.at.noise[ep.chunk], dtype=np.float32)
             elif noise is None:
-                noise = chunk_noise(ep.seed, ep.chunk, self.noise_shape)
+                ahead, self._noise_ahead = self._noise_ahead, None
+                noise = ahead[2] if ahead is not None and ahead[:2] == (ep.seed, ep.chunk) else chunk_noise(ep.seed, ep.chunk, self.noise_shape)
+                self._draw_ahead = ep.at is None or ep.at.noise is None or ep.chunk + 1 >= len(ep.at.noise)
             carried = self.policy.carried_state() if self.config.chunking != "sync" else None
             queue, obs, step = (self.policy.queue() if carried is not None else ()), ep.obs, ep.steps
             t0 = time.perf_counter()
@@ -289,6 +294,9 @@ class RolloutHost:
         self._launched = False
         ep, (noise, carried, queue, obs, step, t0) = self._ep, launched
         try:
+            if self._draw_ahead:  # while the lanes run: the next boundary's own noise (a pure function of seed and chunk)
+                self._draw_ahead = False
+                self._noise_ahead = (ep.seed, ep.chunk + 1, chunk_noise(ep.seed, ep.chunk + 1, self.noise_shape))
             t_queue = time.perf_counter()
             if self._run_queue(ep, queue):  # real-time chunking: the carried actions execute meanwhile
                 return None
