@@ -14,7 +14,11 @@ backends:
   inductor. Its fused C++ kernels are called from Python with the GIL held,
   so two lanes overlap only partly; offered for comparison.
 
-Both compile generated C++ with the host's compiler (``g++``). Inductor's
+A third, for CUDA, lives here too: ``"compile-cuda"`` (:func:`compiled_for_capture`) compiles with inductor
+(Triton kernels, no CUDA graphs of inductor's own) and rollcap's CUDA graph then captures the compiled kernels
+over its static buffers, so a chunk is still one graph replay and a capsule is still its buffers.
+
+The CPU plans compile generated C++ with the host's compiler (``g++``). Inductor's
 kernels are built for one intra-op thread (``cpp.threads = 1``), so results do
 not depend on a lane's thread count; matrix products still run through ATen.
 Compiling the shipped policy takes minutes (287 s on the busy 2-core machine,
@@ -37,7 +41,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -114,6 +118,55 @@ def build_compiled(module: torch.nn.Module, example: tuple[torch.Tensor, ...], l
     except Exception as err:
         raise CaptureError(f"{label}: torch.compile failed: {_why(err)}") from err
     return fn
+
+
+# -- torch.compile, then rollcap's CUDA graph ("compile-cuda") ----------------------
+INDUCTOR_OPTIONS = {"triton.cudagraphs": False, "freezing": True}
+"""Inductor settings of the ``compile-cuda`` backend. No CUDA graphs of its own: rollcap captures the compiled
+kernels in its graph over its static buffers. Freezing: the weights are constants of the compiled code (norm and
+cast work on them is folded at compile time; under bf16 autocast no weight is cast per call), so the plan reads the
+weights it was compiled with: change them and build a new runner."""
+
+
+def region_compiler(device_type: str) -> Callable[[Callable], Callable]:
+    """The compile function :meth:`CompiledRegions.compiled_regions` is given: inductor, one graph per region, static shapes."""
+    options = dict(INDUCTOR_OPTIONS) if device_type == "cuda" else {"freezing": True}
+
+    def compile_region(region: Callable) -> Callable:
+        return torch.compile(region, backend="inductor", fullgraph=True, dynamic=False, options=options)
+
+    return compile_region
+
+
+def compiled_for_capture(fn: Callable, modules: list[torch.nn.Module], device_type: str) -> tuple[Callable, Callable[[], contextlib.AbstractContextManager], dict]:
+    """``(fn', context, facts)``: what a ``compile-cuda`` graph warms and captures inside ``context()``.
+
+    A module that names compiled regions (``REGIONS`` and a ``compiled_regions(compile)`` context, e.g. FlowVLA's
+    prefix and expert step) has each region compiled once and routed through while ``context()`` is open; the
+    Python between them (a sampler's Euler loop) is recorded by the capture. Compiling one expert step instead of
+    the unrolled sampler keeps the compile time independent of the number of steps. Without such a module ``fn``
+    is compiled whole. Compilation happens on the first call inside ``context()``; ``facts`` go in the fingerprint.
+    """
+    compile_region = region_compiler(device_type)
+    owners = [m for m in modules if getattr(m, "REGIONS", ()) and hasattr(m, "compiled_regions")]
+    facts = {"inductor_options": json_options(INDUCTOR_OPTIONS if device_type == "cuda" else {"freezing": True})}
+    if owners:
+        facts["compiled"] = "regions " + ",".join(f"{type(m).__name__}.{r}" for m in owners for r in m.REGIONS)
+
+        @contextlib.contextmanager
+        def context():
+            with _inductor_env(), contextlib.ExitStack() as stack:
+                for m in owners:
+                    stack.enter_context(m.compiled_regions(compile_region))
+                yield
+
+        return fn, context, facts
+    facts["compiled"] = "whole"
+    return compile_region(fn), _inductor_env, facts
+
+
+def json_options(options: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(options.items()))
 
 
 # -- AOTInductor -----------------------------------------------------------------

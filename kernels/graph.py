@@ -17,6 +17,9 @@ that reads the input :class:`BufferSet` and leaves its results in the output
   counts within the backend, not bit-equal to eager.
 - ``"cuda"``: a ``torch.cuda.CUDAGraph`` captured on a side stream; replay
   re-launches the recorded kernels over the same addresses.
+- ``"compile-cuda"``: the function (or the regions its modules name) compiled
+  with inductor, without inductor's own CUDA graphs, then captured as ``"cuda"``
+  is: one replay per call. Exact across replays; not bit-equal to eager.
 
 A capturable function may not: keep tensors it allocates between calls, branch
 on tensor *values* (``.item()``, ``if x > 0``), read Python state that changes
@@ -26,6 +29,7 @@ synchronise with the host. Shapes are fixed by the buffers.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
 import warnings
@@ -36,9 +40,11 @@ import torch
 from rollcap.kernels.buffers import BufferSet
 from rollcap.kernels.errors import CaptureError
 
-BACKENDS = ("eager", "jit", "aoti", "compile", "cuda")
+BACKENDS = ("eager", "jit", "aoti", "compile", "cuda", "compile-cuda")
 CPU_PLANS = ("jit", "aoti", "compile")
 """The CPU backends that capture a plan (each refuses a CUDA device)."""
+CUDA_PLANS = ("cuda", "compile-cuda")
+"""The backends that capture a CUDA graph (``compile-cuda``: of inductor's kernels, :mod:`rollcap.kernels.compiled`)."""
 
 # The tracer's message for ``torch.tensor(...)`` inside a traced function.
 _CONSTANT_TENSOR_WARNING = r"torch\.tensor results are registered as constants in the trace"
@@ -115,8 +121,8 @@ class CapturedGraph:
     ):
         if backend not in BACKENDS:
             raise ValueError(f"{label}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if backend == "cuda" and inputs.device.type != "cuda":
-            raise ValueError(f"{label}: backend 'cuda' needs buffers on a CUDA device, not {inputs.device}")
+        if backend in CUDA_PLANS and inputs.device.type != "cuda":
+            raise ValueError(f"{label}: backend {backend!r} needs buffers on a CUDA device, not {inputs.device}")
         if backend in CPU_PLANS and inputs.device.type != "cpu":
             raise ValueError(f"{label}: backend {backend!r} is a CPU plan; use 'cuda' for {inputs.device}")
         self.fn = fn
@@ -231,9 +237,20 @@ class CapturedGraph:
         g = torch.cuda.CUDAGraph()
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side), torch.no_grad():
+        fn, compiled_ctx = self.fn, contextlib.nullcontext
+        if self.backend == "compile-cuda":  # inductor compiles on the first call; warm on the side stream, then capture
+            from rollcap.kernels import compiled
+
+            fn, compiled_ctx, self.plan_facts = compiled.compiled_for_capture(self.fn, self.modules, "cuda")
+            try:
+                with torch.cuda.stream(side), torch.no_grad(), compiled_ctx():
+                    for _ in range(3):
+                        self._copy_out(fn(self.inputs.tensors()))
+            except Exception as err:
+                raise CaptureError(f"{self.label}: torch.compile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        with torch.cuda.stream(side), torch.no_grad(), compiled_ctx():
             with torch.cuda.graph(g, stream=side):
-                out = self.fn(self.inputs.tensors())
+                out = fn(self.inputs.tensors())
                 self._copy_out(out)
         torch.cuda.current_stream(dev).wait_stream(side)
         self._cuda_graph = g
@@ -241,7 +258,7 @@ class CapturedGraph:
     def replay(self) -> None:
         """Run the captured plan; results land in the output buffers."""
         self._require(_Phase.CAPTURED)
-        if self.backend == "cuda":
+        if self.backend in CUDA_PLANS:
             self._cuda_graph.replay()
         elif self.backend in CPU_PLANS:
             with torch.no_grad():
