@@ -10,11 +10,13 @@ Imports point downward: this module knows ``episode`` and ``protocols`` only.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from rollcap.envs import physics_row
 from rollcap.rollout.episode import CHUNK_DTYPES, RTC_CHUNK_DTYPES, STEP_DTYPES, EpisodeRecord
-from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, StepEvent, Subscriber, recorded_obs
+from rollcap.rollout.protocols import RAW_OBS_KEY, ChunkEvent, EpisodeEnd, EpisodeStart, StepEvent, Subscriber, recorded_obs
 
 _STEP_COLS = tuple(k for k in STEP_DTYPES if k != "dones")  # dones is derived
 
@@ -46,8 +48,16 @@ class RecordBuilder(Subscriber):
             c.setdefault("rtc_weights", []).append(e.carried["carried_w"])
 
     def on_step(self, e: StepEvent) -> None:
-        for k, v in recorded_obs(e.obs).items():
-            self._obs.setdefault(k, []).append(v)
+        obs, kept = e.obs, self._obs
+        if isinstance(obs, Mapping):  # recorded_obs, without building a dict every step
+            for k, v in obs.items():
+                if k != "instruction":
+                    rows = kept.get(k)
+                    if rows is None:
+                        rows = kept[k] = []
+                    rows.append(v)
+        else:
+            kept.setdefault(RAW_OBS_KEY, []).append(obs)
         s = self._steps
         s["actions"].append(np.asarray(e.action, dtype=np.float32))
         s["rewards"].append(e.reward)
