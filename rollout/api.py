@@ -11,9 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
-import signal
-import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -26,7 +23,7 @@ from rollcap.rollout.errors import ConfigError, NotExactWarning, RecordingFailed
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.subscribers import InBackground, Metrics, Progress
+from rollcap.rollout.subscribers import InBackground, Metrics, OneInterrupt, Progress
 
 FORMATS = ("npz", "h5")
 
@@ -61,10 +58,16 @@ class RunConfig:
     """A person in the loop: keys from keyboard (X, else the terminal), terminal or scripted:FILE; a live view; the reset waits for the go key."""
     require_exact: bool = False
     """Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
+    envs: int = 1
+    """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch)."""
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or isinstance(self.episodes, bool) or self.episodes < 1:
             raise ConfigError("episodes", f"expected an integer >= 1, got {self.episodes!r}")
+        if not isinstance(self.envs, int) or isinstance(self.envs, bool) or not 1 <= self.envs <= 1024:
+            raise ConfigError("envs", f"expected an integer in 1..1024, got {self.envs!r}")
+        if self.envs > 1 and (self.teleop is not None or self.actors):
+            raise ConfigError("envs", f"a batched run (envs={self.envs}) runs in this process without a person; drop `{'teleop' if self.teleop else 'actors'}`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
             raise ConfigError("actors", f"expected an integer >= 0, got {self.actors!r}")
         if self.teleop is not None and self.actors:
@@ -162,7 +165,9 @@ def run(
             ``max_chunks``, ...), :class:`RunConfig` (``formats``, ``resume``,
             ``progress``, ``actors``, ``address``, ...) and :class:`Parts`
             (``env_kwargs``, ``device``, ``backend``, ``threads``). With
-            ``actors=N`` the episodes run on N Ray actors
+            ``envs=N`` N envs share one policy and critic graph captured at batch
+            N (:mod:`rollcap.rollout.batch`; ``env`` an id, the models
+            checkpoints). With ``actors=N`` the episodes run on N Ray actors
             (:mod:`rollcap.rollout.ray.actors`), each building the env and
             runners from ``env`` and the checkpoint paths; this process checks
             them, then records what the actors return.
@@ -179,17 +184,23 @@ def run(
     poll = poll_stop or (lambda: None)
     own = []  # what this call built, and so closes
     try:
-        if isinstance(env, str):
-            env = make_env(parts.env_id, parts.env_kwargs)
-            own.append(env)
-            poll()
-        check_repeatable(env, run_cfg.require_exact)
-        if _is_path(policy):
-            policy, built = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
-            own += [policy, built]
+        if run_cfg.envs > 1:  # N envs over one graph at batch N (rollcap.rollout.batch)
+            from rollcap.rollout.batch import batched_parts
+
+            env, policy, critic = batched_parts(env, policy, critic, parts, host_cfg, run_cfg, own, poll, check_repeatable)
+            built = critic
         else:
-            built = make_critic(parts, env) if parts.critic is not None else None
-            own.append(built)
+            if isinstance(env, str):
+                env = make_env(parts.env_id, parts.env_kwargs)
+                own.append(env)
+                poll()
+            check_repeatable(env, run_cfg.require_exact)
+            if _is_path(policy):
+                policy, built = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
+                own += [policy, built]
+            else:
+                built = make_critic(parts, env) if parts.critic is not None else None
+                own.append(built)
         critic = built if critic is None or _is_path(critic) else critic
         poll()
         return _record(env, policy, critic, host_cfg, run_cfg, list(subscribers), parts if run_cfg.actors else None, on_started, on_finished, poll)
@@ -261,6 +272,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         p = out / name
         if p.exists() and p.is_dir() != want_dir:
             raise ConfigError("out", f"{p} is a {'file' if want_dir else 'directory'}, expected a {'directory' if want_dir else 'file'}; not a rollcap run directory")
+    envs, env = (env, env[0]) if isinstance(env, list) else (None, env)  # a list: a batched run's envs
     env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
     env_meta = {"env_name": env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {}}
     sharded = parts is not None and (cfg.shards or is_sharded(out))  # a sharded run stays sharded
@@ -287,7 +299,12 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
             from rollcap.rollout.teleop import TeleopConfig, open_teleop
 
             tele = open_teleop(TeleopConfig(source=cfg.teleop)).__enter__()
-        host = RolloutHost(env, policy, critic, host_cfg, subs + (tele.subscribers if tele else []), events=tele.bus if tele else None, reset_hook=tele.reset_hook if tele else None)
+        if envs is not None:
+            from rollcap.rollout.batch import BatchedCore
+
+            host = BatchedCore(envs, policy, critic, host_cfg, subs)
+        else:
+            host = RolloutHost(env, policy, critic, host_cfg, subs + (tele.subscribers if tele else []), events=tele.bus if tele else None, reset_hook=tele.reset_hook if tele else None)
         if earlier:
             _same_run(earlier[0], host, env_meta)
         if parts is not None:  # Ray actors run the episodes; this process records what they return
@@ -314,7 +331,7 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
     interrupted, failure = None, None
-    with _OneInterrupt(writer) as guard:
+    with OneInterrupt(writer) as guard:
         try:
             if shards is not None:
                 episodes = shards.episodes(pool, todo, subs)
@@ -322,6 +339,8 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
                 episodes = pool.episodes(todo, subs)
             elif tele is not None:
                 episodes = _with_person(host, todo, tele, _rewinds(host), itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1))
+            elif envs is not None:
+                episodes = host.episodes(todo)
             else:
                 episodes = (host.run_episode(i) for i in todo)
             for end in episodes:
@@ -430,55 +449,6 @@ def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
         now_digest = None if comp is None else comp.state_fingerprint().get("weights_digest")
         if was != now_digest:
             raise ConfigError(part, f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})")
-
-
-class _OneInterrupt:
-    """While a run records: the first SIGINT / SIGTERM stops it as usual (the previous handler raises);
-    any later one only abandons the queued episodes, so the drain ends in bounded time and nothing is half-written.
-
-    Once the episodes stop (``live`` is cleared, the run's teardown begins), no
-    signal raises any more: the first is kept in :attr:`caught` (the run ends
-    as interrupted, with every finished episode written and ``summary.json``),
-    later ones abandon the queue. An exception raised into the drain would
-    leave the writer thread mid-write while the process exits (a hot journal,
-    no summary, and h5py's exit-time clean-up blocked on the lock that thread
-    holds).
-
-    Main thread only (Python runs signal handlers there); elsewhere a no-op.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, writer: InBackground):
-        self.writer, self.seen, self.previous = writer, 0, {}
-        self.live = True
-        self.caught: BaseException | None = None
-
-    def _handle(self, signum, frame):
-        self.seen += 1
-        if self.seen == 1:
-            try:
-                handler = self.previous.get(signum)
-                if callable(handler):
-                    handler(signum, frame)  # raises (KeyboardInterrupt, or the CLI's SIGTERM exception)
-                raise KeyboardInterrupt
-            except KeyboardInterrupt as stop:
-                if self.live:
-                    raise
-                self.caught = stop
-                return
-        self.writer.abandon()
-        print("interrupted again: finishing the episode being written, dropping the queued ones", file=sys.stderr)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self.previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
 
 
 def new_run_dir(root: Path) -> Path:

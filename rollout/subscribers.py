@@ -7,7 +7,9 @@ between boundaries, so a slow subscriber slows the rollout: keep them cheap
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -202,3 +204,52 @@ class InBackground(Subscriber):
         self._raise()
         close = getattr(self.inner, "close", None) or self.inner.on_run_end
         close()
+
+
+class OneInterrupt:
+    """While a run records: the first SIGINT / SIGTERM stops it as usual (the previous handler raises);
+    any later one only abandons the queued episodes, so the drain ends in bounded time and nothing is half-written.
+
+    Once the episodes stop (``live`` is cleared, the run's teardown begins), no
+    signal raises any more: the first is kept in :attr:`caught` (the run ends
+    as interrupted, with every finished episode written and ``summary.json``),
+    later ones abandon the queue. An exception raised into the drain would
+    leave the writer thread mid-write while the process exits (a hot journal,
+    no summary, and h5py's exit-time clean-up blocked on the lock that thread
+    holds).
+
+    Main thread only (Python runs signal handlers there); elsewhere a no-op.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, writer):
+        self.writer, self.seen, self.previous = writer, 0, {}
+        self.live = True
+        self.caught: BaseException | None = None
+
+    def _handle(self, signum, frame):
+        self.seen += 1
+        if self.seen == 1:
+            try:
+                handler = self.previous.get(signum)
+                if callable(handler):
+                    handler(signum, frame)  # raises (KeyboardInterrupt, or the CLI's SIGTERM exception)
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as stop:
+                if self.live:
+                    raise
+                self.caught = stop
+                return
+        self.writer.abandon()
+        print("interrupted again: finishing the episode being written, dropping the queued ones", file=sys.stderr)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {"rollcap": "rollcap", "kernels": "rollcap.kernels", "capsule": "rollcap.capsule", "policies": "rollcap.policies", "critics": "rollcap.critics", "envs": "rollcap.envs", "rollout": "rollcap.rollout"}
 
-CORE = ("errors", "seeding", "stats", "episode", "events", "predicates", "protocols", "config", "rtc", "resume", "lifecycle", "builder", "host", "subscribers", "build")
+CORE = ("errors", "seeding", "stats", "episode", "events", "predicates", "protocols", "config", "rtc", "resume", "lifecycle", "builder", "host", "subscribers", "build", "batch")
 RANK = {
     "rollcap.kernels": 0,
     "rollcap.capsule": 1,

@@ -67,7 +67,7 @@ def cmd_run(args) -> int:
     built = []
     opts = {**dataclasses.asdict(host_cfg), **{k: v for k, v in dataclasses.asdict(run_cfg).items() if k not in ("episodes", "out")}}
     try:
-        if run_cfg.actors:  # actors build their own parts from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
+        if run_cfg.actors or run_cfg.envs > 1:  # actors (or a batched run: N envs, runners at batch N) build from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
             names = {k: v for k, v in dataclasses.asdict(parts).items() if k not in ("env_id", "policy", "critic")}
             result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, poll_stop=_SIGNALS.poll, **opts, **names)
         else:

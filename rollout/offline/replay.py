@@ -267,6 +267,7 @@ class Replayer:
         self.policy, self.critic = make_runners(parts)
         self.envs: dict[str, object] = {}
         self.experts: dict[str, object] = {}
+        self.batched: dict[int, tuple] = {}  # batch -> (policy, critic) runners, for batched recordings
 
     def policy_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
         """The policy that replays ``rec``: ``expert[:STD]`` is the expert of the recording's env, built with its
@@ -280,6 +281,21 @@ class Replayer:
         if id(env) not in self.experts:
             self.experts[id(env)] = expert_policy(named[1], env)
         return self.experts[id(env)]
+
+    # -- batched recordings (issue 34): the runners at the recorded batch ------------------
+    def runners_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
+        """The policy and critic that replay ``rec``: for an episode of a batched run (``batch`` in its policy
+        fingerprint) a row of runners captured at that batch (built once per batch), else :meth:`policy_for`'s and the one critic."""
+        from rollcap.rollout.batch import recorded_batch, row_views
+
+        batch = recorded_batch(rec.fingerprints)
+        if batch == 1:
+            return self.policy_for(rec, source, import_env), self.critic
+        if batch not in self.batched:
+            from rollcap.rollout.batch import make_batched_runners
+
+            self.batched[batch] = make_batched_runners(self.parts, batch)
+        return row_views(*self.batched[batch])
 
     def env_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
         """The recording's env (built once per id and kwargs). ``import_env``: the user named a ``module:Env`` id, so it may be imported."""
@@ -302,12 +318,12 @@ class Replayer:
         out = []
         for mode in modes:
             try:
-                policy = self.policy_for(rec, source, import_env)
+                policy, critic = self.runners_for(rec, source, import_env)
                 if mode == "policy":
-                    res = replay_policy(rec, policy, self.critic)
+                    res = replay_policy(rec, policy, critic)
                 else:
                     env = self.env_for(rec, source, import_env)
-                    res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, policy, self.critic))
+                    res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, policy, critic))
             except (ValueError, KeyError, TypeError) as err:
                 res = ReplayResult.could_not(source, mode, err, rec.index)
             res.source = str(source)  # every mode's result names the episode's file: the summary counts episodes by (file, index)
@@ -315,6 +331,6 @@ class Replayer:
         return out
 
     def close(self) -> None:
-        for part in (self.policy, self.critic, *self.envs.values()):
+        for part in (self.policy, self.critic, *self.envs.values(), *(r for pair in self.batched.values() for r in pair)):
             if part is not None:
                 part.close()

@@ -1,0 +1,331 @@
+"""The batched episode core: N envs in lockstep over one policy graph and one critic graph at batch N.
+
+```
+for each round:   every running slot's host.launch()   (writes its row: observation, its own noise)
+                  one replay of the policy graph ‖ one of the critic graph (all N rows at once)
+                  every slot's host.decide()            (its row's chunk and value, its own predicates)
+                  the slots' host.execute() on a small thread pool (env steps; MuJoCo releases the GIL)
+                  finished slots: finish() in slot order, then start the next episode in that slot
+```
+
+Each slot is a plain :class:`~rollcap.rollout.host.RolloutHost` whose policy
+and critic are *row views* (:class:`RowPolicy`, :class:`RowCritic`) of one
+batched :class:`~rollcap.policies.runner.PolicyRunner` /
+:class:`~rollcap.critics.runner.CriticRunner`. So every episode keeps its own
+seed, host-drawn noise, stop rules and record, exactly as a batch-1 run makes
+them; only the replay is shared. A slot whose episode ended starts the next
+one at once; at the tail of a run a slot with nothing left to run keeps the
+inputs it last held. Rows never mix: a row's bits depend on its own inputs and
+the batch size, not on what other rows hold or which row it is (measured and
+tested in ``tests/rollout/test_batch.py``), so an idle slot cannot change the
+others' bits. A row is *not* the same bits as batch 1 on CPU (the GEMMs pick
+other blockings at another batch; ~2.5e-7 apart), so the batch size is in the
+fingerprint and replay rebuilds the runners at the recorded batch.
+
+Synchronous chunking only; no teleop (one person drives one episode). The
+driver is single-threaded; only ``execute`` runs on the pool, and shared
+subscribers are called under one lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.host import RolloutHost
+from rollcap.rollout.lifecycle import HostState
+from rollcap.rollout.protocols import EpisodeEnd, Observation, Subscriber
+
+MAX_ENVS = 1024
+"""The largest batch ``envs`` accepts."""
+
+
+class Rows:
+    """One batched runner shared by its rows: rows are written, one launch replays them all, one wait.
+
+    ``launch`` replays only if a row was written since the last replay;
+    ``wait`` launches first if needed (a row used on its own, as replay does).
+    """
+
+    def __init__(self, runner):
+        self.runner = runner
+        self._dirty = False
+        self._inflight = False
+
+    def written(self) -> None:
+        self._dirty = True
+
+    def launch(self) -> None:
+        if self._dirty:
+            self.runner.launch()
+            self._dirty, self._inflight = False, True
+
+    def wait(self) -> None:
+        self.launch()
+        if self._inflight:
+            self._inflight = False
+            self.runner.wait()
+
+    def settle(self) -> None:
+        """Wait out (and discard) a replay in flight."""
+        if self._inflight:
+            self._inflight = False
+            self.runner.drain()
+
+
+class _RowView:
+    """What a row view shares: the batched runner, its row, reset and fingerprint."""
+
+    def __init__(self, rows: Rows, row: int):
+        if not 0 <= row < rows.runner.batch:
+            raise ValueError(f"row: expected 0..{rows.runner.batch - 1}, got {row}")
+        self.rows, self.row, self.runner = rows, row, rows.runner
+
+    def reset(self) -> None:
+        """Called at each episode start: wait out a replay an error left in flight."""
+        self.rows.settle()
+
+    @property
+    def last_latency_s(self) -> float:
+        """Seconds the shared replay ran (all rows)."""
+        return self.runner.last_latency_s
+
+    def state_fingerprint(self) -> dict:
+        """The batched runner's (it names the batch; rows are interchangeable, so not the row)."""
+        return self.runner.state_fingerprint()
+
+
+class RowPolicy(_RowView):
+    """A :class:`~rollcap.rollout.protocols.ChunkPolicy` over one row of a batched ``PolicyRunner``."""
+
+    @property
+    def chunk_shape(self) -> tuple[int, int]:
+        return self.runner.chunk_shape
+
+    @property
+    def execute_steps(self) -> int:
+        return self.runner.execute_steps
+
+    def start(self, obs: Observation, noise: np.ndarray) -> None:
+        """Validate and write this row (the batch is launched by the core, or by :meth:`result`)."""
+        self.runner.load_row(self.row, obs, noise)
+        self.rows.written()
+
+    def result(self) -> np.ndarray:
+        self.rows.wait()
+        return self.runner.row_result(self.row)
+
+
+class RowCritic(_RowView):
+    """A :class:`~rollcap.rollout.protocols.ChunkCritic` over one row of a batched ``CriticRunner``."""
+
+    def start(self, obs: Observation) -> None:
+        self.runner.load_row(self.row, obs)
+        self.rows.written()
+
+    def result(self) -> float:
+        self.rows.wait()
+        return self.runner.row_result(self.row)
+
+
+def recorded_batch(fingerprints: dict) -> int:
+    """The batch an episode's policy ran at (1 when its fingerprint names none); ValueError for a bad value."""
+    batch = (fingerprints.get("policy") or {}).get("batch", 1)
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_ENVS:
+        raise ValueError(f"the policy fingerprint's batch: expected an int in 1..{MAX_ENVS}, got {batch!r}")
+    return batch
+
+
+def row_views(policy, critic=None, row: int = 0) -> tuple[RowPolicy, RowCritic | None]:
+    """Row ``row`` of a batched policy (and critic) on its own: what replay uses for a batched recording."""
+    return RowPolicy(Rows(policy), row), None if critic is None else RowCritic(Rows(critic), row)
+
+
+def make_batched_runners(parts, envs: int, env=None, source: str | None = None):
+    """Load ``parts``' checkpoints and capture the policy (and critic) at batch ``envs``, each on its own lane."""
+    from rollcap.critics import CriticRunner, load_critic
+    from rollcap.kernels.lanes import make_lane
+    from rollcap.policies import PolicyRunner, load_policy
+    from rollcap.rollout.build import _misfit_field, check_fits, named_policy
+
+    if named_policy(parts.policy) is not None:
+        raise ConfigError("envs", f"a batched run needs a FlowVLA checkpoint; {parts.policy} has no batched graph")
+    model = load_policy(parts.policy)
+    critic_model = load_critic(parts.critic) if parts.critic is not None else None
+    if env is not None:
+        check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
+        if critic_model is not None:
+            check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
+    policy = PolicyRunner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), batch=envs)
+    if critic_model is None:
+        return policy, None
+    return policy, CriticRunner(critic_model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), batch=envs)
+
+
+def batched_parts(env, policy, critic, parts, host_cfg: HostConfig, run_cfg, own: list, poll, check) -> tuple[list, object, object]:
+    """``rollcap.run(envs=N)``'s parts: N envs from the env id (the first given to ``check(env, require_exact)``
+    before anything is captured), the checkpoints captured at batch N; all appended to ``own``."""
+    from rollcap.rollout.build import make_env
+
+    n = run_cfg.envs
+    if not isinstance(env, str):
+        raise ConfigError("envs", f"a batched run builds its {n} envs from an env id; got an env object ({type(env).__name__})")
+    if not all(x is None or isinstance(x, (str, os.PathLike)) for x in (policy, critic)):
+        raise ConfigError("envs", f"a batched run captures the policy and critic at batch {n} from checkpoints; got a {type(policy).__name__} / {type(critic).__name__} object")
+    _check_config(host_cfg)
+    envs = []
+    for _ in range(n):
+        envs.append(make_env(parts.env_id, parts.env_kwargs))
+        own.append(envs[-1])
+    poll()
+    check(envs[0], run_cfg.require_exact)
+    runners = make_batched_runners(parts, n, envs[0])
+    own.extend(runners)
+    poll()
+    return envs, *runners
+
+
+def _check_config(config: HostConfig) -> None:
+    if config.chunking != "sync":
+        raise ConfigError("chunking", f"a batched run (envs > 1) chunks synchronously, got {config.chunking!r}")
+    if config.control_period_s is not None:
+        raise ConfigError("control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period")
+
+
+class _Serialized(Subscriber):
+    """A shared subscriber behind one lock: slots' hosts call it from the pool's threads."""
+
+    def __init__(self, inner: Subscriber, lock: threading.Lock):
+        self.inner, self.lock = inner, lock
+        self.wants_records = getattr(inner, "wants_records", False)
+
+    def on_episode_start(self, start) -> None:
+        with self.lock:
+            self.inner.on_episode_start(start)
+
+    def on_chunk(self, chunk) -> None:
+        with self.lock:
+            self.inner.on_chunk(chunk)
+
+    def on_step(self, step) -> None:
+        with self.lock:
+            self.inner.on_step(step)
+
+    def on_episode_end(self, end) -> None:
+        with self.lock:
+            self.inner.on_episode_end(end)
+
+    def on_run_end(self) -> None:
+        pass  # once per run, by the core (not once per slot)
+
+
+class BatchedCore:
+    """N episode hosts over one batched policy and critic (see the module docstring).
+
+    Args:
+        envs: N gymnasium envs (one per slot; the same id and kwargs).
+        policy: a ``PolicyRunner`` captured at batch N.
+        critic: a ``CriticRunner`` at batch N, or None.
+        config: the hosts' config (synchronous chunking, no control period).
+        subscribers: shared by every slot (called under one lock, ``on_run_end`` once).
+        records: as :class:`RolloutHost`'s.
+        on_error: as :class:`RolloutHost`'s.
+        workers: threads that step the envs (0: the driver's thread; default min(N, 4)).
+
+    Single-threaded driver: call :meth:`episodes` / :meth:`run` from one thread.
+    """
+
+    def __init__(self, envs: Sequence, policy, critic=None, config: HostConfig | None = None, subscribers: Sequence[Subscriber] = (), records: bool = True, on_error: str = "record", workers: int | None = None):
+        config = config or HostConfig()
+        n = len(envs)
+        if getattr(policy, "batch", None) != n:
+            raise ConfigError("envs", f"{n} envs need a policy captured at batch {n}, got batch {getattr(policy, 'batch', None)}")
+        if critic is not None and getattr(critic, "batch", None) != n:
+            raise ConfigError("envs", f"{n} envs need a critic captured at batch {n}, got batch {getattr(critic, 'batch', None)}")
+        _check_config(config)
+        self.policy_rows, self.critic_rows = Rows(policy), None if critic is None else Rows(critic)
+        self.lock = threading.Lock()
+        self.subscribers = list(subscribers)
+        shared = [_Serialized(s, self.lock) for s in self.subscribers]
+        self.hosts = [
+            RolloutHost(env, RowPolicy(self.policy_rows, i), None if critic is None else RowCritic(self.critic_rows, i), config, shared, records=records, on_error=on_error)
+            for i, env in enumerate(envs)
+        ]  # fmt: skip
+        self.workers = min(n, 4) if workers is None else int(workers)
+        self._pool: ThreadPoolExecutor | None = None
+        self.config, self.policy, self.critic = self.hosts[0].config, self.hosts[0].policy, self.hosts[0].critic  # as a host's (resume's checks)
+
+    def run(self, episodes: int, start: int = 0) -> list[EpisodeEnd]:
+        """Episodes ``start .. start+episodes-1``, in the order they end; ``on_run_end`` is called however it ends."""
+        try:
+            return list(self.episodes(range(start, start + episodes)))
+        finally:
+            for s in self.subscribers:
+                s.on_run_end()
+
+    def episodes(self, todo: Iterable[int]) -> Iterator[EpisodeEnd]:
+        """Run the episodes ``todo`` names, each in the next free slot; yield each one's end as it finishes."""
+        todo = iter(todo)
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rollcap-env") if self.workers > 0 else None
+        try:
+            yield from self._refill(todo)
+            while any(h.state is HostState.RUNNING for h in self.hosts):
+                self._round()
+                yield from self._refill(todo)
+        except BaseException:
+            self.abort()
+            raise
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _round(self) -> None:
+        """One boundary for every running slot: launch all, one replay per graph, decide all, execute all."""
+        launched = [(h, h.launch()) for h in self.hosts if h.state is HostState.RUNNING]
+        self.policy_rows.launch()
+        if self.critic_rows is not None:
+            self.critic_rows.launch()
+        for h, ticket in launched:
+            if ticket is not None:
+                h.decide(ticket)
+        ready = [h for h in self.hosts if h.state is HostState.RUNNING]
+        if self._pool is None or len(ready) < 2:
+            for h in ready:
+                h.execute()
+            return
+        futures = [self._pool.submit(h.execute) for h in ready]
+        try:
+            for f in futures:
+                f.result()
+        finally:
+            for f in futures:  # an interrupt in the driver still waits for every env step in flight
+                f.exception() if not f.cancel() else None
+
+    def _refill(self, todo: Iterator[int]) -> Iterator[EpisodeEnd]:
+        """Finish the slots whose episode ended (slot order) and start the next episode in each free slot."""
+        for h in self.hosts:
+            while h.state is not HostState.RUNNING:
+                if h.state is HostState.STOP_INFER:
+                    yield h.finish()
+                    continue
+                index = next(todo, None)
+                if index is None:
+                    break
+                h.start(index)
+
+    def abort(self) -> None:
+        """Abandon every running episode (nothing recorded); the core is ready again."""
+        for h in self.hosts:
+            h.abort()
+
+    def close(self) -> None:
+        """Abandon any running episode and close the envs (the batched runners are the caller's)."""
+        for h in self.hosts:
+            h.close()  # the row views have no close(): the batched runners stay open

@@ -1,0 +1,151 @@
+"""The batched episode core: rows never mix, every episode is its own, batched runs repeat and replay exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import rollcap
+from rollcap.critics import CriticRunner, ValueCritic, save_critic
+from rollcap.policies import FlowVLA, PolicyRunner, save_policy
+from rollcap.rollout.batch import BatchedCore, make_batched_runners, row_views
+from rollcap.rollout.build import Parts
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.offline.replay import Replayer, closed_loop_host, replay_closed, replay_env, replay_policy
+from rollcap.rollout.recording import episode_digest
+from rollcap.rollout.seeding import episode_seed
+from tests.rollout._tiny import CRITIC, ENV_KW, POLICY, first_obs, flow_noise, make_env
+
+
+def _models(seed: int = 0):
+    torch.manual_seed(seed)
+    return FlowVLA(POLICY).eval(), ValueCritic(CRITIC).eval()
+
+
+def _batched(n: int, seed: int = 0):
+    p, c = _models(seed)
+    return PolicyRunner(p, batch=n), CriticRunner(c, batch=n)
+
+
+def test_rows_never_mix():
+    """A row's chunk and value are the same bytes whatever the other rows hold (zeros, other episodes, NaN) and whichever row it is."""
+    policy, critic = _batched(4)
+    obs, noise = first_obs(0), flow_noise(0)
+    others = [(first_obs(s), flow_noise(s)) for s in (1, 2, 3)]
+
+    def row(r: int, fill) -> tuple[bytes, float]:
+        for i in range(4):
+            if i == r:
+                policy.load_row(i, obs, noise)
+                critic.load_row(i, obs)
+            else:
+                fill(i)
+        for runner in (policy, critic):
+            runner.launch()
+            runner.wait()
+        return policy.row_result(r).tobytes(), critic.row_result(r)
+
+    def zeros(i):
+        for runner in (policy, critic):
+            for buf in runner.inputs.tensors().values():
+                buf[i].zero_()
+
+    def episodes(i):
+        o, z = others[i % 3]
+        policy.load_row(i, o, z)
+        critic.load_row(i, o)
+
+    def garbage(i):
+        for runner in (policy, critic):
+            runner.inputs["state"][i].fill_(float("nan"))
+        policy.inputs["noise"][i].fill_(float("inf"))
+
+    want = row(0, zeros)
+    assert all(row(r, fill) == want for r in range(4) for fill in (zeros, episodes, garbage))
+
+
+def test_batch_in_fingerprint_and_close_to_batch_1():
+    """The batch is in a batched runner's fingerprint (batch 1's has none); its rows equal batch 1's within float32 rounding."""
+    p, c = _models()
+    one, four = PolicyRunner(p), PolicyRunner(p, batch=4)
+    assert "batch" not in one.state_fingerprint() and four.state_fingerprint()["batch"] == 4
+    assert CriticRunner(c, batch=4).state_fingerprint()["batch"] == 4
+    obs, noise = first_obs(1), flow_noise(1)
+    four.load_row(2, obs, noise)
+    four.launch()
+    four.wait()
+    np.testing.assert_allclose(four.row_result(2), one.act(obs, noise), rtol=0, atol=1e-5)
+
+
+def _core_run(todo, n: int = 3, **cfg) -> dict[int, object]:
+    policy, critic = _batched(n)
+    core = BatchedCore([make_env() for _ in range(n)], policy, critic, HostConfig(seed=7, max_chunks=6, **cfg))
+    try:
+        return {e.index: e for e in core.episodes(todo)}
+    finally:
+        core.close()
+
+
+def test_each_episode_is_its_own_whatever_its_slot():
+    """Episodes run in other slots and orders (and past the last slot's work) are the same bytes; seeds are batch 1's."""
+    a = _core_run(range(5))
+    b = _core_run([4, 3, 2, 1, 0])
+    c = _core_run([2], n=3)  # two slots idle the whole run
+    assert sorted(a) == sorted(b) == list(range(5))
+    for i in range(5):
+        assert a[i].seed == episode_seed(7, i)
+        assert a[i].record.fingerprints["policy"]["batch"] == 3
+        assert episode_digest(a[i].record) == episode_digest(b[i].record)
+    assert episode_digest(c[2].record) == episode_digest(a[2].record)
+
+
+def test_batched_episodes_replay_exactly_at_their_batch():
+    """Every mode replays a batched episode exactly through one row of runners at the recorded batch."""
+    ends = _core_run(range(4))
+    policy, critic = row_views(*_batched(3), row=1)
+    env = make_env()
+    for end in ends.values():
+        rec = end.record
+        assert replay_policy(rec, policy, critic).status == "exact"
+        assert replay_env(rec, env).status == "exact"
+        assert replay_closed(rec, closed_loop_host(rec, env, policy, critic)).status == "exact"
+
+
+def test_refusals():
+    """A batched core refuses a runner of another batch, real-time chunking and a control period, naming the field."""
+    policy, critic = _batched(2)
+    envs = [make_env(), make_env()]
+    with pytest.raises(ConfigError, match="envs"):
+        BatchedCore(envs + [make_env()], policy, critic)
+    with pytest.raises(ConfigError, match="chunking"):
+        BatchedCore(envs, policy, critic, HostConfig(chunking="naive"))
+    with pytest.raises(ConfigError, match="control_period_s"):
+        BatchedCore(envs, policy, critic, HostConfig(control_period_s=0.05))
+    for bad in (0, -1, 2000, True):
+        with pytest.raises(ConfigError, match="envs"):
+            rollcap.run(1, envs=bad)
+    with pytest.raises(ConfigError, match="envs"):
+        rollcap.run(1, env=make_env(), envs=2)
+
+
+def test_run_envs_repeats_and_replays(tmp_path):
+    """``rollcap.run(envs=3)`` twice gives the same digests; ``Replayer`` (rollcap replay) finds every episode exact in all modes."""
+    p, c = _models(1)
+    pol, cri = save_policy(p, tmp_path / "p"), save_critic(c, tmp_path / "c")
+    kw = dict(env_kwargs=ENV_KW, policy=pol, critic=cri, envs=3, max_chunks=5, progress=False, formats=("npz",))
+    runs = [rollcap.run(5, out=tmp_path / f"r{k}", **kw).records() for k in range(2)]
+    assert [episode_digest(r) for r in runs[0]] == [episode_digest(r) for r in runs[1]]
+    replayer = Replayer(Parts(env_kwargs=ENV_KW, policy=pol, critic=cri))
+    try:
+        results = [res for rec in runs[0] for res in replayer.check("run", rec, ("policy", "env", "closed"))]
+    finally:
+        replayer.close()
+    assert len(results) == 15 and all(r.status == "exact" for r in results), [r.line() for r in results]
+
+
+def test_make_batched_runners_checks_the_env():
+    """Batched runners are checked against the env's observations like batch 1's (a misfit is a ConfigError)."""
+    with pytest.raises(ConfigError):
+        make_batched_runners(Parts(critic=None), 2, make_env())  # the shipped policy reads 64 px images, this env renders 32
