@@ -1,15 +1,28 @@
-"""Bench section ``models``: the policy chunk eager vs captured, the critic, policy || critic on two lanes vs serial, capture time, exactness."""
+"""Bench section ``models``: the policy chunk eager vs captured, the critic, policy || critic on two lanes vs serial, capture time, exactness;
+then the FlowVLA sizes from the shipped one to pi0 scale, plain and fused, per backend and precision
+(:mod:`rollcap.rollout.bench.model_sizes`)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from rollcap.kernels.lanes import make_lane
+from rollcap.rollout.bench.model_sizes import SizeSweep, bench_sizes, format_sizes
 from rollcap.rollout.bench.timing import sample_obs, stats, time_calls
 from rollcap.rollout.build import Parts, make_runners
 
 
-def bench_models(parts: Parts, n: int) -> dict:
+def bench_models(parts: Parts, n: int, sweep: SizeSweep | None = None) -> dict:
+    """The shipped checkpoint's figures, then the size sweep (``sweep``: the device's default; ``--quick``: the shipped size only)."""
+    out = _bench_checkpoint(parts, n)
+    sweep = (sweep or SizeSweep()).resolved(parts.device, quick=n < 100)
+    out["sizes"] = bench_sizes(parts.device, dataclasses.replace(sweep, reps=min(sweep.reps, max(3, n // 20))))
+    return out
+
+
+def _bench_checkpoint(parts: Parts, n: int) -> dict:
     policy, critic = make_runners(parts)
     obs = sample_obs(parts)
     noise = np.random.default_rng(0).standard_normal(policy.noise_shape[1:]).astype(np.float32)
@@ -64,3 +77,6 @@ def format_models(m: dict, row) -> None:
     row("capture time policy / critic", f"{m['capture_s']['policy']:.2f} / {m['capture_s']['critic']:.2f} s")
     row("policy captured == eager", "bit-identical" if m["policy_bit_identical"] else f"max|diff| {m['policy_max_abs_diff']:.3g}")
     row("critic captured == eager", "bit-identical" if m["critic_bit_identical"] else "differs")
+    if "sizes" in m:
+        row(f"FlowVLA sizes (random weights, batch 1, guided; {m['sizes']['device']}; median of {m['sizes']['reps']} chunks):")
+        format_sizes(m["sizes"], row)

@@ -1,8 +1,10 @@
 """``rollcap bench``: side-by-side figures from one run (ratios, not absolutes).
 
 Sections: ``models`` (policy eager vs captured, critic, policy || critic vs
-serial, capture time, exactness), ``capsule`` (snapshot/restore per tier vs a
-plain copy, restore vs rebuild-and-recapture), ``env`` (steps/s), ``host``
+serial, capture time, exactness; then the FlowVLA sizes up to pi0 scale, plain
+and fused, per backend and precision, against the weight-traffic floor:
+:mod:`rollcap.rollout.bench.model_sizes`, sizes chosen with ``--policy-size``),
+``capsule`` (snapshot/restore per tier vs a plain copy, restore vs rebuild-and-recapture), ``env`` (steps/s), ``host``
 (overhead per chunk, recording overhead, capsule reset vs env.reset + runner
 re-creation), ``branch`` (:mod:`rollcap.rollout.bench.branch`), ``scaling``
 (capsule restore/snapshot vs copy from 25 KB to 256 MB,
@@ -62,13 +64,22 @@ def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
             env.close()
 
 
-def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None) -> dict:
-    """Run the chosen sections (default: all) and return a JSON-able report (:func:`check_parts` first)."""
+def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None, sizes: tuple[str, ...] = ()) -> dict:
+    """Run the chosen sections (default: all) and return a JSON-able report (:func:`check_parts` first).
+
+    ``sizes``: the FlowVLA sizes the ``models`` section sweeps (names or config files; empty: the device's default).
+    """
     only = only or SECTIONS
     bad = [s for s in only if s not in SECTIONS + OPT_IN]
     if bad:
         raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS + OPT_IN)}")
     check_parts(parts, only)
+    extra: dict = {}
+    if "models" in only:
+        from rollcap.rollout.bench.model_sizes import SizeSweep
+
+        backends = (parts.backend,) if parts.backend not in (None, "eager") else ()  # --backend: the sweep's graph backend
+        extra["models"] = {"sweep": SizeSweep(sizes=tuple(sizes), backends=backends).resolved(parts.device, quick)}  # a bad size fails here
     n = 20 if quick else 200
     report: dict = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
@@ -78,7 +89,7 @@ def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = 
     report["section_s"] = {}
     for s in only:
         t0 = time.perf_counter()
-        report[s] = fns[s](parts, n)
+        report[s] = fns[s](parts, n, **extra.get(s, {}))
         report["section_s"][s] = time.perf_counter() - t0
     return report
 

@@ -268,7 +268,13 @@ def cmd_bench(args) -> int:
     actors = args.actors or (2 if only and "ray" in only else 0)
     if args.actors < 0 or args.actors == 1:
         raise UserError(f"--actors: the Ray section compares 1 actor with N >= 2, got {args.actors}")
-    report = run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None) if only != ["ray"] else {}
+    sizes = tuple(s for s in (args.policy_size or "").split(",") if s)
+    try:
+        report = run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None, sizes=sizes) if only != ["ray"] else {}
+    except ValueError as err:
+        if not str(err).startswith("--policy-size"):
+            raise
+        raise UserError(str(err)) from None
     if report:
         print(format_report(report))
     if actors:  # Ray batch rollouts: 1 vs N actors vs AsyncVectorEnv(N), the shipped policy and critic
@@ -343,6 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
     p.add_argument("--actors", type=int, default=0, metavar="N", help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)")
     p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache)")
+    p.add_argument("--policy-size", default=None, metavar="LIST", help="section models: comma list of FlowVLA sizes to sweep with random weights (shipped,26m,205m,300m,3b, or a config .json; default: shipped,26m on CPU, all on a GPU; --quick on CPU: shipped)")
     p.set_defaults(options=_parts_options(p))
 
     from rollcap.rollout.cli.branch import add_parser as add_branch_parser

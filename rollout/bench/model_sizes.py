@@ -1,0 +1,303 @@
+"""``rollcap bench --only models``, the size sweep: FlowVLA from the shipped size to pi0 scale, random weights.
+
+For each named size (:mod:`rollcap.policies.sizes`), variant (``plain``; ``fused``, :mod:`rollcap.policies.fused`),
+precision (``fp32``, ``tf32``, ``bf16``: :mod:`rollcap.kernels.precision`) and graph backend (``jit`` on CPU,
+``cuda`` and ``compile-cuda`` on a GPU; ``compile`` on CPU when asked), one batch-1 guided chunk of ``K`` Euler
+steps is timed eager and as a graph replay over static buffers, side by side. Per cell:
+
+- ``eager_ms`` / ``graph_ms``: median over ``reps`` chunks (CUDA: synchronised around each chunk);
+- ``kernels``: CUDA kernels of one chunk (``torch.profiler``; a replay where the profiler sees the graph's
+  kernels, else one un-captured call), or on CPU the ATen operations one eager chunk dispatches;
+- ``exact``: the replay's bytes equal its own eager reference at the same precision, else ``max_abs_diff``;
+  ``same_bytes``: two replays of the same inputs agree;
+- ``floor_ms``: the chunk's weight-traffic floor on a GPU this code knows (H100 SXM, H200), and ``over_floor``.
+
+The fused variant's ``max_abs_diff_vs_plain`` (fp32, eager) is stated once per size. ``python3 -m
+rollcap.rollout.bench.model_sizes --help`` runs the sweep alone, writing JSON after every cell (so a run cut
+short by a time limit keeps what it measured); the GPU check script uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import inspect
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rollcap.kernels.buffers import BufferSet, BufferSpec
+from rollcap.kernels.errors import CaptureError
+from rollcap.kernels.graph import CapturedGraph
+from rollcap.policies.fused import fuse
+from rollcap.policies.observation import tokenize
+from rollcap.policies.sizes import SIZES, SMALL, build, device_bandwidth, size_config, weight_floor
+
+INSTRUCTION = "pick up the red cube and put it in the bowl"
+_HAS_PRECISION = "precision" in inspect.signature(CapturedGraph).parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeSweep:
+    """What the sweep measures (an empty tuple: the device's default)."""
+
+    sizes: tuple[str, ...] = ()
+    """Size names or config files (default: the small sizes on CPU, every named size on a GPU)."""
+    backends: tuple[str, ...] = ()
+    """Graph backends beside eager (default: jit on CPU; cuda and compile-cuda on a GPU)."""
+    precisions: tuple[str, ...] = ()
+    """Precisions (default: fp32 on CPU; fp32, tf32, bf16 on a GPU)."""
+    variants: tuple[str, ...] = ("plain", "fused")
+    """Model variants."""
+    reps: int = 5
+    """Timed chunks per cell (after 2 warm ones)."""
+
+    def resolved(self, device: str, quick: bool = False) -> SizeSweep:
+        cuda = torch.device(device).type == "cuda"
+        sizes = self.sizes or (tuple(SIZES) if cuda else (SMALL[:1] if quick else SMALL))
+        backends = self.backends or (("cuda", "compile-cuda") if cuda else ("jit",))
+        precisions = self.precisions or (("fp32", "tf32", "bf16") if cuda else ("fp32",))
+        for name in sizes:
+            size_config(name)  # a bad name or file fails here, before anything is built
+        return dataclasses.replace(self, sizes=sizes, backends=backends, precisions=precisions)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(call, device: torch.device, reps: int) -> float:
+    for _ in range(2):
+        call()
+    _sync(device)
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        _sync(device)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out) * 1e3
+
+
+def count_aten_ops(call) -> int:
+    """ATen operations one call dispatches (views and all)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        call()
+    return _Count.n
+
+
+def count_cuda_kernels(call, device: torch.device) -> int:
+    """CUDA kernels (not memcpy/memset) the profiler records for one call."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        _sync(device)
+    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+
+
+def _inputs(cfg, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    values = {k: rng.integers(0, 256, (1, cfg.image_size, cfg.image_size, 3), dtype=np.uint8) for k in cfg.image_keys}
+    values["state"] = rng.standard_normal((1, cfg.state_dim)).astype(np.float32)
+    values["tokens"] = tokenize(INSTRUCTION[: cfg.max_tokens - 2], cfg.max_tokens)[None]
+    values["noise"] = rng.standard_normal((1, cfg.horizon, cfg.action_dim)).astype(np.float32)
+    return values
+
+
+def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
+    ins = [BufferSpec(k, s, d) for k, (s, d) in cfg.obs_spec.buffer_shapes().items()]
+    ins.append(BufferSpec("noise", (1, cfg.horizon, cfg.action_dim), torch.float32))
+    return BufferSet(ins, device, label="sweep.in"), BufferSet([BufferSpec("actions", (1, cfg.horizon, cfg.action_dim), torch.float32)], device, label="sweep.out")
+
+
+def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str) -> CapturedGraph:
+    keys = model.cfg.image_keys
+
+    def fn(b):
+        return {"actions": model.sample([b[k] for k in keys], b["state"], b["tokens"], b["noise"])}
+
+    kwargs = {"precision": precision} if _HAS_PRECISION else {}
+    return CapturedGraph(fn, ins, outs, backend, [model], label=f"sweep.{backend}", **kwargs).prepare()
+
+
+def _one_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+
+
+def _cell(model, ins, outs, backend, precision, device, reps, ref: torch.Tensor | None) -> dict:
+    cell: dict = {}
+    t0 = time.perf_counter()
+    try:
+        g = _graph(model, ins, outs, backend, precision)
+    except (CaptureError, RuntimeError, ValueError) as err:
+        return {"error": _one_line(err)}
+    cell["capture_s"] = time.perf_counter() - t0
+    cell["graph_ms"] = _time(g.replay, device, reps)
+    g.replay()
+    a = outs["actions"].clone()
+    g.replay()
+    cell["same_bytes"] = bool(torch.equal(outs["actions"], a))
+    if ref is not None:
+        cell["exact"] = bool(torch.equal(a, ref))
+        cell["max_abs_diff"] = float((a - ref).abs().max())
+    if device.type == "cuda":
+        n = count_cuda_kernels(g.replay, device)
+        cell["kernels"], cell["kernels_from"] = n, "replay"
+    cell.update(g.plan_facts)
+    del g
+    return cell
+
+
+def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> dict:
+    """Every cell of one size; ``emit(partial)`` after each (for incremental JSON)."""
+    cfg = size_config(name)
+    plain = build(cfg, device)
+    counts = {"params": sum(p.numel() for p in plain.parameters())}
+    out: dict = {"config": cfg.to_json(), **counts, "cells": []}
+    bw = device_bandwidth(device)
+    if bw is not None:
+        out["gpu"] = bw[0]
+        out["floor_ms"] = {p: weight_floor(cfg, p, bw[1])["chunk_floor_ms"] for p in sweep.precisions}
+    models = {"plain": plain}
+    if "fused" in sweep.variants:
+        models["fused"] = fuse(plain)
+    ins, outs = _buffers(cfg, device)
+    ins.write({k: torch.from_numpy(v) for k, v in _inputs(cfg).items()})
+    refs: dict = {}
+    for variant in sweep.variants:
+        model = models[variant]
+        for precision in sweep.precisions:
+            if not _HAS_PRECISION and precision != "fp32":
+                out["cells"].append({"variant": variant, "precision": precision, "error": "this checkout's CapturedGraph has no precision setting"})
+                continue
+            base = {"variant": variant, "precision": precision}
+            try:
+                eager = _graph(model, ins, outs, "eager", precision)
+            except (CaptureError, RuntimeError, ValueError) as err:
+                out["cells"].append({**base, "error": _one_line(err)})
+                continue
+            eager_ms = _time(eager.replay, device, sweep.reps)
+            eager.replay()
+            ref = outs["actions"].clone()
+            refs[(variant, precision)] = ref
+            eager_kernels = count_cuda_kernels(eager.replay, device) if device.type == "cuda" else count_aten_ops(eager.replay)
+            row = {**base, "backend": "eager", "eager_ms": eager_ms, "kernels": eager_kernels, "kernels_from": "call" if device.type == "cuda" else "aten ops"}
+            out["cells"].append(row)
+            for backend in sweep.backends:
+                cell = {**base, "backend": backend, "eager_ms": eager_ms, **_cell(model, ins, outs, backend, precision, device, sweep.reps, ref)}
+                if cell.get("kernels") is not None and cell["kernels"] <= 1:  # the profiler saw the graph launch, not its kernels
+                    cell["kernels"], cell["kernels_from"] = None, "not visible in a replay"
+                if "graph_ms" in cell:
+                    cell["speedup"] = eager_ms / cell["graph_ms"]
+                    if "floor_ms" in out:
+                        cell["over_floor"] = cell["graph_ms"] / out["floor_ms"][precision]
+                out["cells"].append(cell)
+                if emit:
+                    emit(out)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            del eager
+    if ("plain", "fp32") in refs and ("fused", "fp32") in refs:
+        out["fused_max_abs_diff_vs_plain"] = float((refs["plain", "fp32"] - refs["fused", "fp32"]).abs().max())
+    del models, plain
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def bench_sizes(device: str, sweep: SizeSweep, emit=None) -> dict:
+    """The sweep over ``sweep.sizes`` (resolved) on ``device``; one intra-op thread on CPU."""
+    dev = torch.device(device)
+    outer = torch.get_num_threads()
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    report: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__, "reps": sweep.reps, "sizes": {}}
+    try:
+        for name in sweep.sizes:
+            report["sizes"][name] = bench_size(name, sweep, dev, (lambda part, name=name: emit({**report, "sizes": {**report["sizes"], name: part}})) if emit else None)
+            if emit:
+                emit(report)
+    finally:
+        torch.set_num_threads(outer)
+    return report
+
+
+def format_sizes(r: dict, row) -> None:
+    """Rows: one per (size, variant, precision, backend)."""
+    for name, s in r["sizes"].items():
+        floor = s.get("floor_ms")
+        row(f"{name} ({s['params'] / 1e6:.1f} M params)" + (f", floor {', '.join(f'{p} {v:.3f} ms' for p, v in floor.items())} on {s['gpu']}" if floor else ""))
+        for c in s["cells"]:
+            label = f"  {c['variant']} {c['precision']} {c.get('backend', '')}"
+            if "error" in c:
+                row(label, c["error"])
+                continue
+            k = c.get("kernels")
+            kern = f", {k} {'kernels' if c.get('kernels_from') != 'aten ops' else 'aten ops'}" if k is not None else ""
+            if c["backend"] == "eager":
+                row(label, f"{c['eager_ms']:.2f} ms{kern}")
+                continue
+            exact = "== eager" if c.get("exact") else f"max|diff| {c.get('max_abs_diff', float('nan')):.2g}"
+            over = f", {c['over_floor']:.1f}x floor" if "over_floor" in c else ""
+            row(label, f"{c['graph_ms']:.2f} ms ({c['speedup']:.1f}x eager{over}){kern}, {exact}")
+        if "fused_max_abs_diff_vs_plain" in s:
+            row("  fused vs plain (fp32 eager)", f"max|diff| {s['fused_max_abs_diff_vs_plain']:.2g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.bench.model_sizes", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sizes", default="", help=f"comma list of {', '.join(SIZES)} or config .json files (default: the device's)")
+    ap.add_argument("--backends", default="", help="comma list of graph backends beside eager (default: jit on CPU; cuda,compile-cuda on GPU)")
+    ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16 (default: fp32 on CPU; all on GPU)")
+    ap.add_argument("--variants", default="plain,fused")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", type=Path, default=None, help="write the report here (after every cell)")
+    args = ap.parse_args(argv)
+
+    def split(s: str) -> tuple[str, ...]:
+        return tuple(x for x in s.split(",") if x)
+
+    try:
+        sweep = SizeSweep(split(args.sizes), split(args.backends), split(args.precisions), split(args.variants), args.reps).resolved(args.device)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+    def emit(report: dict) -> None:
+        if args.json:
+            tmp = args.json.with_suffix(".tmp")
+            tmp.write_text(json.dumps(report, indent=1))
+            tmp.replace(args.json)
+
+    report = bench_sizes(args.device, sweep, emit)
+    emit(report)
+    lines: list[str] = []
+    format_sizes(report, lambda name, val=None: lines.append(f"  {name}" if val is None else f"  {name:<44} {val}"))
+    print(f"FlowVLA sizes on {report['device']} (torch {report['torch']}):\n" + "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
