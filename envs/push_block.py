@@ -244,6 +244,11 @@ class PushBlockEnv(gym.Env):
         """Current instruction."""
         return self._instruction
 
+    @property
+    def dt(self) -> float:
+        """Seconds of simulated time one step covers: ``frame_skip`` x the physics timestep (0.1 s, 10 Hz, by default)."""
+        return float(self.model.opt.timestep) * self.config.frame_skip
+
     # ------------------------------------------------------------ exact state
     def get_state(self) -> dict[str, np.ndarray]:
         """Return fresh copies of everything the future of this env depends on.

@@ -114,6 +114,7 @@ class RecordBuilder(Subscriber):
             config=start.config,
             error=end.error,
             origin=start.origin,
+            control_period_s=start.control_period_s,
         )
         record.validate()
         return record

@@ -93,6 +93,10 @@ class EpisodeRecord:
     """Lineage of an episode that began at a chunk boundary of another (a branch): parent file, episode,
     chunk, step, branch, noise (see :mod:`rollcap.rollout.resume`); None for an ordinary episode (stored
     only when set, like ``error``)."""
+    control_period_s: float | None = None
+    """Simulated seconds one env step covers (the env's ``dt``; None when the env does not say). Stored beside the
+    digest, like the codec, not in it: it describes the env's clock, and episodes keep the identity they had before
+    it was recorded. Exporters take their frame rate from it."""
 
     @property
     def num_steps(self) -> int:

@@ -41,6 +41,7 @@ import numpy as np
 
 from rollcap.capsule.verbs import restore, snapshot
 from rollcap.envs import exact_state_of, physics_row
+from rollcap.envs.control import control_period
 from rollcap.rollout.episode import ACTOR_AGENT, ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.events import EventBus
@@ -215,7 +216,7 @@ class RolloutHost:
             if at is not None:
                 self._resume(at)
             initial_state = self.state_env.get_state() if self.state_env is not None else {}
-            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), jsonable(dataclasses.asdict(self.config)), fingerprints_of(self.policy, self.critic, self.state_env), self.noise_shape, None if at is None else at.origin)
+            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), jsonable(dataclasses.asdict(self.config)), fingerprints_of(self.policy, self.critic, self.state_env), self.noise_shape, None if at is None else at.origin, control_period(self.env))
         except Exception as err:
             self._fail(err)
             return None

@@ -149,6 +149,8 @@ class EpisodeStart:
     """The policy's ``(H, A)``."""
     origin: dict | None = None
     """Lineage of an episode that began at another's boundary (:class:`~rollcap.rollout.resume.Resume`); None otherwise."""
+    control_period_s: float | None = None
+    """Simulated seconds one env step covers (:func:`rollcap.envs.control.control_period`); None when the env does not say."""
 
 
 @dataclass(frozen=True)

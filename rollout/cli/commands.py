@@ -250,7 +250,8 @@ def cmd_export(args) -> int:
         raise UserError(f"{flags[arg]}: {rest}" if sep and arg in flags else str(err)) from err
     skipped = f"; {len(out.skipped)} episode(s) without a step skipped" if out.skipped else ""
     if args.to == "lerobot":
-        print(f"wrote {out.root}: LeRobotDataset v3 {out.repo_id!r}, {out.episodes} episodes, {out.frames} frames{skipped}")
+        rate = {"given": "--fps", "recorded": "the recording's control rate", "env": "its env's control rate"}[out.fps_source]
+        print(f"wrote {out.root}: LeRobotDataset v3 {out.repo_id!r}, {out.episodes} episodes, {out.frames} frames at {out.fps} fps ({rate}){skipped}")
         print(f"read it with LeRobotDataset({out.repo_id!r}, root={str(out.root)!r}); train: lerobot-train --dataset.repo_id={out.repo_id} --dataset.root={out.root} ...")
     else:
         print(f"wrote {out.path}: Minari dataset {out.dataset_id!r}, {out.episodes} episodes, {out.steps} steps{skipped}")
@@ -337,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", required=True, type=Path, help="lerobot: the dataset directory to create (absent or empty); minari: the datasets root (the dataset goes to ROOT/DATASET_ID)")
     p.add_argument("--extras", default=None, metavar="LIST", help="comma list of per-step extras: reward,done,success,intervention,critic_value (default: all; '' for none)")
     p.add_argument("--repo-id", default=None, help="lerobot: the dataset's repo id (default rollcap/<root's name>)")
-    p.add_argument("--fps", type=int, default=10, help="lerobot: frames per second (default 10, the built-in task's control rate)")
+    p.add_argument("--fps", type=int, default=None, help="lerobot: frames per second (default: the recording's control rate, 1 / the env's dt: the built-in task's 10, MetaWorld's 80; refused when the recording cannot tell it)")
     p.add_argument("--videos", action="store_true", help="lerobot: store images as videos (lossy, smaller) instead of PNG frames")
     p.add_argument("--obs-keys", default=None, metavar="LIST", help="lerobot: comma list of observation keys to export (default all), e.g. state for a policy without images")
     p.add_argument("--instruction-dims", type=int, default=0, metavar="N", help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time")

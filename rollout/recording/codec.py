@@ -13,7 +13,8 @@ The meta (:func:`episode_meta`) holds format, format_version, the JSON fields
 of :data:`SCALARS` (index, seed, env_id, env_kwargs, instruction, stop_reason,
 success, fingerprints, config), ``error`` only when the episode has one,
 num_steps, num_chunks, the format's ``codec``, ``digest`` and
-``timings_digest``. JSON is :func:`rollcap.kernels.files.canonical_json`.
+``timings_digest``, and ``control_period_s`` when the env told it (beside
+the digest, like ``codec``: older episodes keep their digests). JSON is :func:`rollcap.kernels.files.canonical_json`.
 
 ``digest`` (:func:`episode_digest`) is an episode's identity: a SHA-256 over
 the JSON fields and every array's name, dtype, shape and bytes, except the
@@ -143,6 +144,7 @@ def episode_meta(record: EpisodeRecord, codec) -> dict:
         "codec": codec,
         "digest": episode_digest(record),
         "timings_digest": timings_digest(record),
+        **({} if record.control_period_s is None else {"control_period_s": float(record.control_period_s)}),
     }
 
 
@@ -173,8 +175,12 @@ def record_from_parts(path, meta: dict, tables: dict[str, dict[str, np.ndarray]]
         raise corrupt(path, f"{at}meta error is {type(meta['error']).__name__}, expected a string")
     if not isinstance(meta.get("origin"), (dict, type(None))):
         raise corrupt(path, f"{at}meta origin is {type(meta['origin']).__name__}, expected an object")
+    period = meta.get("control_period_s")
+    if period is not None and (isinstance(period, (bool, str)) or not isinstance(period, (int, float, np.floating)) or not 0 < float(period) < float("inf")):
+        raise corrupt(path, f"{at}meta control_period_s is {period!r}, expected seconds > 0")
     record = EpisodeRecord(
-        **{k: meta[k] for k in SCALARS}, **{k: meta.get(k) for k in OPTIONAL_SCALARS}, **{t: tables.get(t, {}) for t in TABLES}
+        **{k: meta[k] for k in SCALARS}, **{k: meta.get(k) for k in OPTIONAL_SCALARS}, **{t: tables.get(t, {}) for t in TABLES},
+        control_period_s=None if period is None else float(period),
     )
     try:
         record.validate()

@@ -1,4 +1,4 @@
-"""What the exporters share: reading a run for export, per-step extras, and an atomic publish.
+"""What the exporters share: reading a run for export, its frame rate, per-step extras, and an atomic publish.
 
 An exporter reads a recording with rollcap's own readers
 (:func:`rollcap.rollout.recording.runs.iter_any`), writes the whole target into a
@@ -59,6 +59,56 @@ def read_run(run_dir) -> tuple[EpisodeRecord, Iterator[EpisodeRecord]]:
         yield from it
 
     return first, all_records()
+
+
+def frame_rate(first: EpisodeRecord, fps, run_dir) -> tuple[int, str]:
+    """Frames per second for an export of the recording at ``run_dir`` (first episode ``first``), and where it came from.
+
+    ``fps`` when given (``"given"``); else the recording's control rate (``"recorded"``: 1 / its
+    ``control_period_s``); else, for a recording made before rollcap kept it, the rate of its env built
+    here from the recorded id and kwargs (``"env"``), when the id is registered without importing anything.
+
+    Raises:
+        ValueError: (``fps: ...``) ``fps`` is not an integer >= 1, or the rate is unknown or not a whole number per second.
+    """
+    from rollcap.envs.control import frames_per_second
+
+    if fps is not None:
+        if not isinstance(fps, int) or isinstance(fps, bool) or fps < 1:
+            raise ValueError(f"fps: expected an integer >= 1, got {fps!r}")
+        return fps, "given"
+    how = "pass the rate as fps (--fps N)"
+    period, source = first.control_period_s, "recorded"
+    if period is None:
+        period, why = _env_period(first)
+        source = "env"
+        if period is None:
+            raise ValueError(f"fps: {run_dir} does not record its control rate (recorded before rollcap kept it) and {why}; {how}")
+    rate = frames_per_second(period)
+    if rate is None:
+        raise ValueError(f"fps: {run_dir} steps every {period:g} s ({1 / period:.4g} Hz), not a whole number of frames per second; {how}")
+    return rate, source
+
+
+def _env_period(rec: EpisodeRecord) -> tuple[float | None, str]:
+    """The control period of ``rec``'s env built from its recorded id and kwargs (nothing imported), or None and why not."""
+    import gymnasium as gym
+
+    import rollcap.envs  # noqa: F401  (registers rollcap's ids)
+    from rollcap.envs.control import control_period
+
+    module, _, plain = rec.env_id.rpartition(":")
+    if plain not in gym.registry or (module and module.split(".")[0] not in ("rollcap", "gymnasium")):
+        return None, f"its env {rec.env_id!r} is not one rollcap builds without importing a module"
+    try:
+        env = gym.make(plain, **(rec.env_kwargs or {}))
+    except Exception as err:  # a missing package (metaworld), kwargs of another release: the rate stays unknown
+        return None, f"its env {rec.env_id!r} cannot be built here ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+    try:
+        period = control_period(env)
+    finally:
+        env.close()
+    return period, "" if period is not None else f"its env {rec.env_id!r} has no dt"
 
 
 def step_extras(rec: EpisodeRecord) -> dict[str, np.ndarray]:

@@ -37,6 +37,7 @@ from rollcap.rollout.recording.export import (
     EXTRAS,
     check_extras,
     check_target,
+    frame_rate,
     lazy_import,
     read_run,
     staged,
@@ -71,6 +72,11 @@ class LeRobotExport:
     episodes: int
     frames: int
     features: dict
+    fps: int = 0
+    """Frames per second written to ``meta/info.json``."""
+    fps_source: str = ""
+    """Where the rate came from: ``"given"``, ``"recorded"`` (the env's control period at run time) or ``"env"``
+    (an older recording's env, built from its recorded id and kwargs)."""
     skipped: list[int] = field(default_factory=list)
     """Indices of recorded episodes with no step (nothing to export)."""
 
@@ -100,7 +106,7 @@ def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool, instruc
 
 
 def export_lerobot(
-    run_dir, root, *, repo_id: str | None = None, fps: int = 10, videos: bool = False, extras: Sequence[str] = EXTRAS, instruction_dims: int = 0,
+    run_dir, root, *, repo_id: str | None = None, fps: int | None = None, videos: bool = False, extras: Sequence[str] = EXTRAS, instruction_dims: int = 0,
     obs_keys: Sequence[str] | None = None, labels: str = "recorded",
 ) -> LeRobotExport:
     """Write the episodes at ``run_dir`` as a LeRobotDataset v3 at ``root``.
@@ -110,7 +116,9 @@ def export_lerobot(
         root: the dataset directory to create (absent or empty).
         repo_id: the dataset's id (default ``rollcap/<root's name>``); read it back with
             ``LeRobotDataset(repo_id, root=root)``.
-        fps: frames per second (the built-in task's control rate is 10).
+        fps: frames per second (default: the recording's control rate, 1 / the env's ``dt`` recorded at run
+            time: the built-in task's 10, MetaWorld's 80; for a recording made before rollcap kept it, the rate
+            of its env built here from the recorded id and kwargs; refused when neither says).
         videos: store images as videos (lossy, smaller) instead of PNG frames.
         extras: which of :data:`EXTRAS` to add.
         instruction_dims: > 0 also writes the instruction as ``observation.environment_state``,
@@ -124,14 +132,14 @@ def export_lerobot(
 
     Raises:
         ValueError: one line naming the argument: not a recording, a non-empty ``root``,
-            an unknown extra, episodes of different shapes, ``labels="expert"`` for a recording
+            an unknown extra, a rate that is not given and not known, episodes of different shapes, ``labels="expert"`` for a recording
             the expert cannot label.
         ImportError: lerobot is not installed here.
     """
     extras = check_extras(extras)
     root = Path(root)
     check_target(root, "root")
-    if not isinstance(fps, int) or isinstance(fps, bool) or fps < 1:
+    if fps is not None and (not isinstance(fps, int) or isinstance(fps, bool) or fps < 1):
         raise ValueError(f"fps: expected an integer >= 1, got {fps!r}")
     if not isinstance(instruction_dims, int) or isinstance(instruction_dims, bool) or instruction_dims < 0:
         raise ValueError(f"instruction_dims: expected an integer >= 0, got {instruction_dims!r}")
@@ -144,6 +152,7 @@ def export_lerobot(
         missing = [k for k in obs_keys if k not in first.obs]
         if missing or not obs_keys:
             raise ValueError(f"obs_keys: {missing[0] if missing else 'empty'!r} is not an observation key of the recording (it has {sorted(first.obs)})")
+    fps, fps_source = frame_rate(first, fps, run_dir)
     quiet_import_logs()
     lazy_import("lerobot.datasets", INSTALL)
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
@@ -158,6 +167,8 @@ def export_lerobot(
             for rec in without_empty(records, skipped):
                 if features_of(rec, extras, videos, instruction_dims, obs_keys) != feats:
                     raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
+                if rec.control_period_s != first.control_period_s:
+                    raise ValueError(f"run_dir: episode {rec.index} steps every {rec.control_period_s} s, episode {first.index} every {first.control_period_s} s; export them separately")
                 _add_episode(ds, rec, extras, instruction_dims, obs_keys, actions_of(rec, labels))
                 episodes, frames = episodes + 1, frames + rec.num_steps
         except BaseException:
@@ -167,7 +178,7 @@ def export_lerobot(
         ds.finalize()
         if labels == "expert":  # a default export's info.json stays LeRobot's own
             _note_labels(tmp / "meta" / "info.json")
-    return LeRobotExport(root, repo_id, episodes, frames, feats, skipped)
+    return LeRobotExport(root, repo_id, episodes, frames, feats, fps, fps_source, skipped)
 
 
 def _note_labels(info: Path) -> None:
