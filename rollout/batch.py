@@ -40,7 +40,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
-from rollcap.rollout.protocols import EpisodeEnd, Observation, Subscriber
+from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, Observation, StepEvent, Subscriber
 
 MAX_ENVS = 1024
 """The largest batch ``envs`` accepts."""
@@ -272,7 +272,7 @@ class BatchedCore:
     def episodes(self, todo: Iterable[int]) -> Iterator[EpisodeEnd]:
         """Run the episodes ``todo`` names, each in the next free slot; yield each one's end as it finishes."""
         todo = iter(todo)
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rollcap-env") if self.workers > 0 else None
+        self.open_pool()
         try:
             yield from self._refill(todo)
             while any(h.state is HostState.RUNNING for h in self.hosts):
@@ -282,31 +282,56 @@ class BatchedCore:
             self.abort()
             raise
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            self.close_pool()
+
+    def open_pool(self) -> None:
+        """Start the env-stepping threads (:meth:`episodes` does; a caller of :meth:`round` may)."""
+        if self._pool is None and self.workers > 0:
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rollcap-env")
+
+    def close_pool(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     def _round(self) -> None:
-        """One boundary for every running slot: launch all, one replay per graph, decide all, execute all."""
-        launched = [(h, h.launch()) for h in self.hosts if h.state is HostState.RUNNING]
+        self.round()
+
+    def round(self, noise: Sequence[np.ndarray | None] | None = None, actions: Sequence[np.ndarray | None] | None = None, active: Sequence[bool] | None = None) -> list[tuple[ChunkEvent | None, list[StepEvent]]]:
+        """One boundary for every running slot: launch all, one replay per graph, decide all, execute all on the pool.
+
+        Args:
+            noise: per slot, the noise for ``launch`` (None: the episode's own).
+            actions: per slot, the chunk ``execute`` runs (None: the policy's).
+            active: per slot, whether it takes part (default: every running slot).
+
+        Returns per slot its chunk event (None: it did not take part, or its
+        episode ended at the boundary) and its steps' events. A slot whose
+        episode ended stays stopped: :meth:`RolloutHost.finish` it.
+        """
+        n = len(self.hosts)
+        noise, actions, active = noise or [None] * n, actions or [None] * n, active or [True] * n
+        out: list[tuple[ChunkEvent | None, list[StepEvent]]] = [(None, []) for _ in range(n)]
+        launched = [(i, h, h.launch(noise[i])) for i, h in enumerate(self.hosts) if active[i] and h.state is HostState.RUNNING]
         self.policy_rows.launch()
         if self.critic_rows is not None:
             self.critic_rows.launch()
-        for h, ticket in launched:
+        for i, h, ticket in launched:
             if ticket is not None:
-                h.decide(ticket)
-        ready = [h for h in self.hosts if h.state is HostState.RUNNING]
+                out[i] = (h.decide(ticket), [])
+        ready = [i for i, h, _ in launched if self.hosts[i].state is HostState.RUNNING]
         if self._pool is None or len(ready) < 2:
-            for h in ready:
-                h.execute()
-            return
-        futures = [self._pool.submit(h.execute) for h in ready]
+            for i in ready:
+                out[i] = (out[i][0], self.hosts[i].execute(actions[i]))
+            return out
+        futures = {i: self._pool.submit(self.hosts[i].execute, actions[i]) for i in ready}
         try:
-            for f in futures:
-                f.result()
+            for i, f in futures.items():
+                out[i] = (out[i][0], f.result())
         finally:
-            for f in futures:  # an interrupt in the driver still waits for every env step in flight
+            for f in futures.values():  # an interrupt in the driver still waits for every env step in flight
                 f.exception() if not f.cancel() else None
+        return out
 
     def _refill(self, todo: Iterator[int]) -> Iterator[EpisodeEnd]:
         """Finish the slots whose episode ended (slot order) and start the next episode in each free slot."""
@@ -327,5 +352,6 @@ class BatchedCore:
 
     def close(self) -> None:
         """Abandon any running episode and close the envs (the batched runners are the caller's)."""
+        self.close_pool()
         for h in self.hosts:
             h.close()  # the row views have no close(): the batched runners stay open

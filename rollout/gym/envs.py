@@ -59,6 +59,8 @@ TERMINAL = ("success", "terminated")
 NOISE_BOUND = 4.0
 """NoiseSteeringEnv's action is a Box in [-NOISE_BOUND, NOISE_BOUND] (standard-normal noise lies within it but for 6e-5)."""
 MAX_TOKENS = 64
+
+
 def instruction_tokens(text: str, max_tokens: int = MAX_TOKENS) -> np.ndarray:
     """The models' byte tokenizer (:func:`rollcap.policies.observation.tokenize`): UTF-8 bytes framed by
     BOS/EOS, PAD-padded to ``max_tokens`` (int64); a longer instruction is refused, never truncated."""
@@ -66,6 +68,26 @@ def instruction_tokens(text: str, max_tokens: int = MAX_TOKENS) -> np.ndarray:
         return tokenize(str(text), max_tokens)
     except BadInput as err:
         raise ValueError(f"instruction does not fit {max_tokens} tokens ({err})") from err
+
+
+def gym_obs_space(space: spaces.Space, max_tokens: int = MAX_TOKENS) -> spaces.Dict:
+    """The envs' observation space: the env's, its instruction as ``instruction_tokens`` (a non-dict one under ``observation``)."""
+    if isinstance(space, spaces.Dict):
+        keys = {k: s for k, s in space.spaces.items() if k != "instruction"}
+    else:
+        keys = {"observation": space}
+    keys["instruction_tokens"] = spaces.Box(0, EOS, (max_tokens,), np.int64)
+    return spaces.Dict(keys)
+
+
+def gym_obs(obs, max_tokens: int = MAX_TOKENS) -> dict[str, np.ndarray]:
+    """An env observation as the envs return it (see :func:`gym_obs_space`)."""
+    if isinstance(obs, dict):
+        out = {k: v for k, v in obs.items() if k != "instruction"}
+        out["instruction_tokens"] = instruction_tokens(obs.get("instruction", ""), max_tokens)
+    else:
+        out = {"observation": obs, "instruction_tokens": instruction_tokens("", max_tokens)}
+    return out
 
 
 class _CoreEnv(gym.Env):
@@ -88,20 +110,10 @@ class _CoreEnv(gym.Env):
         """The last step's boundary latencies in seconds (``policy_s``, ``critic_s``, ``boundary_s``)."""
 
     def _obs_space(self, space: spaces.Space) -> spaces.Dict:
-        if isinstance(space, spaces.Dict):
-            keys = {k: s for k, s in space.spaces.items() if k != "instruction"}
-        else:
-            keys = {"observation": space}
-        keys["instruction_tokens"] = spaces.Box(0, EOS, (self.max_tokens,), np.int64)
-        return spaces.Dict(keys)
+        return gym_obs_space(space, self.max_tokens)
 
     def _obs(self, obs) -> dict[str, np.ndarray]:
-        if isinstance(obs, dict):
-            out = {k: v for k, v in obs.items() if k != "instruction"}
-            out["instruction_tokens"] = instruction_tokens(obs.get("instruction", ""), self.max_tokens)
-        else:
-            out = {"observation": obs, "instruction_tokens": instruction_tokens("", self.max_tokens)}
-        return out
+        return gym_obs(obs, self.max_tokens)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         """End the running episode (stop reason ``reset``) and start the next: capsule restore, env reset from its seed."""

@@ -1,0 +1,97 @@
+"""The vector envs over the batched core: gymnasium's autoreset rules, spaces, determinism, one graph for all sub-envs."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium.utils.env_checker import data_equivalence
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from rollcap.critics import CriticRunner, ValueCritic
+from rollcap.kernels.graph import capture_count
+from rollcap.policies import FlowVLA, PolicyRunner
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.gym.envs import ChunkEnv
+from rollcap.rollout.gym.vector import ChunkVectorEnv, NoiseSteeringVectorEnv
+from tests.rollout._tiny import CRITIC, POLICY, make_env
+
+N = 3
+CONFIG = HostConfig(max_chunks=3)  # episodes of at most 3 chunks: autoresets within a few steps
+
+
+def _runners(batch: int):
+    torch.manual_seed(0)
+    p, c = FlowVLA(POLICY).eval(), ValueCritic(CRITIC).eval()
+    return PolicyRunner(p, batch=batch), CriticRunner(c, batch=batch)
+
+
+def _vector(cls=ChunkVectorEnv, mode=AutoresetMode.NEXT_STEP, **kw):
+    return cls([make_env() for _ in range(N)], *_runners(N), CONFIG, autoreset_mode=mode, **kw)
+
+
+def _actions(env, steps: int, seed: int = 0) -> list[np.ndarray]:
+    env.action_space.seed(seed)
+    return [env.action_space.sample() for _ in range(steps)]
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_chunk_vector_env_matches_sync_vector_env_of_chunk_envs(mode):
+    """Observations, rewards, terminations, truncations and autoresets are SyncVectorEnv's over N ChunkEnvs, bit for bit."""
+    ours = _vector(mode=mode)
+    theirs = SyncVectorEnv([lambda: ChunkEnv(make_env(), *_runners(1), CONFIG) for _ in range(N)], autoreset_mode=mode)
+    try:
+        assert ours.metadata["autoreset_mode"] is mode
+        assert ours.single_observation_space == theirs.single_observation_space
+        assert ours.single_action_space == theirs.single_action_space
+        o1, _ = ours.reset(seed=5)
+        o2, _ = theirs.reset(seed=5)
+        assert data_equivalence(o1, o2, exact=True)
+        ended = 0
+        for a in _actions(ours, 10):
+            r1, r2 = ours.step(a), theirs.step(a)
+            for x, y in zip(r1[:4], r2[:4]):
+                assert data_equivalence(x, y, exact=True)
+            assert ours.observation_space.contains(r1[0])
+            ended += int((r1[2] | r1[3]).sum())
+            if mode is AutoresetMode.SAME_STEP and (r1[2] | r1[3]).any():
+                assert data_equivalence(r1[4]["final_obs"], r2[4]["final_obs"], exact=True)
+                assert list(r1[4]["_final_obs"]) == list(r2[4]["_final_obs"])
+        assert ended >= N  # every sub-env went through an autoreset at least once
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_noise_steering_vector_env_is_deterministic_and_captures_once():
+    """Equal seeds and noise give equal batches; fresh arrays every step; N sub-envs, one capture per graph."""
+    before = capture_count()
+    a, b = _vector(NoiseSteeringVectorEnv), _vector(NoiseSteeringVectorEnv)
+    assert capture_count() - before == 4  # two envs x (policy + critic), whatever N
+    try:
+        noise = _actions(a, 6, seed=1)
+        ra, rb = [a.reset(seed=3)], [b.reset(seed=3)]
+        for x in noise:
+            ra.append(a.step(x))
+            rb.append(b.step(x))
+        assert data_equivalence(ra, rb, exact=True)
+        assert ra[1][0]["state"] is not ra[2][0]["state"]
+        values = [info["value"][info["_value"]] for *_, info in ra[1:] if "value" in info]
+        assert values and all(np.isfinite(v).all() and (v <= 0).all() for v in values)  # the critic's row of each sub-env
+    finally:
+        a.close()
+        b.close()
+
+
+def test_step_before_reset_and_bad_mode_refused():
+    """step() before reset() is ResetNeeded; an unsupported autoreset mode names the field."""
+    env = _vector()
+    try:
+        with pytest.raises(gym.error.ResetNeeded):
+            env.step(env.action_space.sample())
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="autoreset_mode"):
+        _vector(mode=AutoresetMode.DISABLED)
