@@ -135,3 +135,70 @@ def test_parts_refuse_a_compiled_backend_without_a_compiler(monkeypatch):
             Parts(backend="compile")
     finally:
         compiled.cxx_compiler.cache_clear()
+
+
+# -- compile-cuda: inductor's kernels captured by rollcap's CUDA graph -------------------------------------------
+def test_compile_cuda_needs_a_cuda_device():
+    """The compile-cuda backend on CPU buffers is refused in one line naming it."""
+    with pytest.raises(ValueError, match="backend 'compile-cuda' needs buffers on a CUDA device"):
+        PolicyRunner(tiny_policy(), backend="compile-cuda")
+
+
+def test_compiled_for_capture_picks_regions_or_the_whole_function():
+    """A module naming regions is compiled region by region (named in the facts); otherwise the function is compiled whole."""
+    from rollcap.policies.fused import fuse
+
+    model = fuse(tiny_policy())
+    fn, _, facts = compiled.compiled_for_capture(lambda b: b, [model], "cuda")
+    assert facts["compiled"] == "regions FusedFlowVLA.guided_prefix,FusedFlowVLA.expert"
+    assert "triton.cudagraphs=False" in facts["inductor_options"]  # rollcap captures; inductor must not
+    whole, _, facts = compiled.compiled_for_capture(lambda b: b, [torch.nn.Linear(2, 2)], "cuda")
+    assert facts["compiled"] == "whole" and whole is not None
+
+
+@needs_cxx
+@pytest.mark.slow(seconds=60)
+def test_compiled_regions_on_cpu_are_exact_across_calls_and_leave_eager_alone(cache):
+    """The compile-cuda mechanism on CPU inductor: regions compiled once, two calls give the same bytes, close to eager; outside the context the plain modules run."""
+    from rollcap.policies.fused import fuse
+
+    model = fuse(tiny_policy())
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(0)
+    args = ([torch.randint(0, 256, (1, 32, 32, 3), dtype=torch.uint8, generator=g)], torch.randn(1, cfg.state_dim, generator=g), torch.full((1, cfg.max_tokens), 256), torch.randn(1, cfg.horizon, cfg.action_dim, generator=g))
+    fn, context, facts = compiled.compiled_for_capture(lambda a: model.sample(*a), [model], "cpu")
+    with torch.no_grad():
+        ref = model.sample(*args)
+        with context():
+            a = fn(args)
+            b = fn(args)
+            assert model._region("expert") is not model.expert  # routed through the compiled region
+        assert model._region("expert") is model.expert
+        assert torch.equal(model.sample(*args), ref)
+    assert torch.equal(a, b)
+    torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", ["plain", "fused"])
+def test_compile_cuda_is_one_replay_exact_across_calls_and_close_to_eager(variant):
+    """compile-cuda on a GPU: one capture, replays give the same bytes, the inputs reach the plan, close to eager; facts in the fingerprint."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    from rollcap.policies.fused import fuse
+    from tests.helpers import make_noise, make_obs
+
+    model = tiny_policy() if variant == "plain" else fuse(tiny_policy())
+    before = capture_count()
+    r = PolicyRunner(model, device="cuda", backend="compile-cuda")
+    try:
+        assert capture_count() == before + 1
+        obs, noise = make_obs(0), make_noise(0)
+        a = r.act(obs, noise)
+        assert (r.act(obs, noise) == a).all()
+        assert not (r.act(make_obs(1), noise) == a).all()
+        assert abs(a - r.act_eager(obs, noise)).max() < 1e-4
+        fp = r.state_fingerprint()
+        assert fp["backend"] == "compile-cuda" and fp["compiled"].startswith("regions")
+    finally:
+        r.close()
