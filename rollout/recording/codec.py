@@ -133,8 +133,21 @@ def _legacy_digest(record: EpisodeRecord) -> str:
     return _digest(hashlib.sha256(canonical_json(scalar_meta(record)).encode()), iter_fields(record))
 
 
-def episode_meta(record: EpisodeRecord, codec) -> dict:
-    """The meta dict stored with an episode in both formats."""
+def checked_meta(record: EpisodeRecord) -> dict:
+    """:func:`check_record`, then :func:`episode_meta` with ``codec`` None: what both formats store, digests
+    included, computed once for a recorder that writes an episode in both (pass it as ``checked``).
+
+    Raises:
+        ValueError: as :func:`check_record`.
+    """
+    check_record(record)
+    return episode_meta(record, None)
+
+
+def episode_meta(record: EpisodeRecord, codec, checked: dict | None = None) -> dict:
+    """The meta dict stored with an episode in both formats (``checked``: :func:`checked_meta` of this record)."""
+    if checked is not None:
+        return {**checked, "codec": codec}  # the key keeps its place
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,

@@ -140,8 +140,8 @@ def _put(group: h5py.Group, name: str, a: np.ndarray) -> None:
     dset.write(h5py.h5s.ALL, h5py.h5s.ALL, a)
 
 
-def _write_demo(data: h5py.Group, record: EpisodeRecord) -> None:
-    meta = episode_meta(record, IMAGE_CODEC)
+def _write_demo(data: h5py.Group, record: EpisodeRecord, checked: dict | None = None) -> None:
+    meta = episode_meta(record, IMAGE_CODEC, checked)
     demo = data.create_group(f"demo_{record.index}")
     demo.attrs["num_samples"] = record.num_steps
     for k in ROBOMIMIC_STEP_KEYS:
@@ -413,22 +413,26 @@ class H5Writer:
         """Indices of the demos in the file, sorted."""
         return sorted(self._indices)
 
-    def append(self, record: EpisodeRecord) -> None:
+    def append(self, record: EpisodeRecord, checked: dict | None = None) -> None:
         """Write ``record`` as ``data/demo_<index>``: all of it, or (on any error or crash) none.
+
+        Args:
+            checked: :func:`~rollcap.rollout.recording.codec.checked_meta` of ``record``, when the caller has it.
 
         Raises:
             ValueError: the index is already in the file, or the record cannot be recorded exactly.
         """
         if self._closed:
             raise RuntimeError(f"{self.path}: append() after close()")
-        check_record(record)
+        if checked is None:
+            check_record(record)
         if record.index in self._indices:
             raise ValueError(f"{self.path}: demo_{record.index} exists; episode indices must be unique")
 
         def update(view) -> None:
             with h5py.File(view, "r+", libver=_LIBVER) as f:
                 data = f["data"]
-                _write_demo(data, record)
+                _write_demo(data, record, checked)
                 data.attrs["total"] = int(data.attrs["total"]) + record.num_steps
                 _update_derived(self.path, f, record)
 

@@ -42,15 +42,20 @@ def npz_name_index(path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def write_npz(record: EpisodeRecord, path) -> None:
+def write_npz(record: EpisodeRecord, path, checked: dict | None = None) -> None:
     """Write ``record`` to ``path`` atomically (see the module docstring for the keys).
+
+    Args:
+        checked: :func:`~rollcap.rollout.recording.codec.checked_meta` of ``record``, when the caller has it
+            (a recorder writing both formats checks and digests an episode once).
 
     Raises:
         ValueError: the record cannot be recorded exactly (see :func:`check_record`).
     """
-    check_record(record)
+    if checked is None:
+        check_record(record)
     images = any(is_image(a) for a in record.obs.values())
-    meta = episode_meta(record, NPZ_DEFLATE if images else NPZ_STORED)
+    meta = episode_meta(record, NPZ_DEFLATE if images else NPZ_STORED, checked)
     arrays = {"meta.json": np.frombuffer(canonical_json(meta).encode(), dtype=np.uint8)}
     arrays.update(iter_fields(record))
     # np.savez_compressed's format, at deflate level 1: 2.5x faster than its level 6 on camera frames

@@ -26,7 +26,7 @@ import numpy as np
 from rollcap.kernels.files import canonical_json, remove_stale_temps
 from rollcap.rollout.episode import ACTOR_HUMAN, ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
-from rollcap.rollout.recording.codec import OPTIONAL_SCALARS, SCALARS, TABLES, byte_view, episode_digest
+from rollcap.rollout.recording.codec import OPTIONAL_SCALARS, SCALARS, TABLES, byte_view, checked_meta, episode_digest
 from rollcap.rollout.recording.h5 import H5Writer, h5_indices, read_h5_episode
 from rollcap.rollout.recording.journal import _signals_deferred, journal_path
 from rollcap.rollout.recording.npz import npz_name_index, read_npz, write_npz
@@ -152,15 +152,16 @@ class EpisodeRecorder(Subscriber):
             raise ValueError(f"{self.run_dir}: episode {record.index} is already recorded; indices must be unique")
         # Ctrl-C is held across both formats, so an episode is in all of them or none;
         # a failed HDF5 append (a full disk) takes the episode's npz back out.
+        checked = checked_meta(record)  # checked and digested once for both formats
         with _signals_deferred():
             npz = self.npz_path(record.index) if "npz" in self.formats else None
             if npz is not None:
-                write_npz(record, npz)
+                write_npz(record, npz, checked)
             if "h5" in self.formats:
                 try:
                     if self._h5 is None:
                         self._h5 = H5Writer(self.h5_path, self._default_env_meta(record), resume=False)
-                    self._h5.append(record)
+                    self._h5.append(record, checked)
                 except BaseException:
                     if npz is not None and record.index not in set(self._h5.indices if self._h5 else ()):
                         npz.unlink(missing_ok=True)
