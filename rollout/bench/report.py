@@ -12,7 +12,8 @@ re-creation), ``branch`` (:mod:`rollcap.rollout.bench.branch`), ``scaling``
 :mod:`rollcap.rollout.bench.peer`), ``recording`` (the writer's stages,
 :mod:`rollcap.rollout.bench.recording`). Each section's seconds are in
 ``section_s``. Opt-in (``--only``): ``backends`` (the CPU plans jit, aoti and
-compile side by side, :mod:`rollcap.rollout.bench.backends`).
+compile side by side, :mod:`rollcap.rollout.bench.backends`), ``batch`` (``rollcap run --envs 8``
+vs ``--envs 1`` and the batched vector env vs ``AsyncVectorEnv(2)``, :mod:`rollcap.rollout.bench.batch`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import torch
 from rollcap.rollout.build import Parts
 
 SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording")
-OPT_IN = ("backends",)
-"""Sections run only when named in ``--only`` (``backends`` compiles for minutes on a cold cache)."""
+OPT_IN = ("backends", "batch")
+"""Sections run only when named in ``--only`` (``backends`` compiles for minutes on a cold cache; ``batch`` records runs for a few minutes)."""
 _MODULE = {"scaling": "capsule"}
 """The module of a section whose name is not its module's: ``bench_<section>`` lives in ``rollcap.rollout.bench.<module>``."""
 
@@ -104,6 +105,7 @@ _FORMAT = {
     "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
     "recording": ("recording", "recording (the writer's stages per episode, real episodes of the policy in the env):"),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
+    "batch": ("batch", "batch (envs on one policy graph at batch {envs} vs 1; recorded runs, then the vector env):"),
     "section_s": None,
     "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),
 }
