@@ -67,7 +67,7 @@ def size_config(name: str) -> FlowVLAConfig:
         if isinstance(data, dict) and isinstance(data.get("config"), dict):
             data = data["config"]
         return FlowVLAConfig.from_json(data, where=f"--policy-size {path}")
-    near = difflib.get_close_matches(name, list(SIZES), n=1)
+    near = difflib.get_close_matches(name.lower(), list(SIZES), n=1)
     hint = f"; did you mean {near[0]!r}?" if near else ""
     raise ValueError(f"--policy-size: unknown size {name!r} (sizes: {', '.join(SIZES)}, or a config .json){hint}")
 

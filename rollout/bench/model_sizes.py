@@ -5,7 +5,8 @@ precision (``fp32``, ``tf32``, ``bf16``: :mod:`rollcap.kernels.precision`) and g
 ``cuda`` and ``compile-cuda`` on a GPU; ``compile`` on CPU when asked), one batch-1 guided chunk of ``K`` Euler
 steps is timed eager and as a graph replay over static buffers, side by side. Per cell:
 
-- ``eager_ms`` / ``graph_ms``: median over ``reps`` chunks (CUDA: synchronised around each chunk);
+- ``eager_ms`` / ``graph_ms``: median over ``reps`` chunks, eager and graph called alternately within a cell
+  (CUDA: synchronised around each chunk); the eager row's own ``eager_ms`` is timed alone;
 - ``kernels``: CUDA kernels of one chunk (``torch.profiler``; a replay where the profiler sees the graph's
   kernels, else one un-captured call), or on CPU the ATen operations one eager chunk dispatches;
 - ``exact``: the replay's bytes equal its own eager reference at the same precision, else ``max_abs_diff``;
@@ -86,6 +87,21 @@ def _time(call, device: torch.device, reps: int) -> float:
     return statistics.median(out) * 1e3
 
 
+def _time_pair(first, second, device: torch.device, reps: int) -> tuple[float, float]:
+    """Median ms of ``first`` and of ``second``, called alternately so drift on a shared machine hits both alike."""
+    a, b = [], []
+    for fn in (first, second, first, second):
+        fn()
+    _sync(device)
+    for _ in range(reps):
+        for fn, acc in ((first, a), (second, b)):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            acc.append(time.perf_counter() - t0)
+    return statistics.median(a) * 1e3, statistics.median(b) * 1e3
+
+
 def count_aten_ops(call) -> int:
     """ATen operations one call dispatches (views and all)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -143,22 +159,23 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def _cell(model, ins, outs, backend, precision, device, reps, ref: torch.Tensor | None) -> dict:
+def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGraph) -> dict:
     cell: dict = {}
+    eager.replay()
+    ref = outs["actions"].clone()
     t0 = time.perf_counter()
     try:
         g = _graph(model, ins, outs, backend, precision)
     except (CaptureError, RuntimeError, ValueError) as err:
         return {"error": _one_line(err)}
     cell["capture_s"] = time.perf_counter() - t0
-    cell["graph_ms"] = _time(g.replay, device, reps)
+    cell["eager_ms"], cell["graph_ms"] = _time_pair(eager.replay, g.replay, device, reps)
     g.replay()
     a = outs["actions"].clone()
     g.replay()
     cell["same_bytes"] = bool(torch.equal(outs["actions"], a))
-    if ref is not None:
-        cell["exact"] = bool(torch.equal(a, ref))
-        cell["max_abs_diff"] = float((a - ref).abs().max())
+    cell["exact"] = bool(torch.equal(a, ref))
+    cell["max_abs_diff"] = float((a - ref).abs().max())
     if device.type == "cuda":
         n = count_cuda_kernels(g.replay, device)
         cell["kernels"], cell["kernels_from"] = n, "replay"
@@ -203,11 +220,11 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
             row = {**base, "backend": "eager", "eager_ms": eager_ms, "kernels": eager_kernels, "kernels_from": "call" if device.type == "cuda" else "aten ops"}
             out["cells"].append(row)
             for backend in sweep.backends:
-                cell = {**base, "backend": backend, "eager_ms": eager_ms, **_cell(model, ins, outs, backend, precision, device, sweep.reps, ref)}
+                cell = {**base, "backend": backend, **_cell(model, ins, outs, backend, precision, device, sweep.reps, eager)}
                 if cell.get("kernels") is not None and cell["kernels"] <= 1:  # the profiler saw the graph launch, not its kernels
                     cell["kernels"], cell["kernels_from"] = None, "not visible in a replay"
                 if "graph_ms" in cell:
-                    cell["speedup"] = eager_ms / cell["graph_ms"]
+                    cell["speedup"] = cell["eager_ms"] / cell["graph_ms"]  # both timed alternately in this cell
                     if "floor_ms" in out:
                         cell["over_floor"] = cell["graph_ms"] / out["floor_ms"][precision]
                 out["cells"].append(cell)
