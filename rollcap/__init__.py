@@ -50,6 +50,11 @@ GYM_IDS = {
     "rollcap/NoiseSteerPushBlock-v0": "rollcap.rollout.gym.envs:make_noise_steering_env",
 }
 """Gymnasium ids for RL loops (:mod:`rollcap.rollout.gym.envs`), registered on import; ``rollcap.envs`` registers the tasks."""
+GYM_VECTOR = {
+    "rollcap/ChunkPushBlock-v0": "rollcap.rollout.gym.vector:make_chunk_vector_env",
+    "rollcap/NoiseSteerPushBlock-v0": "rollcap.rollout.gym.vector:make_noise_steering_vector_env",
+}
+"""Their vector entry points (``gym.make_vec(id, num_envs=N)``: one graph at batch N, :mod:`rollcap.rollout.gym.vector`)."""
 
 
 def _register_gym_ids() -> None:
@@ -57,7 +62,7 @@ def _register_gym_ids() -> None:
 
     for env_id, entry in GYM_IDS.items():
         if env_id not in gym.registry:  # the envs check their own arguments; gymnasium's passive checker is off
-            gym.register(env_id, entry_point=entry, disable_env_checker=True, order_enforce=False)
+            gym.register(env_id, entry_point=entry, vector_entry_point=GYM_VECTOR.get(env_id), disable_env_checker=True, order_enforce=False)
 
 
 class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder):

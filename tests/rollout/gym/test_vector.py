@@ -95,3 +95,19 @@ def test_step_before_reset_and_bad_mode_refused():
         env.close()
     with pytest.raises(ConfigError, match="autoreset_mode"):
         _vector(mode=AutoresetMode.DISABLED)
+
+
+def test_make_vec_builds_the_batched_env():
+    """``gym.make_vec`` on a registered id builds the batched vector env (shipped models at batch N), seeded and in its space."""
+    import rollcap  # noqa: F401  (registers the ids)
+    from rollcap.rollout.gym.vector import NoiseSteeringVectorEnv as Ours
+
+    env = gym.make_vec("rollcap/NoiseSteerPushBlock-v0", num_envs=2)
+    try:
+        assert isinstance(env, Ours) and env.num_envs == 2 and env.core.policy.runner.batch == 2
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.contains(obs)
+        obs, *_ = env.step(np.zeros(env.action_space.shape, np.float32))
+        assert env.observation_space.contains(obs)
+    finally:
+        env.close()
