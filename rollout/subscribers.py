@@ -121,8 +121,11 @@ class Progress(Subscriber):
 class InBackground(Subscriber):
     """Runs a subscriber's ``on_episode_end`` on a writer thread, off the rollout's hot path.
 
-    Finished episodes are queued in order and handled one at a time by a
-    single thread; ``on_run_end`` (and ``close``) waits until every queued
+    Finished episodes are queued in order and handled in order by a single
+    thread; when several wait and the wrapped subscriber has
+    ``on_episode_ends(ends)`` (:class:`~rollcap.rollout.recording.EpisodeRecorder`:
+    one HDF5 commit for them), they go to it in one call, so a writer that
+    fell behind catches up. ``on_run_end`` (and ``close``) waits until every queued
     episode is handled, then calls the wrapped ``on_run_end``. A failure on the
     writer thread is re-raised on the host thread at the next call. Other hooks
     are forwarded synchronously.
@@ -140,6 +143,7 @@ class InBackground(Subscriber):
         self.inner = inner
         self.wants_records = getattr(inner, "wants_records", False)
         self._q: queue.Queue = queue.Queue(maxsize=max_pending)
+        self._max = max_pending
         self._error: BaseException | None = None
         self._closed = False
         self._abandon = False
@@ -149,19 +153,28 @@ class InBackground(Subscriber):
         self._thread.start()
 
     def _loop(self) -> None:
+        many = getattr(self.inner, "on_episode_ends", None)
         while True:
-            end = self._q.get()
+            batch = [self._q.get()]
+            while many is not None and batch[-1] is not None and len(batch) < self._max and not self._q.empty():
+                batch.append(self._q.get_nowait())  # what waits goes in one call (one HDF5 commit)
+            ends = [e for e in batch if e is not None]
             try:
-                if end is None:
-                    return
-                if self._abandon:
-                    self.discarded.append(end.index)
+                if not ends:
+                    pass
+                elif self._abandon:
+                    self.discarded.extend(e.index for e in ends)
+                elif self._error is None and len(ends) > 1:
+                    many(ends)
                 elif self._error is None:
-                    self.inner.on_episode_end(end)
+                    self.inner.on_episode_end(ends[0])
             except BaseException as err:  # handed to the host thread
                 self._error = err
             finally:
-                self._q.task_done()
+                for _ in batch:
+                    self._q.task_done()
+            if batch[-1] is None:
+                return
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -169,7 +182,7 @@ class InBackground(Subscriber):
             raise RecordingFailed(f"{type(self.inner).__name__} failed on its writer thread: {err}") from err
 
     def abandon(self) -> None:
-        """Finish the episode being handled, drop the ones still queued (safe from a signal handler)."""
+        """Finish the episode (or the episodes handed over together) being handled, drop the ones still queued (safe from a signal handler)."""
         self._abandon = True
 
     def on_episode_start(self, start: EpisodeStart) -> None:

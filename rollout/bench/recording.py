@@ -74,6 +74,7 @@ def bench_recording(parts: Parts, n: int) -> dict:
             stage_s["image deflate-1 (npz's)"].append(_timed(lambda: [zlib.compress(a.tobytes(), 1) for a in images]))
             stage_s["image gzip-4 per frame (h5's)"].append(_timed(lambda: [zlib.compress(f.tobytes(), 4) for a in images for f in a]))
             stage_s["image gzip-1 per frame"].append(_timed(lambda: [zlib.compress(f.tobytes(), 1) for a in images for f in a]))
+        producer = _producer(records, Path(tmp), env_meta, quick)
     for part in (policy, critic, env):
         if part is not None:  # --critic none
             part.close()
@@ -95,7 +96,26 @@ def bench_recording(parts: Parts, n: int) -> dict:
         "writer_cpu_share": writer_cpu / 1e3 / plain,
         "background_overhead": spread([b / p - 1 for b, p in zip(walls["background"], walls["plain"])]),
         "sync_overhead": spread([s / p - 1 for s, p in zip(walls["sync"], walls["plain"])]),
+        "producer": producer,
     }
+
+
+RATE, WORK_MS = 50.0, 8.0
+"""The synthetic producer's episodes per second and the host's own GIL-held work per episode (see :mod:`~rollcap.rollout.bench.producer`)."""
+
+
+def _producer(records, tmp: Path, env_meta: dict, quick: bool) -> dict:
+    """The background writer (a thread, both formats) fed these episodes at :data:`RATE` per second."""
+    from rollcap.rollout.bench.producer import CpuOf, compare
+    from rollcap.rollout.recording import EpisodeRecorder
+    from rollcap.rollout.subscribers import InBackground
+
+    def thread(r: int):
+        meter = CpuOf(EpisodeRecorder(tmp / f"producer-thread{r}", formats=("npz", "h5"), env_meta=env_meta))
+        return InBackground(meter), meter
+
+    episodes, rounds = (20, 1) if quick else (100, 3)
+    return compare(records, {"thread": thread}, episodes, RATE, WORK_MS, rounds)
 
 
 def format_recording(r: dict, row) -> None:
@@ -107,3 +127,10 @@ def format_recording(r: dict, row) -> None:
     for key in ("background_overhead", "sync_overhead"):
         o = r[key]
         row(key.replace("_", " "), f"{o['median']:.1%} ({o['min']:.1%} to {o['max']:.1%} over {r['rounds']} rounds)")
+    p = r.get("producer")
+    if p is not None:
+        row(f"at {p['rate']:.0f} episodes/s (synthetic producer, {p['work_ms']:.0f} ms of host work an episode, {p['episodes']} episodes x {p['rounds']} rounds):")
+        for name in (k for k in p if isinstance(p[k], dict) and "cost" in p[k]):
+            w, c = p[name], p[name]["cost"]
+            cpu = f", writer CPU {w['writer_cpu_ms']:.1f} ms an episode ({w['writer_cores']:.2f} cores)" if "writer_cpu_ms" in w else ""
+            row(f"  writer: {name}", f"cost {c['median']:.1%} of rollout wall ({c['min']:.1%} to {c['max']:.1%}); behind {w['late_ms']:.0f} ms at the end, drain {w['drain_ms']:.0f} ms, longest hand-off {w['handoff_max_ms']:.1f} ms{cpu}")

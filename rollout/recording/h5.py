@@ -422,29 +422,46 @@ class H5Writer:
         Raises:
             ValueError: the index is already in the file, or the record cannot be recorded exactly.
         """
+        self.append_many([record], None if checked is None else [checked])
+
+    def append_many(self, records: list[EpisodeRecord], checked: list[dict] | None = None) -> None:
+        """Write several episodes in one commit: all of them, or (on any error or crash) none.
+
+        One journaled update (one open, one set of fsyncs, the masks extended once per demo) for
+        the lot: a writer that has fallen behind catches up by appending what waits in one go.
+
+        Raises:
+            ValueError: an index is already in the file or repeated, or a record cannot be recorded exactly.
+        """
         if self._closed:
             raise RuntimeError(f"{self.path}: append() after close()")
         if checked is None:
-            check_record(record)
-        if record.index in self._indices:
-            raise ValueError(f"{self.path}: demo_{record.index} exists; episode indices must be unique")
+            for record in records:
+                check_record(record)
+        indices = [r.index for r in records]
+        clash = sorted({i for i in indices if i in self._indices or indices.count(i) > 1})
+        if clash:
+            raise ValueError(f"{self.path}: demo_{clash[0]} exists; episode indices must be unique")
+        if not records:
+            return
 
         def update(view) -> None:
             with h5py.File(view, "r+", libver=_LIBVER) as f:
                 data = f["data"]
-                _write_demo(data, record, checked)
-                data.attrs["total"] = int(data.attrs["total"]) + record.num_steps
-                _update_derived(self.path, f, record)
+                for k, record in enumerate(records):  # each demo, then its masks (the first also derives older demos')
+                    _write_demo(data, record, None if checked is None else checked[k])
+                    _update_derived(self.path, f, record)
+                data.attrs["total"] = int(data.attrs["total"]) + sum(r.num_steps for r in records)
 
         try:
             journaled_update(self.path, update, self._timeout)
         except BaseException:
-            try:  # a Ctrl-C that arrives just after the commit still leaves the demo committed
+            try:  # a Ctrl-C that arrives just after the commit still leaves the demos committed
                 self._indices = set(h5_indices(self.path, self._timeout))
             except Exception:  # noqa: BLE001 - the original error matters more
                 pass
             raise
-        self._indices.add(record.index)
+        self._indices.update(indices)
 
     def close(self) -> None:
         """Refuse further appends (every append has already been committed and closed)."""

@@ -146,27 +146,51 @@ class EpisodeRecorder(Subscriber):
 
     def write(self, record: EpisodeRecord) -> None:
         """Write ``record`` in every format, all of them or (on a crash or Ctrl-C) none; refuse an index already recorded."""
+        self.write_many([record])
+
+    def write_many(self, records: list[EpisodeRecord]) -> None:
+        """Write several episodes, each in every format: all of them or (on an error, a crash or Ctrl-C) none.
+
+        The HDF5 file takes them in one commit (:meth:`H5Writer.append_many`), so a writer
+        that has fallen behind pays the journal's fsyncs once for what waited. Refuses an index
+        already recorded or repeated before anything is written.
+        """
         if self._closed:
             raise RuntimeError(f"{self.run_dir}: write() after close()")
-        if record.index in self._indices:
-            raise ValueError(f"{self.run_dir}: episode {record.index} is already recorded; indices must be unique")
+        indices = [r.index for r in records]
+        for i in indices:
+            if i in self._indices or indices.count(i) > 1:
+                raise ValueError(f"{self.run_dir}: episode {i} is already recorded; indices must be unique")
+        if not records:
+            return
+        checked = [checked_meta(r) for r in records]  # checked and digested once for both formats
         # Ctrl-C is held across both formats, so an episode is in all of them or none;
-        # a failed HDF5 append (a full disk) takes the episode's npz back out.
-        checked = checked_meta(record)  # checked and digested once for both formats
+        # a failed HDF5 append (a full disk) takes the episodes' npz files back out.
         with _signals_deferred():
-            npz = self.npz_path(record.index) if "npz" in self.formats else None
-            if npz is not None:
-                write_npz(record, npz, checked)
-            if "h5" in self.formats:
-                try:
+            written: list[tuple[int, Path]] = []
+            try:
+                if "npz" in self.formats:
+                    for record, c in zip(records, checked):
+                        path = self.npz_path(record.index)
+                        write_npz(record, path, c)
+                        written.append((record.index, path))
+                if "h5" in self.formats:
                     if self._h5 is None:
-                        self._h5 = H5Writer(self.h5_path, self._default_env_meta(record), resume=False)
-                    self._h5.append(record, checked)
-                except BaseException:
-                    if npz is not None and record.index not in set(self._h5.indices if self._h5 else ()):
-                        npz.unlink(missing_ok=True)
-                    raise
-            self._indices.add(record.index)
+                        self._h5 = H5Writer(self.h5_path, self._default_env_meta(records[0]), resume=False)
+                    self._h5.append_many(records, checked)
+            except BaseException:
+                kept = set(self._h5.indices) if self._h5 is not None and "h5" in self.formats else set()
+                for i, path in written:
+                    if i not in kept:
+                        path.unlink(missing_ok=True)
+                raise
+            self._indices.update(indices)
+
+    def on_episode_ends(self, ends: list[EpisodeEnd]) -> None:
+        """:meth:`on_episode_end` for several finished episodes at once (:class:`InBackground` hands over what waits)."""
+        records = [e.record for e in ends if e.record is not None]
+        if records:
+            self.write_many(records)
 
     def verify(self) -> list[EpisodeRecord]:
         """Read back every recorded episode in every format (digests checked) and check the formats agree.
