@@ -6,7 +6,7 @@ precision (``fp32``, ``tf32``, ``bf16``: :mod:`rollcap.kernels.precision`) and g
 steps is timed eager and as a graph replay over static buffers, side by side. Per cell:
 
 - ``eager_ms`` / ``graph_ms``: median over ``reps`` chunks, eager and graph called alternately within a cell
-  (CUDA: synchronised around each chunk); the eager row's own ``eager_ms`` is timed alone;
+  (CUDA: synchronised around each chunk); the eager row repeats the first backend's ``eager_ms``;
 - ``kernels``: CUDA kernels of one chunk (``torch.profiler``; a replay where the profiler sees the graph's
   kernels, else one un-captured call), or on CPU the ATen operations one eager chunk dispatches;
 - ``exact``: the replay's bytes equal its own eager reference at the same precision, else ``max_abs_diff``;
@@ -212,12 +212,10 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
             except (CaptureError, RuntimeError, ValueError) as err:
                 out["cells"].append({**base, "error": _one_line(err)})
                 continue
-            eager_ms = _time(eager.replay, device, sweep.reps)
             eager.replay()
-            ref = outs["actions"].clone()
-            refs[(variant, precision)] = ref
+            refs[(variant, precision)] = outs["actions"].clone()
             eager_kernels = count_cuda_kernels(eager.replay, device) if device.type == "cuda" else count_aten_ops(eager.replay)
-            row = {**base, "backend": "eager", "eager_ms": eager_ms, "kernels": eager_kernels, "kernels_from": "call" if device.type == "cuda" else "aten ops"}
+            row = {**base, "backend": "eager", "kernels": eager_kernels, "kernels_from": "call" if device.type == "cuda" else "aten ops"}
             out["cells"].append(row)
             for backend in sweep.backends:
                 cell = {**base, "backend": backend, **_cell(model, ins, outs, backend, precision, device, sweep.reps, eager)}
@@ -228,11 +226,14 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
                     if "floor_ms" in out:
                         cell["over_floor"] = cell["graph_ms"] / out["floor_ms"][precision]
                 out["cells"].append(cell)
+                row.setdefault("eager_ms", cell.get("eager_ms"))  # the first backend's alternately timed eager chunks
                 if emit:
                     emit(out)
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
+            if row.get("eager_ms") is None:
+                row["eager_ms"] = _time(eager.replay, device, sweep.reps)
             del eager
     if ("plain", "fp32") in refs and ("fused", "fp32") in refs:
         out["fused_max_abs_diff_vs_plain"] = float((refs["plain", "fp32"] - refs["fused", "fp32"]).abs().max())
