@@ -132,10 +132,7 @@ class RolloutHost:
         self._draw_ahead = False
         self.env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
         self.state_env = exact_state_of(env)
-        self.components = {"host": self.book}
-        for name, comp in (("policy", policy), ("critic", critic)):
-            if comp is not None and all(callable(getattr(comp, m, None)) for m in _STATEFUL):
-                self.components[name] = comp
+        self.components = {"host": self.book, **{n: c for n, c in (("policy", policy), ("critic", critic)) if c is not None and all(callable(getattr(c, m, None)) for m in _STATEFUL)}}
 
     # -- state machine -------------------------------------------------------
     def _to(self, new: HostState) -> None:
@@ -238,15 +235,12 @@ class RolloutHost:
                 agent steering the policy) is recorded like any other, so the
                 episode replays exactly.
 
-        Returns the boundary's event, or None when the episode ended instead
-        (an error, or a stop requested through the event bus: then nothing is
-        launched). While the bus is paused it waits first. If a predicate
-        fired, the episode is stopped and nothing of the chunk will execute;
-        otherwise call :meth:`execute` next. With real-time chunking
-        (``config.chunking`` naive / rtc) the previous chunk's carried queue
-        executes between the launch and the wait (its step events come before
-        this boundary's chunk event, which keeps the launch step and
-        observation; see :mod:`rollcap.rollout.rtc`).
+        Returns the boundary's event, or None when the episode ended instead (an error, or a stop requested
+        through the event bus: then nothing is launched). While the bus is paused it waits first. If a
+        predicate fired, the episode is stopped and nothing of the chunk will execute; otherwise call
+        :meth:`execute` next. With real-time chunking (``config.chunking`` naive / rtc) the previous chunk's
+        carried queue executes between the launch and the wait (its step events come before this boundary's
+        chunk event, which keeps the launch step and observation; see :mod:`rollcap.rollout.rtc`).
         """
         launched = self.launch(noise)
         return None if launched is None else self.decide(launched)
@@ -425,10 +419,8 @@ class RolloutHost:
         """Abandon any running episode and close the runners' lanes and the env."""
         self.abort()
         self._to(HostState.CLOSED)
-        for part in (self.policy, self.critic, self.env):
-            close = getattr(part, "close", None)
-            if close is not None:
-                close()
+        for close in [getattr(part, "close", None) for part in (self.policy, self.critic, self.env)]:
+            close() if close is not None else None
 
     # -- private -------------------------------------------------------------
     def _resume(self, at: Resume) -> None:

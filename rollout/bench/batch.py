@@ -26,9 +26,9 @@ ENVS = 8
 
 
 def _run_rate(parts: Parts, envs: int, episodes: int, out: Path) -> dict:
-    import rollcap
+    from rollcap.rollout.api import run
 
-    r = rollcap.run(
+    r = run(
         episodes, out=out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", envs=envs, progress=False,
         env_kwargs=parts.env_kwargs, device=parts.device, backend=parts.backend, threads=parts.threads,
     )  # fmt: skip
