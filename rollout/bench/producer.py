@@ -126,7 +126,8 @@ def produce(records: Sequence[EpisodeRecord], writer: Subscriber | None, episode
 
 
 def compare(records: Sequence[EpisodeRecord], writers: dict[str, Callable[[int], tuple[Subscriber, CpuOf | None]]], episodes: int, rate: float, work_ms: float, rounds: int) -> dict:
-    """Interleaved rounds of no writer and each of ``writers`` (name -> ``round -> (subscriber, its CpuOf or None)``).
+    """Interleaved rounds of no writer and each of ``writers`` (name -> ``round -> (subscriber, its CpuOf or None)``;
+    a subscriber with ``writer_cpu_s`` and ``episodes``, such as a :class:`~rollcap.rollout.recording.process.WriterProcess`, reports its CPU itself).
 
     Returns per writer: ``cost`` (median, min, max over rounds of the extra producer wall over the rollout wall
     ``episodes / rate``), ``drain_ms`` and ``handoff_max_ms`` (max over rounds), ``late_ms`` (max),
@@ -144,6 +145,8 @@ def compare(records: Sequence[EpisodeRecord], writers: dict[str, Callable[[int],
             runs[name].append(produce(records, sub, episodes, rate, spin_n))
             if meter is not None and meter.episodes:
                 cpu[name].append(meter.cpu_s / meter.episodes)
+            elif getattr(sub, "writer_cpu_s", None) is not None and sub.episodes:  # a writer process reports its own
+                cpu[name].append(sub.writer_cpu_s / sub.episodes)
     base = [x["work_s"] + x["handoff_s"] for x in runs["none"]]
     rollout_s = episodes / rate
     out: dict = {"episodes": episodes, "rate": rate, "work_ms": work_ms, "rounds": rounds,

@@ -7,10 +7,12 @@
 - :mod:`.recorder`: :class:`EpisodeRecorder` (a run directory in both
   formats, resumable), :func:`records_equal`, :func:`measure_write_overhead`,
   :func:`synthetic_record`.
+- :mod:`.process`: :class:`WriterProcess`, the recorder in a child process
+  (episodes cross a pipe as bytes), for rollouts faster than one thread writes.
 - :mod:`.runs`: reading any of them back (:func:`load_any`, :func:`iter_any`,
   :func:`episodes_of`, :func:`iter_episodes`).
 
-Imports point downward: codec <- npz, journal <- h5 <- recorder, runs; the package
+Imports point downward: codec <- npz, journal <- h5 <- recorder <- process, runs; the package
 knows ``kernels.files``, ``episode``, ``errors`` and ``subscribers`` of rollcap.
 """
 
@@ -21,6 +23,7 @@ from rollcap.rollout.recording.codec import episode_digest
 from rollcap.rollout.recording.h5 import H5Writer, h5_indices, read_h5, read_h5_episode, recover_h5
 from rollcap.rollout.recording.journal import journal_path
 from rollcap.rollout.recording.npz import read_npz, write_npz
+from rollcap.rollout.recording.process import WriterProcess
 from rollcap.rollout.recording.recorder import (
     EPISODES_DIR,
     FORMATS,
@@ -39,6 +42,7 @@ __all__ = [
     "CorruptEpisode",
     "EpisodeRecorder",
     "H5Writer",
+    "WriterProcess",
     "episode_digest",
     "episodes_of",
     "h5_indices",
