@@ -13,7 +13,8 @@ steps is timed eager and as a graph replay over static buffers, side by side. Pe
   ``same_bytes``: two replays of the same inputs agree;
 - ``floor_ms``: the chunk's weight-traffic floor on a GPU this code knows (H100 SXM, H200), and ``over_floor``.
 
-The fused variant's ``max_abs_diff_vs_plain`` (fp32, eager) is stated once per size. ``python3 -m
+The fused variant's ``max_abs_diff_vs_plain`` (fp32, eager) is stated once per size, and ``fused_over_plain``:
+plain and fused chunks timed alternately (eager, and the first backend that is not compiled). ``python3 -m
 rollcap.rollout.bench.model_sizes --help`` runs the sweep alone, writing JSON after every cell (so a run cut
 short by a time limit keeps what it measured); the GPU check script uses it.
 """
@@ -184,6 +185,21 @@ def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGra
     return cell
 
 
+def _fused_over_plain(models: dict, ins, outs, sweep: SizeSweep, device: torch.device) -> dict:
+    """Plain and fused chunks timed alternately, eager and on the first backend that is not compiled (first precision)."""
+    res = {}
+    precision = sweep.precisions[0]
+    for backend in ("eager", *[b for b in sweep.backends if "compile" not in b][:1]):
+        try:
+            plain, fused = (_graph(models[v], ins, outs, backend, precision) for v in ("plain", "fused"))
+        except (CaptureError, RuntimeError, ValueError):
+            continue
+        p_ms, f_ms = _time_pair(plain.replay, fused.replay, device, sweep.reps)
+        res[backend] = {"precision": precision, "plain_ms": p_ms, "fused_ms": f_ms, "fused_over_plain": f_ms / p_ms}
+        del plain, fused
+    return res
+
+
 def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> dict:
     """Every cell of one size; ``emit(partial)`` after each (for incremental JSON)."""
     cfg = size_config(name)
@@ -235,6 +251,8 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
             if row.get("eager_ms") is None:
                 row["eager_ms"] = _time(eager.replay, device, sweep.reps)
             del eager
+    if len(models) == 2 and (_HAS_PRECISION or sweep.precisions[0] == "fp32"):
+        out["fused_over_plain"] = _fused_over_plain(models, ins, outs, sweep, device)
     if ("plain", "fp32") in refs and ("fused", "fp32") in refs:
         out["fused_max_abs_diff_vs_plain"] = float((refs["plain", "fp32"] - refs["fused", "fp32"]).abs().max())
     del models, plain
@@ -279,6 +297,8 @@ def format_sizes(r: dict, row) -> None:
             exact = "== eager" if c.get("exact") else f"max|diff| {c.get('max_abs_diff', float('nan')):.2g}"
             over = f", {c['over_floor']:.1f}x floor" if "over_floor" in c else ""
             row(label, f"{c['graph_ms']:.2f} ms ({c['speedup']:.1f}x eager{over}){kern}, {exact}")
+        for backend, x in s.get("fused_over_plain", {}).items():
+            row(f"  fused / plain, {backend} {x['precision']} (alternating)", f"{x['fused_ms']:.2f} / {x['plain_ms']:.2f} ms = {x['fused_over_plain']:.2f}")
         if "fused_max_abs_diff_vs_plain" in s:
             row("  fused vs plain (fp32 eager)", f"max|diff| {s['fused_max_abs_diff_vs_plain']:.2g}")
 

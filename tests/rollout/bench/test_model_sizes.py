@@ -24,6 +24,7 @@ def test_sweep_on_cpu_writes_every_cell(tmp_path, capsys):
         assert jit["exact"] and jit["same_bytes"] and jit["graph_ms"] > 0 and jit["speedup"] > 0
     assert cells["fused", "eager"]["kernels"] < cells["plain", "eager"]["kernels"]  # fewer ATen ops per chunk
     assert 0 < s["fused_max_abs_diff_vs_plain"] < 1e-5
+    assert set(s["fused_over_plain"]) == {"eager", "jit"} and s["fused_over_plain"]["jit"]["fused_over_plain"] > 0
     assert "fused fp32 jit" in capsys.readouterr().out
 
 
