@@ -7,7 +7,7 @@ of episodes, sessions or caching; everything above it calls downward into it.
 from __future__ import annotations
 
 from rollcap.kernels.buffers import BufferSet, BufferSpec
-from rollcap.kernels.errors import BadInput, CaptureError, CheckpointMismatch, LaneError, ReplayInFlight
+from rollcap.kernels.errors import BadInput, CaptureError, CaptureHazard, CheckpointMismatch, LaneError, ReplayInFlight
 from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
 from rollcap.kernels.graph import BACKENDS, CapturedGraph, capture_count, default_backend
 from rollcap.kernels.lanes import CallerLane, CpuLane, CudaLane, Lane, make_lane
@@ -19,6 +19,7 @@ __all__ = [
     "BufferSet",
     "BufferSpec",
     "CaptureError",
+    "CaptureHazard",
     "CheckpointMismatch",
     "CallerLane",
     "CapturedGraph",

@@ -27,3 +27,12 @@ class LaneError(RuntimeError):
 
 class CheckpointMismatch(ValueError):
     """A checkpoint's config or tensors do not match what the loader expects."""
+
+
+class CaptureHazard(CaptureError):
+    """A function about to be captured does what a captured graph cannot replay faithfully.
+
+    A tensor built from host data, a host sync (``.item()``, ``.cpu()``, ``.numpy()``), a data-dependent
+    shape, or a random draw; the message names the operation and the function's line. Raised by the
+    capture guard (:mod:`rollcap.kernels.guard`) on any device, before anything is captured.
+    """

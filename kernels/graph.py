@@ -32,22 +32,20 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from rollcap.kernels.buffers import BufferSet
 from rollcap.kernels.errors import CaptureError
+from rollcap.kernels.guard import guarded
+from rollcap.kernels.precision import DEFAULT_PRECISION, check_precision, precision_context
 
 BACKENDS = ("eager", "jit", "aoti", "compile", "cuda", "compile-cuda")
 CPU_PLANS = ("jit", "aoti", "compile")
 """The CPU backends that capture a plan (each refuses a CUDA device)."""
 CUDA_PLANS = ("cuda", "compile-cuda")
 """The backends that capture a CUDA graph (``compile-cuda``: of inductor's kernels, :mod:`rollcap.kernels.compiled`)."""
-
-# The tracer's message for ``torch.tensor(...)`` inside a traced function.
-_CONSTANT_TENSOR_WARNING = r"torch\.tensor results are registered as constants in the trace"
 
 _capture_lock = threading.Lock()
 _capture_total = 0
@@ -118,6 +116,7 @@ class CapturedGraph:
         backend: str = "eager",
         modules: list[torch.nn.Module] | None = None,
         label: str = "graph",
+        precision: str = DEFAULT_PRECISION,
     ):
         if backend not in BACKENDS:
             raise ValueError(f"{label}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -125,6 +124,12 @@ class CapturedGraph:
             raise ValueError(f"{label}: backend {backend!r} needs buffers on a CUDA device, not {inputs.device}")
         if backend in CPU_PLANS and inputs.device.type != "cpu":
             raise ValueError(f"{label}: backend {backend!r} is a CPU plan; use 'cuda' for {inputs.device}")
+        try:
+            self.precision = check_precision(precision, inputs.device)
+        except ValueError as err:
+            raise ValueError(f"{label}: {err}") from None
+        if precision != DEFAULT_PRECISION and backend in ("aoti", "compile"):
+            raise ValueError(f"{label}: precision {precision!r} runs on the eager, jit and cuda backends, not {backend!r}")
         self.fn = fn
         self.inputs = inputs
         self.outputs = outputs
@@ -149,13 +154,17 @@ class CapturedGraph:
             raise CaptureError(f"{self.label}: graph is {self._phase.value}; this needs it {allowed}")
 
     def _call_eager(self) -> dict[str, torch.Tensor]:
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), self._precision():
             out = self.fn(self.inputs.tensors())
         got = set(out)
         want = set(self.outputs.names)
         if got != want:
             raise CaptureError(f"{self.label}: fn returned {sorted(got)}, output buffers are {sorted(want)}")
         return out
+
+    def _precision(self):
+        """The context every call of ``fn`` runs in: eager calls, warm-up and capture (see :mod:`~rollcap.kernels.precision`)."""
+        return precision_context(self.precision, self.inputs.device)
 
     def _copy_out(self, out: dict[str, torch.Tensor] | list[torch.Tensor]) -> None:
         names = self.outputs.names
@@ -164,19 +173,30 @@ class CapturedGraph:
 
     # -- phases --------------------------------------------------------------
     def warmup(self, iters: int = 2) -> None:
-        """Run the function eagerly ``iters`` times (checks outputs; primes allocators)."""
+        """Run the function eagerly ``iters`` times (checks outputs; primes allocators).
+
+        For every backend that captures, the first run is under the capture guard
+        (:mod:`rollcap.kernels.guard`), on CPU as on CUDA: a hazard raises
+        :class:`~rollcap.kernels.errors.CaptureHazard` naming the operation and the line.
+        """
         self._require(_Phase.NEW, _Phase.WARM)
+        guard = self.backend != "eager" and self._phase is _Phase.NEW  # once, before the first capture
+        stream = contextlib.nullcontext()
         if self.backend == "cuda":
             side = torch.cuda.Stream(device=self.inputs.device)
             side.wait_stream(torch.cuda.current_stream(self.inputs.device))
-            with torch.cuda.stream(side):
-                for _ in range(iters):
-                    self._copy_out(self._call_eager())
+            stream = torch.cuda.stream(side)
+        with stream:
+            for i in range(iters):
+                self._warm_once(guard=guard and i == 0)
+        if self.backend == "cuda":
             torch.cuda.current_stream(self.inputs.device).wait_stream(side)
-        else:
-            for _ in range(iters):
-                self._copy_out(self._call_eager())
         self._phase = _Phase.WARM
+
+    def _warm_once(self, guard: bool) -> None:
+        with guarded(self.label) if guard else contextlib.nullcontext():
+            out = self._call_eager()
+        self._copy_out(out)
 
     def capture(self) -> None:
         """Capture the plan over the current buffer addresses (counts one capture)."""
@@ -201,21 +221,25 @@ class CapturedGraph:
         in_names, out_names = self.inputs.names, self.outputs.names
         wrapper = _Positional(self.fn, in_names, out_names, self.modules).eval()
         example = tuple(self.inputs[n] for n in in_names)
-        with torch.no_grad(), warnings.catch_warnings():
-            # Expected: a constant built with ``torch.tensor([...])`` inside fn
-            # (FlowVLA.sample's advantage pair) is stored in the plan as a
-            # constant, which is right for a value that never changes. Every
-            # other TracerWarning (a tensor read as a Python number, a branch on
-            # a value) means the plan may be wrong, and still shows.
-            warnings.filterwarnings("ignore", message=_CONSTANT_TENSOR_WARNING, category=torch.jit.TracerWarning)
+        if self.precision == "bf16":
+            # The plan is traced in fp32 and replays under autocast, as eager runs: a trace taken under autocast
+            # records composite ops (einsum) above autocast's casts and replays them in fp32. TorchScript's own
+            # autocast pass rewrites a graph run under autocast differently from eager (measured: the policy's
+            # chunk differs), so it is off in a process that has a bf16 plan (it only acts on scripted code
+            # with autocast blocks, which rollcap has none of).
+            torch._C._jit_set_autocast_mode(False)
+        with torch.no_grad():
+            # The guard ran in warm-up: a host-built constant or a value read as a Python number was refused there,
+            # so a TracerWarning here is news and still shows.
             try:
                 plan = torch.jit.trace(wrapper, example, check_trace=False)
             except Exception as err:  # pragma: no cover - depends on fn
                 raise CaptureError(f"{self.label}: jit capture failed: {err}") from err
             # The profiling executor specialises on its first runs; do them now
             # so every later replay executes the same optimised plan.
-            for _ in range(3):
-                plan(*example)
+            with self._precision():
+                for _ in range(3):
+                    plan(*example)
         self._plan = plan
         self._plan_inputs = example
 
@@ -243,13 +267,13 @@ class CapturedGraph:
 
             fn, compiled_ctx, self.plan_facts = compiled.compiled_for_capture(self.fn, self.modules, "cuda")
             try:
-                with torch.cuda.stream(side), torch.no_grad(), compiled_ctx():
+                with torch.cuda.stream(side), torch.no_grad(), self._precision(), compiled_ctx():
                     for _ in range(3):
                         self._copy_out(fn(self.inputs.tensors()))
             except Exception as err:
                 raise CaptureError(f"{self.label}: torch.compile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
         with torch.cuda.stream(side), torch.no_grad(), compiled_ctx():
-            with torch.cuda.graph(g, stream=side):
+            with torch.cuda.graph(g, stream=side), self._precision():
                 out = fn(self.inputs.tensors())
                 self._copy_out(out)
         torch.cuda.current_stream(dev).wait_stream(side)
@@ -261,7 +285,7 @@ class CapturedGraph:
         if self.backend in CUDA_PLANS:
             self._cuda_graph.replay()
         elif self.backend in CPU_PLANS:
-            with torch.no_grad():
+            with torch.no_grad(), self._precision():  # aoti / compile: fp32 only, no context
                 self._copy_out(self._plan(*self._plan_inputs))
         else:
             self._copy_out(self._call_eager())

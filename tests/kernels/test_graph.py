@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from rollcap.kernels import BufferSet, BufferSpec, CaptureError, CapturedGraph, capture_count
+from rollcap.kernels import BufferSet, BufferSpec, CaptureError, CaptureHazard, CapturedGraph, capture_count
 
 
 def _mlp_graph(backend: str) -> tuple[CapturedGraph, torch.nn.Module]:
@@ -69,23 +69,16 @@ def test_backend_device_mismatch_is_refused():
         CapturedGraph(lambda b: b, ins, ins, "cuda")
 
 
-def _warmed_jit(fn) -> CapturedGraph:
+def test_jit_capture_refuses_what_the_tracer_would_freeze():
+    """A torch.tensor constant and a tensor read as a Python number are refused in warm-up, before the tracer sees them."""
     ins = BufferSet([BufferSpec("x", (1, 2), torch.float32)])
     outs = BufferSet([BufferSpec("y", (1, 2), torch.float32)])
-    g = CapturedGraph(fn, ins, outs, "jit", label="w")
-    g.warmup()
-    return g
-
-
-def test_jit_capture_silences_only_the_constant_tensor_warning():
-    """A torch.tensor constant captures quietly; a tensor read as a Python number still warns."""
-    quiet = _warmed_jit(lambda b: {"y": b["x"] * torch.tensor([1.0, 2.0])})
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", torch.jit.TracerWarning)
-        quiet.capture()
-    loud = _warmed_jit(lambda b: {"y": b["x"] * float(b["x"].sum())})
-    with pytest.warns(torch.jit.TracerWarning, match="Converting a tensor to a Python"):
-        loud.capture()
+    for fn, op in ((lambda b: {"y": b["x"] * torch.tensor([1.0, 2.0])}, "aten.lift_fresh"), (lambda b: {"y": b["x"] * float(b["x"].sum())}, "float")):
+        g = CapturedGraph(fn, ins, outs, "jit", label="w")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", torch.jit.TracerWarning)  # nothing reaches the tracer
+            with pytest.raises(CaptureHazard, match=op):
+                g.warmup()
 
 
 @pytest.mark.cuda
