@@ -17,6 +17,7 @@ from rollcap.kernels.buffers import BufferSet, BufferSpec
 from rollcap.kernels.errors import BadInput, LaneError, ReplayInFlight
 from rollcap.kernels.fingerprint import device_fingerprint
 from rollcap.kernels.graph import CapturedGraph, GraphFn, default_backend
+from rollcap.kernels.precision import DEFAULT_PRECISION, precision_context
 from rollcap.kernels.lanes import CallerLane, Lane, Ticket, make_lane
 
 
@@ -53,6 +54,7 @@ class GraphRunner:
         lane: the lane replays run on (one is made if ``None``).
         label: a short name (``"policy"``, ``"critic"``).
         weights_digest: digest of the weights, for the fingerprint.
+        precision: ``fp32`` / ``tf32`` / ``bf16`` (:mod:`~rollcap.kernels.precision`); in the fingerprint unless fp32.
 
     Lifecycle: the graph is captured once in the constructor; afterwards
     :meth:`write` fills the inputs, :meth:`launch` submits one replay and
@@ -83,6 +85,7 @@ class GraphRunner:
         label: str = "graph",
         weights_digest: str = "",
         threads: int = 1,
+        precision: str = DEFAULT_PRECISION,
     ):
         self.device = torch.device(device)
         self.backend = backend or default_backend(self.device)
@@ -94,7 +97,8 @@ class GraphRunner:
         self._own_lane = lane is None
         self.lane = lane if lane is not None else make_lane(label, self.device, threads)
         self.threads = getattr(self.lane, "threads", threads)
-        self.graph = CapturedGraph(fn, self.inputs, self.outputs, self.backend, modules, label=label)
+        self.graph = CapturedGraph(fn, self.inputs, self.outputs, self.backend, modules, label=label, precision=precision)
+        self.precision = self.graph.precision
         with _intra_op_threads(self.threads if self.device.type == "cpu" else None):
             self.graph.prepare()
         self._caller_lane: CallerLane | None = None
@@ -171,7 +175,7 @@ class GraphRunner:
         """The reference path: ``fn`` on fresh tensors, no static buffers, no lane."""
         for name, v in values.items():
             self.inputs.check(name, v)
-        with torch.no_grad():
+        with torch.no_grad(), precision_context(self.precision, self.device):
             return {k: v.clone() for k, v in self.fn({k: torch.as_tensor(v).to(self.device) for k, v in values.items()}).items()}
 
     # -- capsule protocol ----------------------------------------------------
@@ -247,6 +251,8 @@ class GraphRunner:
                 "outputs": self.outputs.spec(),
             }
         )
+        if self.precision != DEFAULT_PRECISION:  # an fp32 runner's fingerprint is what it was before precision existed
+            fp["precision"] = self.precision
         fp.update(self.graph.plan_facts)  # compiled plans: the compiler and kernel threads (empty for eager/jit/cuda)
         return fp
 

@@ -151,7 +151,7 @@ class RTCPolicyRunner(PolicyRunner):
     """``identity``: the capturable guided inpainting (:func:`guided_sample`); ``pigdm``: the paper's guidance
     (eager); ``prefix``: hard inpainting by a prefix-conditioned checkpoint (:meth:`FlowVLA.inpaint_sample`)."""
 
-    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1, sampler: str | None = None):
+    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1, sampler: str | None = None, precision: str = "fp32"):
         if sampler is None:  # the checkpoint decides: a prefix-conditioned one is sampled the way it was trained
             sampler = "prefix" if model.cfg.prefix_conditioning else "identity"
         if sampler not in self.SAMPLERS:
@@ -168,7 +168,7 @@ class RTCPolicyRunner(PolicyRunner):
             BufferSpec("carried_w", (1, h, 1), torch.float32),
             BufferSpec("carried_n", (1,), torch.int64),
         ]
-        ObsRunner.__init__(self, model, ins, [BufferSpec("actions", (1, h, a), torch.float32)], device, backend, lane, threads)
+        ObsRunner.__init__(self, model, ins, [BufferSpec("actions", (1, h, a), torch.float32)], device, backend, lane, threads, precision=precision)
         self.delay, self.shift, self.guidance = 0, model.cfg.execute_steps, "naive"
         self._weights = np.zeros(h, np.float32)  # unconfigured: no guidance, no queue (the plain chunk)
 

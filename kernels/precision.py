@@ -1,0 +1,57 @@
+"""Numeric precision as a deployment setting: ``fp32``, ``tf32`` or ``bf16``.
+
+A precision is a context a graph's function runs in, the same for its eager
+reference, its warm-up and its capture, so a captured chunk equals its own
+precision's eager chunk byte for byte:
+
+- ``fp32``: no context (every figure and recording before this setting existed).
+- ``tf32``: CUDA matmuls and convolutions on TF32 tensor cores (inputs rounded
+  to a 10-bit mantissa, fp32 accumulate). A CUDA mode: refused on CPU.
+- ``bf16``: ``torch.autocast`` to bfloat16 (matmuls, attention and the other
+  autocast-listed ops in bf16; norms and reductions stay fp32), on CUDA or CPU.
+  The weight-cast cache is off, so a replay never reads a cast made by
+  another call. A ``jit`` plan traced under autocast holds the casts itself
+  and replays without the context; a CUDA graph captured under it likewise.
+
+The precision is part of a runner's fingerprint when it is not ``fp32``, so an
+``fp32`` recording's fingerprint is what it was before the setting existed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+DEFAULT_PRECISION = "fp32"
+
+
+def check_precision(precision: str, device: torch.device | str) -> str:
+    """``precision`` if it can run on ``device``; else ValueError saying what can."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision == "tf32" and torch.device(device).type != "cuda":
+        raise ValueError("tf32 is a CUDA tensor-core mode; on CPU use fp32 or bf16")
+    return precision
+
+
+@contextlib.contextmanager
+def precision_context(precision: str, device: torch.device | str) -> Iterator[None]:
+    """Run the block at ``precision`` on ``device``'s kind (see the module docstring)."""
+    if precision == "fp32":
+        yield
+    elif precision == "bf16":
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, cache_enabled=False):
+            yield
+    elif precision == "tf32":
+        matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+        before = (matmul.allow_tf32, cudnn.allow_tf32)
+        matmul.allow_tf32 = cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            matmul.allow_tf32, cudnn.allow_tf32 = before
+    else:
+        raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
