@@ -46,6 +46,8 @@ class Parts:
     """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap)."""
     threads: int = 1
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
+    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
+    """Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU). Recorded in the fingerprint; replay takes it back."""
 
     def __post_init__(self):
         if self.critic is not None and str(self.critic).lower() == "none":
@@ -64,6 +66,14 @@ class Parts:
             raise ConfigError("device", f"expected cpu or cuda[:i], got {self.device!r}") from err
         if dev.type not in ("cpu", "cuda"):
             raise ConfigError("device", f"expected cpu or cuda[:i], got {self.device!r}")
+        from rollcap.kernels.precision import check_precision
+
+        try:
+            check_precision(self.precision, dev)
+        except ValueError as err:
+            raise ConfigError("precision", str(err)) from None
+        if self.precision != "fp32" and self.backend in ("aoti", "compile"):
+            raise ConfigError("precision", f"{self.precision} runs on the eager, jit and cuda backends, not {self.backend!r}")
         if self.backend in ("aoti", "compile"):
             from rollcap.kernels.compiled import cxx_compiler
 
@@ -254,7 +264,7 @@ def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None =
             raise ConfigError(err.field, f"{err.problem}; {NO_SHIPPED_POLICY}") from None
     critic = make_critic(parts, env, source) if parts.critic is not None else None
     runner = RTCPolicyRunner if rtc else PolicyRunner
-    return runner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads)), critic
+    return runner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), precision=parts.precision), critic
 
 
 def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:
@@ -262,7 +272,7 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
     model = load_critic(parts.critic)
     if env is not None:
         check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    return CriticRunner(model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads))
+    return CriticRunner(model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), precision=parts.precision)
 
 
 # ------------------------------------------------------- named policies
@@ -305,6 +315,8 @@ def _named_policy(parts: Parts, env=None):
     kind, arg = named
     if kind == "expert":
         return expert_policy(arg, env)
+    if parts.precision != "fp32":
+        raise ConfigError("precision", f"{parts.precision}: a LeRobot policy runs at its own dtype (fp32 here); the setting applies to rollcap's graphs")
     from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
     from rollcap.policies.lerobot import LeRobotPolicy, map_features
 

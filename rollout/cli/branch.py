@@ -9,6 +9,7 @@ subcommand through :func:`add_parser`.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 EXAMPLE = "rollcap branch runs/latest/episodes.hdf5 --episode 3 --chunk 5 --n 16 --out runs/branch3"
@@ -39,7 +40,7 @@ def add_parser(command, parts_options) -> None:
     p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env")
     p.add_argument("--calibrate", action="store_true", help="Monte-Carlo values at many boundaries: every --every-th chunk of every episode (or --episode); branches not recorded")
     p.add_argument("--every", type=int, default=1, help="with --calibrate: every this many chunks (default 1)")
-    p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs")))
+    p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
 
 def _parent(path: Path, episode: int | None):
@@ -65,7 +66,8 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
     What ``rollcap branch`` does, without argparse (``rollcap.branch``): every branch is recorded in
     ``out`` (default ``runs/branch-<episode>-<chunk>``, a new or empty directory) with ``branch.json``.
     ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the checkpoints
-    (its env is replaced by the recording's). ``actors``: run the branches on
+    (its env is replaced by the recording's), or a dict of some of its fields (None or absent: the
+    recording's device, backend, precision, policy and critic; the default). ``actors``: run the branches on
     that many Ray actors, on a new local Ray or the cluster at ``address``
     (the boundary is computed here; recordings land in ``out`` on this machine).
     ``env``: the recording's env id as you name it (see :func:`~rollcap.rollout.build.named_env`):
@@ -94,7 +96,7 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
         raise ConfigError("chunk", f"{chunk}: episode {rec.index} of {source} has chunks 0..{rec.num_chunks - 1}")
     out = Path(out) if out is not None else Path("runs") / f"branch-{rec.index}-{chunk}"
     _check_new_dir(out)
-    with _Built(parts or Parts(), rec, source, actors, address, env) as (host, pool):
+    with _Built(parts or {}, rec, source, actors, address, env) as (host, pool):
         at = boundaries(rec, host.env, [chunk], parent=str(source))[chunk]
         result = run_branches(host, rec, chunk, n, control=control, parent=str(source), at=at, pool=pool, seed=seed)
     with EpisodeRecorder(out, formats) as recorder:  # nothing is written before every branch has run
@@ -132,6 +134,14 @@ class _Built:
 
         from rollcap.rollout.build import make_env, make_runners, named_env
 
+        if isinstance(self.parts, dict):  # fields given (None: not given): the rest as the recording (offline/deployment.py)
+            from rollcap.rollout.build import Parts
+            from rollcap.rollout.offline.deployment import recorded_parts
+
+            given, said = recorded_parts({k: v for k, v in self.parts.items() if k not in ("env_id", "env_kwargs")}, self.rec, self.file)
+            for line in said:
+                print(f"rollcap: branch: {line}", file=sys.stderr)
+            self.parts = Parts(**given)
         self.parts = dataclasses.replace(self.parts, env_id=self.rec.env_id, env_kwargs=self.rec.env_kwargs or None)
         try:
             named = named_env(self.rec.env_id, self.env, self.file)
@@ -167,7 +177,7 @@ def cmd_branch(args) -> int:
     if args.every < 1:
         raise ConfigError("every", f"expected an integer >= 1, got {args.every}")
     formats = tuple(f for f in args.formats.split(",") if f)
-    parts = Parts(**args.options.values(args, Parts))
+    parts = args.options.values(args, Parts)  # None: as the recording (offline/deployment.py), resolved when it is read
     if args.calibrate:
         return _calibrate(args, parts)
     result, summary = branch_episode(args.file, args.episode, args.chunk, args.n, seed=args.seed, control=not args.no_control,

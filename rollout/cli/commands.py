@@ -36,13 +36,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 # --------------------------------------------------------------------- run
-def _parts_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()):
+def _parts_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), as_recorded: bool = False):
+    """The Parts flags; ``as_recorded`` (replay, branch): device, backend, precision, policy and critic default to the recording's."""
     from rollcap.rollout.build import Parts
     from rollcap.rollout.cli.options import Options
+    from rollcap.rollout.offline.deployment import AS_RECORDED
 
     opts = Options(p)
-    opts.add(Parts, flags={"env_id": "--env"}, skip=skip)
+    said = " Default: the recording's, where this machine has it."
+    docs = {} if not as_recorded else {f: _first_sentence(Parts, f) + said for f in AS_RECORDED}
+    opts.add(Parts, flags={"env_id": "--env"}, skip=skip, help=docs, unset=AS_RECORDED if as_recorded else ())
     return opts
+
+
+def _first_sentence(cls, field: str) -> str:
+    from rollcap.rollout.cli.options import field_docs
+
+    doc = field_docs(cls).get(field, "")
+    head = doc.split(" (default")[0].split("; default")[0]
+    return head.rstrip(".") + "."
 
 
 def _run_options(p: argparse.ArgumentParser):
@@ -121,6 +133,7 @@ def _summary_table(s: dict) -> str:
 # ------------------------------------------------------------------ replay
 def cmd_replay(args) -> int:
     from rollcap.rollout.build import Parts
+    from rollcap.rollout.offline.deployment import recorded_parts
     from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
     from rollcap.rollout.recording import iter_episodes
     modes = [m for m in args.mode.split(",") if m]
@@ -142,6 +155,11 @@ def cmd_replay(args) -> int:
                 _check_replay_env(args, rec, source)
     items = list(episodes()) if args.actors else episodes()  # the Ray path keeps them for its retries
     given = {k: v for k, v in args.options.values(args, Parts).items() if k not in ("env_id", "env_kwargs")}
+    source, first = next((item for item in filter(None, firsts) if not isinstance(item[1], Exception)), (None, None))
+    # device, backend, precision and models not given: the recording's (offline/deployment.py)
+    given, said = recorded_parts(given, first, source, needs_models=bool(set(modes) & {"policy", "closed"}))
+    for line in said:
+        print(f"rollcap: replay: {line}", file=sys.stderr)
     parts = Parts(**given, **({"env_id": recorded_env} if recorded_env else {}))  # the defaults: the shipped models of the recording's env
     import_env = args.env is not None
     results, pool = [], {}
@@ -321,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env-kwargs", default=None, type=_json_object, metavar="JSON", help="must equal the recording's (replay always uses the recording's env kwargs)")
     p.add_argument("--actors", type=int, default=0, metavar="N", help="replay on N Ray actors (0: in this process); output and verdicts are the same; needs pip install 'rollcap[ray]'")
     p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
-    p.set_defaults(options=_parts_options(p, skip=("env_id", "env_kwargs")))
+    p.set_defaults(options=_parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
     p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions; what a critic threshold would do",
                 "Print a table of the episodes in an npz file, an HDF5 file or a run directory; --early-stop replays the critic's stop "

@@ -105,8 +105,12 @@ class Options:
         self._flags: dict[str, argparse.Action] = {}  # field name -> its flag's action
         self._dest: dict[type, dict[str, str]] = {}
 
-    def add(self, cls: type, flags: dict[str, str] | None = None, skip: tuple[str, ...] = (), help: dict[str, str] | None = None) -> None:
-        """Add one flag per field of ``cls`` (except ``skip``); ``flags`` renames, ``help`` overrides help."""
+    def add(self, cls: type, flags: dict[str, str] | None = None, skip: tuple[str, ...] = (), help: dict[str, str] | None = None,
+            unset: tuple[str, ...] = ()) -> None:
+        """Add one flag per field of ``cls`` (except ``skip``); ``flags`` renames, ``help`` overrides help.
+
+        ``unset``: fields whose flag defaults to None (the command fills them in, e.g. from a recording) instead of the field's default.
+        """
         flags, help = flags or {}, help or {}
         docs = field_docs(cls)
         hints = typing.get_type_hints(cls)
@@ -122,6 +126,8 @@ class Options:
             flag = flags.get(f.name, "--" + f.name.replace("_", "-"))
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             text = help.get(f.name, docs.get(f.name, ""))
+            if f.name in unset:
+                default = None
             dest = f"{cls.__name__}.{f.name}"
             tp = hints[f.name]
             if tp is bool:

@@ -1,0 +1,122 @@
+"""Replay and branch default to the deployment a recording names: device, backend, precision, policy, critic."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from rollcap.policies.runner import DEFAULT_CHECKPOINT
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.offline.deployment import recorded_parts, shipped_checkpoints
+from rollcap.rollout.recording import EpisodeRecorder, iter_episodes
+
+ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
+PREFIX = DEFAULT_CHECKPOINT.parent / "pushblock_policy_prefix.json"
+
+
+def rollcap(*args, timeout=300):
+    return subprocess.run([*ROLLCAP, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def _digest(path) -> str:
+    return json.loads(path.read_text())["weights_digest"]
+
+
+def _rec(policy: dict, critic: dict | None = None):
+    fps = {"policy": policy} | ({"critic": critic} if critic else {})
+    return SimpleNamespace(fingerprints=fps)
+
+
+UNSET = {"device": None, "backend": None, "precision": None, "policy": None, "critic": None, "threads": 1}
+
+
+def test_a_cuda_recording_on_a_cpu_machine_is_one_line_and_runs_on_cpu(monkeypatch):
+    """A CUDA recording without CUDA here: replayed on cpu, and one line says what it needs and what follows."""
+    monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 0)
+    rec = _rec({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda", "precision": "bf16", "weights_digest": _digest(DEFAULT_CHECKPOINT)})
+    parts, said = recorded_parts(dict(UNSET), rec, "runs/x")
+    assert parts["device"] == "cpu" and "backend" not in parts and parts["precision"] == "bf16" and parts["policy"] == DEFAULT_CHECKPOINT
+    assert said[0] == (
+        "runs/x: recorded on cuda (NVIDIA H200, backend cuda); this machine has no CUDA device, so it runs on cpu, where its "
+        "episodes are compared but not proven exact (exit 1 unless --accept-not-comparable)"
+    )
+
+
+def test_a_cuda_recording_with_cuda_here_replays_there(monkeypatch):
+    """With a CUDA device here the recording's device, backend and precision are taken, and said."""
+    monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 1)
+    rec = _rec({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda", "precision": "tf32"})
+    parts, said = recorded_parts(dict(UNSET), rec, "r")
+    assert (parts["device"], parts["backend"], parts["precision"]) == ("cuda", "cuda", "tf32")
+    assert said == ["r: recorded on cuda (NVIDIA H200): replaying on cuda", "r: recorded at precision tf32: replaying at it"]
+
+
+def test_flags_win_over_the_recording():
+    """A flag the user gave is kept whatever the recording says."""
+    rec = _rec({"device_kind": "cpu", "backend": "aoti", "precision": "bf16"})
+    parts, said = recorded_parts(UNSET | {"backend": "eager", "precision": "fp32", "policy": "expert"}, rec, "r")
+    assert (parts["backend"], parts["precision"], parts["policy"]) == ("eager", "fp32", "expert") and said == []
+
+
+def test_models_are_found_by_weights_digest_and_a_missing_one_names_its_flag():
+    """A shipped checkpoint is found by its digest; a LeRobot or private one names the flag to pass; no critic stays none."""
+    assert shipped_checkpoints()[_digest(PREFIX)] == PREFIX
+    parts, _ = recorded_parts(dict(UNSET), _rec({"device_kind": "cpu", "weights_digest": _digest(PREFIX)}), "r")
+    assert parts["policy"] == PREFIX and parts["critic"] is None  # recorded without a critic
+    parts, _ = recorded_parts(dict(UNSET), _rec({"kind": "rollcap.expert", "std": 0.3}), "r")
+    assert parts["policy"] == "expert:0.3"
+    with pytest.raises(ConfigError, match=r"^policy: r was recorded with a LeRobot policy \(lerobot\.act, weights sha256:0123456789ab\.\.\.\): pass --policy lerobot:DIR"):
+        recorded_parts(dict(UNSET), _rec({"kind": "lerobot.act", "weights_digest": "sha256:0123456789abcdef0123"}), "r")
+    with pytest.raises(ConfigError, match=r"critic: r was recorded with a rollcap.ValueCritic whose weights .* no shipped checkpoint has: pass --critic PATH"):
+        recorded_parts(dict(UNSET), _rec({"weights_digest": _digest(PREFIX)}, {"model": "rollcap.ValueCritic", "weights_digest": "sha256:feed"}), "r")
+    parts, _ = recorded_parts(dict(UNSET), _rec({"kind": "lerobot.act"}), "r", needs_models=False)  # --mode env: no models run
+    assert "policy" not in parts
+
+
+@pytest.mark.slow(seconds=60)
+def test_bf16_runs_records_and_replays_exact_on_cpu(tmp_path):
+    """--precision bf16 runs on CPU, is in the fingerprint (fp32's has none), and replay takes it back: exact."""
+    out = tmp_path / "bf16"
+    res = rollcap("run", "--episodes", 2, "--max-chunks", 3, "--precision", "bf16", "--no-progress", "--out", out)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rec = next(iter_episodes(out))[1]
+    assert rec.fingerprints["policy"]["precision"] == "bf16" and rec.fingerprints["critic"]["precision"] == "bf16"
+    res = rollcap("replay", out)
+    assert res.returncode == 0, res.stdout + res.stderr[-2000:]
+    assert "recorded at precision bf16: replaying at it" in res.stderr
+    assert "6 exact, 0 diverged, 0 not comparable, 0 failed" in res.stdout, res.stdout
+    res = rollcap("replay", out, "--precision", "fp32", "--mode", "policy")
+    assert res.returncode == 1 and "not comparable" in res.stdout and "precision" in res.stdout, res.stdout
+
+
+@pytest.mark.slow(seconds=40)
+def test_cuda_recording_replayed_on_cpu_prints_the_line(tmp_path):
+    """A recording whose fingerprints name CUDA, replayed here: the one line, the CPU comparison, exit 1."""
+    src = tmp_path / "cpu"
+    assert rollcap("run", "--episodes", 1, "--max-chunks", 2, "--no-progress", "--format", "npz", "--out", src).returncode == 0
+    rec = copy.deepcopy(next(iter_episodes(src))[1])
+    for fp in (rec.fingerprints["policy"], rec.fingerprints["critic"]):
+        fp.update({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda"})
+    rec.chunks["policy_chunk"] = rec.chunks["policy_chunk"] + 1e-6  # a GPU's chunks differ from the CPU's in the last bits
+    with EpisodeRecorder(tmp_path / "gpu", ("npz",)) as recorder:
+        recorder.write(rec)
+    res = rollcap("replay", tmp_path / "gpu", "--mode", "policy")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "recorded on cuda (NVIDIA H200, backend cuda); this machine has no CUDA device" in res.stderr
+    assert "1 not comparable" in res.stdout and "Traceback" not in res.stderr
+    assert rollcap("replay", tmp_path / "gpu", "--mode", "policy", "--accept-not-comparable").returncode == 0
+
+
+@pytest.mark.slow(seconds=40)
+def test_a_run_with_a_shipped_checkpoint_replays_with_it_by_default(tmp_path):
+    """A run made with the shipped hard-prefix checkpoint and no critic replays exact with no model flags."""
+    out = tmp_path / "prefix"
+    res = rollcap("run", "--episodes", 1, "--max-chunks", 3, "--policy", PREFIX, "--critic", "none", "--no-progress", "--format", "npz", "--out", out)
+    assert res.returncode == 0, res.stderr[-2000:]
+    res = rollcap("replay", out)
+    assert res.returncode == 0 and "3 exact, 0 diverged" in res.stdout, res.stdout + res.stderr[-2000:]
