@@ -92,10 +92,19 @@ def _named_npz(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found.items())
 
 
+def _npz_files(directory: Path) -> list[Path]:
+    """The ``episode_*.npz`` files of a run directory's ``episodes/``, else of ``directory`` itself (a bare ``episodes/``), sorted.
+
+    The same files :func:`iter_any` reads, so a bare directory of npz files is checked file by file, as its run is.
+    """
+    return sorted((directory / EPISODES_DIR).glob("episode_*.npz")) or sorted(directory.glob("episode_*.npz"))
+
+
 def episodes_of(path) -> list[tuple[str, EpisodeRecord | Exception]]:
     """Every episode at ``path`` (npz file, HDF5 file or run directory), each read on its own.
 
-    A damaged episode inside an otherwise readable file comes back as its
+    A damaged episode inside an otherwise readable file, or a damaged npz file of
+    a run directory (or of a bare ``episodes/`` directory), comes back as its
     exception, so the rest can still be checked. A path that cannot be read at
     all raises (``CorruptEpisode`` / ``FileNotFoundError``). The whole run is
     in memory at once; :func:`iter_episodes` reads one episode at a time.
@@ -112,7 +121,7 @@ def iter_episodes(path) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
     if path.is_dir() and is_sharded(path):
         yield from iter_sharded(path)
         return
-    npz = sorted((path / EPISODES_DIR).glob("episode_*.npz")) if path.is_dir() else []
+    npz = _npz_files(path) if path.is_dir() else []
     h5 = path / H5_NAME if path.is_dir() and not npz else path
     if npz:
         for p in npz:
