@@ -108,7 +108,7 @@ def _producer(records, tmp: Path, env_meta: dict, quick: bool) -> dict:
     """The background writer (a thread, both formats) fed these episodes at :data:`RATE` per second."""
     from rollcap.rollout.bench.producer import CpuOf, compare
     from rollcap.rollout.recording import EpisodeRecorder
-    from rollcap.rollout.recording.process import WriterProcess
+    from rollcap.rollout.recording.process import WriterPool, WriterProcess
     from rollcap.rollout.subscribers import InBackground
 
     def thread(r: int):
@@ -118,8 +118,11 @@ def _producer(records, tmp: Path, env_meta: dict, quick: bool) -> dict:
     def process(r: int):
         return WriterProcess(tmp / f"producer-process{r}", formats=("npz", "h5"), env_meta=env_meta), None
 
+    def pool(r: int):
+        return WriterPool(tmp / f"producer-pool{r}", writers=2, formats=("npz", "h5"), env_meta=env_meta), None
+
     episodes, rounds = (20, 1) if quick else (100, 3)
-    return compare(records, {"thread": thread, "process": process}, episodes, RATE, WORK_MS, rounds)
+    return compare(records, {"thread": thread, "process": process, "2 processes": pool}, episodes, RATE, WORK_MS, rounds)
 
 
 def format_recording(r: dict, row) -> None:

@@ -34,6 +34,8 @@ import multiprocessing
 import signal
 import struct
 import time
+from functools import partial
+from pathlib import Path
 
 import numpy as np
 
@@ -103,7 +105,7 @@ def _serve(conn, run_dir: str, formats, env_meta, resume: bool, abandon) -> None
             discarded.extend(r.index for r in records)
         elif records:
             try:
-                recorder.write_many(records)
+                reply["written"] = [[r.index, d] for r, d in zip(records, recorder.write_many(records))]
             except BaseException as err:  # noqa: BLE001 - reported to the parent
                 failed, reply["error"] = True, f"{type(err).__name__}: {err}"
         if done:
@@ -122,20 +124,22 @@ class WriterProcess(Subscriber):
         run_dir, formats, env_meta, resume: as :class:`EpisodeRecorder` (built in the child; a refusal
             there, such as a run directory that already holds episodes, is raised here).
         max_pending: episodes sent but not yet written before :meth:`on_episode_end` waits.
+        on_written: called ``(index, digest)`` on this thread for each episode the child has written
+            (:class:`WriterPool` names it in the run's manifest).
 
     Single-threaded: call it from the host's thread.
     """
 
     wants_records = True
 
-    def __init__(self, run_dir, formats=FORMATS, env_meta: dict | None = None, resume: bool = False, max_pending: int = 8):
+    def __init__(self, run_dir, formats=FORMATS, env_meta: dict | None = None, resume: bool = False, max_pending: int = 8, on_written=None):
         ctx = multiprocessing.get_context("spawn")  # the rollout has threads (lanes): never fork them
         self._conn, child = ctx.Pipe()
         self._abandon = ctx.Event()
         self._proc = ctx.Process(target=_serve, args=(child, str(run_dir), tuple(formats), env_meta, resume, self._abandon), name="rollcap-writer", daemon=True)
         self._proc.start()
         child.close()
-        self.max_pending, self._pending, self._closed = max_pending, 0, False
+        self.max_pending, self._pending, self._closed, self._on_written = max_pending, 0, False, on_written
         self._error: str | None = None
         self.discarded: list[int] = []
         """Indices of episodes dropped after :meth:`abandon` (never written)."""
@@ -159,9 +163,21 @@ class WriterProcess(Subscriber):
         except (EOFError, OSError) as err:
             raise RecordingFailed(f"the writer process died (exit code {self._proc.exitcode})") from err
         self._pending -= msg.get("acked", 0)
+        if self._on_written is not None:
+            for index, digest in msg.get("written", ()):
+                self._on_written(index, digest)
         if msg.get("error") and self._error is None:
             self._error = msg["error"]
         return msg
+
+    @property
+    def pending(self) -> int:
+        """Episodes sent and not yet written."""
+        return self._pending
+
+    def poll(self) -> None:
+        """Take the child's replies so far (written episodes, a failure, raised as :class:`RecordingFailed`); never waits."""
+        self._raise()
 
     def _raise(self) -> None:
         while self._conn.poll():
@@ -215,3 +231,88 @@ class WriterProcess(Subscriber):
         if self._error is not None:
             err, self._error = self._error, None
             raise RecordingFailed(f"EpisodeRecorder failed in its writer process: {err}")
+
+
+class WriterPool(Subscriber):
+    """``writers`` :class:`WriterProcess` es, each recording its own shard of a sharded run, for more episodes a second than one writes.
+
+    One HDF5 file takes one writer, so each process writes ``shards/sNNN`` of the sharded
+    layout (:mod:`~rollcap.rollout.recording.shards`, as Ray actors do); the manifest, appended
+    here once a shard holds an episode in every format, is the commit point. Readers see one
+    run (:mod:`~rollcap.rollout.recording.runs`); ``rollcap merge`` writes the single-file layout.
+    Each episode goes to the writer with the fewest unwritten. Single-threaded.
+
+    Args:
+        run_dir, formats, env_meta, resume: as :class:`~rollcap.rollout.recording.shards.ManifestWriter`.
+        writers: processes (shards).
+        max_pending: per writer, as :class:`WriterProcess`.
+    """
+
+    wants_records = True
+
+    def __init__(self, run_dir, writers: int = 2, formats=FORMATS, env_meta: dict | None = None, resume: bool = False, max_pending: int = 8):
+        from rollcap.rollout.recording.shards import SHARDS_DIR, ManifestWriter
+
+        if not isinstance(writers, int) or writers < 1:
+            raise ValueError(f"writers: expected an integer >= 1, got {writers!r}")
+        self.manifest = ManifestWriter(run_dir, formats, env_meta, resume)
+        self._writers: list[WriterProcess] = []
+        self.discarded: list[int] = []
+        """Indices of episodes dropped after :meth:`abandon` (never written)."""
+        try:
+            for k in range(writers):
+                shard = f"{SHARDS_DIR}/s{k:03d}"
+                add = partial(self._add, shard)
+                self._writers.append(WriterProcess(Path(run_dir) / shard, formats, self.manifest.env_meta, True, max_pending, add))
+        except BaseException:
+            self.close()
+            raise
+
+    def _add(self, shard: str, index: int, digest: str) -> None:
+        self.manifest.add(index, digest, shard)
+
+    @property
+    def next_index(self) -> int:
+        """The first episode index after every one the run held at start."""
+        return max(self.manifest.indices, default=-1) + 1
+
+    @property
+    def episodes(self) -> int:
+        """Episodes handed to the writers."""
+        return sum(w.episodes for w in self._writers)
+
+    @property
+    def writer_cpu_s(self) -> float | None:
+        """The writers' CPU seconds together, once closed."""
+        cpu = [w.writer_cpu_s for w in self._writers]
+        return None if None in cpu else sum(cpu)
+
+    def on_episode_end(self, end: EpisodeEnd) -> None:
+        """Hand the episode to the least busy writer (each takes the replies so far first)."""
+        for w in self._writers:
+            w.poll()
+        min(self._writers, key=lambda w: w.pending).on_episode_end(end)
+
+    def flush(self) -> None:
+        for w in self._writers:
+            w.flush()
+
+    def abandon(self) -> None:
+        for w in self._writers:
+            w.abandon()
+
+    def on_run_end(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every writer (each writes what it was sent, naming it in the manifest), then the manifest; the first failure is raised."""
+        failure = None
+        for w in self._writers:
+            try:
+                w.close()
+            except Exception as err:  # noqa: BLE001 - every writer still closes
+                failure = failure or err
+            self.discarded.extend(w.discarded)
+        self.manifest.close()
+        if failure is not None:
+            raise failure

@@ -148,8 +148,8 @@ class EpisodeRecorder(Subscriber):
         """Write ``record`` in every format, all of them or (on a crash or Ctrl-C) none; refuse an index already recorded."""
         self.write_many([record])
 
-    def write_many(self, records: list[EpisodeRecord]) -> None:
-        """Write several episodes, each in every format: all of them or (on an error, a crash or Ctrl-C) none.
+    def write_many(self, records: list[EpisodeRecord]) -> list[str]:
+        """Write several episodes, each in every format: all of them or (on an error, a crash or Ctrl-C) none; returns their digests.
 
         The HDF5 file takes them in one commit (:meth:`H5Writer.append_many`), so a writer
         that has fallen behind pays the journal's fsyncs once for what waited. Refuses an index
@@ -162,7 +162,7 @@ class EpisodeRecorder(Subscriber):
             if i in self._indices or indices.count(i) > 1:
                 raise ValueError(f"{self.run_dir}: episode {i} is already recorded; indices must be unique")
         if not records:
-            return
+            return []
         checked = [checked_meta(r) for r in records]  # checked and digested once for both formats
         # Ctrl-C is held across both formats, so an episode is in all of them or none;
         # a failed HDF5 append (a full disk) takes the episodes' npz files back out.
@@ -185,6 +185,7 @@ class EpisodeRecorder(Subscriber):
                         path.unlink(missing_ok=True)
                 raise
             self._indices.update(indices)
+        return [c["digest"] for c in checked]
 
     def on_episode_ends(self, ends: list[EpisodeEnd]) -> None:
         """:meth:`on_episode_end` for several finished episodes at once (:class:`InBackground` hands over what waits)."""

@@ -62,3 +62,20 @@ def test_abandon_drops_what_waits(tmp_path):
     writer.close()
     assert writer.discarded == [0, 1, 2]
     assert EpisodeRecorder(tmp_path / "run", resume=True).indices == []
+
+
+@pytest.mark.slow(seconds=20)
+def test_writer_pool_records_one_sharded_run(tmp_path):
+    """Two writer processes record their own shards; the manifest names every episode; readers see one run in index order."""
+    from rollcap.rollout.recording import load_any
+    from rollcap.rollout.recording.process import WriterPool
+
+    recs = [synthetic_record(i, seed=i, steps=(0, 9, 16)[i % 3], image_size=16) for i in range(6)]
+    pool = WriterPool(tmp_path / "run", writers=2, env_meta=ENV_META, max_pending=1)
+    for r in recs:
+        pool.on_episode_end(end(r))
+    pool.on_run_end()
+    assert pool.manifest.indices == list(range(6)) and pool.writer_cpu_s > 0
+    shards = {e.shard for e in pool.manifest.entries.values()}
+    assert shards == {"shards/s000", "shards/s001"}
+    assert [records_equal(a, b) for a, b in zip(load_any(tmp_path / "run"), recs)] == [None] * 6
