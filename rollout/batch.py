@@ -316,6 +316,9 @@ class BatchedCore:
         self.policy_rows.launch()
         if self.critic_rows is not None:
             self.critic_rows.launch()
+        for i, h, ticket in launched:  # while the batch replays: each slot's next noise
+            if ticket is not None:
+                h.draw_ahead()
         for i, h, ticket in launched:
             if ticket is not None:
                 out[i] = (h.decide(ticket), [])

@@ -181,9 +181,8 @@ class RolloutHost:
         """Begin episode ``index``: restore the initial capsule, reset the env from the episode seed.
 
         Args:
-            at: begin at a chunk boundary of another episode instead (a branch,
-                a retry; see :mod:`rollcap.rollout.resume`): after the reset its
-                exact env state is put in place. Needs an env with exact state.
+            at: begin at a chunk boundary of another episode instead (a branch, a retry; see
+                :mod:`rollcap.rollout.resume`): after the reset its exact env state is put in place (needs exact state).
 
         Returns the first observation (None if the episode already ended with an error).
         """
@@ -281,6 +280,12 @@ class RolloutHost:
         self._launched = True
         return Launched(noise, carried, queue, obs, step, t0)
 
+    def draw_ahead(self) -> None:
+        """While the lanes run (:meth:`decide` calls it; a batched core for every slot before the wait): the next boundary's own noise."""
+        if self._draw_ahead:  # a pure function of seed and chunk
+            self._draw_ahead = False
+            self._noise_ahead = (self._ep.seed, self._ep.chunk + 1, chunk_noise(self._ep.seed, self._ep.chunk + 1, self.noise_shape))
+
     def decide(self, launched: Launched) -> ChunkEvent | None:
         """:meth:`boundary`'s second half: wait for the chunk and the value, ask the predicates, emit the event."""
         self._require(HostState.RUNNING, "boundary()")
@@ -289,9 +294,7 @@ class RolloutHost:
         self._launched = False
         ep, (noise, carried, queue, obs, step, t0) = self._ep, launched
         try:
-            if self._draw_ahead:  # while the lanes run: the next boundary's own noise (a pure function of seed and chunk)
-                self._draw_ahead = False
-                self._noise_ahead = (ep.seed, ep.chunk + 1, chunk_noise(ep.seed, ep.chunk + 1, self.noise_shape))
+            self.draw_ahead()
             t_queue = time.perf_counter()
             if self._run_queue(ep, queue):  # real-time chunking: the carried actions execute meanwhile
                 return None
@@ -327,13 +330,12 @@ class RolloutHost:
         """Execute the last boundary's chunk in the env, step by step.
 
         Args:
-            actions: ``None`` executes the policy's chunk (its first
-                ``execute_steps`` actions); an ``[n, A]`` array executes those
-                ``n`` actions instead (an outside agent's chunk, recorded as
-                ``ACTOR_AGENT``). Interventions still override single steps.
+            actions: ``None`` executes the policy's chunk (its first ``execute_steps`` actions); an ``[n, A]`` array
+                executes those ``n`` actions instead (an outside agent's chunk, recorded as ``ACTOR_AGENT``).
+                Interventions still override single steps.
 
-        Returns the steps' events. Stops (env done, success, an event) end the
-        episode at that step; otherwise the next call is :meth:`boundary`.
+        Returns the steps' events. Stops (env done, success, an event) end the episode at that step; otherwise
+        the next call is :meth:`boundary`.
         """
         self._require(HostState.RUNNING, "execute()")
         ep = self._ep
@@ -366,13 +368,11 @@ class RolloutHost:
         """End the episode and hand it to the subscribers; the host is back in RESET.
 
         Args:
-            reason: when the episode is still running, the caller stops it now
-                with this stop reason (default ``"caller"``).
+            reason: when the episode is still running, the caller stops it now with this stop reason (default ``"caller"``).
 
         Raises:
-            The first exception a subscriber's ``on_episode_end`` raised (after
-            every subscriber was called), or, with ``on_error="raise"``, the
-            exception that ended the episode.
+            The first exception a subscriber's ``on_episode_end`` raised (after every subscriber was called), or,
+            with ``on_error="raise"``, the exception that ended the episode.
         """
         if self.state is HostState.RUNNING:
             self._stop(reason or "caller")
