@@ -120,3 +120,20 @@ def test_a_run_with_a_shipped_checkpoint_replays_with_it_by_default(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     res = rollcap("replay", out)
     assert res.returncode == 0 and "3 exact, 0 diverged" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+@pytest.mark.slow(seconds=30)
+def test_a_lerobot_recording_names_the_flag_it_needs(tmp_path):
+    """A recording made with --policy lerobot:DIR, replayed without it: one line naming the policy and the flag, exit 2."""
+    src = tmp_path / "cpu"
+    assert rollcap("run", "--episodes", 1, "--max-chunks", 1, "--no-progress", "--format", "npz", "--out", src).returncode == 0
+    rec = copy.deepcopy(next(iter_episodes(src))[1])
+    rec.fingerprints["policy"] = {"kind": "lerobot.act", "lerobot": "0.6.1", "weights_digest": "sha256:" + "ab" * 32, "device_kind": "cpu"}
+    with EpisodeRecorder(tmp_path / "lerobot", ("npz",)) as recorder:
+        recorder.write(rec)
+    res = rollcap("replay", tmp_path / "lerobot")
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert "was recorded with a LeRobot policy (lerobot.act, weights sha256:abababababab...): pass --policy lerobot:DIR" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "lerobot" / "replay").exists()
+    res = rollcap("replay", tmp_path / "lerobot", "--mode", "env")  # no model runs in env mode: it replays
+    assert res.returncode == 0 and "1 exact" in res.stdout, res.stdout + res.stderr

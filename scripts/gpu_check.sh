@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The GPU check in one command, for a machine with one NVIDIA GPU and a CUDA torch but none of rollcap's other
+# needs (the GPU check machine: Python 3.12, torch 2.11+cu130; see ../shared/GPU.md):
+#
+#   bash scripts/gpu_check.sh [OUT_DIR]          # OUT_DIR defaults to $OUT, else gpu_check/
+#
+# 1. installs what is missing from wheels carried with the tree in .whl/ (mujoco, mujoco-core, gymnasium,
+#    farama-notifications, glfw, PyOpenGL; make them with the `pip download` line in BENCHMARKS.md), then rollcap
+#    itself (editable, no build isolation, no network);
+# 2. the `cuda`-marked tests, then the exactness core (kernels, policies, critics, capsules, replay defaults,
+#    golden) with the GPU visible, on that machine's torch;
+# 3. `rollcap bench --device cuda` (every section; the models section over the named sizes) at fp32, and the
+#    models section at tf32 and bf16;
+# 4. two `rollcap run --device cuda --seed 7` processes per precision (fp32, bf16), compared episode by episode
+#    by digest, and `rollcap replay` of the fp32 run with no flags (it must take cuda from the recording);
+# 5. the batched core at batch 32 vs 1 (`rollcap bench --only batch`).
+#
+# Each step has its own time limit, a failed step does not stop the others, and everything lands in OUT_DIR:
+# log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
+# bench.json (every bench report by name), pytest_cuda.txt, pytest_core.txt. STEPS=tests,bench,runs,batch picks
+# steps (default: all); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
+set -u
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-${OUT:-gpu_check}}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+WORK=$(mktemp -d)
+DEV=${GPU_CHECK_DEVICE:-cuda}
+STEPS=${STEPS:-tests,bench,runs,batch}
+exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
+PY=python3
+ROLLCAP=("$PY" -m rollcap.rollout.cli)
+if [ "$DEV" = cpu ]; then EPISODES=3; QUICK=(--quick); else EPISODES=20; QUICK=(); fi
+
+step() {  # step NAME LIMIT_S CMD...: run, time, and note the exit code in steps.jsonl
+  local name=$1 limit=$2 t0 rc
+  shift 2
+  echo "== $name ($(date -u +%T)): $*"
+  t0=$EPOCHREALTIME
+  timeout "$limit" "$@"
+  rc=$?
+  printf '{"step": "%s", "rc": %d, "seconds": %s}\n' "$name" "$rc" "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN {printf "%.1f", b - a}')" >>"$WORK/steps.jsonl"
+  echo "== $name: exit $rc"
+  return 0
+}
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
+
+# ---------------------------------------------------------------- 1. install
+if ! "$PY" -c "import mujoco, gymnasium" 2>/dev/null && compgen -G ".whl/*.whl" >/dev/null; then
+  step install-wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+"$PY" -c "import rollcap" 2>/dev/null || step install-rollcap 120 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+nvidia-smi -L 2>/dev/null
+"$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count(), 'python', sys.version.split()[0])"
+
+# ---------------------------------------------------------------- 2. tests
+if want tests; then
+  step pytest-cuda 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests >"$OUT_DIR/pytest_cuda.txt" 2>&1
+  tail -n 15 "$OUT_DIR/pytest_cuda.txt"
+  # The exactness core on this machine's torch (the oldest the pin admits, 2.11, on the GPU check machine).
+  step pytest-core 300 "$PY" -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/kernels tests/policies tests/critics tests/capsule \
+    tests/rollout/test_golden.py tests/rollout/offline/test_deployment.py tests/envs/test_push_block.py >"$OUT_DIR/pytest_core.txt" 2>&1
+  tail -n 25 "$OUT_DIR/pytest_core.txt"
+fi
+
+# ---------------------------------------------------------------- 3. bench
+if want bench; then
+  step bench-fp32 300 "${ROLLCAP[@]}" bench --device "$DEV" "${QUICK[@]}" --json "$WORK/bench_fp32.json"
+  for p in tf32 bf16; do
+    [ "$DEV" = cpu ] && [ "$p" = tf32 ] && continue
+    step "bench-models-$p" 180 "${ROLLCAP[@]}" bench --device "$DEV" --precision "$p" --only models "${QUICK[@]}" --json "$WORK/bench_$p.json"
+  done
+fi
+
+# ---------------------------------------------------------------- 4. runs, digests, replay
+if want runs; then
+  for p in fp32 bf16; do
+    for r in a b; do
+      step "run-$p-$r" 180 "${ROLLCAP[@]}" run --device "$DEV" --precision "$p" --seed 7 --episodes "$EPISODES" --no-progress --out "$WORK/run-$p-$r"
+    done
+  done
+  step replay-fp32 240 "${ROLLCAP[@]}" replay "$WORK/run-fp32-a"
+fi
+
+# ---------------------------------------------------------------- 5. batched core
+if want batch; then
+  step bench-batch 300 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --json "$WORK/bench_batch.json"
+fi
+
+# ---------------------------------------------------------------- summary
+"$PY" - "$WORK" "$OUT_DIR" "$DEV" <<'EOF'
+import json, platform, sys
+from pathlib import Path
+
+work, out, dev = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+import torch
+
+from rollcap.rollout.recording import iter_episodes
+from rollcap.rollout.recording.codec import episode_digest
+
+summary = {"device": torch.cuda.get_device_name(0) if dev == "cuda" and torch.cuda.is_available() else platform.processor() or "cpu",
+           "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(), "steps": [], "digests": {}}
+steps = work / "steps.jsonl"
+summary["steps"] = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
+for p in ("fp32", "bf16"):
+    runs = [work / f"run-{p}-{r}" for r in "ab"]
+    if all(r.exists() for r in runs):
+        digests = [[episode_digest(rec) for _, rec in iter_episodes(r / "episodes") if not isinstance(rec, Exception)] for r in runs]
+        same = sum(a == b for a, b in zip(*digests))
+        summary["digests"][p] = {"episodes": [len(d) for d in digests], "identical": same}
+        print(f"digests {p}: {same} of {len(digests[0])} episodes identical across two processes")
+benches = {f.stem.removeprefix("bench_"): json.loads(f.read_text()) for f in sorted(work.glob("bench_*.json"))}
+(out / "bench.json").write_text(json.dumps(benches, indent=1))
+(out / "summary.json").write_text(json.dumps(summary, indent=1))
+bad = [s["step"] for s in summary["steps"] if s["rc"] != 0]
+print("gpu_check:", "all steps passed" if not bad else "failed steps: " + ", ".join(bad))
+EOF
+rm -rf "$WORK"
