@@ -155,14 +155,25 @@ def compiled_for_capture(fn: Callable, modules: list[torch.nn.Module], device_ty
 
         @contextlib.contextmanager
         def context():
-            with _inductor_env(), contextlib.ExitStack() as stack:
+            with _compile_env(), contextlib.ExitStack() as stack:
                 for m in owners:
                     stack.enter_context(m.compiled_regions(compile_region))
                 yield
 
         return fn, context, facts
     facts["compiled"] = "whole"
-    return compile_region(fn), _inductor_env, facts
+    return compile_region(fn), _compile_env, facts
+
+
+@contextlib.contextmanager
+def _compile_env() -> Iterator[None]:
+    """Inductor's environment, and dynamo set to fail rather than fall back to eager code when a region recompiles
+    more often than its limit (a process that builds many models of one class, like the bench's size sweep, would
+    otherwise capture uncompiled regions without a word)."""
+    import torch._dynamo
+
+    with _inductor_env(), torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+        yield
 
 
 def json_options(options: dict) -> str:
