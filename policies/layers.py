@@ -38,15 +38,18 @@ class CompiledRegions:
         active = self.__dict__.get("_regions_active")
         return active[name] if active else getattr(self, name)
 
+    def release_compiled(self) -> None:
+        """Drop every compiled region (and what it holds: frozen weights). A graph captured over them must be gone first."""
+        self.__dict__.pop("_regions_built", None)
+
     @contextlib.contextmanager
     def compiled_regions(self, compile: Callable[[Callable], Callable]) -> Iterator[None]:
         """Route every region through ``compile(region)`` (built on first use, kept) inside the block."""
         built = self.__dict__.setdefault("_regions_built", {})
-        key = id(compile)
-        if key not in built:
-            built[key] = {name: compile(getattr(self, name)) for name in self.REGIONS}
+        if compile not in built:
+            built[compile] = {name: compile(getattr(self, name)) for name in self.REGIONS}
         outer = self.__dict__.get("_regions_active")
-        self.__dict__["_regions_active"] = built[key]
+        self.__dict__["_regions_active"] = built[compile]
         try:
             yield
         finally:
