@@ -192,7 +192,7 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
     def sample_rows(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """As :meth:`FlowVLA.sample_rows` (batch N: N positive rows, then N dropped)."""
         n = noise.shape[0]
-        kv, mask = self._region("guided_prefix")([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv.repeat_interleave(n))
+        kv, mask = self._region("guided_prefix")([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv[:, None].expand(2, n).reshape(-1))
         return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k], n)
 
     def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
