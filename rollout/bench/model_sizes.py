@@ -182,6 +182,11 @@ def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGra
         cell["kernels"], cell["kernels_from"] = n, "replay"
     cell.update(g.plan_facts)
     del g
+    if "compile" in backend:  # the compiled regions hold frozen copies of the weights: let them go with the graph
+        from torch import _dynamo
+
+        model.release_compiled()
+        _dynamo.reset()
     return cell
 
 
