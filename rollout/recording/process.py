@@ -12,7 +12,9 @@ waits in one :meth:`~EpisodeRecorder.write_many` (one HDF5 commit), so a child t
 behind catches up. Atomicity, the journal, digests and resume are the
 recorder's own.
 
-Flow: the child acknowledges each write; at most ``max_pending`` episodes
+Flow: the host thread encodes an episode and queues it; a sender thread
+writes it into the pipe (a pipe holds 64 KB, so a send waits for the child
+to read). The child acknowledges each write; at most ``max_pending`` episodes
 are unacknowledged before :meth:`WriterProcess.on_episode_end` waits (bounded
 memory, as ``InBackground``). A failure in the child is raised on the host
 thread at the next call as :class:`RecordingFailed`; the child writes
@@ -31,8 +33,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import os
+import queue
 import signal
 import struct
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -81,8 +86,8 @@ def decode(msg: bytes) -> EpisodeRecord:
     return EpisodeRecord(**fields)
 
 
-def _serve(conn, run_dir: str, formats, env_meta, resume: bool, abandon) -> None:
-    """The child: build the recorder, report its indices, then write what arrives until told to close."""
+def _serve(data, conn, run_dir: str, formats, env_meta, resume: bool, abandon) -> None:
+    """The child: build the recorder, report its indices on ``conn``, then write what arrives on ``data`` until told to close."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         recorder = EpisodeRecorder(run_dir, formats, env_meta, resume)
@@ -93,9 +98,9 @@ def _serve(conn, run_dir: str, formats, env_meta, resume: bool, abandon) -> None
     failed, discarded, done, cpu0 = False, [], False, time.process_time()
     while not done:
         try:
-            msgs = [conn.recv_bytes()]
-            while len(msgs) < _BATCH and msgs[-1] != _CLOSE and conn.poll():
-                msgs.append(conn.recv_bytes())
+            msgs = [data.recv_bytes()]
+            while len(msgs) < _BATCH and msgs[-1] != _CLOSE and data.poll():
+                msgs.append(data.recv_bytes())
         except (EOFError, OSError):  # the parent is gone: nothing more will come
             msgs, done = [], True
         done = done or msgs[-1:] == [_CLOSE]
@@ -115,6 +120,7 @@ def _serve(conn, run_dir: str, formats, env_meta, resume: bool, abandon) -> None
             conn.send_bytes(json.dumps(reply).encode())
         except (BrokenPipeError, OSError):
             return
+    os._exit(0)  # everything is on disk and closed: skip the interpreter's teardown (torch's takes a second or more)
 
 
 class WriterProcess(Subscriber):
@@ -134,11 +140,19 @@ class WriterProcess(Subscriber):
 
     def __init__(self, run_dir, formats=FORMATS, env_meta: dict | None = None, resume: bool = False, max_pending: int = 8, on_written=None):
         ctx = multiprocessing.get_context("spawn")  # the rollout has threads (lanes): never fork them
-        self._conn, child = ctx.Pipe()
+        data_in, data_out = ctx.Pipe(duplex=False)
+        self._conn, reply_out = ctx.Pipe(duplex=False)
         self._abandon = ctx.Event()
-        self._proc = ctx.Process(target=_serve, args=(child, str(run_dir), tuple(formats), env_meta, resume, self._abandon), name="rollcap-writer", daemon=True)
+        self._proc = ctx.Process(target=_serve, args=(data_in, reply_out, str(run_dir), tuple(formats), env_meta, resume, self._abandon), name="rollcap-writer", daemon=True)
         self._proc.start()
-        child.close()
+        data_in.close()
+        reply_out.close()
+        # A sender thread writes the messages into the pipe: the host thread only encodes and queues
+        # (a pipe holds 64 KB; a send would otherwise wait for the child to read a whole episode).
+        self._out: queue.Queue = queue.Queue()
+        self._send_error: BaseException | None = None
+        self._sender = threading.Thread(target=self._send_loop, args=(data_out,), name="rollcap-writer-send", daemon=True)
+        self._sender.start()
         self.max_pending, self._pending, self._closed, self._on_written = max_pending, 0, False, on_written
         self._error: str | None = None
         self.discarded: list[int] = []
@@ -148,6 +162,7 @@ class WriterProcess(Subscriber):
         self.episodes = 0
         first = self._recv()
         if "error" in first:
+            self._out.put(None)
             self._proc.join()
             raise RecordingFailed(f"the writer process could not start: {first['error']}")
         self._indices = set(first["indices"])
@@ -156,6 +171,18 @@ class WriterProcess(Subscriber):
     def next_index(self) -> int:
         """The first episode index after every one the run directory held at start."""
         return max(self._indices, default=-1) + 1
+
+    def _send_loop(self, conn) -> None:
+        try:
+            while True:
+                msg = self._out.get()
+                if msg is None:
+                    return
+                conn.send_bytes(msg)
+        except BaseException as err:  # noqa: BLE001 - the child is gone; _recv says so
+            self._send_error = err
+        finally:
+            conn.close()
 
     def _recv(self) -> dict:
         try:
@@ -196,7 +223,7 @@ class WriterProcess(Subscriber):
         while self._pending >= self.max_pending:
             self._recv()
         self._raise()
-        self._conn.send_bytes(encode(end.record))
+        self._out.put(encode(end.record))
         self._pending += 1
         self.episodes += 1
 
@@ -218,14 +245,16 @@ class WriterProcess(Subscriber):
         if self._closed:
             return
         self._closed = True
+        self._out.put(_CLOSE)
+        self._out.put(None)
         try:
-            self._conn.send_bytes(_CLOSE)
             while True:
                 msg = self._recv()
                 if msg.get("closed"):
                     self.discarded, self.writer_cpu_s = msg["discarded"], msg["cpu_s"]
                     break
         finally:
+            self._sender.join(timeout=60)
             self._proc.join(timeout=60)
             self._conn.close()
         if self._error is not None:
