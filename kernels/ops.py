@@ -51,7 +51,11 @@ def triton_available() -> bool:
 
 
 def cfg_euler_step(x: torch.Tensor, v_u: torch.Tensor, v_c: torch.Tensor, dt: float, beta: float, fused: bool = True) -> torch.Tensor:
-    """One guided Euler step; the Triton kernel on CUDA fp32 when available, else the reference."""
-    if fused and _HAVE_TRITON and x.is_cuda and x.dtype == torch.float32:
+    """One guided Euler step; the Triton kernel on CUDA fp32 when available, else the reference.
+
+    While ``torch.compile`` traces it (a compiled region of the ``compile-cuda`` backend) it is the reference:
+    inductor fuses that arithmetic into its neighbours' kernels, which an opaque Triton call would prevent.
+    """
+    if fused and _HAVE_TRITON and x.is_cuda and x.dtype == torch.float32 and not torch.compiler.is_compiling():
         return _cfg_euler_triton(x, v_u, v_c, dt, beta)
     return cfg_euler_step_reference(x, v_u, v_c, dt, beta)

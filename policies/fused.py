@@ -146,7 +146,7 @@ class FusedExpert(nn.Module):
 class FusedFlowVLA(CompiledRegions, nn.Module):
     """A fused :class:`FlowVLA` for sampling (:meth:`sample`, :meth:`sample_rows`, :meth:`inpaint_sample`)."""
 
-    REGIONS = ("guided_prefix", "expert")
+    REGIONS = ("guided_prefix", "step")
 
     def __init__(self, plain: FlowVLA):
         super().__init__()
@@ -172,14 +172,20 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
             x = blk(x, enc_mask)
         return self.expert.prefix_kv(hidden), mask
 
-    def _euler(self, x, kv, mask, bias_of, n: int, keep=None, pinned=None):
-        cfg = self.cfg
-        dt = -1.0 / cfg.num_steps
-        expert = self._region("expert")
-        for k in range(cfg.num_steps):
-            xx = x.expand(2, -1, -1) if n == 1 else x.repeat(2, 1, 1)
-            v = expert(xx, bias_of(k), kv, mask)
-            x = cfg_euler_step(x, v[n:], v[:n], dt, cfg.cfg_beta)
+    def step(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """One guided Euler step of ``x [N, H, A]`` (both branches through the expert, then the guided update).
+
+        A compiled region: inductor fuses the update into the expert's last kernels (``cfg_euler_step`` takes its
+        reference arithmetic while compiling).
+        """
+        n = x.shape[0]
+        v = self.expert(x.expand(2, -1, -1) if n == 1 else x.repeat(2, 1, 1), step_bias, kv, mask)
+        return cfg_euler_step(x, v[n:], v[:n], -1.0 / self.cfg.num_steps, self.cfg.cfg_beta)
+
+    def _euler(self, x, kv, mask, bias_of, keep=None, pinned=None):
+        step = self._region("step")
+        for k in range(self.cfg.num_steps):
+            x = step(x, bias_of(k), kv, mask)
             if keep is not None:
                 x = x * keep + pinned
         return x
@@ -187,13 +193,13 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
     def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """As :meth:`FlowVLA.sample` (batch 1, guided; capturable)."""
         kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
-        return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k], 1)
+        return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
     def sample_rows(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """As :meth:`FlowVLA.sample_rows` (batch N: N positive rows, then N dropped)."""
         n = noise.shape[0]
         kv, mask = self._region("guided_prefix")([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv[:, None].expand(2, n).reshape(-1))
-        return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k], n)
+        return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
     def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
         """As :meth:`FlowVLA.inpaint_sample` (a prefix-conditioned model; ``weights`` 0/1)."""
@@ -203,7 +209,7 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         e = self.expert
         te, te0 = e.time_emb[:-1], e.time_emb[-1]
         bias = e.base + te0 + keep[0] * (te - te0)[:, None, :]  # [K, H, w]: clean (t = 0) tokens where kept
-        return self._euler(noise * keep + pinned, kv, mask, lambda k: bias[k], 1, keep, pinned)
+        return self._euler(noise * keep + pinned, kv, mask, lambda k: bias[k], keep, pinned)
 
 
 def fuse(model: FlowVLA) -> FusedFlowVLA:

@@ -150,7 +150,7 @@ def test_compiled_for_capture_picks_regions_or_the_whole_function():
 
     model = fuse(tiny_policy())
     fn, _, facts = compiled.compiled_for_capture(lambda b: b, [model], "cuda")
-    assert facts["compiled"] == "regions FusedFlowVLA.guided_prefix,FusedFlowVLA.expert"
+    assert facts["compiled"] == "regions FusedFlowVLA.guided_prefix,FusedFlowVLA.step"
     assert "triton.cudagraphs=False" in facts["inductor_options"]  # rollcap captures; inductor must not
     whole, _, facts = compiled.compiled_for_capture(lambda b: b, [torch.nn.Linear(2, 2)], "cuda")
     assert facts["compiled"] == "whole" and whole is not None
@@ -172,8 +172,8 @@ def test_compiled_regions_on_cpu_are_exact_across_calls_and_leave_eager_alone(ca
         with context():
             a = fn(args)
             b = fn(args)
-            assert model._region("expert") is not model.expert  # routed through the compiled region
-        assert model._region("expert") is model.expert
+            assert model._region("step") != model.step  # routed through the compiled region
+        assert model._region("step") == model.step
         assert torch.equal(model.sample(*args), ref)
     assert torch.equal(a, b)
     torch.testing.assert_close(a, ref, atol=1e-5, rtol=1e-5)
