@@ -179,7 +179,7 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         reference arithmetic while compiling).
         """
         n = x.shape[0]
-        v = self.expert(x.expand(2, -1, -1) if n == 1 else x.repeat(2, 1, 1), step_bias, kv, mask)
+        v = self.expert(x.repeat(2, 1, 1), step_bias, kv, mask)  # both branches' rows (a copy, as linear makes of an expand)
         return cfg_euler_step(x, v[n:], v[:n], -1.0 / self.cfg.num_steps, self.cfg.cfg_beta)
 
     def _euler(self, x, kv, mask, bias_of, keep=None, pinned=None):

@@ -42,8 +42,8 @@ class Parts:
     """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task); 'none' runs without a critic."""
     device: str = "cpu"
     """cpu or cuda[:i]."""
-    backend: Literal["eager", "jit", "aoti", "compile", "cuda"] | None = None
-    """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap)."""
+    backend: Literal["eager", "jit", "aoti", "compile", "cuda", "compile-cuda"] | None = None
+    """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap); compile-cuda: inductor's kernels in rollcap's CUDA graph (GPU only)."""
     threads: int = 1
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
     precision: Literal["fp32", "tf32", "bf16"] = "fp32"
@@ -74,6 +74,8 @@ class Parts:
             raise ConfigError("precision", str(err)) from None
         if self.precision != "fp32" and self.backend in ("aoti", "compile"):
             raise ConfigError("precision", f"{self.precision} runs on the eager, jit and cuda backends, not {self.backend!r}")
+        if self.backend == "compile-cuda" and dev.type != "cuda":
+            raise ConfigError("backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {self.device}")
         if self.backend in ("aoti", "compile"):
             from rollcap.kernels.compiled import cxx_compiler
 

@@ -1,8 +1,9 @@
 """``rollcap bench --only models``, the size sweep: FlowVLA from the shipped size to pi0 scale, random weights.
 
 For each named size (:mod:`rollcap.policies.sizes`), variant (``plain``; ``fused``, :mod:`rollcap.policies.fused`),
-precision (``fp32``, ``tf32``, ``bf16``: :mod:`rollcap.kernels.precision`) and graph backend (``jit`` on CPU,
-``cuda`` and ``compile-cuda`` on a GPU; ``compile`` on CPU when asked), one batch-1 guided chunk of ``K`` Euler
+precision (``fp32``, ``tf32``, ``bf16``: :mod:`rollcap.kernels.precision`; in ``rollcap bench``, ``--precision``'s)
+and graph backend (``jit`` on CPU, ``cuda`` on a GPU; ``--backend compile-cuda`` or ``compile`` when asked), one
+batch-1 guided chunk of ``K`` Euler
 steps is timed eager and as a graph replay over static buffers, side by side. Per cell:
 
 - ``eager_ms`` / ``graph_ms``: median over ``reps`` chunks, eager and graph called alternately within a cell
@@ -52,7 +53,8 @@ class SizeSweep:
     sizes: tuple[str, ...] = ()
     """Size names or config files (default: the small sizes on CPU, every named size on a GPU)."""
     backends: tuple[str, ...] = ()
-    """Graph backends beside eager (default: jit on CPU; cuda and compile-cuda on a GPU)."""
+    """Graph backends beside eager (default: jit on CPU, cuda on a GPU; compile-cuda compiles each size and variant
+    for tens of seconds, so it is measured when named)."""
     precisions: tuple[str, ...] = ()
     """Precisions (default: fp32 on CPU; fp32, tf32, bf16 on a GPU)."""
     variants: tuple[str, ...] = ("plain", "fused")
@@ -63,7 +65,7 @@ class SizeSweep:
     def resolved(self, device: str, quick: bool = False) -> SizeSweep:
         cuda = torch.device(device).type == "cuda"
         sizes = self.sizes or (tuple(SIZES) if cuda else (SMALL[:1] if quick else SMALL))
-        backends = self.backends or (("cuda", "compile-cuda") if cuda else ("jit",))
+        backends = self.backends or (("cuda",) if cuda else ("jit",))
         precisions = self.precisions or (("fp32", "tf32", "bf16") if cuda else ("fp32",))
         for name in sizes:
             size_config(name)  # a bad name or file fails here, before anything is built
@@ -312,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.bench.model_sizes", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sizes", default="", help=f"comma list of {', '.join(SIZES)} or config .json files (default: the device's)")
-    ap.add_argument("--backends", default="", help="comma list of graph backends beside eager (default: jit on CPU; cuda,compile-cuda on GPU)")
+    ap.add_argument("--backends", default="", help="comma list of graph backends beside eager (default: jit on CPU; cuda on GPU; add compile-cuda to measure it)")
     ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16 (default: fp32 on CPU; all on GPU)")
     ap.add_argument("--variants", default="plain,fused")
     ap.add_argument("--reps", type=int, default=5)

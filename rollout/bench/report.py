@@ -80,7 +80,8 @@ def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = 
         from rollcap.rollout.bench.model_sizes import SizeSweep
 
         backends = (parts.backend,) if parts.backend not in (None, "eager") else ()  # --backend: the sweep's graph backend
-        extra["models"] = {"sweep": SizeSweep(sizes=tuple(sizes), backends=backends).resolved(parts.device, quick)}  # a bad size fails here
+        sweep = SizeSweep(sizes=tuple(sizes), backends=backends, precisions=(parts.precision,))
+        extra["models"] = {"sweep": sweep.resolved(parts.device, quick)}  # a bad size fails here, before any section runs
     n = 20 if quick else 200
     report: dict = {
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
