@@ -209,7 +209,7 @@ class FlowVLA(CompiledRegions, nn.Module):
         :meth:`inpaint_sample`'s path with an empty prefix, as :meth:`sample` does.
         """
         cfg, n = self.cfg, noise.shape[0]
-        kv, valid = self._prefix([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv.repeat_interleave(n))
+        kv, valid = self._prefix([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv[:, None].expand(2, n).reshape(-1))
         x, dt = noise, -1.0 / cfg.num_steps
         if cfg.prefix_conditioning:
             zero = torch.zeros_like(noise)

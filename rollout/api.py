@@ -60,12 +60,16 @@ class RunConfig:
     """Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
     envs: int = 1
     """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch)."""
+    graphs: int = 1
+    """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or isinstance(self.episodes, bool) or self.episodes < 1:
             raise ConfigError("episodes", f"expected an integer >= 1, got {self.episodes!r}")
         if not isinstance(self.envs, int) or isinstance(self.envs, bool) or not 1 <= self.envs <= 1024:
             raise ConfigError("envs", f"expected an integer in 1..1024, got {self.envs!r}")
+        if not isinstance(self.graphs, int) or isinstance(self.graphs, bool) or self.graphs < 1 or self.envs % self.graphs:
+            raise ConfigError("graphs", f"expected an integer >= 1 that divides envs ({self.envs}), got {self.graphs!r}")
         if self.envs > 1 and (self.teleop is not None or self.actors):
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs in this process without a person; drop `{'teleop' if self.teleop else 'actors'}`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:

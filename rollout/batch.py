@@ -147,8 +147,14 @@ def row_views(policy, critic=None, row: int = 0) -> tuple[RowPolicy, RowCritic |
     return RowPolicy(Rows(policy), row), None if critic is None else RowCritic(Rows(critic), row)
 
 
-def make_batched_runners(parts, envs: int, env=None, source: str | None = None):
-    """Load ``parts``' checkpoints and capture the policy (and critic) at batch ``envs``, each on its own lane."""
+def make_batched_runners(parts, envs: int, env=None, source: str | None = None, graphs: int = 1):
+    """Load ``parts``' checkpoints and capture the policy (and critic) at batch ``envs``, each on its own lane.
+
+    ``graphs`` > 1: that many (policy, critic) pairs at batch ``envs // graphs``, returned as two lists.
+    """
+    if graphs > 1:
+        pairs = [make_batched_runners(parts, envs // graphs, env if g == 0 else None, source) for g in range(graphs)]
+        return [p for p, _ in pairs], None if pairs[0][1] is None else [c for _, c in pairs]
     from rollcap.critics import CriticRunner, load_critic
     from rollcap.kernels.lanes import make_lane
     from rollcap.policies import PolicyRunner, load_policy
@@ -185,10 +191,11 @@ def batched_parts(env, policy, critic, parts, host_cfg: HostConfig, run_cfg, own
         own.append(envs[-1])
     poll()
     check(envs[0], run_cfg.require_exact)
-    runners = make_batched_runners(parts, n, envs[0])
-    own.extend(runners)
+    policy, critic = make_batched_runners(parts, n, envs[0], graphs=run_cfg.graphs)
+    for r in (policy if isinstance(policy, list) else [policy]) + (critic if isinstance(critic, list) else [critic]):
+        own.append(r)
     poll()
-    return envs, *runners
+    return envs, policy, critic
 
 
 def _check_config(config: HostConfig) -> None:
@@ -226,12 +233,14 @@ class _Serialized(Subscriber):
 
 
 class BatchedCore:
-    """N episode hosts over one batched policy and critic (see the module docstring).
+    """N episode hosts over batched policy and critic graphs (see the module docstring).
 
     Args:
         envs: N gymnasium envs (one per slot; the same id and kwargs).
-        policy: a ``PolicyRunner`` captured at batch N.
-        critic: a ``CriticRunner`` at batch N, or None.
+        policy: a ``PolicyRunner`` captured at batch N, or G of them at batch N/G
+            each on its own lane (*graphs*: slot ``i`` is row ``i % (N/G)`` of
+            graph ``i // (N/G)``; on CPU the G replays run side by side, one core each).
+        critic: a ``CriticRunner`` at the policy's batch (G of them with G policies), or None.
         config: the hosts' config (synchronous chunking, no control period).
         subscribers: shared by every slot (called under one lock, ``on_run_end`` once).
         records: as :class:`RolloutHost`'s.
@@ -244,19 +253,24 @@ class BatchedCore:
     def __init__(self, envs: Sequence, policy, critic=None, config: HostConfig | None = None, subscribers: Sequence[Subscriber] = (), records: bool = True, on_error: str = "record", workers: int | None = None):
         config = config or HostConfig()
         n = len(envs)
-        if getattr(policy, "batch", None) != n:
-            raise ConfigError("envs", f"{n} envs need a policy captured at batch {n}, got batch {getattr(policy, 'batch', None)}")
-        if critic is not None and getattr(critic, "batch", None) != n:
-            raise ConfigError("envs", f"{n} envs need a critic captured at batch {n}, got batch {getattr(critic, 'batch', None)}")
+        policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+        critics = list(critic) if isinstance(critic, (list, tuple)) else [critic] * len(policies) if critic is None else [critic]
+        batch = getattr(policies[0], "batch", None)
+        if len(critics) != len(policies) or any(getattr(r, "batch", None) != batch for r in policies + [c for c in critics if c is not None]) or batch * len(policies) != n:
+            got = [getattr(r, "batch", None) for r in policies], [getattr(c, "batch", None) for c in critics if c is not None]
+            raise ConfigError("envs", f"{n} envs need policy (and critic) graphs whose batches add up to {n}, all of one batch; got batches {got[0]} and {got[1]}")
         _check_config(config)
-        self.policy_rows, self.critic_rows = Rows(policy), None if critic is None else Rows(critic)
+        self.policy_rows = [Rows(r) for r in policies]
+        self.critic_rows = [Rows(c) for c in critics if c is not None]
         self.lock = threading.Lock()
         self.subscribers = list(subscribers)
         shared = [_Serialized(s, self.lock) for s in self.subscribers]
-        self.hosts = [
-            RolloutHost(env, RowPolicy(self.policy_rows, i), None if critic is None else RowCritic(self.critic_rows, i), config, shared, records=records, on_error=on_error)
-            for i, env in enumerate(envs)
-        ]  # fmt: skip
+
+        def host(i: int, env) -> RolloutHost:
+            g, row = divmod(i, batch)
+            return RolloutHost(env, RowPolicy(self.policy_rows[g], row), RowCritic(self.critic_rows[g], row) if self.critic_rows else None, config, shared, records=records, on_error=on_error)
+
+        self.hosts = [host(i, env) for i, env in enumerate(envs)]
         self.workers = min(n, 4) if workers is None else int(workers)
         self._pool: ThreadPoolExecutor | None = None
         self.config, self.policy, self.critic = self.hosts[0].config, self.hosts[0].policy, self.hosts[0].critic  # as a host's (resume's checks)
@@ -313,9 +327,8 @@ class BatchedCore:
         noise, actions, active = noise or [None] * n, actions or [None] * n, active or [True] * n
         out: list[tuple[ChunkEvent | None, list[StepEvent]]] = [(None, []) for _ in range(n)]
         launched = [(i, h, h.launch(noise[i])) for i, h in enumerate(self.hosts) if active[i] and h.state is HostState.RUNNING]
-        self.policy_rows.launch()
-        if self.critic_rows is not None:
-            self.critic_rows.launch()
+        for rows in self.policy_rows + self.critic_rows:  # every graph's lane at once
+            rows.launch()
         for i, h, ticket in launched:  # while the batch replays: each slot's next noise
             if ticket is not None:
                 h.draw_ahead()

@@ -58,7 +58,7 @@ class _CoreVectorEnv(VectorEnv):
             raise ConfigError("autoreset_mode", f"expected one of {[m.value for m in MODES]}, got {autoreset_mode!r}")
         self.core = BatchedCore(envs, policy, critic, config, records=False, on_error="raise", workers=workers)
         self.num_envs = len(envs)
-        self.chunk_shape = tuple(int(n) for n in policy.chunk_shape)
+        self.chunk_shape = tuple(int(n) for n in self.core.hosts[0].policy.chunk_shape)
         self.max_tokens = int(max_tokens)
         self.metadata = {"autoreset_mode": mode, "render_modes": []}
         self.autoreset_mode = mode
@@ -159,7 +159,7 @@ class ChunkVectorEnv(_CoreVectorEnv):
 
     Args:
         envs: N gymnasium envs (one per sub-env).
-        policy / critic: runners captured at batch N (:func:`rollcap.rollout.batch.make_batched_runners`).
+        policy / critic: runners captured at batch N, or G graphs at N/G each (:func:`rollcap.rollout.batch.make_batched_runners`).
         config: the hosts' config (stop rules, seed).
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
         workers: threads stepping the sub-envs (0: this thread).
@@ -188,20 +188,24 @@ class NoiseSteeringVectorEnv(_CoreVectorEnv):
         return list(a), None
 
 
-def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int):
+def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int, graphs: int):
     from rollcap.rollout.batch import make_batched_runners
     from rollcap.rollout.build import Parts, make_env
 
+    if graphs < 1 or num_envs % graphs:
+        raise ConfigError("graphs", f"expected an integer >= 1 that divides num_envs ({num_envs}), got {graphs!r}")
     parts = Parts(env_kwargs=env_kwargs, device=device, threads=threads)
     envs = [make_env(parts.env_id, parts.env_kwargs) for _ in range(num_envs)]
-    return envs, *make_batched_runners(parts, num_envs, envs[0])
+    return envs, *make_batched_runners(parts, num_envs, envs[0], graphs=graphs)
 
 
-def make_chunk_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, **kw) -> ChunkVectorEnv:
-    """``gym.make_vec("rollcap/ChunkPushBlock-v0", num_envs, vectorization_mode="vector_entry_point")``: the built-in task, shipped policy and critic at batch ``num_envs``."""
-    return ChunkVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads), HostConfig(**(config or {})), **kw)
+def make_chunk_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, **kw) -> ChunkVectorEnv:
+    """``gym.make_vec("rollcap/ChunkPushBlock-v0", num_envs)``: the built-in task, shipped policy and critic at batch
+    ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``)."""
+    return ChunkVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs), HostConfig(**(config or {})), **kw)
 
 
-def make_noise_steering_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, **kw) -> NoiseSteeringVectorEnv:
-    """``gym.make_vec("rollcap/NoiseSteerPushBlock-v0", num_envs, vectorization_mode="vector_entry_point")``: the shipped policy steered through its noise, batch ``num_envs``."""
-    return NoiseSteeringVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads), HostConfig(**(config or {})), **kw)
+def make_noise_steering_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, **kw) -> NoiseSteeringVectorEnv:
+    """``gym.make_vec("rollcap/NoiseSteerPushBlock-v0", num_envs)``: the shipped policy steered through its noise at batch
+    ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``)."""
+    return NoiseSteeringVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs), HostConfig(**(config or {})), **kw)

@@ -79,8 +79,9 @@ def test_batch_in_fingerprint_and_close_to_batch_1():
     np.testing.assert_allclose(four.row_result(2), one.act(obs, noise), rtol=0, atol=1e-5)
 
 
-def _core_run(todo, n: int = 3, **cfg) -> dict[int, object]:
-    policy, critic = _batched(n)
+def _core_run(todo, n: int = 3, graphs: int = 1, **cfg) -> dict[int, object]:
+    pairs = [_batched(n // graphs) for _ in range(graphs)]
+    policy, critic = ([p for p, _ in pairs], [c for _, c in pairs]) if graphs > 1 else pairs[0]
     core = BatchedCore([make_env() for _ in range(n)], policy, critic, HostConfig(seed=7, max_chunks=6, **cfg))
     try:
         return {e.index: e for e in core.episodes(todo)}
@@ -99,6 +100,15 @@ def test_each_episode_is_its_own_whatever_its_slot():
         assert a[i].record.fingerprints["policy"]["batch"] == 3
         assert episode_digest(a[i].record) == episode_digest(b[i].record)
     assert episode_digest(c[2].record) == episode_digest(a[2].record)
+
+
+def test_graphs_split_the_envs_and_keep_each_episode():
+    """4 envs on 2 graphs at batch 2 give the episodes 2 envs on one graph at batch 2 give, byte for byte."""
+    split, one = _core_run(range(5), n=4, graphs=2), _core_run(range(5), n=2)
+    assert [episode_digest(split[i].record) for i in range(5)] == [episode_digest(one[i].record) for i in range(5)]
+    assert split[0].record.fingerprints["policy"]["batch"] == 2
+    with pytest.raises(ConfigError, match="graphs"):
+        rollcap.run(1, envs=4, graphs=3)
 
 
 def test_batched_episodes_replay_exactly_at_their_batch():
@@ -149,3 +159,22 @@ def test_make_batched_runners_checks_the_env():
     """Batched runners are checked against the env's observations like batch 1's (a misfit is a ConfigError)."""
     with pytest.raises(ConfigError):
         make_batched_runners(Parts(critic=None), 2, make_env())  # the shipped policy reads 64 px images, this env renders 32
+
+
+@pytest.mark.cuda
+def test_cuda_batched_rows_never_mix_and_replay_exactly():
+    """On CUDA: the batch-4 graph captures, a row is the same bytes whatever the other rows hold, and replays exactly."""
+    torch.manual_seed(0)
+    p, c = PolicyRunner(FlowVLA(POLICY).eval(), device="cuda", batch=4), CriticRunner(ValueCritic(CRITIC).eval(), device="cuda", batch=4)
+    obs, noise = first_obs(0), flow_noise(0)
+    got = []
+    for other in (1, 2):
+        for i in range(4):
+            p.load_row(i, obs if i == 3 else first_obs(other), noise if i == 3 else flow_noise(other))
+        p.launch()
+        p.wait()
+        got.append(p.row_result(3).tobytes())
+    assert got[0] == got[1]
+    policy, critic = row_views(p, c, row=0)
+    policy.start(obs, noise)
+    assert policy.result().tobytes() == got[0]
