@@ -31,8 +31,12 @@ def test_bench_quick_runs_every_section(tmp_path):
         r = row["restore_over_copy"]
         assert r["min"] <= r["median"] <= r["max"]
     stages = report["recording"]["stages"]
-    assert {"digest", "npz write (whole)", "h5 append (whole)"} <= set(stages)
+    assert {"checks + digests (once)", "npz write (whole)", "h5 append (whole)"} <= set(stages)
     assert all(s["cpu_ms"] >= 0 and s["wall_ms"] > 0 for s in stages.values())
+    producer = report["recording"]["producer"]  # the writers fed at 50 episodes/s
+    assert {"thread", "process", "2 processes"} <= set(producer) and all(producer[k]["writer_cpu_ms"] > 0 for k in ("thread", "process"))
+    gpu = report["host"]["gpu_speed"]  # the host against a 2 ms stand-in policy and critic
+    assert gpu["chunks"] > 0 and 0 < gpu["host_overhead_ms"] < gpu["boundary_ms"]
     g = report["gym"]  # ChunkEnv over the core and AsyncVectorEnv over one env
     assert g["chunks"] >= 120 and g["chunk_env_over_core"] > 0 and g["async_2_over_single"] > 0
     for line in ("capsule scaling", "peer (", "recording (", "seconds per section", "ChunkEnv.step vs host boundary+execute"):
