@@ -79,7 +79,9 @@ def _vector_rate(parts: Parts, envs: int, chunks: int, graphs: int = 1) -> float
 
 def bench_batch(parts: Parts, n: int) -> dict:
     if parts.env_id != DEFAULT_ENV or parts.env_kwargs or named_policy(parts.policy) is not None:
-        raise ValueError("--only batch: measured on the built-in task with checkpoint models (not --env / --env-kwargs / a named --policy)")
+        from rollcap.rollout.errors import ConfigError
+
+        raise ConfigError("env_kwargs" if parts.env_kwargs else "env_id" if parts.env_id != DEFAULT_ENV else "policy", "section batch is measured on the built-in task with checkpoint models; pick other sections with --only")
     import dataclasses
 
     import torch
