@@ -7,8 +7,9 @@
 - the query and key/value projections of each block are one ``qkv`` linear;
 - the expert's flow-time input for the ``K`` fixed times, ``in_proj.bias + pos + time_mlp(embedding(t_k))``, is a
   ``[K, H, width]`` buffer computed once (no time MLP in the sampler);
-- the prefix's per-layer keys/values come from one layer norm and one batched matmul over all layers, stored as
-  ``[B, N, 2, heads, head_dim]`` so each expert block joins them to its own with one concatenation;
+- the prefix's per-layer keys/values come from one layer norm and one batched matmul over all layers, stored once
+  per chunk with room for the action tokens' own: each expert block writes its ``H`` rows in place at each step
+  instead of concatenating (and so copying) the whole prefix again;
 - attention takes an additive float mask built once per chunk (0 on valid keys, -inf on PAD) in the dtype the
   attention runs in, its rows padded to 16 elements so CUDA's memory-efficient kernel reads it in place, instead of
   a boolean mask SDPA converts on every call. (Padding needs a mask, so SDPA's flash kernel stays out of reach.)
@@ -74,15 +75,20 @@ class FusedBlock(nn.Module):
         self.fc1 = _linear(*_fold(blk.ln2, blk.mlp[0]))
         self.fc2 = copy.deepcopy(blk.mlp[2])
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: torch.Tensor | None = None) -> torch.Tensor:
-        """``mask``: additive ``[B, 1, 1, N_keys]``; ``prefix_kv``: ``[B, N_prefix, 2, heads, head_dim]``."""
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, kv_buf: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: additive ``[B, 1, 1, N_keys]``.
+
+        ``kv_buf`` ``[B, N_prefix + N, 2, heads, head_dim]``: the prefix's keys/values with room for this block's
+        own, which are written into its last ``N`` rows (in place: the prefix is not copied at every step).
+        """
         b, n, w = x.shape
         h = self.heads
         qkv = self.qkv(F.layer_norm(x, (w,), eps=self.eps1))
         q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
         kv = qkv[..., w:].view(b, n, 2, h, w // h)
-        if prefix_kv is not None:
-            kv = torch.cat([prefix_kv, kv], dim=1)
+        if kv_buf is not None:
+            kv_buf[:, kv_buf.shape[1] - n :].copy_(kv)
+            kv = kv_buf
         o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
         x = x + self.out(o.transpose(1, 2).reshape(b, n, w))
         return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh"))
@@ -162,7 +168,7 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         self.register_buffer("cfg_adv", plain.cfg_adv.clone(), persistent=False)
 
     def guided_prefix(self, images, state, tokens, adv):
-        """Keys/values ``[depth, B, N, 2, heads, head_dim]`` and the expert's additive key mask of a guided batch."""
+        """Keys/values ``[depth, B, N + H, 2, heads, head_dim]`` (the last ``H`` rows: room for the expert's own) and the additive key mask."""
         x, valid = self.encoder.embed(images, state, tokens, self.adv_emb(adv)[:, None, :])
         mask = additive_mask(valid, self.cfg.horizon)
         enc_mask = mask[..., : valid.shape[1]]
@@ -170,7 +176,9 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         for blk in self.encoder.blocks:
             hidden.append(x)
             x = blk(x, enc_mask)
-        return self.expert.prefix_kv(hidden), mask
+        kv = self.expert.prefix_kv(hidden)
+        own = self.cfg.horizon  # room for the action tokens' keys/values, written by each expert block at each step
+        return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], own, *kv.shape[3:])], dim=2), mask
 
     def step(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One guided Euler step of ``x [N, H, A]`` (both branches through the expert, then the guided update).
