@@ -367,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
     p.add_argument("--actors", type=int, default=0, metavar="N", help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)")
-    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache)")
+    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (rollcap run --envs 8 vs 1 and the batched vector env vs AsyncVectorEnv(2); ~2.5 min)")
     p.add_argument("--policy-size", default=None, metavar="LIST", help="section models: comma list of FlowVLA sizes (shipped,26m,205m,300m,3b, or a config .json) swept with random weights, plain and fused, eager vs the --backend's graph at --precision (default: shipped,26m on CPU, all on a GPU; --quick on CPU: shipped)")
     p.set_defaults(options=_parts_options(p))
 
