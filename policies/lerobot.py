@@ -17,12 +17,12 @@ and carries a fresh token per call, so replay reports "not comparable"
 instead of "exact" or "diverged". ACT takes no noise (deterministic in eval).
 
 Backends: ``eager`` (the default) calls ``predict_action_chunk`` as it is.
-``jit`` (CPU) and ``cuda`` (a CUDA device) run it (ACT's forward, Diffusion
-Policy's DDIM loop) through rollcap's own capture, a
+``jit`` (CPU) and ``cuda`` (a CUDA device) run it (ACT's forward) through rollcap's own capture, a
 :class:`~rollcap.kernels.runner.GraphRunner` over static buffers: the
 preprocessed tensor features and the noise in, ``actions`` out; the
 preprocessor and postprocessor stay eager. Where capture is not possible
-(DDPM draws the global RNG; the trace fails; the model needs the batch's
+(DDPM draws the global RNG; the capture guard refuses the function, as it does DDIM's timesteps made from
+numpy inside the call; the trace fails; the model needs the batch's
 non-tensor entries; the plan disagrees with eager on a probe) it runs eager
 and :attr:`LeRobotPolicy.backend` says why (``"eager (reason)"``). The
 fingerprint carries ``"backend"`` whenever a capture was asked for, so a

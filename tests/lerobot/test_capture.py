@@ -64,25 +64,28 @@ def chunks(policy, n: int = 6) -> list[np.ndarray]:
 
 
 @TRACED
-@pytest.mark.parametrize("which", ["act", "ddim"])
-def test_jit_chunk_is_eagers_bit_for_bit(which, act_dir, ddim_dir):
-    """The jit plan's chunk equals eager's byte for byte on six random observations (and noises); the fingerprints
+def test_jit_chunk_is_eagers_bit_for_bit(act_dir):
+    """The jit plan's chunk equals eager's byte for byte on six random observations; the fingerprints
     differ by ``backend`` only (eager's has none, as before capture existed)."""
-    directory = act_dir if which == "act" else ddim_dir
-    eager, jit = LeRobotPolicy.load(directory), LeRobotPolicy.load(directory, backend="jit")
+    eager, jit = LeRobotPolicy.load(act_dir), LeRobotPolicy.load(act_dir, backend="jit")
     assert (eager.backend, jit.backend, jit.capture_max_abs_diff) == ("eager", "jit", 0.0)
     assert jit._graph is not None and jit._graph.graph.phase == "captured"
     for a, b in zip(chunks(eager), chunks(jit), strict=True):
         assert a.tobytes() == b.tobytes()
     assert "backend" not in eager.state_fingerprint() and jit.state_fingerprint()["backend"] == "jit"
     assert fingerprint_diff(eager.state_fingerprint(), jit.state_fingerprint()) == ["backend"]
-    if which == "ddim":  # the host's noise reaches the captured loop: another noise, another chunk
-        obs = next(observations(1))
-        jit.start(obs, np.zeros(jit.chunk_shape, np.float32))
-        first = jit.result()
-        jit.start(obs, np.ones(jit.chunk_shape, np.float32))
-        assert first.tobytes() != jit.result().tobytes()
     jit.close()
+
+
+def test_ddim_is_refused_by_the_capture_guard_and_runs_eager(ddim_dir):
+    """DDIM's scheduler builds its timesteps from numpy inside predict_action_chunk (a host-to-device copy that CUDA graph
+    capture refuses): asked for jit it runs eager, and the warning names the scheduler's line; its chunks stay eager's."""
+    with pytest.warns(RuntimeWarning, match=r"lerobot\.diffusion: backend 'jit' not possible, it runs eager: .*CaptureHazard.*aten\.lift_fresh.*scheduling_ddim\.py:\d+ in set_timesteps"):
+        jit = LeRobotPolicy.load(ddim_dir, backend="jit")
+    assert jit._graph is None and jit.backend.startswith("eager (jit capture failed: CaptureHazard")
+    eager = LeRobotPolicy.load(ddim_dir)
+    for a, b in zip(chunks(eager), chunks(jit), strict=True):
+        assert a.tobytes() == b.tobytes()
 
 
 def test_tracer_warnings_are_one_summary(act_dir):
