@@ -127,10 +127,13 @@ def count_cuda_kernels(call, device: torch.device) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     _sync(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        call()
-        _sync(device)
-    return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            _sync(device)
+        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+    except RuntimeError:  # a profiler that cannot start (CUPTI missing or busy) costs the count, not the sweep
+        return None
 
 
 def _inputs(cfg, seed: int = 0) -> dict[str, np.ndarray]:
@@ -278,7 +281,13 @@ def bench_sizes(device: str, sweep: SizeSweep, emit=None) -> dict:
     report: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__, "reps": sweep.reps, "sizes": {}}
     try:
         for name in sweep.sizes:
-            report["sizes"][name] = bench_size(name, sweep, dev, (lambda part, name=name: emit({**report, "sizes": {**report["sizes"], name: part}})) if emit else None)
+            try:
+                report["sizes"][name] = bench_size(name, sweep, dev, (lambda part, name=name: emit({**report, "sizes": {**report["sizes"], name: part}})) if emit else None)
+            except (RuntimeError, ValueError) as err:  # out of memory for a size, say: the next size still runs
+                report["sizes"][name] = {"error": _one_line(err), "cells": []}
+                gc.collect()
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
             if emit:
                 emit(report)
     finally:
@@ -289,6 +298,9 @@ def bench_sizes(device: str, sweep: SizeSweep, emit=None) -> dict:
 def format_sizes(r: dict, row) -> None:
     """Rows: one per (size, variant, precision, backend)."""
     for name, s in r["sizes"].items():
+        if "error" in s:
+            row(name, s["error"])
+            continue
         floor = s.get("floor_ms")
         row(f"{name} ({s['params'] / 1e6:.1f} M params)" + (f", floor {', '.join(f'{p} {v:.3f} ms' for p, v in floor.items())} on {s['gpu']}" if floor else ""))
         for c in s["cells"]:

@@ -35,3 +35,20 @@ def test_bad_size_is_one_line(capsys):
     assert err.count("\n") == 1 and "--policy-size: unknown size '3B'" in err and "'3b'" in err
     assert SizeSweep().resolved("cpu").sizes == ("shipped", "26m") and SizeSweep().resolved("cpu", quick=True).sizes == ("shipped",)
     assert SizeSweep().resolved("cpu").backends == ("jit",)
+
+
+def test_a_size_that_fails_is_one_line_and_the_next_still_runs(monkeypatch):
+    """A size that runs out of memory (say) is reported in one line; the sweep goes on to the next size."""
+    from rollcap.rollout.bench import model_sizes
+
+    def fake(name, sweep, device, emit=None):
+        if name == "3b":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 11.3 GiB\nmore detail")
+        return {"params": 1, "cells": []}
+
+    monkeypatch.setattr(model_sizes, "bench_size", fake)
+    r = model_sizes.bench_sizes("cpu", SizeSweep(sizes=("3b", "shipped")).resolved("cpu"))
+    assert r["sizes"]["3b"]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 11.3 GiB" and r["sizes"]["shipped"]["params"] == 1
+    rows = []
+    model_sizes.format_sizes({"sizes": {"3b": r["sizes"]["3b"]}}, lambda name, val=None: rows.append((name, val)))
+    assert rows == [("3b", "RuntimeError: CUDA out of memory. Tried to allocate 11.3 GiB")]
