@@ -106,3 +106,39 @@ def test_fused_runner_fingerprint_names_the_variant_and_its_jit_plan_is_exact():
     finally:
         for r in runners:
             r.close()
+
+
+_CHILD = """
+import sys, hashlib
+sys.path.insert(0, {root!r})
+from tests.policies.test_fused import fused_chunk_digest
+print(fused_chunk_digest())
+"""
+
+
+def fused_chunk_digest() -> str:
+    """sha256 of the fused shipped policy's jit chunks for three observations."""
+    import hashlib
+
+    runner = PolicyRunner(fuse(load_policy(DEFAULT_CHECKPOINT)), backend="jit")
+    try:
+        h = hashlib.sha256()
+        for seed in range(3):
+            obs = make_obs(seed, image_size=64, state_dim=28)
+            h.update(runner.act(obs, make_noise(seed, horizon=8)).tobytes())
+        return h.hexdigest()
+    finally:
+        runner.close()
+
+
+@pytest.mark.slow(seconds=15)
+def test_fused_chunks_are_the_same_bytes_in_another_process():
+    """The fused shipped policy's jit chunks: byte-identical in a fresh process (the fusion is deterministic)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    out = subprocess.run([sys.executable, "-c", _CHILD.format(root=root)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == fused_chunk_digest()
