@@ -9,16 +9,17 @@
 #    itself (editable, no build isolation, no network);
 # 2. the `cuda`-marked tests, then the exactness core (kernels, policies, critics, capsules, replay defaults,
 #    golden) with the GPU visible, on that machine's torch;
-# 3. `rollcap bench --device cuda` (every section; the models section over the named sizes) at fp32, and the
-#    models section at tf32 and bf16;
-# 4. two `rollcap run --device cuda --seed 7` processes per precision (fp32, bf16), compared episode by episode
-#    by digest, and `rollcap replay` of the fp32 run with no flags (it must take cuda from the recording);
-# 5. the batched core at batch 32 vs 1 (`rollcap bench --only batch`).
+# 3. two `rollcap run --device cuda --seed 7` processes per precision (fp32, bf16), compared episode by episode
+#    by digest, and `rollcap replay` of each with no flags (device, backend, precision come from the recording);
+# 4. `rollcap bench --device cuda`, every section but models (host, recording, peer, capsule, branch, ...);
+# 5. the models sweep (issue 33): the named sizes, plain and fused, eager vs CUDA graph, fp32 / tf32 / bf16;
+# 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34);
+# 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
 #
 # Each step has its own time limit, a failed step does not stop the others, and everything lands in OUT_DIR:
 # log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
-# bench.json (every bench report by name), pytest_cuda.txt, pytest_core.txt. STEPS=tests,bench,runs,batch picks
-# steps (default: all); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
+# bench.json (every bench report by name), pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json.
+# STEPS=tests,runs,bench,models,batch,compile picks steps (default: all but compile); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-gpu_check}}
@@ -26,7 +27,7 @@ mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 WORK=$(mktemp -d)
 DEV=${GPU_CHECK_DEVICE:-cuda}
-STEPS=${STEPS:-tests,bench,runs,batch}
+STEPS=${STEPS:-tests,runs,bench,models,batch}
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 PY=python3
 ROLLCAP=("$PY" -m rollcap.rollout.cli)
@@ -56,36 +57,48 @@ nvidia-smi -L 2>/dev/null
 
 # ---------------------------------------------------------------- 2. tests
 if want tests; then
-  step pytest-cuda 240 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests >"$OUT_DIR/pytest_cuda.txt" 2>&1
+  step pytest-cuda 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests >"$OUT_DIR/pytest_cuda.txt" 2>&1
   tail -n 15 "$OUT_DIR/pytest_cuda.txt"
   # The exactness core on this machine's torch (the oldest the pin admits, 2.11, on the GPU check machine).
-  step pytest-core 300 "$PY" -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/kernels tests/policies tests/critics tests/capsule \
+  step pytest-core 150 "$PY" -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/kernels tests/policies tests/critics tests/capsule \
     tests/rollout/test_golden.py tests/rollout/offline/test_deployment.py tests/envs/test_push_block.py >"$OUT_DIR/pytest_core.txt" 2>&1
   tail -n 25 "$OUT_DIR/pytest_core.txt"
 fi
 
-# ---------------------------------------------------------------- 3. bench
-if want bench; then
-  step bench-fp32 300 "${ROLLCAP[@]}" bench --device "$DEV" "${QUICK[@]}" --json "$WORK/bench_fp32.json"
-  for p in tf32 bf16; do
-    [ "$DEV" = cpu ] && [ "$p" = tf32 ] && continue
-    step "bench-models-$p" 180 "${ROLLCAP[@]}" bench --device "$DEV" --precision "$p" --only models "${QUICK[@]}" --json "$WORK/bench_$p.json"
-  done
-fi
-
-# ---------------------------------------------------------------- 4. runs, digests, replay
+# ---------------------------------------------------------------- 3. runs, digests, replay
 if want runs; then
   for p in fp32 bf16; do
     for r in a b; do
-      step "run-$p-$r" 180 "${ROLLCAP[@]}" run --device "$DEV" --precision "$p" --seed 7 --episodes "$EPISODES" --no-progress --out "$WORK/run-$p-$r"
+      step "run-$p-$r" 60 "${ROLLCAP[@]}" run --device "$DEV" --precision "$p" --seed 7 --episodes "$EPISODES" --no-progress --out "$WORK/run-$p-$r"
     done
   done
-  step replay-fp32 240 "${ROLLCAP[@]}" replay "$WORK/run-fp32-a"
+  step replay-fp32 90 "${ROLLCAP[@]}" replay "$WORK/run-fp32-a"      # no flags: cuda, backend and precision from the recording
+  step replay-bf16 60 "${ROLLCAP[@]}" replay "$WORK/run-bf16-a" --mode policy
 fi
 
-# ---------------------------------------------------------------- 5. batched core
+# ---------------------------------------------------------------- 4. bench
+if want bench; then  # every section but the models sweep (step 5) and the opt-in ones
+  step bench-core 150 "${ROLLCAP[@]}" bench --device "$DEV" --only capsule,env,host,gym,branch,scaling,peer,recording "${QUICK[@]}" \
+    --json "$WORK/bench_core.json"
+fi
+
+# ---------------------------------------------------------------- 5. model sizes (issue 33)
+if want models; then  # the named sizes, plain and fused, eager vs the CUDA graph, each precision; JSON after every cell
+  if [ "$DEV" = cpu ]; then SIZES=shipped PRECISIONS=fp32,bf16; else SIZES=${SIZES:-shipped,26m,205m,3b} PRECISIONS=fp32,tf32,bf16; fi
+  step models 150 "$PY" -m rollcap.rollout.bench.model_sizes --device "$DEV" --sizes "$SIZES" --precisions "$PRECISIONS" --reps 3 \
+    --json "$OUT_DIR/sizes.json"
+fi
+
+# ---------------------------------------------------------------- 6. batched core (issue 34)
 if want batch; then
-  step bench-batch 300 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --json "$WORK/bench_batch.json"
+  step bench-batch 120 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --json "$WORK/bench_batch.json"
+fi
+
+# ---------------------------------------------------------------- 7. compile-cuda (opt-in: inductor compiles each size, cold cache)
+if want compile; then
+  if [ "$DEV" = cpu ]; then SIZES=shipped BACKENDS=jit; else SIZES=${SIZES:-26m,205m,3b} BACKENDS=cuda,compile-cuda; fi
+  step compile-cuda 300 "$PY" -m rollcap.rollout.bench.model_sizes --device "$DEV" --sizes "$SIZES" --variants fused \
+    --backends "$BACKENDS" --precisions bf16 --reps 5 --json "$OUT_DIR/compile_cuda.json"
 fi
 
 # ---------------------------------------------------------------- summary
