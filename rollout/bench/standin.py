@@ -71,7 +71,7 @@ class FixedLatency:
         self._ready = None
         if self._critic:
             return float(self._out[0].item())
-        return self._out[0].numpy().copy()
+        return self._out[0].to("cpu").numpy().copy()  # as PolicyRunner.result (on a GPU: the copy to the host)
 
     def state_fingerprint(self) -> dict:
         return self.runner.state_fingerprint()
