@@ -178,3 +178,21 @@ def test_cuda_batched_rows_never_mix_and_replay_exactly():
     policy, critic = row_views(p, c, row=0)
     policy.start(obs, noise)
     assert policy.result().tobytes() == got[0]
+
+
+def test_an_env_error_ends_only_its_episode():
+    """An env that raises mid-chunk ends that slot's episode with stop reason error; the other slots' episodes are untouched."""
+    from tests.rollout.test_episode_core import RaiseAtStep
+
+    policy, critic = _batched(3)
+    envs = [make_env(), RaiseAtStep(make_env(), at=3, episodes={0}), make_env()]
+    core = BatchedCore(envs, policy, critic, HostConfig(seed=7, max_chunks=6))
+    try:
+        ends = {e.index: e for e in core.episodes(range(5))}
+    finally:
+        core.close()
+    clean = _core_run(range(5))
+    assert ends[1].stop_reason == "error" and "motor driver fault" in ends[1].error
+    assert ends[3].stop_reason != "error"  # slot 1's next episode runs on
+    for i in (0, 2):  # the other slots' episodes are the bytes of a run without the fault
+        assert episode_digest(ends[i].record) == episode_digest(clean[i].record)
