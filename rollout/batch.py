@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import torch
 
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
@@ -57,6 +58,8 @@ class Rows:
         self.runner = runner
         self._dirty = False
         self._inflight = False
+        self.host: dict[str, torch.Tensor] = {}
+        """The last replay's outputs on the host (one device-to-host copy a replay, not one a row)."""
 
     def written(self) -> None:
         self._dirty = True
@@ -70,7 +73,7 @@ class Rows:
         self.launch()
         if self._inflight:
             self._inflight = False
-            self.runner.wait()
+            self.host = {k: v.to("cpu") for k, v in self.runner.wait().items()}
 
     def settle(self) -> None:
         """Wait out (and discard) a replay in flight."""
@@ -119,7 +122,7 @@ class RowPolicy(_RowView):
 
     def result(self) -> np.ndarray:
         self.rows.wait()
-        return self.runner.row_result(self.row)
+        return self.rows.host["actions"][self.row].numpy().copy()
 
 
 class RowCritic(_RowView):
@@ -131,7 +134,7 @@ class RowCritic(_RowView):
 
     def result(self) -> float:
         self.rows.wait()
-        return self.runner.row_result(self.row)
+        return float(self.rows.host["value"][self.row].item())
 
 
 def recorded_batch(fingerprints: dict) -> int:

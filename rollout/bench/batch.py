@@ -92,7 +92,9 @@ def bench_batch(parts: Parts, n: int) -> dict:
     graphs = 1 if parts.device != "cpu" else max(2, min(os.cpu_count() or 1, n_envs))  # CPU: one graph a core, side by side
     quick = n < 100
     episodes, rounds = (8, 1) if quick else (64, 2)
-    configs = {"envs_1": (1, 1), f"envs_{n_envs}": (n_envs, 1), f"envs_{n_envs}_graphs_{graphs}": (n_envs, graphs)}
+    configs = {"envs_1": (1, 1), f"envs_{n_envs}": (n_envs, 1)}
+    if graphs > 1:
+        configs[f"envs_{n_envs}_graphs_{graphs}"] = (n_envs, graphs)
     rates: dict[str, list[dict]] = {k: [] for k in configs}
     with tempfile.TemporaryDirectory(prefix="rollcap-bench-batch-") as tmp:
         for k in range(rounds):  # interleaved rounds: every configuration once per round
@@ -108,7 +110,7 @@ def bench_batch(parts: Parts, n: int) -> dict:
     chunks = 8 if quick else 40
     out["async_2_chunks_per_s"] = async_rate(parts, 2, chunks)
     out["vector_chunks_per_s"] = _vector_rate(parts, n_envs, chunks)
-    out["vector_graphs_chunks_per_s"] = _vector_rate(parts, n_envs, chunks, graphs)
+    out["vector_graphs_chunks_per_s"] = _vector_rate(parts, n_envs, chunks, graphs) if graphs > 1 else out["vector_chunks_per_s"]
     out["vector_over_async_2"] = out["vector_chunks_per_s"] / out["async_2_chunks_per_s"]
     out["vector_graphs_over_async_2"] = out["vector_graphs_chunks_per_s"] / out["async_2_chunks_per_s"]
     return out
