@@ -108,6 +108,9 @@ def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
     from rollcap.rollout.host import RolloutHost
     from rollcap.rollout.subscribers import Metrics
 
+    import dataclasses
+
+    parts = dataclasses.replace(parts, device="cpu", backend=None, precision="fp32")  # the host's work; the stand-in is the device
     env = make_env(parts.env_id, parts.env_kwargs)
     runners = make_runners(parts, env)
     policy, critic = (FixedLatency(r, chunk_s) if r is not None else None for r in runners)
@@ -140,6 +143,8 @@ def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
                     steps.append((time.perf_counter() - t0 - (env_s[0] - e0)) / len(done))
         host.finish()
     host.close()
+    if not metrics.boundary_s:  # every episode ended before its first chunk: say why rather than average nothing
+        raise RuntimeError(f"bench host (stand-in): no chunk ran; stop reasons {sorted({e['stop_reason'] for e in metrics.episodes})}")
     over = np.asarray(metrics.boundary_s) - np.maximum(metrics.policy_s, metrics.critic_s)
     ms = lambda xs: float(np.median(xs) * 1e3)  # noqa: E731
     return {
