@@ -20,6 +20,7 @@ The precision is part of a runner's fingerprint when it is not ``fp32``, so an
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import torch
@@ -55,3 +56,21 @@ def precision_context(precision: str, device: torch.device | str) -> Iterator[No
             matmul.allow_tf32, cudnn.allow_tf32 = before
     else:
         raise ValueError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+def cast_linears(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+    """A copy of ``module`` whose ``nn.Linear`` weights and biases are stored in ``dtype`` (nothing else changes).
+
+    Under autocast a linear casts its fp32 weight to bf16 on every call (the cast cache is off, and inside a
+    captured graph the cast kernels replay anyway): one extra kernel and a full read of the fp32 weight per
+    linear per call. Storing the cast once gives the same bits (the same rounding, done once) with neither.
+    Only linears: other parameters (norms, embeddings, positions) go to ops autocast does not cast alike.
+    The fp32 tensors are never copied (the copy is built around the cast ones).
+    """
+    memo: dict[int, torch.nn.Parameter] = {}
+    for m in module.modules():
+        if isinstance(m, torch.nn.Linear):
+            for p in (m.weight, m.bias):
+                if p is not None and p.dtype != dtype:
+                    memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+    return copy.deepcopy(module, memo)

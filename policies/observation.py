@@ -20,6 +20,7 @@ import torch
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
 from rollcap.kernels.fingerprint import tensor_digest
+from rollcap.kernels.precision import cast_linears
 from rollcap.kernels.runner import GraphRunner
 
 PAD, BOS, EOS = 256, 257, 258
@@ -206,7 +207,12 @@ class ObsRunner(GraphRunner):
         self.spec = self.cfg.obs_spec
         self._tokens: dict[str, np.ndarray] = {}
         ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
-        digest = tensor_digest(dict(self.model.state_dict()))
+        digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
+        if precision == "bf16" and torch.device(device).type == "cuda" and any(isinstance(m, torch.nn.Linear) and m.weight.dtype != torch.bfloat16 for m in self.model.modules()):
+            # On CUDA: the same bits as autocast's per-call weight casts, without them (a CPU jit plan is traced in fp32
+            # and replayed under autocast, so its weights stay fp32 there).
+            self.model = cast_linears(self.model)
+            self.model.weights_digest = digest  # the checkpoint's weights, as every fingerprint names them
         super().__init__(self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads, precision)
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # pragma: no cover - interface

@@ -255,5 +255,5 @@ def rtc_twin(policy: PolicyRunner) -> RTCPolicyRunner:
         return policy
     twin = _TWINS.get(policy)
     if twin is None:
-        twin = _TWINS[policy] = RTCPolicyRunner(policy.model, policy.device, policy.backend, policy.lane)
+        twin = _TWINS[policy] = RTCPolicyRunner(policy.model, policy.device, policy.backend, policy.lane, precision=policy.precision)
     return twin
