@@ -62,6 +62,8 @@ class RunConfig:
     """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch)."""
     graphs: int = 1
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
+    writers: int = 0
+    """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or isinstance(self.episodes, bool) or self.episodes < 1:
@@ -70,6 +72,10 @@ class RunConfig:
             raise ConfigError("envs", f"expected an integer in 1..1024, got {self.envs!r}")
         if not isinstance(self.graphs, int) or isinstance(self.graphs, bool) or self.graphs < 1 or self.envs % self.graphs:
             raise ConfigError("graphs", f"expected an integer >= 1 that divides envs ({self.envs}), got {self.graphs!r}")
+        if not isinstance(self.writers, int) or isinstance(self.writers, bool) or not 0 <= self.writers <= 64:
+            raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
+        if self.writers and self.actors:
+            raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
         if self.envs > 1 and (self.teleop is not None or self.actors):
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs in this process without a person; drop `{'teleop' if self.teleop else 'actors'}`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
@@ -280,13 +286,18 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
     env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
     env_meta = {"env_name": env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {}}
     sharded = parts is not None and (cfg.shards or is_sharded(out))  # a sharded run stays sharded
-    if parts is None and is_sharded(out):
-        raise ConfigError("actors", f"{out} is a sharded run ({MANIFEST}): resume it with actors, or run `rollcap merge {out}` first")
+    if parts is None and is_sharded(out) and not cfg.writers:
+        raise ConfigError("actors", f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first")
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     if sharded:  # the actors write their shards; this process writes the manifest (no writer thread: nothing to write)
         from rollcap.rollout.recording.shards import ManifestWriter
 
         recorder = writer = ManifestWriter(out, cfg.formats, env_meta, resume=cfg.resume)
+    elif cfg.writers:  # child processes, each recording a shard: their CPU and GIL leave this process
+        from rollcap.rollout.recording.process import WriterPool
+
+        writer = WriterPool(out, cfg.writers, cfg.formats, env_meta, resume=cfg.resume)
+        recorder = writer.manifest
     else:
         recorder = EpisodeRecorder(out, formats=cfg.formats, env_meta=env_meta, resume=cfg.resume)
         writer = InBackground(recorder)  # episodes are written on a writer thread, off the hot path
