@@ -13,13 +13,14 @@
 #    by digest, and `rollcap replay` of each with no flags (device, backend, precision come from the recording);
 # 4. `rollcap bench --device cuda`, every section but models (host, recording, peer, capsule, branch, ...);
 # 5. the models sweep (issue 33): the named sizes, plain and fused, eager vs CUDA graph, fp32 / tf32 / bf16;
-# 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34);
+# 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34), and a recorded --envs 32 run replayed;
 # 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
 #
 # Each step has its own time limit, a failed step does not stop the others, and everything lands in OUT_DIR:
 # log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
 # bench.json (every bench report by name), pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json.
-# STEPS=tests,runs,bench,models,batch,compile picks steps (default: all but compile); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
+# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,compile picks steps (default: all but compile; SIZES, PRECISIONS and
+# COMPILE_SIZES narrow the sweeps); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-gpu_check}}
@@ -27,7 +28,7 @@ mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 WORK=$(mktemp -d)
 DEV=${GPU_CHECK_DEVICE:-cuda}
-STEPS=${STEPS:-tests,runs,bench,models,batch}
+STEPS=${STEPS:-tests,core,runs,bench,models,batch,envs}
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 PY=python3
 ROLLCAP=("$PY" -m rollcap.rollout.cli)
@@ -51,7 +52,7 @@ if ! "$PY" -c "import mujoco, gymnasium" 2>/dev/null && compgen -G ".whl/*.whl" 
   step install-wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-"$PY" -c "import rollcap" 2>/dev/null || step install-rollcap 120 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
+"$PY" -c "import rollcap.rollout" 2>/dev/null || step install-rollcap 120 "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e .
 nvidia-smi -L 2>/dev/null
 "$PY" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'devices', torch.cuda.device_count(), 'python', sys.version.split()[0])"
 
@@ -59,6 +60,8 @@ nvidia-smi -L 2>/dev/null
 if want tests; then
   step pytest-cuda 150 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests >"$OUT_DIR/pytest_cuda.txt" 2>&1
   tail -n 15 "$OUT_DIR/pytest_cuda.txt"
+fi
+if want core; then
   # The exactness core on this machine's torch (the oldest the pin admits, 2.11, on the GPU check machine).
   step pytest-core 150 "$PY" -m pytest -q -p no:cacheprovider -n 8 -m "not slow" tests/kernels tests/policies tests/critics tests/capsule \
     tests/rollout/test_golden.py tests/rollout/offline/test_deployment.py tests/envs/test_push_block.py >"$OUT_DIR/pytest_core.txt" 2>&1
@@ -78,13 +81,13 @@ fi
 
 # ---------------------------------------------------------------- 4. bench
 if want bench; then  # every section but the models sweep (step 5) and the opt-in ones
-  step bench-core 150 "${ROLLCAP[@]}" bench --device "$DEV" --only capsule,env,host,gym,branch,scaling,peer,recording "${QUICK[@]}" \
+  step bench-core 150 "${ROLLCAP[@]}" bench --device "$DEV" --only ${SECTIONS:-capsule,env,host,gym,branch,scaling,peer,recording} "${QUICK[@]}" \
     --json "$WORK/bench_core.json"
 fi
 
 # ---------------------------------------------------------------- 5. model sizes (issue 33)
 if want models; then  # the named sizes, plain and fused, eager vs the CUDA graph, each precision; JSON after every cell
-  if [ "$DEV" = cpu ]; then SIZES=shipped PRECISIONS=fp32,bf16; else SIZES=${SIZES:-shipped,26m,205m,3b} PRECISIONS=fp32,tf32,bf16; fi
+  if [ "$DEV" = cpu ]; then SIZES=shipped PRECISIONS=fp32,bf16; else SIZES=${SIZES:-shipped,26m,205m,3b} PRECISIONS=${PRECISIONS:-fp32,tf32,bf16}; fi
   step models 150 "$PY" -m rollcap.rollout.bench.model_sizes --device "$DEV" --sizes "$SIZES" --precisions "$PRECISIONS" --reps 3 \
     --json "$OUT_DIR/sizes.json"
 fi
@@ -94,9 +97,16 @@ if want batch; then
   step bench-batch 120 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --json "$WORK/bench_batch.json"
 fi
 
+# ---------------------------------------------------------------- 6b. a batched run, recorded and replayed (issue 34)
+if want envs; then
+  N=$([ "$DEV" = cpu ] && echo 4 || echo 32)
+  step "run-envs-$N" 120 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-envs"
+  step "replay-envs-$N" 120 "${ROLLCAP[@]}" replay "$WORK/run-envs"   # no flags: device and batch from the recording
+fi
+
 # ---------------------------------------------------------------- 7. compile-cuda (opt-in: inductor compiles each size, cold cache)
 if want compile; then
-  if [ "$DEV" = cpu ]; then SIZES=shipped BACKENDS=jit; else SIZES=${SIZES:-26m,205m,3b} BACKENDS=cuda,compile-cuda; fi
+  if [ "$DEV" = cpu ]; then SIZES=shipped BACKENDS=jit; else SIZES=${COMPILE_SIZES:-26m,205m,3b} BACKENDS=cuda,compile-cuda; fi
   step compile-cuda 300 "$PY" -m rollcap.rollout.bench.model_sizes --device "$DEV" --sizes "$SIZES" --variants fused \
     --backends "$BACKENDS" --precisions bf16 --reps 5 --json "$OUT_DIR/compile_cuda.json"
 fi
