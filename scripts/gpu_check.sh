@@ -18,7 +18,8 @@
 #
 # Each step has its own time limit, a failed step does not stop the others, and everything lands in OUT_DIR:
 # log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
-# bench.json (every bench report by name), pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json.
+# bench_core.json, bench_batch.json, pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json (each as its step
+# ends, so a cut run keeps what finished).
 # SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,compile picks steps (default: all but compile; SIZES, PRECISIONS and
 # COMPILE_SIZES narrow the sweeps); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
 set -u
@@ -82,7 +83,7 @@ fi
 # ---------------------------------------------------------------- 4. bench
 if want bench; then  # every section but the models sweep (step 5) and the opt-in ones
   step bench-core 150 "${ROLLCAP[@]}" bench --device "$DEV" --only ${SECTIONS:-capsule,env,host,gym,branch,scaling,peer,recording} "${QUICK[@]}" \
-    --json "$WORK/bench_core.json"
+    --json "$OUT_DIR/bench_core.json"
 fi
 
 # ---------------------------------------------------------------- 5. model sizes (issue 33)
@@ -94,7 +95,7 @@ fi
 
 # ---------------------------------------------------------------- 6. batched core (issue 34)
 if want batch; then
-  step bench-batch 120 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --json "$WORK/bench_batch.json"
+  step bench-batch 120 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --json "$OUT_DIR/bench_batch.json"
 fi
 
 # ---------------------------------------------------------------- 6b. a batched run, recorded and replayed (issue 34)
@@ -133,8 +134,6 @@ for p in ("fp32", "bf16"):
         same = sum(a == b for a, b in zip(*digests))
         summary["digests"][p] = {"episodes": [len(d) for d in digests], "identical": same}
         print(f"digests {p}: {same} of {len(digests[0])} episodes identical across two processes")
-benches = {f.stem.removeprefix("bench_"): json.loads(f.read_text()) for f in sorted(work.glob("bench_*.json"))}
-(out / "bench.json").write_text(json.dumps(benches, indent=1))
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 bad = [s["step"] for s in summary["steps"] if s["rc"] != 0]
 print("gpu_check:", "all steps passed" if not bad else "failed steps: " + ", ".join(bad))
