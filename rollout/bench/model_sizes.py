@@ -153,6 +153,10 @@ def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
 
 def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str) -> CapturedGraph:
     keys = model.cfg.image_keys
+    if precision == "bf16" and ins.device.type == "cuda":  # as a CUDA runner does (policies/observation.py): linears stored in bf16
+        from rollcap.kernels.precision import cast_linears
+
+        model = cast_linears(model)
 
     def fn(b):
         return {"actions": model.sample([b[k] for k in keys], b["state"], b["tokens"], b["noise"])}
