@@ -43,8 +43,12 @@ MASK_ALIGN = 16
 class FusedFlowVLAConfig(FlowVLAConfig):
     """A :class:`FlowVLAConfig` whose model is the fused re-parameterisation (``"variant": "fused"`` in its JSON)."""
 
+    fused_from: str = ""
+    """The ``weights_digest`` of the checkpoint it was fused from (in the JSON when known: replay finds the checkpoint by it)."""
+
     def to_json(self) -> dict:
-        return {**super().to_json(), "variant": "fused"}
+        d = {k: v for k, v in super().to_json().items() if k != "fused_from"}
+        return {**d, "variant": "fused", **({"fused_from": self.fused_from} if self.fused_from else {})}
 
 
 def _fold(norm: nn.LayerNorm, lin: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,14 +154,14 @@ class FusedExpert(nn.Module):
 
 
 class FusedFlowVLA(CompiledRegions, nn.Module):
-    """A fused :class:`FlowVLA` for sampling (:meth:`sample`, :meth:`sample_rows`, :meth:`inpaint_sample`)."""
+    """A fused :class:`FlowVLA` for sampling (:meth:`sample`, :meth:`sample_rows`, :meth:`inpaint_sample`, :meth:`guided_sample`)."""
 
     REGIONS = ("guided_prefix", "step")
 
-    def __init__(self, plain: FlowVLA):
+    def __init__(self, plain: FlowVLA, fused_from: str = ""):
         super().__init__()
         cfg = plain.cfg
-        self.cfg = FusedFlowVLAConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FlowVLAConfig)})
+        self.cfg = FusedFlowVLAConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FlowVLAConfig)}, fused_from=fused_from)
         src = plain.encoder
         enc = copy.deepcopy(src, memo={id(src.blocks): nn.ModuleList(), id(src.ln_out): None})  # the blocks are rebuilt, not copied
         enc.blocks = nn.ModuleList(FusedBlock(b) for b in src.blocks)
@@ -209,6 +213,20 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         kv, mask = self._region("guided_prefix")([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv[:, None].expand(2, n).reshape(-1))
         return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
+    def guided_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
+        """As :func:`rollcap.policies.rtc.guided_sample`: each step's clean estimate blended towards ``carried`` (``weights`` ``[1, H, 1]``; capturable)."""
+        cfg, e = self.cfg, self.expert
+        kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        x, dt = noise, -1.0 / cfg.num_steps
+        for k in range(cfg.num_steps):
+            tk = 1.0 - k / cfg.num_steps
+            v = e(x.repeat(2, 1, 1), e.step_bias[k], kv, mask)
+            v_u, v_c = v[1:2], v[0:1]
+            vel = v_u + cfg.cfg_beta * (v_c - v_u)  # the plain guided sampler's arithmetic
+            x0 = x - tk * vel
+            x = x + dt * (vel - weights * (carried - x0) / tk)
+        return x
+
     def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
         """As :meth:`FlowVLA.inpaint_sample` (a prefix-conditioned model; ``weights`` 0/1)."""
         kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
@@ -220,9 +238,12 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         return self._euler(noise * keep + pinned, kv, mask, lambda k: bias[k], keep, pinned)
 
 
-def fuse(model: FlowVLA) -> FusedFlowVLA:
-    """The fused sampler of a plain :class:`FlowVLA` (its weights re-parameterised; ``model`` is not changed)."""
+def fuse(model: FlowVLA, fused_from: str = "") -> FusedFlowVLA:
+    """The fused sampler of a plain :class:`FlowVLA` (its weights re-parameterised; ``model`` is not changed).
+
+    ``fused_from``: the checkpoint's ``weights_digest``, kept in the config (so in a runner's fingerprint).
+    """
     if not isinstance(model, FlowVLA):
         raise TypeError(f"fuse: expected a FlowVLA, got {type(model).__name__}")
     with torch.no_grad():
-        return FusedFlowVLA(model).eval()
+        return FusedFlowVLA(model, fused_from).eval()

@@ -90,7 +90,10 @@ def guided_sample(model: FlowVLA, images, state, tokens, noise, carried, weights
     """:meth:`FlowVLA.sample` with every Euler step's clean estimate blended towards ``carried`` (capturable).
 
     ``weights`` ``[1, H, 1]``; all-zero weights give ``FlowVLA.sample``'s chunk bit for bit on CPU.
+    A fused model (:mod:`rollcap.policies.fused`) takes its own form of it.
     """
+    if hasattr(model, "guided_sample"):
+        return model.guided_sample(images, state, tokens, noise, carried, weights)
     cfg = model.cfg
     kv, valid = model.cfg_prefix(images, state, tokens)
     x = noise

@@ -161,7 +161,7 @@ def make_batched_runners(parts, envs: int, env=None, source: str | None = None, 
     from rollcap.critics import CriticRunner, load_critic
     from rollcap.kernels.lanes import make_lane
     from rollcap.policies import PolicyRunner, load_policy
-    from rollcap.rollout.build import _misfit_field, check_fits, named_policy
+    from rollcap.rollout.build import _misfit_field, check_fits, named_policy, policy_model
 
     if named_policy(parts.policy) is not None:
         raise ConfigError("envs", f"a batched run needs a FlowVLA checkpoint; {parts.policy} has no batched graph")
@@ -171,7 +171,7 @@ def make_batched_runners(parts, envs: int, env=None, source: str | None = None, 
         check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
         if critic_model is not None:
             check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    policy = PolicyRunner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), batch=envs)
+    policy = PolicyRunner(policy_model(parts, model), parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), batch=envs)
     if critic_model is None:
         return policy, None
     return policy, CriticRunner(critic_model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), batch=envs)

@@ -2,7 +2,8 @@
 
 A recording's policy fingerprint holds where and how its chunks were computed:
 the device (and the GPU's name), the graph backend, the precision, the model
-kind and its weights digest; the critic's likewise. ``replay`` and ``branch``
+kind and its weights digest, and the sampler (``"variant": "fused"`` in its
+config, with the checkpoint's digest as ``fused_from``); the critic's likewise. ``replay`` and ``branch``
 take each of these from the recording unless a flag names it, so a CUDA bf16
 recording replays on CUDA in bf16 and a run made with the shipped hard-prefix
 checkpoint replays with it, without the user knowing which flags it took.
@@ -20,9 +21,10 @@ import functools
 import json
 from pathlib import Path
 
+from rollcap.rollout.build import named_policy
 from rollcap.rollout.errors import ConfigError
 
-AS_RECORDED = ("device", "backend", "precision", "policy", "critic")
+AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
 """The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
 
 _GPU_BACKENDS, _CPU_BACKENDS = ("cuda", "eager"), ("jit", "aoti", "compile", "eager")
@@ -63,6 +65,9 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
         std = fp.get("std")
         return ("expert" if not std else f"expert:{std}"), None
     digest = fp.get("weights_digest")
+    config = fp.get("config") if isinstance(fp.get("config"), dict) else {}
+    if config.get("variant") == "fused" and isinstance(config.get("fused_from"), str):
+        digest = config["fused_from"]  # a fused sampler's weights are re-parameterised: the checkpoint it was fused from
     if isinstance(digest, str) and digest in shipped_checkpoints():
         return shipped_checkpoints()[digest], None
     if not kind and not isinstance(digest, str):  # not a model rollcap builds (a Python policy of your own): as before
@@ -112,6 +117,13 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
         elif precision != "fp32":
             said.append(f"{source}: recorded at precision {precision}: replaying at it")
         out["precision"] = precision
+    if given.get("sampler") is None:
+        config = pol.get("config") if isinstance(pol.get("config"), dict) else {}
+        named = given.get("policy") is not None and named_policy(given["policy"]) is not None  # --policy lerobot:DIR / expert: no fused variant
+        fused = config.get("variant") == "fused" and not named
+        if fused:
+            said.append(f"{source}: recorded with the fused sampler: replaying with it")
+        out["sampler"] = "fused" if fused else "plain"
     for component in ("policy", "critic"):
         if given.get(component) is not None:
             continue
