@@ -57,7 +57,8 @@ class CriticRunner(ObsRunner):
 
     def result(self) -> float:
         """Wait for the launched replay; returns the value as a Python float (exact float32)."""
-        return float(self.wait()["value"][0].item())
+        self.wait()
+        return self.row_result(0)
 
     def value(self, obs: Mapping[str, object]) -> float:
         self.submit(obs)
@@ -69,7 +70,8 @@ class CriticRunner(ObsRunner):
 
     def row_result(self, row: int) -> float:
         """Row ``row`` of the last waited-for replay's value (call after :meth:`wait`)."""
-        return float(self.outputs["value"][row].item())
+        out = self.outputs.array("value")  # CPU: read through numpy (the same float32, exactly)
+        return float(out[row]) if out is not None else float(self.outputs["value"][row].item())
 
     def value_eager(self, obs: Mapping[str, object]) -> float:
         """The reference path."""

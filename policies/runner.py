@@ -107,7 +107,8 @@ class PolicyRunner(ObsRunner):
 
     def result(self) -> np.ndarray:
         """Wait for the launched chunk; returns a copy ``[H, A]`` (float32)."""
-        return self.wait()["actions"][0].to("cpu").numpy().copy()
+        self.wait()
+        return self.row_result(0)
 
     def act(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:
         """One chunk through the captured graph."""
@@ -120,7 +121,8 @@ class PolicyRunner(ObsRunner):
 
     def row_result(self, row: int) -> np.ndarray:
         """Row ``row`` of the last waited-for replay's chunk, a copy ``[H, A]`` (call after :meth:`wait`)."""
-        return self.outputs["actions"][row].to("cpu").numpy().copy()
+        out = self.outputs.array("actions")  # CPU: one numpy copy of the buffer's row
+        return out[row].copy() if out is not None else self.outputs["actions"][row].cpu().numpy()
 
     def act_eager(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:
         """One chunk through the plain module (the reference path)."""

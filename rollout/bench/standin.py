@@ -41,7 +41,6 @@ class FixedLatency:
         self.last_latency_s = self.seconds
         self._ready: float | None = None
         self._critic = "value" in runner.outputs
-        self._out = runner.outputs.tensors()["value" if self._critic else "actions"]
         if not self._critic:
             self.chunk_shape = tuple(runner.chunk_shape)
             self.execute_steps = int(runner.execute_steps)
@@ -69,9 +68,7 @@ class FixedLatency:
         while time.perf_counter() < self._ready:
             pass
         self._ready = None
-        if self._critic:
-            return float(self._out[0].item())
-        return self._out[0].to("cpu").numpy().copy()  # as PolicyRunner.result (on a GPU: the copy to the host)
+        return self.runner.row_result(0)  # the copy-out PolicyRunner.result / CriticRunner.result make (on a GPU: to the host)
 
     def state_fingerprint(self) -> dict:
         return self.runner.state_fingerprint()

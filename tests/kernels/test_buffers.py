@@ -58,3 +58,25 @@ def test_load_requires_every_buffer():
 def test_spec_lists_names_shapes_dtypes():
     """spec() is a JSON-able description."""
     assert _bs().spec() == [{"name": "a", "shape": [2, 3], "dtype": "float32"}, {"name": "b", "shape": [4], "dtype": "int64"}]
+
+
+def test_numpy_writes_match_torch_writes_and_refuse_alike():
+    """On CPU, exact numpy arrays are copied through the buffers' numpy views: the same bytes as the torch path
+    (strided and read-only arrays too); one mismatched value sends the whole write to the checked path, which
+    names it and copies nothing."""
+    bs, ref = _bs(), _bs()
+    a = np.arange(12, dtype=np.float32).reshape(2, 6)[:, ::2]  # non-contiguous (2, 3)
+    assert not a.flags.c_contiguous
+    b = np.arange(4, dtype=np.int64)
+    b.flags.writeable = False
+    bs.write({"a": a, "b": b})
+    ref.write({"a": torch.from_numpy(np.ascontiguousarray(a)), "b": torch.arange(4)})
+    for k in ("a", "b"):
+        assert torch.equal(bs[k], ref[k])
+        assert bs.array(k).ctypes.data == bs[k].data_ptr()  # the view is the buffer's memory
+    before = bs.snapshot()
+    with pytest.raises(BadInput, match="t.a: expected dtype float32, got float64"):
+        bs.write({"b": b + 1, "a": np.ones((2, 3), np.float64)})
+    for k, v in before.items():
+        assert torch.equal(bs[k], v)
+    assert BufferSet([BufferSpec("h", (2,), torch.bfloat16)]).array("h") is None  # numpy has no bfloat16: torch path
