@@ -122,7 +122,7 @@ class PolicyRunner(ObsRunner):
     def row_result(self, row: int) -> np.ndarray:
         """Row ``row`` of the last waited-for replay's chunk, a copy ``[H, A]`` (call after :meth:`wait`)."""
         out = self.outputs.array("actions")  # CPU: one numpy copy of the buffer's row
-        return out[row].copy() if out is not None else self.outputs["actions"][row].cpu().numpy()
+        return out[row].copy() if out is not None else self.outputs["actions"][row].to("cpu").numpy().copy()
 
     def act_eager(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:
         """One chunk through the plain module (the reference path)."""
