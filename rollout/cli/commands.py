@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
 
 # --------------------------------------------------------------------- run
 def _parts_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), as_recorded: bool = False):
-    """The Parts flags; ``as_recorded`` (replay, branch): device, backend, precision, policy and critic default to the recording's."""
+    """The Parts flags; ``as_recorded`` (replay, branch): device, backend, precision, sampler, policy and critic default to the recording's."""
     from rollcap.rollout.build import Parts
     from rollcap.rollout.cli.options import Options
     from rollcap.rollout.offline.deployment import AS_RECORDED
