@@ -171,10 +171,10 @@ def make_batched_runners(parts, envs: int, env=None, source: str | None = None, 
         check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
         if critic_model is not None:
             check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    policy = PolicyRunner(policy_model(parts, model), parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), batch=envs)
+    policy = PolicyRunner(policy_model(parts, model), parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), batch=envs, precision=parts.precision)
     if critic_model is None:
         return policy, None
-    return policy, CriticRunner(critic_model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), batch=envs)
+    return policy, CriticRunner(critic_model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), batch=envs, precision=parts.precision)
 
 
 def batched_parts(env, policy, critic, parts, host_cfg: HostConfig, run_cfg, own: list, poll, check) -> tuple[list, object, object]:

@@ -137,3 +137,15 @@ def test_a_lerobot_recording_names_the_flag_it_needs(tmp_path):
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "lerobot" / "replay").exists()
     res = rollcap("replay", tmp_path / "lerobot", "--mode", "env")  # no model runs in env mode: it replays
     assert res.returncode == 0 and "1 exact" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.slow(seconds=40)
+def test_a_batched_bf16_run_records_both_and_replays_exact(tmp_path):
+    """--envs 2 --precision bf16: the batch and the precision are in the fingerprint, and replay with no flags is exact."""
+    out = tmp_path / "b"
+    res = rollcap("run", "--envs", 2, "--episodes", 2, "--max-chunks", 3, "--precision", "bf16", "--no-progress", "--format", "npz", "--out", out)
+    assert res.returncode == 0, res.stderr[-2000:]
+    fp = next(iter_episodes(out))[1].fingerprints
+    assert (fp["policy"]["precision"], fp["policy"]["batch"], fp["critic"]["precision"]) == ("bf16", 2, "bf16")
+    res = rollcap("replay", out)
+    assert res.returncode == 0 and "6 exact, 0 diverged" in res.stdout, res.stdout + res.stderr[-2000:]
