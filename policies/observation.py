@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -180,15 +179,6 @@ class ObsModelConfig:
             raise ValueError(f"{where}: {err}") from err
 
 
-class _LastObs(threading.local):
-    """Per thread, the observation a runner validated last: ``(obs, runner, spec, values seen, arrays)`` or None."""
-
-    entry: tuple | None = None
-
-
-_LAST = _LastObs()
-
-
 class ObsRunner(GraphRunner):
     """A :class:`GraphRunner` whose inputs are one observation (plus ``extra_inputs``).
 
@@ -233,23 +223,8 @@ class ObsRunner(GraphRunner):
         self.drain()
 
     def obs_inputs(self, obs: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Validate one observation into batch-1 arrays for the buffers.
-
-        One validation serves both runners of a boundary: the arrays another
-        runner of the same :class:`ObsSpec` made in this thread are taken over,
-        once, by the next runner asking for the very same mapping while it
-        still holds the very same objects (the host starts the policy, then the
-        critic, with one observation). Anything else validates anew, so a bad
-        observation gets the same error from whichever runner sees it first.
-        """
-        spec, last = self.spec, _LAST.entry
-        if last is not None and last[0] is obs and last[1] is not self and (last[2] is spec or last[2] == spec):
-            _LAST.entry = None
-            if all(obs.get(k) is v for k, v in last[3]):
-                return dict(last[4])
-        values = spec.to_inputs(obs, self._tokens)
-        _LAST.entry = (obs, self, spec, tuple((k, obs[k]) for k in (*spec.image_keys, "state", "instruction")), dict(values))
-        return values
+        """Validate one observation into batch-1 arrays for the buffers."""
+        return self.spec.to_inputs(obs, self._tokens)
 
     def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
         """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""

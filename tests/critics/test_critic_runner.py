@@ -8,8 +8,7 @@ import torch
 
 from rollcap.critics import CriticRunner, load_critic, save_critic
 from rollcap.kernels import BadInput, CheckpointMismatch
-from rollcap.policies import PolicyRunner
-from tests.helpers import make_obs, tiny_critic, tiny_policy
+from tests.helpers import make_obs, tiny_critic
 
 
 @pytest.fixture(scope="module", params=["eager", "jit"])
@@ -34,30 +33,6 @@ def test_bad_observation_is_refused(runner):
     obs["image_front"] = obs["image_front"][:, :, :2]
     with pytest.raises(BadInput, match="image_front"):
         runner.value(obs)
-
-
-def test_policy_and_critic_validate_one_observation_once(runner):
-    """The critic takes over the arrays the policy validated for the same observation (same values as its own
-    validation); a value replaced in that mapping since, or a bad observation, is checked (and refused) anew."""
-    policy = PolicyRunner(tiny_policy(), backend="eager")
-    try:
-        noise = np.zeros((4, policy.cfg.action_dim), np.float32)
-        obs = make_obs(3)
-        policy.load(obs, noise)
-        shared = runner.obs_inputs(obs)  # taken over (once)
-        own = runner.obs_inputs(obs)  # validated by the critic itself
-        assert shared.keys() == own.keys() == {"image_front", "state", "tokens"}
-        for k in own:
-            assert np.array_equal(shared[k], own[k]) and shared[k].dtype == own[k].dtype
-        assert runner.value(obs) == runner.value_eager(make_obs(3))
-        policy.load(obs, noise)
-        obs["state"] = np.full(5, np.nan, np.float32)  # replaced after the policy's check: the critic checks again
-        with pytest.raises(BadInput, match=r"observation\['state'\]: contains NaN"):
-            runner.load(obs)
-        with pytest.raises(BadInput, match=r"observation\['state'\]: contains NaN"):
-            policy.load(obs, noise)  # and a bad observation is refused by the first runner that sees it
-    finally:
-        policy.close()
 
 
 @pytest.mark.slow
