@@ -245,5 +245,12 @@ def fuse(model: FlowVLA, fused_from: str = "") -> FusedFlowVLA:
     """
     if not isinstance(model, FlowVLA):
         raise TypeError(f"fuse: expected a FlowVLA, got {type(model).__name__}")
-    with torch.no_grad():
-        return FusedFlowVLA(model, fused_from).eval()
+    # The folds are matrix products: their bits depend on how many threads split the sums (measured: 1 vs 2
+    # threads gave other fused weights, so other chunks). One thread, whatever the caller's budget.
+    outer = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return FusedFlowVLA(model, fused_from).eval()
+    finally:
+        torch.set_num_threads(outer)

@@ -142,3 +142,18 @@ def test_fused_chunks_are_the_same_bytes_in_another_process():
     out = subprocess.run([sys.executable, "-c", _CHILD.format(root=root)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == fused_chunk_digest()
+
+
+def test_fusion_does_not_depend_on_the_callers_threads():
+    """fuse() gives the same weights whatever the caller's intra-op thread budget (a worker at 1 thread and a fresh
+    process at 2 fused differently, so their chunks differed)."""
+    outer = torch.get_num_threads()
+    model = load_policy(DEFAULT_CHECKPOINT)
+    try:
+        got = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            got.append({k: v.clone() for k, v in fuse(model).state_dict().items()})
+    finally:
+        torch.set_num_threads(outer)
+    assert got[0].keys() == got[1].keys() and all(torch.equal(got[0][k], got[1][k]) for k in got[0])
