@@ -260,6 +260,10 @@ def _configs(episodes, out, env, policy, critic, options) -> tuple[HostConfig, R
         parts_kw["env_id"] = env
     if isinstance(policy, (str, os.PathLike)):
         parts_kw["policy"] = Path(policy)
+    elif policy is not None:  # a policy object runs as it is: a setting of rollcap's own graphs would be ignored
+        for name, plain in (("sampler", "plain"), ("precision", "fp32")):
+            if parts_kw.get(name, plain) != plain:
+                raise ConfigError(name, f"{parts_kw[name]!r} applies to rollcap's checkpoints; a policy object runs as it is")
     if isinstance(critic, (str, os.PathLike)):
         parts_kw["critic"] = Path(critic)
     elif critic is not None or not _is_path(policy):  # a critic object, or a user's policy: no shipped critic

@@ -149,3 +149,26 @@ def test_a_batched_bf16_run_records_both_and_replays_exact(tmp_path):
     assert (fp["policy"]["precision"], fp["policy"]["batch"], fp["critic"]["precision"]) == ("bf16", 2, "bf16")
     res = rollcap("replay", out)
     assert res.returncode == 0 and "6 exact, 0 diverged" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+def test_settings_of_rollcaps_graphs_are_refused_with_a_policy_object(tmp_path):
+    """rollcap.run(policy=<object>, sampler / precision): one ConfigError naming the field, nothing created."""
+    import rollcap
+
+    class Mine:
+        chunk_shape = (8, 2)
+
+        def reset(self): ...
+
+        def start(self, obs, noise): ...
+
+        def result(self):
+            return None
+
+        def state_fingerprint(self):
+            return {"policy": "Mine"}
+
+    for field, value in (("sampler", "fused"), ("precision", "bf16")):
+        with pytest.raises(ConfigError, match=rf"^{field}: '{value}' applies to rollcap's checkpoints; a policy object runs as it is"):
+            rollcap.run(episodes=1, out=tmp_path / field, policy=Mine(), progress=False, **{field: value})
+        assert not (tmp_path / field).exists()
