@@ -22,12 +22,12 @@ import json
 from pathlib import Path
 
 from rollcap.rollout.build import named_policy
+from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS
 from rollcap.rollout.errors import ConfigError
 
 AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
 """The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
 
-_GPU_BACKENDS, _CPU_BACKENDS = ("cuda", "eager"), ("jit", "aoti", "compile", "eager")
 
 
 @functools.lru_cache(maxsize=1)
@@ -106,7 +106,7 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
                 )
         out["device"] = device
     on_gpu = str(out["device"]).startswith("cuda")
-    if given.get("backend") is None and pol.get("backend") in (_GPU_BACKENDS if on_gpu else _CPU_BACKENDS):
+    if given.get("backend") is None and pol.get("backend") in ("eager", *(CUDA_PLANS if on_gpu else CPU_PLANS)):
         if pol["backend"] not in ("jit", "cuda"):  # the device defaults need no word
             said.append(f"{source}: recorded with backend {pol['backend']}: replaying with it")
         out["backend"] = pol["backend"]

@@ -172,3 +172,10 @@ def test_settings_of_rollcaps_graphs_are_refused_with_a_policy_object(tmp_path):
         with pytest.raises(ConfigError, match=rf"^{field}: '{value}' applies to rollcap's checkpoints; a policy object runs as it is"):
             rollcap.run(episodes=1, out=tmp_path / field, policy=Mine(), progress=False, **{field: value})
         assert not (tmp_path / field).exists()
+
+
+def test_every_backend_of_the_device_is_taken_back(monkeypatch):
+    """A compile-cuda recording replays with compile-cuda where CUDA is present (the backend lists are kernels.graph's)."""
+    monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 1)
+    parts, said = recorded_parts(dict(UNSET), _rec({"device_kind": "cuda", "backend": "compile-cuda"}), "r")
+    assert parts["backend"] == "compile-cuda" and "r: recorded with backend compile-cuda: replaying with it" in said
