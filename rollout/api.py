@@ -43,7 +43,7 @@ class RunConfig:
     progress: bool = True
     """Show a progress bar."""
     actors: int = 0
-    """Run the episodes on this many Ray actors (0: in this process, without Ray); needs pip install 'rollcap[ray]'."""
+    """Run the episodes on this many Ray actors (0: in this process, without Ray), each with `envs` envs on one graph; needs pip install 'rollcap[ray]'."""
     address: str | None = None
     """With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only); a head with token auth takes the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
     actor_cpus: float = 1.0
@@ -59,7 +59,7 @@ class RunConfig:
     require_exact: bool = False
     """Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
     envs: int = 1
-    """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch)."""
+    """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch); with actors: per actor, each running a batch of episodes per call (the same bytes as in this process)."""
     graphs: int = 1
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
@@ -76,8 +76,8 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
-        if self.envs > 1 and (self.teleop is not None or self.actors):
-            raise ConfigError("envs", f"a batched run (envs={self.envs}) runs in this process without a person; drop `{'teleop' if self.teleop else 'actors'}`")
+        if self.envs > 1 and self.teleop is not None:
+            raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
             raise ConfigError("actors", f"expected an integer >= 0, got {self.actors!r}")
         if self.teleop is not None and self.actors:

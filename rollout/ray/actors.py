@@ -10,6 +10,9 @@
 - Determinism: an episode's recorded bytes depend on its spec and the runners'
   fingerprint only; each actor runs one episode at a time, unbatched, so which
   actor ran it and how many there were change only the timings (not digested).
+  With ``envs`` N each actor drives N envs on graphs at batch N
+  (:mod:`rollcap.rollout.ray.batched`): an episode's bytes are those of the
+  in-process ``--envs N`` run, whichever actor and slot ran it.
 - Faults: only an actor whose ``ready()`` has answered gets work. An actor that
   dies (its process, or its node) is replaced and its item goes back to the
   front of the queue for any live actor; a replacement that is not ready within
@@ -104,6 +107,11 @@ class ActorPool:
         poll_stop: called while the pool starts (before Ray, and twice a second
             while actors build); raises to stop (the CLI acts there on a Ctrl-C
             it held), and the pool is closed.
+        envs: envs per actor; > 1: each actor drives them on one graph captured at
+            that batch (:mod:`rollcap.rollout.ray.batched`; ``actor_cls`` then a
+            :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`, the default),
+            and :meth:`run` sends it a list of episodes per call.
+        graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
 
     Attributes:
         replace_timeout_s: how long a replacement actor may take to be ready
@@ -127,10 +135,17 @@ class ActorPool:
         actor_cls: type = RolloutActor,
         setup: Callable[[object, int], None] | None = None,
         poll_stop: Callable[[], None] | None = None,
+        envs: int = 1,
+        graphs: int = 1,
     ):
         if num_actors < 1:
             raise ConfigError("actors", f"expected an integer >= 1, got {num_actors!r}")
         self.config, self.resources = config, resources
+        self.envs, self._batched = envs, (envs, graphs) if envs > 1 else ()
+        if envs > 1 and actor_cls is RolloutActor:
+            from rollcap.rollout.ray.batched import BatchedRolloutActor
+
+            actor_cls = BatchedRolloutActor
         self.parts, self._shipped = _portable(parts)
         self.address, self.retries, self.replaced, self.dropped = address, 0, 0, 0
         self.failed: dict[int, str] = {}
@@ -161,11 +176,11 @@ class ActorPool:
     def for_run(cls, parts: Parts, host: RolloutHost, cfg, setup=None, poll_stop=None) -> ActorPool:
         """The pool a :class:`~rollcap.rollout.api.RunConfig` asks for, checked against the driver's ``host``."""
         gpus = cfg.actor_gpus if cfg.actor_gpus is not None else (0.0 if parts.device.startswith("cpu") else 1.0 / cfg.actors)
-        return cls(parts, host.config, cfg.actors, cfg.address, ActorResources(cfg.actor_cpus, gpus), identity(host), setup=setup, poll_stop=poll_stop)
+        return cls(parts, host.config, cfg.actors, cfg.address, ActorResources(cfg.actor_cpus, gpus), identity(host), setup=setup, poll_stop=poll_stop, envs=cfg.envs, graphs=cfg.graphs)
 
     # -- start-up --------------------------------------------------------
     def _new_slot(self) -> _Slot:
-        handle = self._remote.remote(self.parts, self.config, self._shipped)
+        handle = self._remote.remote(self.parts, self.config, self._shipped, *self._batched)
         number, self._started = self._started, self._started + 1
         if self._setup is not None:
             self._setup(handle, number)
@@ -211,13 +226,33 @@ class ActorPool:
 
         Episodes finish in any order. A try that fails (its actor died, or
         ``run`` raised on it) runs again on a live or new actor; after
-        ``max_tries`` the episode goes to :attr:`failed`.
+        ``max_tries`` the episode goes to :attr:`failed`. With ``envs`` > 1 a
+        call runs a list of episodes (:meth:`map_batches`).
         """
-        call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
-        for _, record in self.map(call, specs, lambda spec: spec.index, max_tries):
+        if self.envs > 1:
+            batch = lambda handle, specs: handle.run_batch.remote([(s.index, s.seed) for s in specs], specs[0].config)  # noqa: E731
+            records = (r for _, rs in self.map_batches(batch, specs, max_tries) for r in rs)
+        else:
+            call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
+            records = (r for _, r in self.map(call, specs, lambda spec: spec.index, max_tries))
+        for record in records:
             yield emit(record, subscribers)
 
-    def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES) -> Iterator[tuple[object, object]]:
+    def map_batches(self, call, specs: Iterable[EpisodeSpec], max_tries: int = MAX_TRIES) -> Iterator[tuple[tuple[EpisodeSpec, ...], object]]:
+        """:meth:`map` over ``specs`` cut into calls of several episodes (:func:`~rollcap.rollout.ray.batched.call_size`):
+        ``call(handle, specs)`` runs them all; yield ``(specs, result)`` per call.
+
+        A lost call goes back to the queue in two halves (an episode that keeps killing its actor ends up alone);
+        an episode in ``max_tries`` lost calls goes to :attr:`failed`, by index.
+        """
+        from rollcap.rollout.ray.batched import call_size, halves, spec_batches
+
+        specs = list(specs)
+        live = sum(s.live for s in self.slots)
+        batches = spec_batches(specs, call_size(len(specs), live, self.envs))
+        return self.map(call, batches, lambda b: tuple(s.index for s in b), max_tries, split=halves)
+
+    def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES, split=None) -> Iterator[tuple[object, object]]:
         """Run ``call(actor_handle, item)`` (it returns a Ray ref) for every item; yield ``(item, result)`` as each finishes.
 
         One call per actor at a time, and only on an actor whose ``ready()`` has
@@ -229,6 +264,10 @@ class ActorPool:
         reason; with no live actor left, so do the items not yet run. The next
         item is submitted before a result is yielded, so actors stay busy while
         the caller handles it.
+
+        ``split``: a failed item goes back as the items ``split(item)`` returns
+        (each counting the tries of the one it came from); ``key(item)`` is then
+        a tuple of keys, each of which goes to :attr:`failed`.
         """
         ray = self._ray
         todo = deque(items)
@@ -245,7 +284,7 @@ class ActorPool:
             submit()
             starting = {s.ready: n for n, s in enumerate(self.slots) if s.live and s.ready is not None}
             if not busy and not idle and not starting:
-                self._no_actors_left([key(item) for item in todo])
+                self._no_actors_left([k for item in todo for k in (key(item) if split else (key(item),))])
                 return
             done, _ = ray.wait([*busy, *starting], num_returns=1, timeout=0.5)
             idle += self._poll_starting(starting)
@@ -263,10 +302,12 @@ class ActorPool:
                     k = key(item)
                     tries[k] = tries.get(k, 0) + 1
                     if tries[k] >= max_tries:
-                        self.failed[k] = _one_line(err)
+                        self.failed.update(dict.fromkeys(k if split else (k,), _one_line(err)))
                     else:
                         self.retries += 1
-                        todo.appendleft(item)
+                        for part in reversed(split(item) if split else [item]):
+                            tries[key(part)] = tries[k]
+                            todo.appendleft(part)
                     continue
                 idle.append(slot)
                 submit()
@@ -401,6 +442,8 @@ def batch_rollout(
     max_tries: int = MAX_TRIES,
     keep_records: bool = True,
     actor_cls: type = RolloutActor,
+    envs: int = 1,
+    graphs: int = 1,
 ) -> BatchResult:
     """Run episode ``specs`` on ``num_actors`` Ray actors built from ``parts``; the finished episodes come back here.
 
@@ -413,7 +456,9 @@ def batch_rollout(
             unless this process is connected to Ray already.
         max_tries: tries per episode (see :meth:`ActorPool.run`).
         keep_records: False drops each record once the subscribers had it.
-        actor_cls: :class:`RolloutActor` or a subclass.
+        actor_cls: :class:`RolloutActor` or a subclass (with ``envs`` > 1: of
+            :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`).
+        envs, graphs: each actor drives ``envs`` envs on ``graphs`` graphs (see :class:`ActorPool`).
 
     Raises:
         ConfigError: as :class:`ActorPool`.
@@ -421,6 +466,6 @@ def batch_rollout(
     specs = list(specs)
     if not specs:
         return BatchResult([], {})
-    with ActorPool(parts, specs[0].config, num_actors, address, resources, actor_cls=actor_cls) as pool:
+    with ActorPool(parts, specs[0].config, num_actors, address, resources, actor_cls=actor_cls, envs=envs, graphs=graphs) as pool:
         ends = [e if keep_records else EpisodeEnd(e.index, e.seed, e.stop_reason, e.success, e.num_steps, e.num_chunks, e.error) for e in pool.run(specs, subscribers, max_tries)]
         return BatchResult(ends, pool.summary())

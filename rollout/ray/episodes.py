@@ -122,11 +122,14 @@ class RolloutActor:
     def run_recorded(self, index: int, seed: int, config: HostConfig | None = None) -> tuple[EpisodeRecord, dict]:
         """Run an episode as :meth:`run`, record it in this actor's shard (every format, or none), and return
         ``(its record without images, receipt)``; the receipt ``{"index", "digest", "shard", "node"}`` is what the manifest names."""
+        return self.recorded(self.run(index, seed, config))
+
+    def recorded(self, record: EpisodeRecord) -> tuple[EpisodeRecord, dict]:
+        """Write ``record`` in this actor's shard; return ``(it without images, its receipt)``."""
         from rollcap.rollout.recording import episode_digest
         from rollcap.rollout.recording.codec import is_image
 
         shard, recorder = self._shard
-        record = self.run(index, seed, config)
         recorder.write(record)
         receipt = {"index": record.index, "digest": episode_digest(record), "shard": shard, "node": _node_id()}
         images = {k for k, v in record.obs.items() if is_image(v)}

@@ -16,7 +16,10 @@ Exactly once: an episode is part of the run when its manifest line is
 written, and the driver writes one line per index, for the first answer it
 gets. An actor killed after writing its shard and before its answer arrived
 leaves a copy no line names (readers ignore it; the episode runs again
-elsewhere).
+elsewhere). With ``envs`` N per actor (:mod:`rollcap.rollout.ray.batched`)
+an answer holds a call's several episodes, each written to the shard as it
+ended; a call lost with its actor is run again whole, so the copies it had
+written are named by no line either.
 
 Per-node shard directories (``shard_dir``, ``rollcap run --shard-dir DIR``,
 for a cluster without a shared filesystem): each actor writes its shard to
@@ -73,8 +76,14 @@ class Shards:
         The end carries the light record (no camera frames), emitted to ``subscribers`` after the manifest line.
         """
         self.check_visible(pool)
-        call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)
-        for _, (light, receipt) in pool.map(call, episode_specs(indices, pool.config), lambda spec: spec.index, max_tries):
+        specs = episode_specs(indices, pool.config)
+        if pool.envs > 1:  # N envs per actor: a call runs several episodes, each recorded as it ends (rollcap.rollout.ray.batched)
+            batch = lambda handle, specs: handle.run_batch_recorded.remote([(s.index, s.seed) for s in specs], specs[0].config)  # noqa: E731
+            answers = (a for _, got in pool.map_batches(batch, specs, max_tries) for a in got)
+        else:
+            call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)  # noqa: E731
+            answers = (a for _, a in pool.map(call, specs, lambda spec: spec.index, max_tries))
+        for light, receipt in answers:
             self.manifest.add(receipt["index"], receipt["digest"], receipt["shard"], receipt["node"])
             self._named.add(receipt["shard"])
             yield replace(emit(light, subscribers), record=None)
