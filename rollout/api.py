@@ -43,7 +43,7 @@ class RunConfig:
     progress: bool = True
     """Show a progress bar."""
     actors: int = 0
-    """Run the episodes on this many Ray actors (0: in this process, without Ray), each with `envs` envs on one graph; needs pip install 'rollcap[ray]'."""
+    """Run the episodes on this many Ray actors (0: in this process, without Ray; with envs N, each actor drives N envs on one graph); needs pip install 'rollcap[ray]'."""
     address: str | None = None
     """With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only); a head with token auth takes the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
     actor_cpus: float = 1.0
@@ -59,7 +59,7 @@ class RunConfig:
     require_exact: bool = False
     """Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
     envs: int = 1
-    """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch); with actors: per actor, each running a batch of episodes per call (the same bytes as in this process)."""
+    """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch); with actors: the envs of each actor, which runs several episodes per call (the same bytes as in this process)."""
     graphs: int = 1
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
@@ -180,7 +180,8 @@ def run(
             checkpoints). With ``actors=N`` the episodes run on N Ray actors
             (:mod:`rollcap.rollout.ray.actors`), each building the env and
             runners from ``env`` and the checkpoint paths; this process checks
-            them, then records what the actors return.
+            them, then records what the actors return. With both, each actor drives
+            ``envs`` envs at that batch (:mod:`rollcap.rollout.ray.batched`).
 
     Raises:
         ConfigError: a bad option (naming its field), before anything is created.
