@@ -363,6 +363,7 @@ class ActorPool:
         """What a run's summary adds for actors."""
         return {
             "actors": len(self.slots),
+            "envs_per_actor": self.envs,
             "address": self.address or "local (127.0.0.1)",
             "nodes": len(self.nodes),
             "retries": self.retries,

@@ -108,7 +108,7 @@ def test_two_actors_with_two_envs_record_each_episode_once_as_the_in_process_run
     driver = _run(parts, tmp_path / "driver", actors=ENVS, shards=False)
     assert _digests(sharded.run_dir) == _digests(driver.run_dir) == local
     assert is_sharded(sharded.run_dir) and not is_sharded(driver.run_dir)
-    assert (sharded.summary["actors"], sharded.summary["shards"], sharded.summary["retries"], sharded.summary["failed"]) == (2, 2, 0, {})
+    assert (sharded.summary["actors"], sharded.summary["envs_per_actor"], sharded.summary["shards"], sharded.summary["retries"], sharded.summary["failed"]) == (2, ENVS, 2, 0, {})
     assert sharded.summary["episodes"] == driver.summary["episodes"] == EPISODES
     _once(sharded.run_dir, EPISODES)
     capsys.readouterr()
