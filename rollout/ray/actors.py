@@ -50,6 +50,7 @@ from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-ex
     _SHIPPED,
     EpisodeSpec,
     RolloutActor,
+    _one_line,
     _same_parts,
     check_actor_run,
     emit,
@@ -227,32 +228,19 @@ class ActorPool:
         Episodes finish in any order. A try that fails (its actor died, or
         ``run`` raised on it) runs again on a live or new actor; after
         ``max_tries`` the episode goes to :attr:`failed`. With ``envs`` > 1 a
-        call runs a list of episodes (:meth:`map_batches`).
+        call runs a list of episodes (:func:`~rollcap.rollout.ray.batched.stream_batches`).
         """
-        if self.envs > 1:
-            batch = lambda handle, specs: handle.run_batch.remote([(s.index, s.seed) for s in specs], specs[0].config)  # noqa: E731
-            records = (r for _, rs in self.map_batches(batch, specs, max_tries) for r in rs)
+        if self.envs > 1:  # a call runs several episodes; each comes back as it ends
+            from rollcap.rollout.ray.batched import stream_batches
+
+            records = (r for _, r in stream_batches(self, specs, max_tries))
         else:
             call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
             records = (r for _, r in self.map(call, specs, lambda spec: spec.index, max_tries))
         for record in records:
             yield emit(record, subscribers)
 
-    def map_batches(self, call, specs: Iterable[EpisodeSpec], max_tries: int = MAX_TRIES) -> Iterator[tuple[tuple[EpisodeSpec, ...], object]]:
-        """:meth:`map` over ``specs`` cut into calls of several episodes (:func:`~rollcap.rollout.ray.batched.call_size`):
-        ``call(handle, specs)`` runs them all; yield ``(specs, result)`` per call.
-
-        A lost call goes back to the queue in two halves (an episode that keeps killing its actor ends up alone);
-        an episode in ``max_tries`` lost calls goes to :attr:`failed`, by index.
-        """
-        from rollcap.rollout.ray.batched import call_size, halves, spec_batches
-
-        specs = list(specs)
-        live = sum(s.live for s in self.slots)
-        batches = spec_batches(specs, call_size(len(specs), live, self.envs))
-        return self.map(call, batches, lambda b: tuple(s.index for s in b), max_tries, split=halves)
-
-    def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES, split=None) -> Iterator[tuple[object, object]]:
+    def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES) -> Iterator[tuple[object, object]]:
         """Run ``call(actor_handle, item)`` (it returns a Ray ref) for every item; yield ``(item, result)`` as each finishes.
 
         One call per actor at a time, and only on an actor whose ``ready()`` has
@@ -264,10 +252,6 @@ class ActorPool:
         reason; with no live actor left, so do the items not yet run. The next
         item is submitted before a result is yielded, so actors stay busy while
         the caller handles it.
-
-        ``split``: a failed item goes back as the items ``split(item)`` returns
-        (each counting the tries of the one it came from); ``key(item)`` is then
-        a tuple of keys, each of which goes to :attr:`failed`.
         """
         ray = self._ray
         todo = deque(items)
@@ -284,7 +268,7 @@ class ActorPool:
             submit()
             starting = {s.ready: n for n, s in enumerate(self.slots) if s.live and s.ready is not None}
             if not busy and not idle and not starting:
-                self._no_actors_left([k for item in todo for k in (key(item) if split else (key(item),))])
+                self._no_actors_left([key(item) for item in todo])
                 return
             done, _ = ray.wait([*busy, *starting], num_returns=1, timeout=0.5)
             idle += self._poll_starting(starting)
@@ -302,12 +286,10 @@ class ActorPool:
                     k = key(item)
                     tries[k] = tries.get(k, 0) + 1
                     if tries[k] >= max_tries:
-                        self.failed.update(dict.fromkeys(k if split else (k,), _one_line(err)))
+                        self.failed[k] = _one_line(err)
                     else:
                         self.retries += 1
-                        for part in reversed(split(item) if split else [item]):
-                            tries[key(part)] = tries[k]
-                            todo.appendleft(part)
+                        todo.appendleft(item)
                     continue
                 idle.append(slot)
                 submit()
@@ -403,11 +385,6 @@ def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
     shipped = tuple(k for k, path in _SHIPPED.items() if getattr(parts, k) is not None and Path(getattr(parts, k)) == path)
     paths = [k for k in _SHIPPED if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))]
     return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in paths}), shipped
-
-
-def _one_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
 
 
 def _start_error(err: BaseException) -> Exception:

@@ -145,6 +145,12 @@ class RolloutActor:
                 part.close()
 
 
+def _one_line(err: BaseException) -> str:
+    """An error as one line (its type and last line), for ``failed`` and stderr."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
 def _node_id() -> str | None:
     """The Ray node this process runs on (None: used without Ray)."""
     ray = sys.modules.get("ray")

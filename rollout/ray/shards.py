@@ -17,9 +17,9 @@ written, and the driver writes one line per index, for the first answer it
 gets. An actor killed after writing its shard and before its answer arrived
 leaves a copy no line names (readers ignore it; the episode runs again
 elsewhere). With ``envs`` N per actor (:mod:`rollcap.rollout.ray.batched`)
-an answer holds a call's several episodes, each written to the shard as it
-ended; a call lost with its actor is run again whole, so the copies it had
-written are named by no line either.
+a call runs several episodes and answers for each as it ends (written first),
+so the same holds per episode: a lost call's answered episodes are named, the
+rest run again.
 
 Per-node shard directories (``shard_dir``, ``rollcap run --shard-dir DIR``,
 for a cluster without a shared filesystem): each actor writes its shard to
@@ -77,9 +77,10 @@ class Shards:
         """
         self.check_visible(pool)
         specs = episode_specs(indices, pool.config)
-        if pool.envs > 1:  # N envs per actor: a call runs several episodes, each recorded as it ends (rollcap.rollout.ray.batched)
-            batch = lambda handle, specs: handle.run_batch_recorded.remote([(s.index, s.seed) for s in specs], specs[0].config)  # noqa: E731
-            answers = (a for _, got in pool.map_batches(batch, specs, max_tries) for a in got)
+        if pool.envs > 1:  # N envs per actor: a call runs several episodes, each recorded and answered as it ends
+            from rollcap.rollout.ray.batched import stream_batches
+
+            answers = (a for _, a in stream_batches(pool, specs, max_tries, recorded=True))
         else:
             call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)  # noqa: E731
             answers = (a for _, a in pool.map(call, specs, lambda spec: spec.index, max_tries))

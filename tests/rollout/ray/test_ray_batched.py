@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -38,9 +39,15 @@ def _digests(run_dir) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def local(parts, tmp_path_factory) -> dict[int, str]:
-    """The digests of the same episodes run in this process at ``envs=2`` (no Ray)."""
-    return _digests(_run(parts, tmp_path_factory.mktemp("local") / "run").run_dir)
+def in_process(parts, tmp_path_factory) -> tuple[dict[int, str], list[int]]:
+    """The same episodes run in this process at ``envs=2`` (no Ray): digests by index, and the order they ended in."""
+    result = _run(parts, tmp_path_factory.mktemp("local") / "run")
+    return _digests(result.run_dir), [e.index for e in result.episodes]
+
+
+@pytest.fixture(scope="module")
+def local(in_process) -> dict[int, str]:
+    return in_process[0]
 
 
 @pytest.fixture(scope="module")
@@ -116,34 +123,40 @@ def test_two_actors_with_two_envs_record_each_episode_once_as_the_in_process_run
     assert code == 0 and f"{EPISODES} episode(s), 3 mode(s): {3 * EPISODES} exact, 0 diverged" in out, out
 
 
-def _dies_once_after(index: int, marker: Path) -> type:
-    """A BatchedRolloutActor whose process is killed once, right after episode ``index`` ended (and was written to its shard)."""
+def _dies_once_after_writing(index: int, marker: Path) -> type:
+    """A BatchedRolloutActor killed once, after writing episode ``index`` to its shard and before sending it back
+    (two seconds first: the episodes it sent before have reached the driver)."""
 
     class DiesOnce(BatchedRolloutActor):  # defined here, so Ray ships the class (and ``marker``) by value
-        def episodes(self, specs, config=None):
-            for end in super().episodes(specs, config):
-                yield end
-                if end.index == index and not marker.exists():
-                    marker.touch()
-                    os.kill(os.getpid(), signal.SIGKILL)
+        def recorded(self, record):
+            answer = super().recorded(record)
+            if record.index == index and not marker.exists():
+                marker.touch()
+                time.sleep(2.0)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return answer
 
     return DiesOnce
 
 
 @pytest.mark.slow(seconds=10)
-def test_a_killed_actor_s_call_runs_again_and_every_episode_is_recorded_once(ray_local, parts, local, tmp_path, monkeypatch):
-    """An actor killed after one episode of its call ended (and was written to its shard): the whole call runs again elsewhere;
-    the manifest names every episode once, with the in-process digests; the dead actor's copy is named by no line."""
+def test_a_killed_actor_s_unanswered_episodes_run_again_and_every_episode_is_recorded_once(ray_local, parts, in_process, tmp_path, monkeypatch):
+    """The actor of the first call (episodes 0-3, shard s000) is killed after writing episode 1 and before answering for it:
+    the episodes it answered for stay named in s000, episode 1 and those after it run again elsewhere; every episode is
+    named once, with the in-process digests; s000's copy of episode 1 is named by no line."""
     import rollcap.rollout.ray.batched as batched
 
-    monkeypatch.setattr(batched, "BatchedRolloutActor", _dies_once_after(1, tmp_path / "died"))
+    digests, order = in_process
+    monkeypatch.setattr(batched, "BatchedRolloutActor", _dies_once_after_writing(1, tmp_path / "died"))
     result = _run(parts, tmp_path / "run", actors=ENVS)
     assert (tmp_path / "died").exists()
-    assert result.summary["retries"] >= 1 and result.summary["actors_replaced"] >= 1 and result.summary["failed"] == {}
+    assert result.summary["retries"] == 1 and result.summary["actors_replaced"] == 1 and result.summary["failed"] == {}
     _once(result.run_dir, EPISODES)
-    assert _digests(result.run_dir) == local
-    assert (result.run_dir / "shards/s000/episodes/episode_00001.npz").is_file()  # the dead actor (the first call: slot 0) wrote it ...
-    assert read_manifest(result.run_dir)[1][1].shard != "shards/s000"  # ... and the manifest names the copy the call's re-run made
+    assert _digests(result.run_dir) == digests
+    entries = read_manifest(result.run_dir)[1]
+    answered = {i for i in order[: order.index(1)] if i in (0, 2, 3)}  # the first call's episodes that ended before episode 1
+    assert {i for i, e in entries.items() if e.shard == "shards/s000"} == answered
+    assert entries[1].shard != "shards/s000" and (result.run_dir / "shards/s000/episodes/episode_00001.npz").is_file()
 
 
 def _always_dies_at(index: int) -> type:
