@@ -56,7 +56,7 @@ def call_size(episodes: int, actors: int, envs: int) -> int:
 
 
 def spec_batches(specs: Sequence[EpisodeSpec], size: int) -> list[tuple[EpisodeSpec, ...]]:
-    """``specs`` cut into calls of at most ``size``, each of one config (a call runs on one core)."""
+    """``specs`` cut into calls of at most ``size``, each of one config (a call runs on one batched core)."""
     out: list[list[EpisodeSpec]] = []
     for spec in specs:
         if out and len(out[-1]) < size and out[-1][0].config == spec.config:
