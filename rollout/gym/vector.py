@@ -188,24 +188,29 @@ class NoiseSteeringVectorEnv(_CoreVectorEnv):
         return list(a), None
 
 
-def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int, graphs: int):
+def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int, graphs: int, parts=None):
     from rollcap.rollout.batch import make_batched_runners
     from rollcap.rollout.build import Parts, make_env
 
     if graphs < 1 or num_envs % graphs:
         raise ConfigError("graphs", f"expected an integer >= 1 that divides num_envs ({num_envs}), got {graphs!r}")
-    parts = Parts(env_kwargs=env_kwargs, device=device, threads=threads)
+    if parts is None:
+        parts = Parts(env_kwargs=env_kwargs, device=device, threads=threads)
+    elif env_kwargs is not None:
+        raise ConfigError("env_kwargs", "give the env's kwargs in parts (Parts(env_kwargs=...)), not beside it")
     envs = [make_env(parts.env_id, parts.env_kwargs) for _ in range(num_envs)]
     return envs, *make_batched_runners(parts, num_envs, envs[0], graphs=graphs)
 
 
-def make_chunk_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, **kw) -> ChunkVectorEnv:
+def make_chunk_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, parts=None, **kw) -> ChunkVectorEnv:
     """``gym.make_vec("rollcap/ChunkPushBlock-v0", num_envs)``: the built-in task, shipped policy and critic at batch
-    ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``)."""
-    return ChunkVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs), HostConfig(**(config or {})), **kw)
+    ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
+    checkpoints, a :class:`~rollcap.rollout.build.Parts`, instead of ``env_kwargs`` / ``device`` / ``threads``)."""
+    return ChunkVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw)
 
 
-def make_noise_steering_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, **kw) -> NoiseSteeringVectorEnv:
+def make_noise_steering_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, parts=None, **kw) -> NoiseSteeringVectorEnv:
     """``gym.make_vec("rollcap/NoiseSteerPushBlock-v0", num_envs)``: the shipped policy steered through its noise at batch
-    ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``)."""
-    return NoiseSteeringVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs), HostConfig(**(config or {})), **kw)
+    ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
+    checkpoints, e.g. a MetaWorld task with the MT10 policy, instead of ``env_kwargs`` / ``device`` / ``threads``)."""
+    return NoiseSteeringVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw)

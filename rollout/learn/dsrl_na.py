@@ -1,0 +1,306 @@
+"""DSRL on the batched vector env: train a noise agent (:mod:`~rollcap.rollout.learn.noise_agent`), then score it
+against the frozen policy on held-out episodes, paired.
+
+- :data:`TASKS`: the two settings the benchmark reports (PushBlock at whole 8-action chunks with the shipped policy;
+  MetaWorld peg-insert-side with the MT10 policy at 4 of 8 actions), each with its held-out run seed.
+- :func:`train`: N sub-envs of :class:`~rollcap.rollout.gym.vector.NoiseSteeringVectorEnv` (one policy graph at
+  batch N) feed a replay buffer; after ``init_steps`` transitions of the policy's own noise (standard normal) the
+  actor's sampled noise steers them; every vector step does ``critic_steps`` critic, ``distill_steps`` noise-critic
+  (NA) and ``actor_steps`` actor updates. Stops at a wall-clock or transition budget; logs a learning curve.
+- :func:`evaluate`: the actor's deterministic noise on held-out episodes ``episode_seed(eval_seed, i)``, batch 1,
+  with the critic's value and the discounted return of every chunk (the critic against Monte-Carlo), and what
+  noise the actor picks; :func:`baseline` scores the frozen policy (exactly ``rollcap run --seed eval_seed``) and
+  all-zero noise on the same seeds.
+
+Reward: ``success_reward`` on the chunk that succeeds (success ends the episode), plus ``env_reward_scale`` x the
+env's own reward, minus ``chunk_penalty`` a chunk. An episode's time limit ends it too (no bootstrap past it: the
+held-out score is success within the limit).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from rollcap.rollout.build import Parts
+from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
+from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson
+
+
+@dataclass(frozen=True)
+class Task:
+    """One benchmark setting: the env and checkpoints, the chunk execution, the held-out run seed."""
+
+    name: str
+    env_id: str
+    env_kwargs: dict | None
+    execute_steps: int
+    eval_seed: int
+
+    def parts(self, threads: int = 1) -> Parts:
+        return Parts(env_id=self.env_id, env_kwargs=self.env_kwargs, critic="none", threads=threads)
+
+
+TASKS = {
+    "pushblock": Task("pushblock", "rollcap/PushBlock-v0", None, 8, 2),
+    "peg-insert-side": Task("peg-insert-side", "rollcap/MetaWorld-peg-insert-side-v3", {"render_images": False}, 4, 31337),
+}
+TRAIN_SEED_BASE = 500_000
+"""Training sub-env ``i`` of seed ``s`` uses run seed ``TRAIN_SEED_BASE + 100 * s + i``: never a held-out or
+demonstration run seed."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The loop around the agent."""
+
+    task: str = "peg-insert-side"
+    seed: int = 0
+    minutes: float = 20.0
+    """Wall-clock budget of training."""
+    max_transitions: int = 10_000_000
+    num_envs: int = 8
+    """Sub-envs on the one batched graph."""
+    init_steps: int = 1500
+    """Transitions of the policy's own noise before the actor steers [1,501 rollout steps]."""
+    critic_steps: int = 4
+    """Critic updates per vector step (of ``num_envs`` transitions) [20 per step of 4 envs]."""
+    distill_steps: int = 2
+    """NA: noise-critic updates per vector step [10]."""
+    actor_steps: int = 1
+    """Actor updates per vector step."""
+    buffer: int = 300_000
+    success_reward: float = 1.0
+    env_reward_scale: float = 0.0
+    chunk_penalty: float = 0.0
+    threads: int = 1
+    """Intra-op threads of the updates and of the policy's lane."""
+    log_every_s: float = 30.0
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task: expected one of {sorted(TASKS)}, got {self.task!r}")
+        for name in ("num_envs", "critic_steps", "threads", "buffer", "max_transitions"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
+        for name in ("init_steps", "distill_steps", "actor_steps", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"{name}: expected an integer >= 0, got {v!r}")
+        if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
+            raise ValueError(f"minutes: expected a number > 0, got {self.minutes!r}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def features(obs: dict, code) -> np.ndarray:
+    """The agent's view of a batch of vector-env observations: ``state`` and the task code, float32 ``[B, D]``."""
+    state = np.asarray(obs["state"], np.float32)
+    if code is None:
+        return state
+    return np.concatenate([state, np.stack([code.encode(t) for t in obs["instruction_tokens"]])], 1).astype(np.float32)
+
+
+def _task_code(task: Task):
+    from rollcap.rollout.learn.dsrl import task_code_for
+
+    return task_code_for(task.env_id)
+
+
+def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
+    """Train DSRL on ``cfg.task``; returns the agent and ``{"curve": [...], "budget": {...}}``."""
+    from gymnasium.vector import AutoresetMode
+
+    from rollcap.rollout.gym.vector import make_noise_steering_vector_env
+
+    task = TASKS[cfg.task]
+    torch.set_num_threads(cfg.threads)
+    code = _task_code(task)
+    venv = make_noise_steering_vector_env(cfg.num_envs, config={"execute_steps": task.execute_steps}, parts=task.parts(cfg.threads), autoreset_mode=AutoresetMode.SAME_STEP)
+    try:
+        return _train(cfg, task, venv, code, progress)
+    finally:
+        venv.close()
+
+
+def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAgent, dict]:
+    n, (h, a) = cfg.num_envs, venv.chunk_shape
+    e = task.execute_steps
+    obs, _ = venv.reset(seed=[TRAIN_SEED_BASE + 100 * cfg.seed + i for i in range(n)])
+    feat = features(obs, code)
+    agent = NoiseAgent(feat.shape[1], h * a, e * a, cfg.agent, seed=cfg.seed)
+    buf = Replay(cfg.buffer, feat.shape[1], h * a, e * a)
+    rng = np.random.default_rng([cfg.seed, 0xD5])
+    pending = [-1] * n
+    outcomes: list[bool] = []
+    curve, stats = [], {}
+    t0 = last_log = time.perf_counter()
+    transitions = updates = 0
+    timing = {"env": 0.0, "update": 0.0}
+    while transitions < cfg.max_transitions and time.perf_counter() - t0 < 60 * cfg.minutes:
+        t1 = time.perf_counter()
+        steering = transitions >= cfg.init_steps
+        noise = agent.act(feat, deterministic=False) if steering else rng.standard_normal((n, h * a)).astype(np.float32)
+        obs, reward, term, trunc, info = venv.step(noise.reshape(n, h, a))
+        timing["env"] += time.perf_counter() - t1
+        done = term | trunc
+        final = info.get("final_obs")
+        nxt = features({k: np.stack([final[i][k] if done[i] else obs[k][i] for i in range(n)]) for k in ("state", "instruction_tokens")}, code) if done.any() else features(obs, code)
+        for i in range(n):
+            src = info["final_info"] if done[i] else info
+            inf = {k: src[k][i] for k in ("policy_chunk", "is_success") if k in src and src[f"_{k}"][i]}
+            chunk = np.asarray(inf["policy_chunk"], np.float32)[:e].reshape(-1)
+            success = bool(done[i] and inf.get("is_success", False))
+            r = cfg.success_reward * success + cfg.env_reward_scale * float(reward[i]) - cfg.chunk_penalty
+            if pending[i] >= 0:
+                buf.complete(pending[i], chunk)
+            ready = 1.0 if (done[i] or cfg.agent.algorithm == "sac") else 0.0
+            slot = buf.add(obs=feat[i], noise=noise[i], action=chunk, reward=r, done=float(done[i]), next_obs=nxt[i], ready=ready)
+            pending[i] = -1 if done[i] else slot
+            if done[i]:
+                outcomes.append(success)
+        feat = features(obs, code)
+        transitions += n
+        if transitions >= cfg.init_steps:
+            t1 = time.perf_counter()
+            for _ in range(cfg.critic_steps):
+                stats.update(agent.critic_step(buf.sample(rng, cfg.agent.batch)))
+            for _ in range(cfg.distill_steps if cfg.agent.algorithm == "na" else 0):
+                stats.update(agent.distill_step(buf.sample(rng, cfg.agent.batch)))
+            for _ in range(cfg.actor_steps):
+                stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
+            updates += 1
+            timing["update"] += time.perf_counter() - t1
+        now = time.perf_counter()
+        if now - last_log >= cfg.log_every_s:
+            last_log = now
+            recent = outcomes[-100:]
+            point = {"seconds": round(now - t0, 1), "transitions": transitions, "episodes": len(outcomes), "updates": updates,
+                     "train_success_last100": (sum(recent) / len(recent)) if recent else None, **{k: round(v, 5) for k, v in stats.items()}}  # fmt: skip
+            curve.append(point)
+            progress(" ".join(f"{k}={v}" for k, v in point.items()))
+    seconds = time.perf_counter() - t0
+    budget = {"seconds": round(seconds, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
+              "critic_updates": updates * cfg.critic_steps, "distill_updates": updates * (cfg.distill_steps if cfg.agent.algorithm == "na" else 0),
+              "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1)}  # fmt: skip
+    return agent, {"curve": curve, "budget": budget}
+
+
+# ---------------------------------------------------------------- evaluation
+def _single_env(task: Task):
+    from rollcap.rollout.build import make_env, make_runners
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.gym.envs import NoiseSteeringEnv
+
+    parts = task.parts()
+    env = make_env(parts.env_id, parts.env_kwargs)
+    policy, critic = make_runners(parts, env)
+    return NoiseSteeringEnv(env, policy, critic, HostConfig(execute_steps=task.execute_steps))
+
+
+def baseline(task_name: str, episodes: int, progress=print) -> dict:
+    """The frozen policy (its own derived noise: ``rollcap run --seed eval_seed``) and all-zero noise on the held-out seeds."""
+    from rollcap.rollout.learn.dsrl import frozen_episodes
+
+    task = TASKS[task_name]
+    core = _single_env(task)
+    try:
+        frozen = [e.success for e in frozen_episodes(core, task.eval_seed, episodes)]
+        progress(f"frozen: {sum(frozen)}/{episodes}")
+        zero = _steered(core, task, lambda f: np.zeros((1, int(np.prod(core.chunk_shape))), np.float32), episodes)[0]
+        progress(f"zero noise: {sum(zero)}/{episodes}")
+    finally:
+        core.close()
+    return {"task": task_name, "eval_seed": task.eval_seed, "episodes": episodes, "frozen": frozen, "zero_noise": zero}
+
+
+def _steered(core, task: Task, act, episodes: int, probe=None) -> tuple[list[bool], list[dict]]:
+    code = _task_code(task)
+    out, chunks = [], []
+    obs, info = core.reset(seed=task.eval_seed)
+    for i in range(episodes):
+        if i:
+            obs, info = core.reset()
+        rows, done = [], False
+        while not done:
+            f = features({k: np.asarray(obs[k])[None] for k in ("state", "instruction_tokens")}, code)
+            w = act(f)
+            obs, _, term, trunc, info = core.step(w.reshape(core.chunk_shape))
+            done = term or trunc
+            if probe is not None:
+                rows.append({**probe(f, w, info), "reward": float(done and info.get("is_success", False))})
+        out.append(bool(info["is_success"]))
+        chunks.append(rows)
+    return out, chunks
+
+
+def evaluate(agent: NoiseAgent, task_name: str, episodes: int, base: dict, gamma: float) -> dict:
+    """The agent's deterministic noise on the held-out seeds, paired against ``base`` (:func:`baseline`)."""
+    task = TASKS[task_name]
+    e = task.execute_steps
+
+    @torch.no_grad()
+    def probe(f, w, info):
+        o, n = torch.as_tensor(f), torch.as_tensor(w)
+        row = {"q_noise": float(agent.noise_value(o, n)[0]), "noise_abs": float(np.abs(w).mean()),
+               "edge": float(np.mean(np.abs(w) >= 0.99 * agent.cfg.magnitude)), "noise": w[0]}  # fmt: skip
+        if agent.cfg.algorithm == "na" and "policy_chunk" in info:
+            a = torch.as_tensor(np.asarray(info["policy_chunk"], np.float32)[:e].reshape(1, -1))
+            row["q_action"] = float(agent.action_value(o, a)[0])
+        return row
+
+    core = _single_env(task)
+    try:
+        steered, chunks = _steered(core, task, lambda f: agent.act(f, deterministic=True), episodes, probe)
+    finally:
+        core.close()
+    q, g, noise = [], [], []
+    for rows in chunks:
+        ret = 0.0
+        for row in reversed(rows):
+            ret = row["reward"] + gamma * ret
+            q.append(row["q_noise"])
+            g.append(ret)
+            noise.append(row["noise"])
+    q, g, noise = np.asarray(q), np.asarray(g), np.asarray(noise)
+    frozen, zero = base["frozen"][:episodes], base["zero_noise"][:episodes]
+    fixed = sum(s and not f for s, f in zip(steered, frozen))
+    broken = sum(f and not s for s, f in zip(steered, frozen))
+    zfixed = sum(s and not z for s, z in zip(steered, zero))
+    zbroken = sum(z and not s for s, z in zip(steered, zero))
+    return {
+        "episodes": episodes, "eval_seed": task.eval_seed, "episode_seeds": [episode_seed(task.eval_seed, i) for i in range(episodes)],
+        "steered_success": sum(steered), "frozen_success": sum(frozen), "zero_noise_success": sum(zero),
+        "steered_wilson": wilson(sum(steered), episodes), "frozen_wilson": wilson(sum(frozen), episodes), "zero_noise_wilson": wilson(sum(zero), episodes),
+        "fixed": fixed, "broken": broken, "mcnemar_p": mcnemar_p(fixed, broken), "difference_and_95ci": paired_difference(fixed, broken, episodes),
+        "vs_zero_noise": {"fixed": zfixed, "broken": zbroken, "mcnemar_p": mcnemar_p(zfixed, zbroken), "difference_and_95ci": paired_difference(zfixed, zbroken, episodes)},
+        "steered": steered, "frozen": frozen, "zero_noise": zero,
+        "critic_vs_monte_carlo": {"chunks": len(q), "q_mean": float(q.mean()), "return_mean": float(g.mean()), "bias": float((q - g).mean()),
+                                  "corr": float(np.corrcoef(q, g)[0, 1]) if len(q) > 2 and q.std() > 0 and g.std() > 0 else None},
+        "noise": {"abs_mean": float(np.abs(noise).mean()), "edge_fraction": float(np.mean(np.abs(noise) >= 0.99 * agent.cfg.magnitude)),
+                  "spread_over_states": float(noise.std(0).mean()), "mean_norm_per_element": float(np.sqrt((noise.mean(0) ** 2).mean())),
+                  "policy_own_abs_mean": math.sqrt(2 / math.pi)},
+    }  # fmt: skip
+
+
+def summary_lines(result: dict) -> list[str]:
+    """The held-out comparison in a few lines."""
+    n = result["episodes"]
+    out = []
+    for name in ("steered", "frozen", "zero_noise"):
+        k = result[f"{name}_success"]
+        _, lo, hi = result[f"{name}_wilson"]
+        out.append(f"{name.replace('_', ' ')}: {k}/{n} = {k / n:.1%} (95% Wilson {lo:.1%}-{hi:.1%})")
+    d, lo, hi = result["difference_and_95ci"]
+    out.append(f"steered - frozen: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {result['fixed']} fixed / {result['broken']} broken, McNemar p = {result['mcnemar_p']:.3g}")
+    c = result["critic_vs_monte_carlo"]
+    out.append(f"critic vs Monte-Carlo return on the steered chunks: Q {c['q_mean']:.3f} vs G {c['return_mean']:.3f} (bias {c['bias']:+.3f}, corr {c['corr']})")
+    return out

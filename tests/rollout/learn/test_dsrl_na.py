@@ -1,0 +1,123 @@
+"""DSRL on the batched vector env (rollout/learn/dsrl_na.py, noise_agent.py): both variants learn a bandit whose
+reward depends on the noise only through an aliased action; the loop stores what the env executed; a seed repeats a
+run bit for bit; a zero-noise actor scores exactly as the zero-noise baseline; the example runs at its smallest."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, train
+from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = AgentConfig(hidden=32, layers=2, batch=64, init_alpha=0.01, target_entropy=-4.0)
+
+
+@pytest.mark.parametrize("algorithm", ["na", "sac"])
+def test_agent_learns_an_aliased_bandit(algorithm):
+    """A one-step task: the executed action is the noise's sign pattern (many noises alias one action) and the reward
+    is 1 where the action matches the observation's sign. Both variants' deterministic noise ends on the rewarded side."""
+    cfg = AgentConfig(**{**TINY.to_json(), "algorithm": algorithm, "lr": 3e-3})
+    agent = NoiseAgent(2, 2, 2, cfg, seed=0)
+    rng = np.random.default_rng(0)
+    buf = Replay(5000, 2, 2, 2)
+
+    def step(obs, noise):
+        action = np.sign(noise)
+        return action, (action == np.sign(obs)).all(1).astype(np.float32)
+
+    for it in range(600):
+        obs = rng.choice([-1.0, 1.0], (8, 2)).astype(np.float32)
+        noise = rng.uniform(-1.5, 1.5, (8, 2)).astype(np.float32) if it < 100 else agent.act(obs, deterministic=False)
+        action, reward = step(obs, noise)
+        for i in range(8):
+            buf.add(obs=obs[i], noise=noise[i], action=action[i], reward=reward[i], done=1.0, next_obs=obs[i], ready=1.0)
+        if it >= 20:
+            agent.critic_step(buf.sample(rng, 64))
+            if algorithm == "na":
+                agent.distill_step(buf.sample(rng, 64))
+            agent.actor_step(buf.sample(rng, 64))
+    test = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1]], np.float32)
+    _, reward = step(test, agent.act(test, deterministic=True))
+    assert reward.all(), (algorithm, agent.act(test, deterministic=True))
+
+
+def test_replay_holds_back_the_action_target_until_the_next_chunk_is_known():
+    buf = Replay(4, 1, 2, 2)
+    i = buf.add(obs=[0.0], noise=[1, 2], action=[3, 4], reward=0.0, done=0.0, next_obs=[1.0])
+    assert buf.data["ready"][i] == 0.0
+    buf.complete(i, np.array([5, 6], np.float32))
+    assert buf.data["ready"][i] == 1.0 and buf.data["next_action"][i].tolist() == [5, 6]
+    for _ in range(5):  # a ring: the oldest slot is overwritten
+        buf.add(obs=[2.0], ready=1.0)
+    assert buf.size == 4 and (buf.data["obs"][:, 0] == 2.0).all()
+
+
+def test_configs_refuse_bad_values():
+    with pytest.raises(ValueError, match="algorithm"):
+        AgentConfig(algorithm="ppo")
+    with pytest.raises(ValueError, match="hidden"):
+        AgentConfig(hidden=0)
+    with pytest.raises(ValueError, match="magnitude"):
+        AgentConfig(magnitude=5.0)
+    with pytest.raises(ValueError, match="task"):
+        TrainConfig(task="nope")
+    with pytest.raises(ValueError, match="num_envs"):
+        TrainConfig(num_envs=0)
+    with pytest.raises(ValueError, match="minutes"):
+        TrainConfig(minutes=0)
+
+
+def _tiny_run(seed: int = 0, algorithm: str = "na"):
+    cfg = TrainConfig(task="pushblock", seed=seed, minutes=5, max_transitions=48, num_envs=2, init_steps=16, critic_steps=1, distill_steps=1,
+                      agent=AgentConfig(**{**TINY.to_json(), "algorithm": algorithm}))  # fmt: skip
+    return train(cfg, progress=lambda line: None)
+
+
+@pytest.mark.slow(seconds=20)
+def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
+    a1, info1 = _tiny_run(0)
+    a2, _ = _tiny_run(0)
+    a3, _ = _tiny_run(1)
+    s1, s2, s3 = a1.state_dict(), a2.state_dict(), a3.state_dict()
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
+    assert not all(torch.equal(s1[k], s3[k]) for k in s1)
+    b = info1["budget"]
+    assert b["transitions"] == 48 and b["vector_steps"] == 24 and b["env_steps"] == 48 * TASKS["pushblock"].execute_steps
+    assert b["critic_updates"] == b["distill_updates"] == b["actor_updates"] == 24 - 16 // 2 + 1
+
+
+@pytest.mark.slow(seconds=20)
+def test_a_zero_noise_actor_scores_as_the_zero_noise_baseline():
+    """The held-out side runs the actor's deterministic noise through the same env as the baseline's zero noise."""
+    agent, _ = _tiny_run(0)
+    with torch.no_grad():  # the squashed mean is tanh(0) = 0 everywhere
+        agent.actor.net[-1].weight.zero_()
+        agent.actor.net[-1].bias.zero_()
+    base = baseline("pushblock", 3, progress=lambda line: None)
+    result = evaluate(agent, "pushblock", 3, base, 0.99)
+    assert result["steered"] == base["zero_noise"]
+    assert result["noise"]["abs_mean"] == 0.0
+    assert result["critic_vs_monte_carlo"]["chunks"] > 3
+
+
+@pytest.mark.slow(seconds=30)
+def test_example_writes_result_agent_and_curve(tmp_path):
+    cmd = [sys.executable, str(ROOT / "examples" / "dsrl.py"), "--task", "pushblock", "--algorithm", "sac", "--max-transitions", "32", "--num-envs", "2",
+           "--init-steps", "8", "--hidden", "32", "--eval-episodes", "2", "--log-every-s", "0", "--out", str(tmp_path / "run")]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert report["config"]["agent"]["algorithm"] == "sac" and report["budget"]["transitions"] == 32
+    assert report["eval"]["episodes"] == 2 and len(report["eval"]["steered"]) == 2 and report["curve"]
+    assert (tmp_path / "run" / "agent.safetensors").exists()
+    assert (tmp_path / "baseline-pushblock-2.json").exists()
+    bad = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl.py"), "--algorithm", "ppo", "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "algorithm" in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
