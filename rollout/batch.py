@@ -286,8 +286,8 @@ class BatchedCore:
             for s in self.subscribers:
                 s.on_run_end()
 
-    def episodes(self, todo: Iterable[int]) -> Iterator[EpisodeEnd]:
-        """Run the episodes ``todo`` names, each in the next free slot; yield each one's end as it finishes."""
+    def episodes(self, todo: Iterable[int | tuple[int, int]]) -> Iterator[EpisodeEnd]:
+        """Run the episodes ``todo`` names (an index, or ``(index, seed)``), each in the next free slot; yield each one's end as it finishes."""
         todo = iter(todo)
         self.open_pool()
         try:
@@ -352,17 +352,18 @@ class BatchedCore:
                 f.exception() if not f.cancel() else None
         return out
 
-    def _refill(self, todo: Iterator[int]) -> Iterator[EpisodeEnd]:
-        """Finish the slots whose episode ended (slot order) and start the next episode in each free slot."""
+    def _refill(self, todo: Iterator[int | tuple[int, int]]) -> Iterator[EpisodeEnd]:
+        """Finish the slots whose episode ended (slot order) and start the next episode in each free slot
+        (an item is an episode index, its seed derived from the run's, or ``(index, seed)``)."""
         for h in self.hosts:
             while h.state is not HostState.RUNNING:
                 if h.state is HostState.STOP_INFER:
                     yield h.finish()
                     continue
-                index = next(todo, None)
-                if index is None:
+                item = next(todo, None)
+                if item is None:
                     break
-                h.start(index)
+                h.start(*item) if isinstance(item, tuple) else h.start(item)
 
     def abort(self) -> None:
         """Abandon every running episode (nothing recorded); the core is ready again."""

@@ -42,7 +42,6 @@ from rollcap.rollout.batch import BatchedCore, make_batched_runners
 from rollcap.rollout.build import Parts, make_env
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.ray.episodes import _SHIPPED, EpisodeSpec, RolloutActor, _one_line
 
@@ -72,21 +71,6 @@ def halves(batch: tuple) -> list[tuple]:
     return [batch] if len(batch) < 2 else [batch[:h], batch[h:]]
 
 
-class _SeededCore(BatchedCore):
-    """A :class:`BatchedCore` whose ``todo`` items are ``(index, seed)``: an actor runs the seeds it is given."""
-
-    def _refill(self, todo: Iterator[tuple[int, int]]) -> Iterator[EpisodeEnd]:
-        for h in self.hosts:  # as BatchedCore._refill, with the spec's seed
-            while h.state is not HostState.RUNNING:
-                if h.state is HostState.STOP_INFER:
-                    yield h.finish()
-                    continue
-                spec = next(todo, None)
-                if spec is None:
-                    break
-                h.start(*spec)
-
-
 class BatchedRolloutActor(RolloutActor):
     """``envs`` envs and runners captured at batch ``envs`` (``graphs`` pairs at ``envs // graphs``); runs a list of episodes per call.
 
@@ -99,7 +83,7 @@ class BatchedRolloutActor(RolloutActor):
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
         self.envs: list = []
         self.policy = self.critic = None
-        self._cores: dict[HostConfig, _SeededCore] = {}
+        self._cores: dict[HostConfig, BatchedCore] = {}
         self._hosts = {}
         try:
             for _ in range(envs):
@@ -111,12 +95,12 @@ class BatchedRolloutActor(RolloutActor):
             self.close()
             raise
 
-    def core(self, config: HostConfig | None = None) -> _SeededCore:
+    def core(self, config: HostConfig | None = None) -> BatchedCore:
         """The batched core for ``config`` (default: the first; built on first use, on the same envs and runners)."""
         if config is None:
             return next(iter(self._cores.values()))
         if config not in self._cores:
-            core = self._cores[config] = _SeededCore(self.envs, self.policy, self.critic, config)
+            core = self._cores[config] = BatchedCore(self.envs, self.policy, self.critic, config)
             self._hosts[config] = core.hosts[0]  # what ready() names (identity: the resolved config, the weights)
         return self._cores[config]
 
