@@ -132,7 +132,7 @@ class _Built:
     def __enter__(self):
         import dataclasses
 
-        from rollcap.rollout.build import make_env, make_runners, named_env
+        from rollcap.rollout.build import make_env, named_env
 
         if isinstance(self.parts, dict):  # fields given (None: not given): the rest as the recording (offline/deployment.py)
             from rollcap.rollout.build import Parts
@@ -147,8 +147,7 @@ class _Built:
             named = named_env(self.rec.env_id, self.env, self.file)
             env = make_env(self.rec.env_id, self.rec.env_kwargs, source=None if named else self.file)
             self.parts_list.append(env)
-            policy, critic = make_runners(self.parts, env, source=self.file)
-            self.parts_list += [policy, critic]
+            policy, critic = self._runners(env)
             self.host = _host(self.rec, env, policy, critic)
             pool = None
             if self.actors:
@@ -162,6 +161,21 @@ class _Built:
             self.__exit__()
             raise
         return self.host, pool
+
+    def _runners(self, env):
+        """The recording's runners: for an episode of a batched run, one row of runners captured at its batch (so the
+        control can be byte-exact, as replay does), else batch-1 runners."""
+        from rollcap.rollout.batch import make_batched_runners, recorded_batch, row_views
+        from rollcap.rollout.build import make_runners
+
+        batch = recorded_batch(self.rec.fingerprints)
+        if batch == 1 or self.actors:  # branch actors build batch-1 runners: the control then says "not comparable"
+            policy, critic = make_runners(self.parts, env, source=self.file)
+            self.parts_list += [policy, critic]
+            return policy, critic
+        policy, critic = make_batched_runners(self.parts, batch, env, source=self.file)
+        self.parts_list += [policy, critic]
+        return row_views(policy, critic)
 
     def __exit__(self, *exc):
         for part in self.parts_list:

@@ -196,3 +196,17 @@ def test_an_env_error_ends_only_its_episode():
     assert ends[3].stop_reason != "error"  # slot 1's next episode runs on
     for i in (0, 2):  # the other slots' episodes are the bytes of a run without the fault
         assert episode_digest(ends[i].record) == episode_digest(clean[i].record)
+
+
+def test_branch_of_a_batched_episode_has_an_exact_control(tmp_path):
+    """``rollcap branch`` on an episode of a batched run builds a row of runners at the recorded batch, so its control
+    (the parent's own noise from the boundary on) is the parent's continuation byte for byte."""
+    from rollcap.rollout.cli.branch import branch_episode
+
+    p, c = _models(2)
+    pol, cri = save_policy(p, tmp_path / "p"), save_critic(c, tmp_path / "c")
+    run = rollcap.run(3, out=tmp_path / "r", env_kwargs=ENV_KW, policy=pol, critic=cri, envs=3, max_chunks=5, progress=False, formats=("npz",))
+    longest = max(range(3), key=lambda i: len(next(iter(run.records()[i].chunks.values()))))
+    result, summary = branch_episode(tmp_path / "r", longest, 1, 2, out=tmp_path / "b", formats=("npz",), parts=Parts(env_kwargs=ENV_KW, policy=pol, critic=cri))
+    assert result.fingerprint_diff == [] and result.control_diff is None, summary["control"]
+    assert result.control is not None and len(result.records) == 3
