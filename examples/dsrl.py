@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollcap.rollout.cli.options import Options
-from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, summary_lines, train
+from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
 from rollcap.rollout.learn.noise_agent import AgentConfig
 
 
@@ -32,8 +32,10 @@ class Args:
     """Directory for result.json, agent.safetensors and curve.png."""
     eval_episodes: int = 200
     """Held-out episodes (steered; the frozen and zero-noise sides come from --baseline)."""
+    eval_seed: int | None = None
+    """Held-out run seed (default: the task's, 2 for pushblock and 31337 for peg-insert-side)."""
     baseline: Path | None = None
-    """JSON of the frozen and zero-noise outcomes on the held-out seeds (default: baseline-TASK-N.json in --out's parent; computed when missing)."""
+    """JSON of the frozen and zero-noise outcomes on the held-out seeds (default: baseline-TASK-SEED-N.json in --out's parent; computed when missing)."""
 
 
 def plot(curve: list[dict], result: dict, path: Path, title: str) -> bool:
@@ -64,17 +66,19 @@ def plot(curve: list[dict], result: dict, path: Path, title: str) -> bool:
 def main(args: Args, cfg: TrainConfig) -> None:
     from safetensors.torch import save_file
 
-    base_path = args.baseline or args.out.parent / f"baseline-{cfg.task}-{args.eval_episodes}.json"
+    eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
+    base_path = args.baseline or args.out.parent / f"baseline-{cfg.task}-{eval_seed}-{args.eval_episodes}.json"
     if base_path.exists():
         base = json.loads(base_path.read_text())
-        if base.get("task") != cfg.task or base.get("episodes", 0) < args.eval_episodes:
-            raise SystemExit(f"--baseline {base_path}: holds {base.get('task')!r} x {base.get('episodes')} episodes, need {cfg.task!r} x {args.eval_episodes}")
+        if base.get("task") != cfg.task or base.get("episodes", 0) < args.eval_episodes or base.get("eval_seed") != eval_seed:
+            raise SystemExit(f"--baseline {base_path}: holds {base.get('task')!r} x {base.get('episodes')} episodes of run seed {base.get('eval_seed')}, "
+                             f"need {cfg.task!r} x {args.eval_episodes} of run seed {eval_seed}")
     agent, info = train(cfg)
     print(json.dumps(info["budget"]))
     if base_path.exists():  # read again: another run may have written it while this one trained
         base = json.loads(base_path.read_text())
     else:
-        base = baseline(cfg.task, args.eval_episodes)
+        base = baseline(cfg.task, args.eval_episodes, eval_seed=eval_seed)
         base_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = base_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(base))
@@ -98,6 +102,7 @@ if __name__ == "__main__":
     ns = ap.parse_args()
     try:
         config = TrainConfig(**opts.values(ns, TrainConfig), agent=AgentConfig(**opts.values(ns, AgentConfig)))
+        held_out(config.task, opts.values(ns, Args)["eval_seed"])
     except ValueError as err:
         ap.error(str(err))
     main(Args(**opts.values(ns, Args)), config)

@@ -206,11 +206,12 @@ def _single_env(task: Task):
     return NoiseSteeringEnv(env, policy, critic, HostConfig(execute_steps=task.execute_steps))
 
 
-def baseline(task_name: str, episodes: int, progress=print) -> dict:
-    """The frozen policy (its own derived noise: ``rollcap run --seed eval_seed``) and all-zero noise on the held-out seeds."""
+def baseline(task_name: str, episodes: int, progress=print, eval_seed: int | None = None) -> dict:
+    """The frozen policy (its own derived noise: ``rollcap run --seed eval_seed``) and all-zero noise on the held-out
+    seeds (``eval_seed``: another held-out run seed than the task's)."""
     from rollcap.rollout.learn.dsrl import frozen_episodes
 
-    task = TASKS[task_name]
+    task = held_out(task_name, eval_seed)
     core = _single_env(task)
     try:
         frozen = [e.success for e in frozen_episodes(core, task.eval_seed, episodes)]
@@ -242,9 +243,21 @@ def _steered(core, task: Task, act, episodes: int, probe=None) -> tuple[list[boo
     return out, chunks
 
 
-def evaluate(agent: NoiseAgent, task_name: str, episodes: int, base: dict, gamma: float) -> dict:
-    """The agent's deterministic noise on the held-out seeds, paired against ``base`` (:func:`baseline`)."""
+def held_out(task_name: str, eval_seed: int | None) -> Task:
+    """``task_name``'s task with the held-out run seed ``eval_seed`` (None: its own); ValueError for a training run seed."""
+    from dataclasses import replace
+
     task = TASKS[task_name]
+    if eval_seed is None:
+        return task
+    if TRAIN_SEED_BASE <= eval_seed < TRAIN_SEED_BASE + 100_000:
+        raise ValueError(f"eval_seed {eval_seed} is a training run seed ({TRAIN_SEED_BASE} + 100 x seed + sub-env)")
+    return replace(task, eval_seed=int(eval_seed))
+
+
+def evaluate(agent: NoiseAgent, task_name: str, episodes: int, base: dict, gamma: float) -> dict:
+    """The agent's deterministic noise on ``base``'s held-out seeds, paired against it (:func:`baseline`)."""
+    task = held_out(task_name, base["eval_seed"])
     e = task.execute_steps
 
     @torch.no_grad()

@@ -53,6 +53,9 @@ class AgentConfig:
     """Initial entropy coefficient."""
     magnitude: float = 1.5
     """The actor's noise lies in [-magnitude, magnitude] per element [1.5]."""
+    noise_penalty: float = 0.0
+    """Adds this x the mean squared noise element to the actor's loss: a pull towards the noise's mode, zero, where
+    the policy was trained densest [not in DSRL; 0: off]."""
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
@@ -65,6 +68,8 @@ class AgentConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and lo < v <= hi):
                 raise ValueError(f"{name}: expected a number in ({lo}, {hi}], got {v!r}")
+        if not (isinstance(self.noise_penalty, (int, float)) and not isinstance(self.noise_penalty, bool) and 0 <= self.noise_penalty < math.inf):
+            raise ValueError(f"noise_penalty: expected a finite number >= 0, got {self.noise_penalty!r}")
         if not (isinstance(self.target_entropy, (int, float)) and math.isfinite(self.target_entropy)):
             raise ValueError(f"target_entropy: expected a finite number, got {self.target_entropy!r}")
 
@@ -216,7 +221,7 @@ class NoiseAgent(nn.Module):
         """One step of the actor up the noise critic (with the entropy bonus), then of the entropy coefficient."""
         w, logp = self.actor(b["obs"])
         q = self.noise_value(b["obs"], w)
-        loss = (self.alpha * logp - q).mean()
+        loss = (self.alpha * logp - q).mean() + self.cfg.noise_penalty * w.pow(2).mean()
         self.actor_opt.zero_grad(set_to_none=True)
         loss.backward()
         self.actor_opt.step()

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, train
+from rollcap.rollout.learn.dsrl_na import TASKS, TRAIN_SEED_BASE, TrainConfig, baseline, evaluate, held_out, train
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -73,6 +73,11 @@ def test_configs_refuse_bad_values():
         TrainConfig(num_envs=0)
     with pytest.raises(ValueError, match="minutes"):
         TrainConfig(minutes=0)
+    with pytest.raises(ValueError, match="noise_penalty"):
+        AgentConfig(noise_penalty=-1.0)
+    with pytest.raises(ValueError, match="training run seed"):
+        held_out("pushblock", TRAIN_SEED_BASE + 3)
+    assert held_out("pushblock", 4).eval_seed == 4 and held_out("pushblock", None) == TASKS["pushblock"]
 
 
 def _tiny_run(seed: int = 0, algorithm: str = "na"):
@@ -118,6 +123,7 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert report["config"]["agent"]["algorithm"] == "sac" and report["budget"]["transitions"] == 32
     assert report["eval"]["episodes"] == 2 and len(report["eval"]["steered"]) == 2 and report["curve"]
     assert (tmp_path / "run" / "agent.safetensors").exists()
-    assert (tmp_path / "baseline-pushblock-2.json").exists()
-    bad = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl.py"), "--algorithm", "ppo", "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "algorithm" in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "bad").exists()
+    assert (tmp_path / "baseline-pushblock-2-2.json").exists()
+    for flags, word in ((["--algorithm", "ppo"], "algorithm"), (["--eval-seed", "500001"], "training run seed")):
+        bad = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl.py"), *flags, "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "bad").exists(), bad.stderr
