@@ -13,7 +13,8 @@
 #    by digest, and `rollcap replay` of each with no flags (device, backend, precision come from the recording);
 # 4. `rollcap bench --device cuda`, every section but models (host, recording, peer, capsule, branch, ...);
 # 5. the models sweep (issue 33): the named sizes, plain and fused, eager vs CUDA graph, fp32 / tf32 / bf16;
-# 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34), and a recorded --envs 32 run replayed;
+# 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34), and a recorded --envs 32 run replayed
+#    (with Ray installed: --actors 2 --envs 16 too);
 # 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
 #
 # Each step has its own time limit, a failed step does not stop the others, and everything lands in OUT_DIR:
@@ -103,6 +104,10 @@ if want envs; then
   N=$([ "$DEV" = cpu ] && echo 4 || echo 32)
   step "run-envs-$N" 120 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-envs"
   step "replay-envs-$N" 120 "${ROLLCAP[@]}" replay "$WORK/run-envs"   # no flags: device and batch from the recording
+  if "$PY" -c "import ray" 2>/dev/null; then  # Ray actors with N envs each, all on the one GPU (skipped where Ray is not installed)
+    step "run-actors-2-envs-$((N / 2))" 180 "${ROLLCAP[@]}" run --device "$DEV" --actors 2 --envs $((N / 2)) --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-actors"
+    step "replay-actors" 120 "${ROLLCAP[@]}" replay "$WORK/run-actors"
+  fi
 fi
 
 # ---------------------------------------------------------------- 7. compile-cuda (opt-in: inductor compiles each size, cold cache)
