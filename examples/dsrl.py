@@ -1,6 +1,6 @@
 r"""DSRL on the batched vector env: a noise agent steers a frozen flow policy; scored on held-out episodes, paired.
 
-    python examples/dsrl.py --task peg-insert-side --seed 0 --out runs/dsrl/peg-na-0     # DSRL-NA, 20 min, then 200 held-out
+    python examples/dsrl.py --task peg-insert-side --seed 0 --out runs/dsrl/peg-na-0     # DSRL-NA, 15 min, then 200 held-out
     python examples/dsrl.py --task pushblock --algorithm sac --seed 0 --out runs/dsrl/push-sac-0
     python examples/dsrl.py --task pushblock --minutes 0.2 --eval-episodes 4 --out /tmp/dsrl  # smoke
 

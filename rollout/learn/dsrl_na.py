@@ -61,7 +61,7 @@ class TrainConfig:
 
     task: str = "peg-insert-side"
     seed: int = 0
-    minutes: float = 20.0
+    minutes: float = 15.0
     """Wall-clock budget of training."""
     max_transitions: int = 10_000_000
     num_envs: int = 8
