@@ -127,3 +127,26 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     for flags, word in ((["--algorithm", "ppo"], "algorithm"), (["--eval-seed", "500001"], "training run seed")):
         bad = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl.py"), *flags, "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "bad").exists(), bad.stderr
+
+
+def test_vector_env_over_a_metaworld_task_and_the_agents_view_of_it():
+    """The peg-insert-side setting: the MT10 policy at batch 2 on a MetaWorld vector env (no images); the agent sees
+    MetaWorld's 39 numbers and the MT10 one-hot. ``env_kwargs`` beside ``parts`` is refused."""
+    pytest.importorskip("metaworld")
+    from rollcap.rollout.errors import ConfigError
+    from rollcap.rollout.gym.vector import make_noise_steering_vector_env
+    from rollcap.rollout.learn.dsrl_na import _task_code, features
+
+    task = TASKS["peg-insert-side"]
+    with pytest.raises(ConfigError, match="env_kwargs"):
+        make_noise_steering_vector_env(2, env_kwargs={"render_images": False}, parts=task.parts())
+    env = make_noise_steering_vector_env(2, config={"execute_steps": task.execute_steps}, parts=task.parts())
+    try:
+        obs, _ = env.reset(seed=[7, 8])
+        f = features(obs, _task_code(task))
+        assert f.shape == (2, 39 + 10) and "image_front" not in obs
+        assert f[:, 39:].sum(1).tolist() == [1.0, 1.0]
+        obs, reward, term, trunc, info = env.step(np.zeros(env.action_space.shape, np.float32))
+        assert info["policy_chunk"].shape == (2, 8, 4) and info["steps"].tolist() == [4, 4]
+    finally:
+        env.close()
