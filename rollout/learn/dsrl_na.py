@@ -122,13 +122,17 @@ def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
     from rollcap.rollout.gym.vector import make_noise_steering_vector_env
 
     task = TASKS[cfg.task]
-    torch.set_num_threads(cfg.threads)
     code = _task_code(task)
-    venv = make_noise_steering_vector_env(cfg.num_envs, config={"execute_steps": task.execute_steps}, parts=task.parts(cfg.threads), autoreset_mode=AutoresetMode.SAME_STEP)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)  # the updates' budget, given back on return
     try:
-        return _train(cfg, task, venv, code, progress)
+        venv = make_noise_steering_vector_env(cfg.num_envs, config={"execute_steps": task.execute_steps}, parts=task.parts(cfg.threads), autoreset_mode=AutoresetMode.SAME_STEP)
+        try:
+            return _train(cfg, task, venv, code, progress)
+        finally:
+            venv.close()
     finally:
-        venv.close()
+        torch.set_num_threads(threads)
 
 
 def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAgent, dict]:

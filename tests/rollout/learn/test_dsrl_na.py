@@ -24,6 +24,15 @@ TINY = AgentConfig(hidden=32, layers=2, batch=64, init_alpha=0.01, target_entrop
 def test_agent_learns_an_aliased_bandit(algorithm):
     """A one-step task: the executed action is the noise's sign pattern (many noises alias one action) and the reward
     is 1 where the action matches the observation's sign. Both variants' deterministic noise ends on the rewarded side."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny networks: a second thread only contends
+    try:
+        _bandit(algorithm)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _bandit(algorithm: str) -> None:
     cfg = AgentConfig(**{**TINY.to_json(), "algorithm": algorithm, "lr": 3e-3})
     agent = NoiseAgent(2, 2, 2, cfg, seed=0)
     rng = np.random.default_rng(0)
@@ -88,7 +97,9 @@ def _tiny_run(seed: int = 0, algorithm: str = "na"):
 
 @pytest.mark.slow(seconds=20)
 def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
+    threads = torch.get_num_threads()
     a1, info1 = _tiny_run(0)
+    assert torch.get_num_threads() == threads  # train() gives the caller's thread budget back
     a2, _ = _tiny_run(0)
     a3, _ = _tiny_run(1)
     s1, s2, s3 = a1.state_dict(), a2.state_dict(), a3.state_dict()
