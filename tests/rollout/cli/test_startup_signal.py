@@ -38,7 +38,12 @@ def landed_before_rollcap(stderr: str) -> bool:
     if "KeyboardInterrupt" not in stderr or "Traceback" not in stderr:
         return False
     frames = [line.strip() for line in stderr.splitlines() if line.strip().startswith('File "')]
-    return bool(frames) and all(f.startswith(f'File "{SCRIPT}"') or f.startswith('File "<frozen ') for f in frames)
+    if bool(frames) and all(f.startswith(f'File "{SCRIPT}"') or f.startswith('File "<frozen ') for f in frames):
+        return True
+    # Inside the stdlib's own ``import signal`` (it builds its enums for some ms): the module rollcap needs before it can
+    # hold a signal at all. Seen once in 8 clean-clone runs at the 0.0 s moment.
+    stdlib_signal = [f for f in frames if f.startswith('File "') and f.split('"')[1].endswith(("/signal.py", "/enum.py"))]
+    return bool(stdlib_signal) and "import signal" in stderr and frames[-1] in stdlib_signal
 
 
 @pytest.fixture(scope="module")
