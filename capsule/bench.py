@@ -84,14 +84,20 @@ def bench_capsules(components: Mapping[str, Stateful], repeats: int = 5) -> dict
     devices = {v.device for v in live if isinstance(v, torch.Tensor)}
     nbytes = sum(int(v.nbytes) if isinstance(v, np.ndarray) else v.numel() * v.element_size() for v in live)
     floor = _median_s(_floor_copy(live), repeats, devices)
-    clone_floor = _median_s(lambda: [v.copy() if isinstance(v, np.ndarray) else v.clone() for v in live], repeats, devices)
+    clone_floor = _median_s(
+        lambda: [v.copy() if isinstance(v, np.ndarray) else v.clone() for v in live], repeats, devices
+    )
 
     def entry(snap_s: float, rest_s: float) -> dict:
         gbps = lambda s: nbytes / s / 1e9 if s > 0 else None  # noqa: E731
         over = lambda s: s / floor if floor > 0 else None  # noqa: E731
         return {
-            "snapshot_s": snap_s, "restore_s": rest_s, "snapshot_gbps": gbps(snap_s), "restore_gbps": gbps(rest_s),
-            "snapshot_over_floor": over(snap_s), "restore_over_floor": over(rest_s),
+            "snapshot_s": snap_s,
+            "restore_s": rest_s,
+            "snapshot_gbps": gbps(snap_s),
+            "restore_gbps": gbps(rest_s),
+            "snapshot_over_floor": over(snap_s),
+            "restore_over_floor": over(rest_s),
         }
 
     tiers = {}
@@ -105,14 +111,19 @@ def bench_capsules(components: Mapping[str, Stateful], repeats: int = 5) -> dict
         counter = iter(range(10**9))
         on_disk = save(snapshot(components, "bench", tier="host"), Path(tmp) / "restore")
         tiers["disk"] = entry(
-            _median_s(lambda: save(snapshot(components, "bench", tier="host"), Path(tmp) / f"c{next(counter)}"), repeats, devices),
+            _median_s(
+                lambda: save(snapshot(components, "bench", tier="host"), Path(tmp) / f"c{next(counter)}"),
+                repeats,
+                devices,
+            ),
             _median_s(lambda: restore(on_disk, components), repeats, devices),
         )
     return {
         "bytes": nbytes,
         "buffers": len(live),
         "components": list(components),
-        "devices": sorted(str(d) for d in devices) + (["numpy"] if any(isinstance(v, np.ndarray) for v in live) else []),
+        "devices": sorted(str(d) for d in devices)
+        + (["numpy"] if any(isinstance(v, np.ndarray) for v in live) else []),
         "repeats": repeats,
         "floor_copy_s": floor,
         "floor_clone_s": clone_floor,

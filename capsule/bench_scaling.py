@@ -53,7 +53,10 @@ def vla_specs(target_bytes: int) -> tuple[list[BufferSpec], list[BufferSpec]]:
     ins += [BufferSpec("proprio", (32,), torch.float32), BufferSpec("noise", (50, 7), torch.float32)]
     used = sum(s.nbytes for s in ins) + 50 * 7 * 4
     tokens = max(1, (target_bytes - used) // (KV_LAYERS * 2 * KV_DIM * 2))
-    outs = [BufferSpec("kv_prefix", (KV_LAYERS, 2, tokens, KV_DIM), torch.bfloat16), BufferSpec("actions", (50, 7), torch.float32)]
+    outs = [
+        BufferSpec("kv_prefix", (KV_LAYERS, 2, tokens, KV_DIM), torch.bfloat16),
+        BufferSpec("actions", (50, 7), torch.float32),
+    ]
     return ins, outs
 
 
@@ -136,7 +139,9 @@ def _rounds(nbytes: int, quick: bool) -> int:
     return 5 if quick else 15
 
 
-def bench_scaling(default_components: dict | None = None, sizes: Sequence[int] = DEFAULT_SIZES, quick: bool = False) -> dict:
+def bench_scaling(
+    default_components: dict | None = None, sizes: Sequence[int] = DEFAULT_SIZES, quick: bool = False
+) -> dict:
     """Restore / snapshot vs copy at each size; ``default_components`` (the shipped runners) come first.
 
     Returns:
@@ -159,12 +164,18 @@ def _bench_scaling(default_components: dict | None, sizes: Sequence[int], quick:
     for size in sizes:
         runner = vla_runner(size)
         try:
-            rows.append({"capsule": f"VLA-shaped, {size / MB:g} MB", **bench_size({"vla": runner}, _rounds(size, quick))})
+            rows.append(
+                {"capsule": f"VLA-shaped, {size / MB:g} MB", **bench_size({"vla": runner}, _rounds(size, quick))}
+            )
         finally:
             runner.close()
             del runner
             gc.collect()
-    return {"rows": rows, "fixed_cost_us": rows[0]["restore_extra_us"], "snapshot_fixed_cost_us": rows[0]["snapshot_extra_us"]}
+    return {
+        "rows": rows,
+        "fixed_cost_us": rows[0]["restore_extra_us"],
+        "snapshot_fixed_cost_us": rows[0]["snapshot_extra_us"],
+    }
 
 
 def format_scaling(report: dict) -> list[str]:
@@ -177,7 +188,9 @@ def format_scaling(report: dict) -> list[str]:
             f"({ro['median']:.2f}x, IQR {ro['p25']:.2f}-{ro['p75']:.2f}; unbatched {r['restore_unbatched_over_copy']['median']:.2f}x)  snapshot {s['snapshot']['median'] * 1e3:8.3f} ms "
             f"({so['median']:.2f}x copy, {sc['median']:.2f}x clone)"
         )
-    out.append(f"fixed cost per restore (restore - copy, smallest capsule): {report['fixed_cost_us']:.1f} us; snapshot - clone: {report['snapshot_fixed_cost_us']:.1f} us")
+    out.append(
+        f"fixed cost per restore (restore - copy, smallest capsule): {report['fixed_cost_us']:.1f} us; snapshot - clone: {report['snapshot_fixed_cost_us']:.1f} us"
+    )
     return out
 
 
@@ -203,7 +216,13 @@ def plot_scaling(report: dict, path: str | Path) -> Path:
         lo, hi = np.array([r[key]["p25"] for r in rows]), np.array([r[key]["p75"] for r in rows])
         b.errorbar(x, med, yerr=[med - lo, hi - med], fmt="o-", color=color, capsize=3, label=key.replace("_", " "))
     b.axhline(1.2, color="grey", lw=0.8, ls="--", label="goal 1.2x")
-    b.set(xscale="log", yscale="log", xlabel="capsule bytes", ylabel="ratio (median, IQR over rounds)", title="over the floor")
+    b.set(
+        xscale="log",
+        yscale="log",
+        xlabel="capsule bytes",
+        ylabel="ratio (median, IQR over rounds)",
+        title="over the floor",
+    )
     b.legend()
     fig.tight_layout()
     path = Path(path)

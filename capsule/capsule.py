@@ -38,7 +38,9 @@ def json_normalize(value: Any, what: str) -> Any:
     try:
         return plain_json(value, allow_nan=False)
     except (TypeError, ValueError) as err:
-        raise TypeError(f"{what} must be JSON-able (str, int, float, bool, None, lists, dicts), got {value!r}: {err}") from err
+        raise TypeError(
+            f"{what} must be JSON-able (str, int, float, bool, None, lists, dicts), got {value!r}: {err}"
+        ) from err
 
 
 _FROZEN: dict[int, MappingProxyType] = {}
@@ -113,9 +115,13 @@ class Boundary:
         if isinstance(self.wall_time, bool) or not isinstance(self.wall_time, (int, float, np.integer, np.floating)):
             raise TypeError(f"boundary wall_time must be a number, got {self.wall_time!r}")
         if not (math.isfinite(self.wall_time) and self.wall_time >= 0):
-            raise ValueError(f"boundary wall_time must be finite and >= 0 (seconds since the epoch), got {self.wall_time!r}")
+            raise ValueError(
+                f"boundary wall_time must be finite and >= 0 (seconds since the epoch), got {self.wall_time!r}"
+            )
         object.__setattr__(self, "wall_time", float(self.wall_time))
-        object.__setattr__(self, "extra", MappingProxyType(json_normalize(dict(self.extra), "boundary extra") if self.extra else {}))
+        object.__setattr__(
+            self, "extra", MappingProxyType(json_normalize(dict(self.extra), "boundary extra") if self.extra else {})
+        )
 
     def to_json(self) -> dict:
         return {
@@ -185,12 +191,18 @@ class BufferInfo:
     def of(cls, value: StateValue) -> BufferInfo:
         """Describe a live value (raises ``TypeError`` for what a capsule cannot hold)."""
         if isinstance(value, torch.Tensor):
-            return cls("torch", _dtype_name(value), tuple(value.shape), str(value.device), value.numel() * value.element_size())
+            return cls(
+                "torch", _dtype_name(value), tuple(value.shape), str(value.device), value.numel() * value.element_size()
+            )
         if isinstance(value, np.ndarray):
             if value.dtype.kind not in "biufc" or value.dtype.hasobject:
-                raise TypeError(f"numpy dtype {value.dtype} cannot go into a capsule (numbers and bool only; no pickling)")
+                raise TypeError(
+                    f"numpy dtype {value.dtype} cannot go into a capsule (numbers and bool only; no pickling)"
+                )
             if not value.dtype.isnative:
-                raise TypeError(f"numpy dtype {value.dtype.str} is not native byte order; convert with .astype(dtype.newbyteorder('='))")
+                raise TypeError(
+                    f"numpy dtype {value.dtype.str} is not native byte order; convert with .astype(dtype.newbyteorder('='))"
+                )
             return cls("numpy", value.dtype.name, tuple(value.shape), "cpu", int(value.nbytes))
         raise TypeError(f"live state values must be torch.Tensor or numpy.ndarray, got {type(value).__name__}")
 
@@ -203,7 +215,13 @@ class BufferInfo:
         return (self.kind, self.dtype, self.shape) == (other.kind, other.dtype, other.shape)
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "dtype": self.dtype, "shape": list(self.shape), "device": self.device, "nbytes": self.nbytes}
+        return {
+            "kind": self.kind,
+            "dtype": self.dtype,
+            "shape": list(self.shape),
+            "device": self.device,
+            "nbytes": self.nbytes,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> BufferInfo:
@@ -212,7 +230,9 @@ class BufferInfo:
         kind, dtype, shape, device, nbytes = d["kind"], d["dtype"], d["shape"], d["device"], d["nbytes"]
         if kind not in KINDS or not isinstance(dtype, str) or not isinstance(device, str):
             raise ValueError(f"bad buffer entry {dict(d)!r}")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+        ):
             raise ValueError(f"bad shape {shape!r}")
         itemsize = _itemsize(kind, dtype)
         if not isinstance(nbytes, int) or nbytes != math.prod(shape) * itemsize:
@@ -259,13 +279,17 @@ class Capsule:
         if self.tier not in TIERS:
             raise ValueError(f"capsule tier must be one of {', '.join(TIERS)}, got {self.tier!r}")
         if (self.state is None) != (self.tier == "disk"):
-            raise ValueError(f"a {self.tier}-tier capsule {'needs' if self.tier != 'disk' else 'holds no'} in-memory state")
+            raise ValueError(
+                f"a {self.tier}-tier capsule {'needs' if self.tier != 'disk' else 'holds no'} in-memory state"
+            )
         if self.tier == "disk" and self.path is None:
             raise ValueError("a disk-tier capsule needs its directory path")
         specs = {c: MappingProxyType(dict(b)) for c, b in self.specs.items()}
         fps = {c: frozen_json(fp, f"fingerprint of component {c!r}") for c, fp in self.fingerprints.items()}
         if set(specs) != set(fps):
-            raise CorruptCapsule(f"capsule {self.boundary.label!r}: components with buffers {sorted(specs)} differ from components with fingerprints {sorted(fps)}; rebuild it with snapshot()")
+            raise CorruptCapsule(
+                f"capsule {self.boundary.label!r}: components with buffers {sorted(specs)} differ from components with fingerprints {sorted(fps)}; rebuild it with snapshot()"
+            )
         object.__setattr__(self, "specs", MappingProxyType(specs))
         object.__setattr__(self, "fingerprints", MappingProxyType(fps))
         if self.path is not None:
@@ -275,22 +299,32 @@ class Capsule:
         state, versions = {}, {}
         for comp, bufs in self.state.items():
             if comp not in specs:
-                raise CorruptCapsule(f"capsule {self.boundary.label!r}: state holds component {comp!r} that its specs do not list; rebuild it with snapshot()")
+                raise CorruptCapsule(
+                    f"capsule {self.boundary.label!r}: state holds component {comp!r} that its specs do not list; rebuild it with snapshot()"
+                )
             if set(bufs) != set(specs[comp]):
                 missing, extra = sorted(set(specs[comp]) - set(bufs)), sorted(set(bufs) - set(specs[comp]))
-                raise CorruptCapsule(f"capsule {self.boundary.label!r}: component {comp!r} state lacks {missing} / has unlisted {extra} against its specs; rebuild it with snapshot()")
+                raise CorruptCapsule(
+                    f"capsule {self.boundary.label!r}: component {comp!r} state lacks {missing} / has unlisted {extra} against its specs; rebuild it with snapshot()"
+                )
             for name, value in bufs.items():
                 typ, dtype, shape = _native_layout(specs[comp][name])
-                if not (isinstance(value, typ) and value.dtype == dtype and value.shape == shape):  # one pass; BufferInfo explains
+                if not (
+                    isinstance(value, typ) and value.dtype == dtype and value.shape == shape
+                ):  # one pass; BufferInfo explains
                     info = BufferInfo.of(value)
-                    raise CorruptCapsule(f"capsule {self.boundary.label!r}: {comp}.{name} holds {info.describe()} but its spec says {specs[comp][name].describe()}; rebuild it with snapshot()")
+                    raise CorruptCapsule(
+                        f"capsule {self.boundary.label!r}: {comp}.{name} holds {info.describe()} but its spec says {specs[comp][name].describe()}; rebuild it with snapshot()"
+                    )
                 if isinstance(value, np.ndarray):
                     value.flags.writeable = False
                 else:
                     versions[(comp, name)] = value._version
             state[comp] = MappingProxyType(dict(bufs))
         if set(state) != set(specs):
-            raise CorruptCapsule(f"capsule {self.boundary.label!r}: state lacks components {sorted(set(specs) - set(state))}; rebuild it with snapshot()")
+            raise CorruptCapsule(
+                f"capsule {self.boundary.label!r}: state lacks components {sorted(set(specs) - set(state))}; rebuild it with snapshot()"
+            )
         object.__setattr__(self, "state", MappingProxyType(state))
         object.__setattr__(self, "_versions", MappingProxyType(versions))
 
@@ -311,7 +345,9 @@ class Capsule:
     def buffers(self, component: str) -> Mapping[str, StateValue]:
         """The frozen values of one component (read them; never write them)."""
         if self.state is None:
-            raise ValueError(f"capsule {self.label!r} is on the disk tier at {self.path}; load it (rollcap.capsule.load) before reading buffers")
+            raise ValueError(
+                f"capsule {self.label!r} is on the disk tier at {self.path}; load it (rollcap.capsule.load) before reading buffers"
+            )
         if component not in self.state:
             raise KeyError(f"capsule {self.label!r} has no component {component!r}; it holds {self.components}")
         return self.state[component]
@@ -320,9 +356,13 @@ class Capsule:
         """component -> buffer -> digest of its bytes (computed once, then cached)."""
         if "buffer_digests" not in self._cache:
             if self.state is None:
-                raise ValueError(f"capsule {self.label!r} is on the disk tier; its buffer digests are in {self.path}/manifest.json")
+                raise ValueError(
+                    f"capsule {self.label!r} is on the disk tier; its buffer digests are in {self.path}/manifest.json"
+                )
             self.check_untouched()
-            self._cache["buffer_digests"] = {c: {n: buffer_digest(n, v) for n, v in bufs.items()} for c, bufs in self.state.items()}
+            self._cache["buffer_digests"] = {
+                c: {n: buffer_digest(n, v) for n, v in bufs.items()} for c, bufs in self.state.items()
+            }
         return self._cache["buffer_digests"]
 
     @property
@@ -386,17 +426,26 @@ class Capsule:
         new = dict(current)
         for name, value in values.items():
             if name not in current:
-                raise CapsuleMismatch(f"capsule {self.label!r}: component {component!r} has no buffer {name!r}; it has {sorted(current)}", component=component, field=name)
+                raise CapsuleMismatch(
+                    f"capsule {self.label!r}: component {component!r} has no buffer {name!r}; it has {sorted(current)}",
+                    component=component,
+                    field=name,
+                )
             want, got = self.specs[component][name], BufferInfo.of(value)
             if not want.same_layout(got):
                 raise CapsuleMismatch(
                     f"{component}.{name}: capsule holds {want.describe()}, new value is {got.describe()}; pass a value of the same kind, dtype and shape",
-                    component=component, field=name, expected=want.describe(), got=got.describe(),
+                    component=component,
+                    field=name,
+                    expected=want.describe(),
+                    got=got.describe(),
                 )
             old = current[name]
             if isinstance(old, torch.Tensor):  # same_layout: value is a tensor too
                 pinned = old.device.type == "cpu" and old.is_pinned()
-                new[name] = torch.empty(old.shape, dtype=old.dtype, device=old.device, pin_memory=pinned).copy_(value.detach())
+                new[name] = torch.empty(old.shape, dtype=old.dtype, device=old.device, pin_memory=pinned).copy_(
+                    value.detach()
+                )
             else:
                 new[name] = np.array(value, copy=True)
         state = dict(self.state)

@@ -40,7 +40,11 @@ def _inspect(path: str) -> tuple[str, str | None]:
     b = m.boundary
     when = _utc(b.wall_time)
     parts = [f"label={b.label!r}"]
-    parts += [f"{k}={v}" for k, v in (("episode", b.episode), ("chunk", b.chunk), ("step", b.step), ("branch", b.branch)) if v is not None]
+    parts += [
+        f"{k}={v}"
+        for k, v in (("episode", b.episode), ("chunk", b.chunk), ("step", b.step), ("branch", b.branch))
+        if v is not None
+    ]
     parts.append(f"wall_time={when}")
     lines = [
         f"capsule   {m.path}",
@@ -106,7 +110,9 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
     if prefix.split()[-1:] == ["capsule"] or getattr(subparsers, "dest", None) == "capsule_command":
         verbs = subparsers
     else:
-        capsule = subparsers.add_parser("capsule", help="inspect execution-state capsules", description="Inspect execution-state capsules.")
+        capsule = subparsers.add_parser(
+            "capsule", help="inspect execution-state capsules", description="Inspect execution-state capsules."
+        )
         verbs = capsule.add_subparsers(dest="capsule_command", metavar="COMMAND", required=True)
     inspect = verbs.add_parser("inspect", help="print a disk capsule's manifest and check its digest")
     inspect.add_argument("path", metavar="PATH", help="a capsule directory (manifest.json + tensors.safetensors)")
@@ -116,7 +122,9 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def inspect_main(argv: Sequence[str] | None = None) -> int:
     """Standalone entry point: ``inspect_main(["PATH"])`` -> exit code."""
-    parser = argparse.ArgumentParser(prog="rollcap capsule inspect", description="Print a disk capsule's manifest and check its digest.")
+    parser = argparse.ArgumentParser(
+        prog="rollcap capsule inspect", description="Print a disk capsule's manifest and check its digest."
+    )
     parser.add_argument("path", metavar="PATH")
     return _run_inspect(parser.parse_args(argv))
 

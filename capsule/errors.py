@@ -27,7 +27,15 @@ class CapsuleMismatch(CapsuleError, ValueError):
         got: the live component's value.
     """
 
-    def __init__(self, message: str, *, component: str | None = None, field: str | None = None, expected: Any = None, got: Any = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        component: str | None = None,
+        field: str | None = None,
+        expected: Any = None,
+        got: Any = None,
+    ):
         super().__init__(message)
         self.component = component
         self.field = field

@@ -88,8 +88,14 @@ class RegistryStats:
 
     def to_json(self) -> dict:
         return {
-            "hits": self.hits, "misses": self.misses, "promotions": self.promotions, "demotions": self.demotions,
-            "drops": self.drops, "bytes": dict(self.bytes), "count": dict(self.count), "pinned_bytes": dict(self.pinned_bytes),
+            "hits": self.hits,
+            "misses": self.misses,
+            "promotions": self.promotions,
+            "demotions": self.demotions,
+            "drops": self.drops,
+            "bytes": dict(self.bytes),
+            "count": dict(self.count),
+            "pinned_bytes": dict(self.pinned_bytes),
         }
 
 
@@ -122,7 +128,9 @@ class CapsuleRegistry:
 
     # -- accounting ------------------------------------------------------------
     def _bytes(self, tier: str, pinned_only: bool = False) -> int:
-        return sum(e.capsule.nbytes for e in self._entries.values() if e.capsule.tier == tier and (e.pinned or not pinned_only))
+        return sum(
+            e.capsule.nbytes for e in self._entries.values() if e.capsule.tier == tier and (e.pinned or not pinned_only)
+        )
 
     def _fits(self, tier: str, nbytes: int, pinned_only: bool = False) -> bool:
         budget = self.budgets.of(tier)
@@ -130,7 +138,9 @@ class CapsuleRegistry:
 
     def stats(self) -> RegistryStats:
         """A copy of the counters, with bytes, counts and pinned bytes per tier now."""
-        s = RegistryStats(self._stats.hits, self._stats.misses, self._stats.promotions, self._stats.demotions, self._stats.drops)
+        s = RegistryStats(
+            self._stats.hits, self._stats.misses, self._stats.promotions, self._stats.demotions, self._stats.drops
+        )
         for tier in TIERS:
             s.bytes[tier] = self._bytes(tier)
             s.pinned_bytes[tier] = self._bytes(tier, pinned_only=True)
@@ -192,10 +202,14 @@ class CapsuleRegistry:
             while budget is not None and self._bytes(tier) > budget:
                 victim = next((n for n, e in self._entries.items() if e.capsule.tier == tier and not e.pinned), None)
                 if victim is None:  # pin() and put() check first; kept as a guard
-                    raise RegistryFull(f"{tier} tier holds {self._bytes(tier)} bytes of pinned capsules, budget is {budget}; unpin some or raise TierBudgets.{tier}")
+                    raise RegistryFull(
+                        f"{tier} tier holds {self._bytes(tier)} bytes of pinned capsules, budget is {budget}; unpin some or raise TierBudgets.{tier}"
+                    )
                 if lower == "disk" and self.budgets.disk == 0:  # no disk tier: off the end
                     if self.policy.disk_full == "raise":
-                        raise RegistryFull(f"host tier is over its budget of {budget} bytes and the disk tier is disabled (TierBudgets.disk=0); drop capsules or raise a budget")
+                        raise RegistryFull(
+                            f"host tier is over its budget of {budget} bytes and the disk tier is disabled (TierBudgets.disk=0); drop capsules or raise a budget"
+                        )
                     self._discard(victim)
                     self._stats.drops += 1
                     continue
@@ -205,13 +219,17 @@ class CapsuleRegistry:
         while budget is not None and self._bytes("disk") > budget:
             victim = next((n for n, e in self._entries.items() if e.capsule.tier == "disk" and not e.pinned), None)
             if victim is None or self.policy.disk_full == "raise":
-                raise RegistryFull(f"disk tier holds {self._bytes('disk')} bytes, budget is {budget}; drop capsules or raise TierBudgets.disk")
+                raise RegistryFull(
+                    f"disk tier holds {self._bytes('disk')} bytes, budget is {budget}; drop capsules or raise TierBudgets.disk"
+                )
             self._discard(victim)
             self._stats.drops += 1
 
     def _check_pin_room(self, name: str, capsule: Capsule, tier: str) -> None:
         budget = self.budgets.of(tier)
-        others = sum(e.capsule.nbytes for n, e in self._entries.items() if n != name and e.pinned and e.capsule.tier == tier)
+        others = sum(
+            e.capsule.nbytes for n, e in self._entries.items() if n != name and e.pinned and e.capsule.tier == tier
+        )
         if budget is not None and others + capsule.nbytes > budget:
             raise RegistryFull(
                 f"cannot pin {name!r} ({capsule.nbytes} bytes) on the {tier} tier: pinned capsules would hold "

@@ -87,7 +87,9 @@ class Session:
             if hit:
                 return pos
         kept = ", ".join(f"{i}:{c.label!r}" for i, c in self._history) or "none"
-        raise UnknownBoundary(f"boundary {boundary!r} is not in this session's history (kept: {kept}; at most {self.max_boundaries}); snapshot more often or raise max_boundaries")
+        raise UnknownBoundary(
+            f"boundary {boundary!r} is not in this session's history (kept: {kept}; at most {self.max_boundaries}); snapshot more often or raise max_boundaries"
+        )
 
     def get(self, boundary: int | str | Capsule) -> Capsule:
         """The capsule of a kept boundary (by id, label or the capsule itself)."""

@@ -55,7 +55,9 @@ _SAFETENSORS_NAMES = {
     "F8_E4M3": "float8_e4m3fn", "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2": "float8_e5m2",
     "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu", "F4": "float4_e2m1fn_x2",
 }  # fmt: skip
-DISK_DTYPES: dict[str, str] = {st: name for st, name in _SAFETENSORS_NAMES.items() if isinstance(getattr(torch, name, None), torch.dtype)}
+DISK_DTYPES: dict[str, str] = {
+    st: name for st, name in _SAFETENSORS_NAMES.items() if isinstance(getattr(torch, name, None), torch.dtype)
+}
 """The one table of dtype names of the disk tier: safetensors header name -> the name
 :class:`BufferInfo` gives the dtype (torch's, which numpy shares for the numeric ones).
 
@@ -136,7 +138,9 @@ def _carry_digest(capsule: Capsule) -> str | None:
 
 
 def _moved(capsule: Capsule, tier: str, state: dict) -> Capsule:
-    return Capsule(capsule.boundary, capsule.specs, capsule.fingerprints, tier, state, known_digest=_carry_digest(capsule))
+    return Capsule(
+        capsule.boundary, capsule.specs, capsule.fingerprints, tier, state, known_digest=_carry_digest(capsule)
+    )
 
 
 def to_device(capsule: Capsule) -> Capsule:
@@ -156,7 +160,10 @@ def to_device(capsule: Capsule) -> Capsule:
                 if home.type == "cuda" and not torch.cuda.is_available():
                     raise CapsuleMismatch(
                         f"{comp}.{name} was taken on {home}, and this process has no CUDA; restore from the host tier instead",
-                        component=comp, field=name, expected=str(home), got="cpu",
+                        component=comp,
+                        field=name,
+                        expected=str(home),
+                        got="cpu",
                     )
                 v = v.to(home, non_blocking=v.is_pinned())
                 waits.add(home)
@@ -261,9 +268,13 @@ def save(capsule: Capsule, path: str | Path, *, overwrite: bool = False) -> Caps
     try:
         os.chmod(tmp, 0o755)
         try:
-            safetensors.torch.save_file(tensors, str(tmp / TENSORS_FILE), metadata={_META_DIGEST: digest, "format_version": str(FORMAT_VERSION)})
+            safetensors.torch.save_file(
+                tensors, str(tmp / TENSORS_FILE), metadata={_META_DIGEST: digest, "format_version": str(FORMAT_VERSION)}
+            )
         except KeyError as err:  # an older safetensors that lacks a dtype of DISK_DTYPES
-            raise TypeError(f"safetensors {safetensors.__version__} cannot write dtype {err}; upgrade safetensors, or keep the capsule on the host tier") from err
+            raise TypeError(
+                f"safetensors {safetensors.__version__} cannot write dtype {err}; upgrade safetensors, or keep the capsule on the host tier"
+            ) from err
         fsync_file(tmp / TENSORS_FILE)
         with open(tmp / MANIFEST_FILE, "w", encoding="utf-8") as f:
             f.write(canonical_json(manifest, allow_nan=False, indent=1) + "\n")
@@ -309,7 +320,10 @@ def read_manifest(path: str | Path) -> Manifest:
     """Parse and check a capsule directory's manifest (no tensor bytes are read)."""
     path = Path(path)
     if not path.is_dir():
-        raise _corrupt(path, "no capsule directory here; check the path (a capsule is a directory with manifest.json and tensors.safetensors)")
+        raise _corrupt(
+            path,
+            "no capsule directory here; check the path (a capsule is a directory with manifest.json and tensors.safetensors)",
+        )
     mpath = path / MANIFEST_FILE
     try:
         text = mpath.read_text(encoding="utf-8")
@@ -320,7 +334,10 @@ def read_manifest(path: str | Path) -> Manifest:
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
-        raise _corrupt(path, f"{MANIFEST_FILE} is not valid JSON (truncated or edited? {err.msg} at line {err.lineno}); write the capsule again") from err
+        raise _corrupt(
+            path,
+            f"{MANIFEST_FILE} is not valid JSON (truncated or edited? {err.msg} at line {err.lineno}); write the capsule again",
+        ) from err
     except RecursionError as err:
         raise _corrupt(path, f"{MANIFEST_FILE} is not valid JSON (nested too deep); write the capsule again") from err
     _check_version_and_seal(path, raw)
@@ -355,7 +372,9 @@ def _check_version_and_seal(path: Path, raw: Any) -> None:
     """Refuse another format, another version, or a manifest whose ``manifest_digest`` does not match."""
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise _corrupt(path, f"{MANIFEST_FILE} is malformed (format is {got!r}, expected {FORMAT!r}); write the capsule again")
+        raise _corrupt(
+            path, f"{MANIFEST_FILE} is malformed (format is {got!r}, expected {FORMAT!r}); write the capsule again"
+        )
     version = raw.get("format_version")
     if version != FORMAT_VERSION:
         if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < FORMAT_VERSION:
@@ -391,20 +410,32 @@ def _read_tensors(path: Path, m: Manifest) -> dict[str, torch.Tensor]:
             have = set(f.keys())
             for key in sorted(set(want) - have):
                 c, n = want[key]
-                raise _corrupt(path, f"manifest lists buffer {c}.{n} (key {key!r}) but {TENSORS_FILE} lacks it; write the capsule again")
+                raise _corrupt(
+                    path,
+                    f"manifest lists buffer {c}.{n} (key {key!r}) but {TENSORS_FILE} lacks it; write the capsule again",
+                )
             for key in sorted(have - set(want)):
-                raise _corrupt(path, f"{TENSORS_FILE} holds {key!r}, which the manifest does not list (buffer missing from the manifest); write the capsule again")
+                raise _corrupt(
+                    path,
+                    f"{TENSORS_FILE} holds {key!r}, which the manifest does not list (buffer missing from the manifest); write the capsule again",
+                )
             for key, (c, n) in want.items():
                 info, piece = m.specs[c][n], f.get_slice(key)
                 dtype = DISK_DTYPES.get(piece.get_dtype(), piece.get_dtype())
                 if (dtype, list(piece.get_shape())) != (info.dtype, _header_shape(info.dtype, info.shape)):
                     got = f"{dtype}{list(piece.get_shape())}" + (" (header shape)" if dtype in _PACKED else "")
-                    raise _corrupt(path, f"{c}.{n}: manifest says {info.dtype}{list(info.shape)}, {TENSORS_FILE} holds {got}; write the capsule again")
+                    raise _corrupt(
+                        path,
+                        f"{c}.{n}: manifest says {info.dtype}{list(info.shape)}, {TENSORS_FILE} holds {got}; write the capsule again",
+                    )
             tensors = {k: f.get_tensor(k) for k in want}
     except safetensors.SafetensorError as err:
         raise _corrupt(path, f"{TENSORS_FILE} is damaged ({err}); write the capsule again") from err
     if meta.get(_META_DIGEST) != m.digest:
-        raise _corrupt(path, f"{TENSORS_FILE} belongs to capsule {meta.get(_META_DIGEST)!r}, the manifest to {m.digest!r}; the two files were mixed up, write the capsule again")
+        raise _corrupt(
+            path,
+            f"{TENSORS_FILE} belongs to capsule {meta.get(_META_DIGEST)!r}, the manifest to {m.digest!r}; the two files were mixed up, write the capsule again",
+        )
     return tensors
 
 
@@ -424,7 +455,10 @@ def load(path: str | Path, *, expect_digest: str | None = None, verify: bool = T
     path = Path(path)
     m = read_manifest(path)
     if expect_digest is not None and m.digest != expect_digest:
-        raise _corrupt(path, f"manifest digest {m.digest} differs from the expected {expect_digest}; the directory was replaced since it was written")
+        raise _corrupt(
+            path,
+            f"manifest digest {m.digest} differs from the expected {expect_digest}; the directory was replaced since it was written",
+        )
     tensors = _read_tensors(path, m)
     state: dict[str, dict[str, StateValue]] = {}
     pin = torch.cuda.is_available()
@@ -436,10 +470,16 @@ def load(path: str | Path, *, expect_digest: str | None = None, verify: bool = T
             if info.kind == "torch" and pin and info.device.startswith("cuda"):
                 value = value.pin_memory()
             if verify and buffer_digest(name, value) != m.digests[comp][name]:
-                raise _corrupt(path, f"{comp}.{name}: bytes do not match their digest (flipped or truncated data); write the capsule again")
+                raise _corrupt(
+                    path,
+                    f"{comp}.{name}: bytes do not match their digest (flipped or truncated data); write the capsule again",
+                )
             state[comp][name] = value
     if verify and combine_digests(m.digests) != m.digest:
-        raise _corrupt(path, "the overall digest does not match the buffer digests (the manifest was edited); write the capsule again")
+        raise _corrupt(
+            path,
+            "the overall digest does not match the buffer digests (the manifest was edited); write the capsule again",
+        )
     return Capsule(m.boundary, m.specs, m.fingerprints, "host", state, known_digest=m.digest if verify else None)
 
 
@@ -457,4 +497,6 @@ def verify(capsule: Capsule) -> None:
     capsule._cache.pop("digest", None)
     actual = combine_digests(capsule.buffer_digests())
     if recorded is not None and actual != recorded:
-        raise CorruptCapsule(f"capsule {capsule.label!r}: bytes digest {actual} differs from the recorded {recorded}; take the capsule again")
+        raise CorruptCapsule(
+            f"capsule {capsule.label!r}: bytes digest {actual} differs from the recorded {recorded}; take the capsule again"
+        )

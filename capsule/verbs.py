@@ -39,7 +39,9 @@ def _check_components(components: Mapping[str, Stateful]) -> None:
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"component names must be non-empty strings without '/', got {name!r}")
         if not all(callable(getattr(comp, m, None)) for m in _STATEFUL_METHODS):  # cheaper than a Protocol isinstance
-            raise TypeError(f"component {name!r} ({type(comp).__name__}) does not implement Stateful (live_state, load_live_state, state_fingerprint)")
+            raise TypeError(
+                f"component {name!r} ({type(comp).__name__}) does not implement Stateful (live_state, load_live_state, state_fingerprint)"
+            )
 
 
 _LAST_FP: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -75,7 +77,9 @@ def _specs_of(name: str, comp: Stateful, values: Mapping[str, Any]) -> dict[str,
     if last is not None and values.keys() == last[1].keys():
         for buf, (typ, dtype, shape, device) in last[1].items():
             v = values[buf]
-            if not (isinstance(v, typ) and v.dtype == dtype and v.shape == shape and (device is None or v.device == device)):
+            if not (
+                isinstance(v, typ) and v.dtype == dtype and v.shape == shape and (device is None or v.device == device)
+            ):
                 break
         else:
             return last[0]
@@ -117,7 +121,9 @@ def snapshot(
         on first use, so a device snapshot is only the copy.
     """
     if tier not in ("device", "host"):
-        raise ValueError(f"snapshot tier must be 'device' or 'host', got {tier!r}; for disk use save(snapshot(...), path)")
+        raise ValueError(
+            f"snapshot tier must be 'device' or 'host', got {tier!r}; for disk use save(snapshot(...), path)"
+        )
     _check_components(components)
     specs: dict[str, dict[str, BufferInfo]] = {}
     fps: dict[str, dict] = {}
@@ -142,7 +148,10 @@ def _compare_fingerprint(comp: str, expected: Mapping[str, Any], got: Mapping[st
     raise CapsuleMismatch(
         f"{comp}: fingerprint field {f!r} differs: capsule has {_short(exp)}, live component has {_short(now)}{more}; "
         "restore into the deployment that took the capsule, or take a new capsule",
-        component=comp, field=f, expected=None if exp is _ABSENT else exp, got=None if now is _ABSENT else now,
+        component=comp,
+        field=f,
+        expected=None if exp is _ABSENT else exp,
+        got=None if now is _ABSENT else now,
     )
 
 
@@ -169,7 +178,8 @@ def _validate(capsule: Capsule, components: Mapping[str, Stateful]) -> dict[str,
         raise CapsuleMismatch(
             f"capsule {capsule.label!r} holds components {sorted(want)}, restore was given {sorted(have)} "
             f"(missing {missing}, extra {extra}); pass exactly the components the capsule was taken from",
-            expected=sorted(want), got=sorted(have),
+            expected=sorted(want),
+            got=sorted(have),
         )
     layouts = capsule.layouts()
     targets: dict[str, list] = {}
@@ -187,18 +197,26 @@ def _validate(capsule: Capsule, components: Mapping[str, Stateful]) -> dict[str,
             raise CapsuleMismatch(
                 f"{name}: live buffers {sorted(live)} differ from the capsule's {sorted(specs)} "
                 f"(not in capsule: {extra}, not live: {missing}); take a new capsule of this component",
-                component=name, field=field, expected=sorted(specs), got=sorted(live),
+                component=name,
+                field=field,
+                expected=sorted(specs),
+                got=sorted(live),
             )
         for buf, info in specs.items():
             try:
                 now = BufferInfo.of(live[buf])
             except TypeError as err:
-                raise CapsuleMismatch(f"{name}.{buf}: live value is not restorable: {err}", component=name, field=buf) from err
+                raise CapsuleMismatch(
+                    f"{name}.{buf}: live value is not restorable: {err}", component=name, field=buf
+                ) from err
             if not info.same_layout(now):
                 raise CapsuleMismatch(
                     f"{name}.{buf}: capsule holds {info.describe()}, live buffer is {now.describe()}; "
                     "the component's buffers changed since the snapshot, take a new capsule",
-                    component=name, field=buf, expected=info.describe(), got=now.describe(),
+                    component=name,
+                    field=buf,
+                    expected=info.describe(),
+                    got=now.describe(),
                 )
         _check_fingerprint(name, comp, capsule)
         targets[name] = [live[buf] for buf in specs]
@@ -256,12 +274,21 @@ def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: boo
     batch = [n for n, c in components.items() if getattr(c, "loads_by_copy", False) is True and capsule.all_tensors(n)]
     if batch:
         try:
-            torch._foreach_copy_([v for n in batch for v in targets[n]], [v for n in batch for v in capsule.ordered_values(n)])
+            torch._foreach_copy_(
+                [v for n in batch for v in targets[n]], [v for n in batch for v in capsule.ordered_values(n)]
+            )
         except Exception as err:
             if backup is not None:
                 for prev in batch:
                     components[prev].load_live_state(dict(backup.state[prev]))
-            raise CapsuleError(f"components {batch} could not be copied after validation passed ({type(err).__name__}: {err}); " + ("they were put back" if backup is not None else "they may be partly restored (pass atomic=True to have them put back)")) from err
+            raise CapsuleError(
+                f"components {batch} could not be copied after validation passed ({type(err).__name__}: {err}); "
+                + (
+                    "they were put back"
+                    if backup is not None
+                    else "they may be partly restored (pass atomic=True to have them put back)"
+                )
+            ) from err
         done += batch
     for name, comp in components.items():
         if name in batch:
@@ -275,7 +302,9 @@ def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: boo
                 state = f"the components restored before it ({done or 'none'}) were put back"
             else:
                 state = f"already restored: {done or 'none'} (pass atomic=True to have them put back)"
-            raise CapsuleError(f"component {name!r} refused the capsule after validation passed ({type(err).__name__}: {err}); {state}") from err
+            raise CapsuleError(
+                f"component {name!r} refused the capsule after validation passed ({type(err).__name__}: {err}); {state}"
+            ) from err
         done.append(name)
 
 

@@ -9,4 +9,12 @@ from __future__ import annotations
 from rollcap.critics.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, CriticRunner, load_critic, save_critic
 from rollcap.critics.value_critic import ValueCritic, ValueCriticConfig
 
-__all__ = ["DEFAULT_CHECKPOINT", "MT10_CHECKPOINT", "CriticRunner", "ValueCritic", "ValueCriticConfig", "load_critic", "save_critic"]
+__all__ = [
+    "DEFAULT_CHECKPOINT",
+    "MT10_CHECKPOINT",
+    "CriticRunner",
+    "ValueCritic",
+    "ValueCriticConfig",
+    "load_critic",
+    "save_critic",
+]

@@ -35,8 +35,19 @@ class CriticRunner(ObsRunner):
     label = "critic"
     kind = KIND
 
-    def __init__(self, model: ValueCritic, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1, batch: int = 1, precision: str = "fp32"):
-        super().__init__(model, [], [BufferSpec("value", (batch,), torch.float32)], device, backend, lane, threads, batch, precision)
+    def __init__(
+        self,
+        model: ValueCritic,
+        device: str | torch.device = "cpu",
+        backend: str | None = None,
+        lane: Lane | None = None,
+        threads: int = 1,
+        batch: int = 1,
+        precision: str = "fp32",
+    ):
+        super().__init__(
+            model, [], [BufferSpec("value", (batch,), torch.float32)], device, backend, lane, threads, batch, precision
+        )
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]

@@ -57,9 +57,13 @@ class ValueCritic(nn.Module):
     def __init__(self, cfg: ValueCriticConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group)
+        self.encoder = PrefixEncoder(
+            cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group
+        )
         self.readout = nn.Parameter(torch.zeros(1, 1, cfg.width))
-        self.head = nn.Sequential(nn.Linear(cfg.width, cfg.width), nn.GELU(approximate="tanh"), nn.Linear(cfg.width, cfg.n_bins))
+        self.head = nn.Sequential(
+            nn.Linear(cfg.width, cfg.width), nn.GELU(approximate="tanh"), nn.Linear(cfg.width, cfg.n_bins)
+        )
         self.register_buffer("centers", torch.linspace(-1.0, 0.0, cfg.n_bins), persistent=False)
 
     def logits(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

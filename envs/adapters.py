@@ -240,8 +240,7 @@ class ExactStateWrapper(gym.Wrapper):
             )
         elif not (self._native or is_mujoco):
             self._refusal = (
-                f"{name} has neither a MuJoCo model/data nor a native get_state(); "
-                "its state cannot be captured exactly"
+                f"{name} has neither a MuJoCo model/data nor a native get_state(); its state cannot be captured exactly"
             )
         self._spec: dict = {}
         self._checked = bool(self._refusal)

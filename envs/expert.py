@@ -71,8 +71,11 @@ class ScriptedExpert:
     """Tangential step per radian of misalignment (times the radius, capped at 2 x contact)."""
 
     def __init__(
-        self, noise: ExpertNoise | None = None, scene: SceneSpec | None = None,
-        max_speed: float = 0.2, control_dt: float = 0.1,
+        self,
+        noise: ExpertNoise | None = None,
+        scene: SceneSpec | None = None,
+        max_speed: float = 0.2,
+        control_dt: float = 0.1,
     ) -> None:
         self.noise = noise or ExpertNoise()
         self.scene = scene or SceneSpec()
@@ -86,7 +89,9 @@ class ScriptedExpert:
     def for_env(cls, config, noise: ExpertNoise | None = None) -> ScriptedExpert:
         """The expert for an env built with ``config`` (a :class:`~rollcap.envs.push_block.PushBlockConfig`): its scene,
         its speed and its control period (``frame_skip`` physics steps), which scale every action."""
-        return cls(noise, scene=config.scene, max_speed=config.max_speed, control_dt=config.frame_skip * config.scene.timestep)
+        return cls(
+            noise, scene=config.scene, max_speed=config.max_speed, control_dt=config.frame_skip * config.scene.timestep
+        )
 
     def reset(self, seed: int | None = None) -> None:
         """Start an episode: reseed and draw this episode's mistakes (if any)."""

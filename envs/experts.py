@@ -83,7 +83,9 @@ class MetaWorldScript:
         state = np.asarray(obs["state"], dtype=np.float64)
         if state.shape != (STATE_DIM,):
             raise ValueError(f"obs['state']: expected MetaWorld's ({STATE_DIM},) observation, got shape {state.shape}")
-        with warnings.catch_warnings():  # "Constant(s) may be too high. Environments clip response to [-1, 1]": clipped here
+        with (
+            warnings.catch_warnings()
+        ):  # "Constant(s) may be too high. Environments clip response to [-1, 1]": clipped here
             warnings.filterwarnings("ignore", "Constant", UserWarning)
             action = self._policy.get_action(state)
         return np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0).astype(np.float32)
@@ -127,11 +129,15 @@ def scripted_expert(env: Any = None, env_id: str | None = None) -> Script:
     """
     task = expert_task(env, env_id)
     if task is None:
-        name = env_id or getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+        name = (
+            env_id or getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+        )
         raise ValueError(f"{name} has no scripted expert (there is one for {PUSH_BLOCK_ID} and each {ID_PREFIX}<task>)")
     if task != "push-block":
         return MetaWorldScript(task)
     layer = env
     while layer is not None and not isinstance(layer, PushBlockEnv):
         layer = getattr(layer, "env", None)
-    return PushBlockScript(layer.config if layer is not None else None)  # the env's speed and control period (the relabeller's too)
+    return PushBlockScript(
+        layer.config if layer is not None else None
+    )  # the env's speed and control period (the relabeller's too)

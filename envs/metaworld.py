@@ -187,7 +187,9 @@ class _Sawyer:
         self._model_digest = _masked_digest(self.model)
         self.reset(seed=0)
         # beside its family's (TASK_ATTRIBUTES): every other number it holds after a reset, and the moved model arrays
-        own = sorted(k for k, v in vars(self).items() if k not in _NOT_STATE and _capturable(v) and not self._aliases_data(v))
+        own = sorted(
+            k for k, v in vars(self).items() if k not in _NOT_STATE and _capturable(v) and not self._aliases_data(v)
+        )
         optional = ("optional_floats",) if any(k in vars(self) for k in _OPTIONAL_FLOATS) else ()
         self.rollcap_task_attributes = (*own, "model_body_pos", "model_site_pos", *optional)
 
@@ -293,7 +295,9 @@ def sim_class(task: str) -> type:
         near = difflib.get_close_matches(task, list(classes), n=1)
         raise ValueError(f"no MetaWorld v3 task {task!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
     base = classes[task]
-    return type(f"Rollcap{base.__name__}", (_Sawyer, base), {"__module__": __name__, "__qualname__": f"Rollcap{base.__name__}"})
+    return type(
+        f"Rollcap{base.__name__}", (_Sawyer, base), {"__module__": __name__, "__qualname__": f"Rollcap{base.__name__}"}
+    )
 
 
 @dataclass(frozen=True)
@@ -312,7 +316,11 @@ class MetaWorldConfig:
     """Steps before MetaWorld truncates the episode (its ``max_path_length``)."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.image_size, int) or isinstance(self.image_size, bool) or not 8 <= self.image_size <= MAX_IMAGE_SIZE:
+        if (
+            not isinstance(self.image_size, int)
+            or isinstance(self.image_size, bool)
+            or not 8 <= self.image_size <= MAX_IMAGE_SIZE
+        ):
             raise ValueError(f"image_size must be an int in 8..{MAX_IMAGE_SIZE}, got {self.image_size!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))
         bad = [c for c in self.cameras if c not in CAMERAS]
@@ -331,7 +339,9 @@ class MetaWorldConfig:
         for key in kwargs:
             if key not in names:
                 near = difflib.get_close_matches(key, names, n=1)
-                raise TypeError(f"MetaWorld env got an unknown option {key!r}" + (f"; did you mean {near[0]!r}?" if near else ""))
+                raise TypeError(
+                    f"MetaWorld env got an unknown option {key!r}" + (f"; did you mean {near[0]!r}?" if near else "")
+                )
         return cls(**kwargs)
 
 
@@ -375,7 +385,9 @@ class MetaWorldObservation(gym.ObservationWrapper):
             for cam in self.config.cameras:
                 if cam not in self._renderers:
                     self._renderers[cam] = MujocoRenderer(sim.model, self.config.image_size, cam, self.config.shadows)
-                out[f"image_{cam}"] = self._renderers[cam].render(sim.data.qpos, sim.data.mocap_pos, sim.data.mocap_quat)
+                out[f"image_{cam}"] = self._renderers[cam].render(
+                    sim.data.qpos, sim.data.mocap_pos, sim.data.mocap_quat
+                )
         out["instruction"] = self.instruction
         return out
 

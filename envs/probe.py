@@ -129,4 +129,8 @@ def repeat_difference(env: gym.Env, seed: int = PROBE_SEED, steps: int = 5) -> s
         found = difference(part, x, y)
         if found:
             return f"a second reset(seed={seed}) in the same env differs from the first: {found}"
-    return _steps_difference(first_steps, _play(env, actions), f"after a second reset(seed={seed}) in the same env, the same actions give other steps")
+    return _steps_difference(
+        first_steps,
+        _play(env, actions),
+        f"after a second reset(seed={seed}) in the same env, the same actions give other steps",
+    )

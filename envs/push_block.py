@@ -81,7 +81,11 @@ class PushBlockConfig:
     """Geometry and colours."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.image_size, int) or isinstance(self.image_size, bool) or not 8 <= self.image_size <= MAX_IMAGE_SIZE:
+        if (
+            not isinstance(self.image_size, int)
+            or isinstance(self.image_size, bool)
+            or not 8 <= self.image_size <= MAX_IMAGE_SIZE
+        ):
             raise ValueError(f"image_size must be an int in 8..{MAX_IMAGE_SIZE}, got {self.image_size!r}")
         if not isinstance(self.render_size, int) or self.render_size < 8:
             raise ValueError(f"render_size must be an int >= 8, got {self.render_size!r}")
@@ -141,9 +145,7 @@ class PushBlockEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
     exact_state = True
 
-    def __init__(
-        self, render_mode: str | None = None, config: PushBlockConfig | None = None, **overrides: Any
-    ) -> None:
+    def __init__(self, render_mode: str | None = None, config: PushBlockConfig | None = None, **overrides: Any) -> None:
         if render_mode not in (None, *self.metadata["render_modes"]):
             raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
         self.config = cfg = PushBlockConfig.with_overrides(config, **overrides)
@@ -161,9 +163,7 @@ class PushBlockEnv(gym.Env):
             for cam in cfg.cameras:
                 s = cfg.image_size
                 obs[f"image_{cam}"] = spaces.Box(0, 255, shape=(s, s, 3), dtype=np.uint8)
-        obs["instruction"] = spaces.Text(
-            max_length=MAX_INSTRUCTION_LEN, min_length=1, charset=INSTRUCTION_CHARSET
-        )
+        obs["instruction"] = spaces.Text(max_length=MAX_INSTRUCTION_LEN, min_length=1, charset=INSTRUCTION_CHARSET)
         self.observation_space = spaces.Dict(obs)
 
         self._task = (0, 0)
@@ -201,9 +201,7 @@ class PushBlockEnv(gym.Env):
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply one action for ``frame_skip`` substeps (0.1 s)."""
         if self._phase != _RUNNING:
-            raise RuntimeError(
-                "PushBlockEnv.step() called before reset() or after the episode ended; call reset()"
-            )
+            raise RuntimeError("PushBlockEnv.step() called before reset() or after the episode ended; call reset()")
         a = _check_action(action)
         clipped = np.clip(a, -1.0, 1.0)
         n_clipped = int(np.count_nonzero(clipped != a))
@@ -287,9 +285,7 @@ class PushBlockEnv(gym.Env):
             raise StateMismatch(f"{ENV_ID}: task {(block, target)} out of range")
         instruction = bytes(s["instruction"]).rstrip(b"\0").decode("ascii", errors="replace")
         if instruction != make_instruction(block, target):
-            raise StateMismatch(
-                f"{ENV_ID}: instruction {instruction!r} does not match task {(block, target)}"
-            )
+            raise StateMismatch(f"{ENV_ID}: instruction {instruction!r} does not match task {(block, target)}")
         phase, step = int(s["phase"][0]), int(s["step"][0])
         if phase not in (_NEEDS_RESET, _RUNNING, _OVER) or not 0 <= step <= self.config.max_steps:
             raise StateMismatch(f"{ENV_ID}: phase {phase} / step {step} out of range")
@@ -316,8 +312,11 @@ class PushBlockEnv(gym.Env):
             "mujoco": mujoco.__version__,
             "model_digest": "sha256:" + self._digest.hex(),
             "state_spec": spec_to_json(self._state_spec),
-            "dynamics": {"frame_skip": cfg.frame_skip, "max_steps": cfg.max_steps,
-                         "success_radius": cfg.success_radius},
+            "dynamics": {
+                "frame_skip": cfg.frame_skip,
+                "max_steps": cfg.max_steps,
+                "success_radius": cfg.success_radius,
+            },
         }
 
     # --------------------------------------------------------------- private

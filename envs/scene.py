@@ -47,9 +47,7 @@ def parse_instruction(text: str) -> tuple[int, int]:
         for t in range(len(TARGETS)):
             if make_instruction(b, t) == text:
                 return b, t
-    raise ValueError(
-        f"not a PushBlock instruction: {text!r}; expected e.g. {make_instruction(0, 0)!r}"
-    )
+    raise ValueError(f"not a PushBlock instruction: {text!r}; expected e.g. {make_instruction(0, 0)!r}")
 
 
 @dataclass(frozen=True)
@@ -120,8 +118,7 @@ def build_xml(spec: SceneSpec, max_speed: float, ortho_attr: str = 'projection="
         '<headlight ambient="0.3 0.3 0.3" diffuse="0.7 0.7 0.7" specular="0 0 0"/></visual>',
         '  <default><geom friction="0.5 0.005 0.0001" contype="1" conaffinity="1"/></default>',
         "  <worldbody>",
-        f'    <camera name="front" pos="0 0 1" xyaxes="1 0 0 0 1 0" {ortho_attr}'
-        f' fovy="{2 * spec.table_half:g}"/>',
+        f'    <camera name="front" pos="0 0 1" xyaxes="1 0 0 0 1 0" {ortho_attr} fovy="{2 * spec.table_half:g}"/>',
         f'    <geom name="table" type="plane" size="{spec.table_half:g} {spec.table_half:g} 0.01"'
         f' rgba="{_rgba(spec.table_rgb)}" contype="0" conaffinity="0"/>',
     ]
@@ -147,8 +144,7 @@ def build_xml(spec: SceneSpec, max_speed: float, ortho_attr: str = 'projection="
             ' damping="0.5" frictionloss="0.3"/>',
             f'      <joint name="{name}_yaw" type="hinge" axis="0 0 1" damping="{spec.yaw_damping:g}"'
             ' frictionloss="0.002"/>',
-            f'      <geom name="block_{name}" type="cylinder" size="{h:g} {h:g}" mass="0.1"'
-            f' rgba="{_rgba(rgb)}"/>',
+            f'      <geom name="block_{name}" type="cylinder" size="{h:g} {h:g}" mass="0.1" rgba="{_rgba(rgb)}"/>',
             "    </body>",
         ]
     parts += [

@@ -192,8 +192,7 @@ def validate_state(
     extra = sorted(set(arrays) - set(spec))
     if missing or extra:
         raise StateMismatch(
-            f"{owner}: state entries differ: missing {missing}, unexpected {extra}; "
-            "is this a state from another env?"
+            f"{owner}: state entries differ: missing {missing}, unexpected {extra}; is this a state from another env?"
         )
     for name, (dtype, shape) in spec.items():
         a = arrays[name]

@@ -37,7 +37,13 @@ TASK_ATTRIBUTES: dict[str, tuple[str, ...]] = {
     # (reward normalisers, initial poses) and moves bodies and sites of its
     # model at reset: rollcap/MetaWorld-* envs name those themselves
     # (rollcap.envs.metaworld).
-    "metaworld.sawyer_xyz_env.SawyerXYZEnv": ("curr_path_length", "_prev_obs", "_last_rand_vec", "_target_pos", "obj_init_pos"),
+    "metaworld.sawyer_xyz_env.SawyerXYZEnv": (
+        "curr_path_length",
+        "_prev_obs",
+        "_last_rand_vec",
+        "_target_pos",
+        "obj_init_pos",
+    ),
 }
 """Env family -> attributes that hold task state outside MuJoCo's state.
 
@@ -80,7 +86,9 @@ def kind_of(value: Any, where: str) -> str:
     """
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biufc" or value.dtype.hasobject:
-            raise NoExactState(f"task attribute {where} is a {value.dtype} array; only numeric and bool arrays can be captured")
+            raise NoExactState(
+                f"task attribute {where} is a {value.dtype} array; only numeric and bool arrays can be captured"
+            )
         return "ndarray"
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return "numpy"
@@ -104,7 +112,9 @@ def get_task_state(env: Any, names: Iterable[str]) -> tuple[dict[str, np.ndarray
     for name in names:
         where = f"{owner}.{name}"
         if not hasattr(env, name):
-            raise NoExactState(f"task attribute {where} does not exist; check the name (a family entry or task_attributes=)")
+            raise NoExactState(
+                f"task attribute {where} does not exist; check the name (a family entry or task_attributes=)"
+            )
         value = getattr(env, name)
         kind = kinds[name] = kind_of(value, where)
         if kind == "int" and not (_INT64.min <= value <= _INT64.max):

@@ -52,7 +52,12 @@ def plot(curve: list[dict], result: dict, path: Path, title: str) -> bool:
         ax.plot(*zip(*pts), label="training episodes (last 100, stochastic noise)")
     n = result["episodes"]
     for key, style in (("steered", "-"), ("frozen", "--"), ("zero_noise", ":")):
-        ax.axhline(result[f"{key}_success"] / n, linestyle=style, color="k" if key == "steered" else "grey", label=f"held-out {key.replace('_', ' ')} ({n} episodes)")
+        ax.axhline(
+            result[f"{key}_success"] / n,
+            linestyle=style,
+            color="k" if key == "steered" else "grey",
+            label=f"held-out {key.replace('_', ' ')} ({n} episodes)",
+        )
     ax.set_xlabel("transitions (chunks)")
     ax.set_ylabel("success")
     ax.set_title(title)
@@ -70,9 +75,15 @@ def main(args: Args, cfg: TrainConfig) -> None:
     base_path = args.baseline or args.out.parent / f"baseline-{cfg.task}-{eval_seed}-{args.eval_episodes}.json"
     if base_path.exists():
         base = json.loads(base_path.read_text())
-        if base.get("task") != cfg.task or base.get("episodes", 0) < args.eval_episodes or base.get("eval_seed") != eval_seed:
-            raise SystemExit(f"--baseline {base_path}: holds {base.get('task')!r} x {base.get('episodes')} episodes of run seed {base.get('eval_seed')}, "
-                             f"need {cfg.task!r} x {args.eval_episodes} of run seed {eval_seed}")
+        if (
+            base.get("task") != cfg.task
+            or base.get("episodes", 0) < args.eval_episodes
+            or base.get("eval_seed") != eval_seed
+        ):
+            raise SystemExit(
+                f"--baseline {base_path}: holds {base.get('task')!r} x {base.get('episodes')} episodes of run seed {base.get('eval_seed')}, "
+                f"need {cfg.task!r} x {args.eval_episodes} of run seed {eval_seed}"
+            )
     agent, info = train(cfg)
     print(json.dumps(info["budget"]))
     if base_path.exists():  # read again: another run may have written it while this one trained
@@ -87,9 +98,21 @@ def main(args: Args, cfg: TrainConfig) -> None:
     print("\n".join(summary_lines(result)))
     args.out.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in agent.state_dict().items()}, str(args.out / "agent.safetensors"))
-    report = {"config": cfg.to_json(), "task": vars(TASKS[cfg.task]), "baseline": str(base_path), "budget": info["budget"], "curve": info["curve"], "eval": result}
+    report = {
+        "config": cfg.to_json(),
+        "task": vars(TASKS[cfg.task]),
+        "baseline": str(base_path),
+        "budget": info["budget"],
+        "curve": info["curve"],
+        "eval": result,
+    }
     (args.out / "result.json").write_text(json.dumps(report, indent=1, default=str))
-    plot(info["curve"], result, args.out / "curve.png", f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}")
+    plot(
+        info["curve"],
+        result,
+        args.out / "curve.png",
+        f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}",
+    )
     print(f"-> {args.out / 'result.json'}")
 
 

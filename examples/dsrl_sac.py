@@ -63,15 +63,27 @@ def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
     if args.load is not None:
         model, stats = SAC.load(args.load, device="cpu"), None
     else:
-        model, stats = train_sac(env, args.timesteps, 60 * args.max_minutes, args.seed, args.learning_starts, args.ent_coef, target_entropy=args.target_entropy)
+        model, stats = train_sac(
+            env,
+            args.timesteps,
+            60 * args.max_minutes,
+            args.seed,
+            args.learning_starts,
+            args.ent_coef,
+            target_entropy=args.target_entropy,
+        )
         model.save(args.out / "dsrl_sac.zip")
-        print(f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {args.out / 'dsrl_sac.zip'}")
+        print(
+            f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {args.out / 'dsrl_sac.zip'}"
+        )
     probe = SteeringProbe(model, cfg.noise_bound)
     result = compare(env, probe, args.eval_seed, args.eval_episodes)
     print("\n".join(result.lines()))
     agent = probe.stats()
-    print(f"the agent over {agent['chunks']} steered chunks: Q mean {agent['q_mean']:.3g} (5-95%: {agent['q_p5']:.3g} to {agent['q_p95']:.3g}), "
-          f"{agent['saturated_fraction']:.1%} of noise elements at the box's edge")
+    print(
+        f"the agent over {agent['chunks']} steered chunks: Q mean {agent['q_mean']:.3g} (5-95%: {agent['q_p5']:.3g} to {agent['q_p95']:.3g}), "
+        f"{agent['saturated_fraction']:.1%} of noise elements at the box's edge"
+    )
     report = {"args": {k: str(v) for k, v in vars(args).items()}, "config": vars(cfg), "parts": {k: str(v) for k, v in vars(parts or Parts()).items()},
               "train": vars(stats) if stats else None, "eval": result.to_json(), "agent": agent}  # fmt: skip
     (args.out / "result.json").write_text(json.dumps(report, indent=1))

@@ -59,7 +59,9 @@ def main(args: Args) -> None:
     result = rollcap.run(args.episodes, out=args.out, env=env, policy=policy, progress=False)
     print(result.summary["stop_reasons"], "->", result.run_dir)
     for rec in result.records():
-        print(f"episode {rec.index}: policy replay {replay_policy(rec, policy).status}, env replay {replay_env(rec, env).status}")
+        print(
+            f"episode {rec.index}: policy replay {replay_policy(rec, policy).status}, env replay {replay_env(rec, env).status}"
+        )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,19 @@ class Args:
 
 
 ACT = (  # a small ACT without images: state + the instruction as a 32-dim hashed bag of words (174K parameters, 0.7 MB)
-    "--policy.type=act", "--policy.device=cpu", "--policy.push_to_hub=false", "--policy.pretrained_backbone_weights=null",
-    "--policy.chunk_size=8", "--policy.n_action_steps=4", "--policy.dim_model=64", "--policy.n_heads=4", "--policy.dim_feedforward=256",
-    "--policy.n_encoder_layers=2", "--policy.n_decoder_layers=1", "--policy.use_vae=false", "--policy.optimizer_lr=5e-4",
+    "--policy.type=act",
+    "--policy.device=cpu",
+    "--policy.push_to_hub=false",
+    "--policy.pretrained_backbone_weights=null",
+    "--policy.chunk_size=8",
+    "--policy.n_action_steps=4",
+    "--policy.dim_model=64",
+    "--policy.n_heads=4",
+    "--policy.dim_feedforward=256",
+    "--policy.n_encoder_layers=2",
+    "--policy.n_decoder_layers=1",
+    "--policy.use_vae=false",
+    "--policy.optimizer_lr=5e-4",
 )
 
 
@@ -58,12 +68,52 @@ def sh(*cmd) -> None:
 def main(args: Args) -> None:
     rollcap = (sys.executable, "-m", "rollcap.rollout.cli")
     out = args.out
-    sh(*rollcap, "run", "--policy", f"expert:{args.noise}", "--critic", "none", "--episodes", args.demos, "--seed", args.seed, "--format", "npz", "--out", out / "demos")
-    sh(*rollcap, "export", out / "demos", "--to", "lerobot", "--root", out / "dataset", "--obs-keys", "state", "--instruction-dims", "32", "--extras", "", "--labels", "expert")
     sh(
-        Path(sys.executable).with_name("lerobot-train"), "--dataset.repo_id=rollcap/dataset", f"--dataset.root={out / 'dataset'}", *ACT,
-        f"--steps={args.steps}", "--batch_size=32", "--num_workers=0", f"--save_freq={args.steps}", "--log_freq=200", "--seed=1000",
-        "--wandb.enable=false", f"--output_dir={out / 'train'}",
+        *rollcap,
+        "run",
+        "--policy",
+        f"expert:{args.noise}",
+        "--critic",
+        "none",
+        "--episodes",
+        args.demos,
+        "--seed",
+        args.seed,
+        "--format",
+        "npz",
+        "--out",
+        out / "demos",
+    )
+    sh(
+        *rollcap,
+        "export",
+        out / "demos",
+        "--to",
+        "lerobot",
+        "--root",
+        out / "dataset",
+        "--obs-keys",
+        "state",
+        "--instruction-dims",
+        "32",
+        "--extras",
+        "",
+        "--labels",
+        "expert",
+    )
+    sh(
+        Path(sys.executable).with_name("lerobot-train"),
+        "--dataset.repo_id=rollcap/dataset",
+        f"--dataset.root={out / 'dataset'}",
+        *ACT,
+        f"--steps={args.steps}",
+        "--batch_size=32",
+        "--num_workers=0",
+        f"--save_freq={args.steps}",
+        "--log_freq=200",
+        "--seed=1000",
+        "--wandb.enable=false",
+        f"--output_dir={out / 'train'}",
     )
     policy = f"lerobot:{out / 'train' / 'checkpoints' / 'last' / 'pretrained_model'}"
     sh(*rollcap, "run", "--policy", policy, "--episodes", args.episodes, "--seed", args.seed + 1, "--out", out / "eval")
@@ -72,7 +122,9 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for f in fields(Args):
         ap.add_argument("--" + f.name, type=type(f.default), default=f.default)
     main(Args(**vars(ap.parse_args())))

@@ -1,7 +1,7 @@
 """Train and write the default PushBlock policy + critic (the shipped checkpoints).
 
-    python examples/train_default.py                   # full run, writes policies/weights and critics/weights
-    python examples/train_default.py --demos 4 --policy-steps 5 --critic-steps 5 --eval-episodes 2 --out /tmp/w
+python examples/train_default.py                   # full run, writes policies/weights and critics/weights
+python examples/train_default.py --demos 4 --policy-steps 5 --critic-steps 5 --eval-episodes 2 --out /tmp/w
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ def main() -> None:
     numeric = [f for f in fields(TrainConfig) if f.type in ("int", "float")]
     for f in numeric:
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=int if f.type == "int" else float, default=f.default)
-    ap.add_argument("--eval-only", action="store_true", help="only re-evaluate the checkpoints (refreshes training_report.json)")
-    ap.add_argument("--out", type=Path, default=None, help="write both checkpoints into this directory instead of the shipped locations")
+    ap.add_argument(
+        "--eval-only", action="store_true", help="only re-evaluate the checkpoints (refreshes training_report.json)"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write both checkpoints into this directory instead of the shipped locations",
+    )
     args = ap.parse_args()
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in numeric})
     policy, critic = (POLICY, CRITIC) if args.out is None else (args.out / POLICY.name, args.out / CRITIC.name)

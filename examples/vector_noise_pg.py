@@ -62,7 +62,12 @@ def main(args: Args) -> None:
                 done = term | trunc
                 cuts.append(torch.as_tensor(done, dtype=torch.float32))
                 ended += int(done.sum())
-                successes += int(np.sum(info.get("is_success", np.zeros(args.envs, bool)) & info.get("_is_success", np.zeros(args.envs, bool))))
+                successes += int(
+                    np.sum(
+                        info.get("is_success", np.zeros(args.envs, bool))
+                        & info.get("_is_success", np.zeros(args.envs, bool))
+                    )
+                )
             returns, g = [], torch.zeros(args.envs)
             for r, cut in zip(reversed(rewards), reversed(cuts)):
                 g = r + g * (1.0 - cut)
@@ -72,7 +77,9 @@ def main(args: Args) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            print(f"update {update:>3}: mean chunk reward {torch.stack(rewards).mean():+.4f}, episodes ended {ended} (succeeded {successes})")
+            print(
+                f"update {update:>3}: mean chunk reward {torch.stack(rewards).mean():+.4f}, episodes ended {ended} (succeeded {successes})"
+            )
     finally:
         env.close()
 

@@ -157,7 +157,9 @@ class BufferSet:
         checked = []
         for name, value in values.items():
             must_be_finite = finite is True or (not isinstance(finite, bool) and name in finite)
-            checked.append((self._tensors[name] if name in self._tensors else None, self.check(name, value, finite=must_be_finite)))
+            checked.append(
+                (self._tensors[name] if name in self._tensors else None, self.check(name, value, finite=must_be_finite))
+            )
         if not checked:
             return
         dst = [d for d, _ in checked]
@@ -196,7 +198,9 @@ class BufferSet:
         missing = set(self._specs) - set(values)
         extra = set(values) - set(self._specs)
         if missing or extra:
-            raise BadInput(f"{self.label}: load needs exactly {sorted(self._specs)}; missing {sorted(missing)}, extra {sorted(extra)}")
+            raise BadInput(
+                f"{self.label}: load needs exactly {sorted(self._specs)}; missing {sorted(missing)}, extra {sorted(extra)}"
+            )
         if copy:
             self.write(values)
         else:

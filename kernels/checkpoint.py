@@ -31,8 +31,16 @@ _FIELDS = {"kind", "config", "format", "weights_digest", "meta_digest"}
 _MAX_JSON_BYTES = 1 << 24
 """A checkpoint's JSON is a config, not data: anything larger is refused unread."""
 _ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -69,11 +77,15 @@ def read_checkpoint_meta(path: str | Path, kind: str) -> dict:
         raise CheckpointMismatch(f"{js}: checkpoint config not found")
     size = js.stat().st_size
     if size > _MAX_JSON_BYTES:
-        raise CheckpointMismatch(f"{js}: {size} bytes; a checkpoint config is at most {_MAX_JSON_BYTES}, is this the right file?")
+        raise CheckpointMismatch(
+            f"{js}: {size} bytes; a checkpoint config is at most {_MAX_JSON_BYTES}, is this the right file?"
+        )
     try:
         meta = json.loads(js.read_bytes().decode("utf-8"))
     except (ValueError, RecursionError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise CheckpointMismatch(f"{js}: not valid JSON ({getattr(err, 'msg', None) or type(err).__name__}); the file is damaged") from err
+        raise CheckpointMismatch(
+            f"{js}: not valid JSON ({getattr(err, 'msg', None) or type(err).__name__}); the file is damaged"
+        ) from err
     if not isinstance(meta, dict) or meta.get("kind") != kind or not isinstance(meta.get("config"), dict):
         got = meta.get("kind") if isinstance(meta, dict) else type(meta).__name__
         raise CheckpointMismatch(f"{js}: expected a {kind!r} checkpoint, got {got!r}")
@@ -85,7 +97,9 @@ def read_checkpoint_meta(path: str | Path, kind: str) -> dict:
     if not isinstance(meta.get("weights_digest"), str):
         raise CheckpointMismatch(f"{js}: no weights_digest string; the file is damaged, save the checkpoint again")
     if "meta_digest" in meta and meta["meta_digest"] != _meta_digest(meta):
-        raise CheckpointMismatch(f"{js}: meta_digest does not match the file's fields; the file was edited or damaged, save the checkpoint again")
+        raise CheckpointMismatch(
+            f"{js}: meta_digest does not match the file's fields; the file was edited or damaged, save the checkpoint again"
+        )
     return meta
 
 
@@ -109,11 +123,15 @@ def _check_layout(st: Path, want: dict[str, torch.Tensor], have: dict) -> None:
     missing = sorted(set(want) - set(have))
     extra = sorted(set(have) - set(want))
     if missing or extra:
-        raise CheckpointMismatch(f"{st}: tensors do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
+        raise CheckpointMismatch(
+            f"{st}: tensors do not match the config: missing {missing[:5]}, unexpected {extra[:5]}"
+        )
     for k, v in want.items():
         dtype, shape = have[k]
         if shape != tuple(v.shape) or dtype != v.dtype:
-            raise CheckpointMismatch(f"{st}: tensor {k!r} is {shape} {dtype}, the config needs {tuple(v.shape)} {v.dtype}")
+            raise CheckpointMismatch(
+                f"{st}: tensor {k!r} is {shape} {dtype}, the config needs {tuple(v.shape)} {v.dtype}"
+            )
 
 
 def load_weights(module: torch.nn.Module, path: str | Path, expect_digest: str | None = None) -> str:
@@ -165,7 +183,9 @@ def load_module(path: str | Path, kind: str, config_from_json, build) -> torch.n
             layout = build(cfg).state_dict()
     except (TypeError, ValueError, RuntimeError) as err:
         raise CheckpointMismatch(f"{js}: the config does not describe a buildable {kind} ({err})") from err
-    _check_layout(st, layout, have)  # the header matches the file's size (safetensors checks), so the build below is bounded by it
+    _check_layout(
+        st, layout, have
+    )  # the header matches the file's size (safetensors checks), so the build below is bounded by it
     module = build(cfg)
     load_weights(module, st, expect_digest=meta["weights_digest"])
     return module.eval()

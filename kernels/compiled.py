@@ -80,7 +80,9 @@ def require_compiler(label: str, backend: str) -> str:
     """The compiler's version line; raises :class:`CaptureError` naming the fix when there is none."""
     cxx = cxx_compiler()
     if cxx is None:
-        raise CaptureError(f"{label}: backend {backend!r} compiles C++ and found no compiler ({os.environ.get('CXX') or 'g++'} not on PATH); install g++ or use backend 'jit'")
+        raise CaptureError(
+            f"{label}: backend {backend!r} compiles C++ and found no compiler ({os.environ.get('CXX') or 'g++'} not on PATH); install g++ or use backend 'jit'"
+        )
     return cxx[1]
 
 
@@ -94,7 +96,6 @@ def _inductor_env() -> Iterator[None]:
     ctx = contextlib.nullcontext()
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # importing torch._inductor sets it to the default: not a choice
     if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
-
         path = cache_dir() / "inductor"
         path.mkdir(parents=True, exist_ok=True)
         ctx = temporary_cache_dir(str(path))
@@ -141,7 +142,9 @@ def region_compiler(device_type: str) -> Callable[[Callable], Callable]:
     return compile_region
 
 
-def compiled_for_capture(fn: Callable, modules: list[torch.nn.Module], device_type: str) -> tuple[Callable, Callable[[], contextlib.AbstractContextManager], dict]:
+def compiled_for_capture(
+    fn: Callable, modules: list[torch.nn.Module], device_type: str
+) -> tuple[Callable, Callable[[], contextlib.AbstractContextManager], dict]:
     """``(fn', context, facts)``: what a ``compile-cuda`` graph warms and captures inside ``context()``.
 
     A module that names compiled regions (``REGIONS`` and a ``compiled_regions(compile)`` context, e.g. FlowVLA's
@@ -177,7 +180,11 @@ def _compile_env() -> Iterator[None]:
 
     from torch._inductor import config
 
-    with _inductor_env(), config.patch(INDUCTOR_OPTIONS), torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+    with (
+        _inductor_env(),
+        config.patch(INDUCTOR_OPTIONS),
+        torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True),
+    ):
         yield
 
 
@@ -197,7 +204,9 @@ def _digest_tensors(h, tensors: dict) -> None:
 def aoti_key(program, example: tuple[torch.Tensor, ...], compiler: str) -> str:
     """A digest of everything the compiled library depends on: graph, inputs, weights, constants, toolchain."""
     h = hashlib.sha256()
-    h.update(f"rollcap-aoti-{AOTI_FORMAT}|torch {torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{compiler}|threads 1\n".encode())
+    h.update(
+        f"rollcap-aoti-{AOTI_FORMAT}|torch {torch.__version__}|{torch.backends.cpu.get_cpu_capability()}|{compiler}|threads 1\n".encode()
+    )
     h.update(str(program.graph_module.code).encode())
     h.update(str(program.graph_signature).encode())
     h.update(repr([(tuple(t.shape), str(t.dtype), t.stride()) for t in example]).encode())
@@ -225,7 +234,7 @@ def _compile_package(program, dest: Path, label: str) -> None:
             model_dir = libs[0].rsplit("/", 1)[0] + "/"
             for n in z.namelist():
                 if n.startswith(model_dir) and not n.endswith("/"):
-                    (out / n[len(model_dir):]).write_bytes(z.read(n))
+                    (out / n[len(model_dir) :]).write_bytes(z.read(n))
         try:
             os.rename(out, dest)
         except OSError:
@@ -263,31 +272,54 @@ class AotiPlan:
         self.label = label
         self._lib = ctypes.CDLL(str(self.library))  # CDLL (not PyDLL): calls release the GIL
         self._handle = ctypes.c_void_p()
-        self._check(self._lib.AOTInductorModelContainerCreateWithDevice(ctypes.byref(self._handle), ctypes.c_size_t(1), b"cpu", None), "create")
+        self._check(
+            self._lib.AOTInductorModelContainerCreateWithDevice(
+                ctypes.byref(self._handle), ctypes.c_size_t(1), b"cpu", None
+            ),
+            "create",
+        )
         n_in, n_out = ctypes.c_size_t(), ctypes.c_size_t()
         self._check(self._lib.AOTInductorModelContainerGetNumInputs(self._handle, ctypes.byref(n_in)), "inputs")
         self._check(self._lib.AOTInductorModelContainerGetNumOutputs(self._handle, ctypes.byref(n_out)), "outputs")
         if (n_in.value, n_out.value) != (n_inputs, n_outputs):
-            raise CaptureError(f"{label}: compiled library takes {n_in.value} inputs and returns {n_out.value}, the graph has {n_inputs} and {n_outputs}")
+            raise CaptureError(
+                f"{label}: compiled library takes {n_in.value} inputs and returns {n_out.value}, the graph has {n_inputs} and {n_outputs}"
+            )
         self._n_in, self._n_out = n_inputs, n_outputs
         self._in_t = ctypes.c_void_p * n_inputs
         self._out_t = ctypes.c_void_p * n_outputs
         run = self._lib.AOTInductorModelContainerRun
-        run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p]
+        run.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         run.restype = ctypes.c_int32
         self._run = run
 
     def _check(self, rc: int, what: str) -> None:
         if rc != 0:
-            raise CaptureError(f"{self.label}: AOTInductor {what} failed (code {rc}); see stderr for the runtime's message")
+            raise CaptureError(
+                f"{self.label}: AOTInductor {what} failed (code {rc}); see stderr for the runtime's message"
+            )
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         aoti = torch._C._aoti
-        handles = self._in_t(*[_P.PyCapsule_GetPointer(c, None) for c in aoti.unsafe_alloc_void_ptrs_from_tensors(list(inputs))])
+        handles = self._in_t(
+            *[_P.PyCapsule_GetPointer(c, None) for c in aoti.unsafe_alloc_void_ptrs_from_tensors(list(inputs))]
+        )
         out = self._out_t()
-        rc = self._run(self._handle, handles, self._n_in, out, self._n_out, None, None)  # the run steals the input handles
+        rc = self._run(
+            self._handle, handles, self._n_in, out, self._n_out, None, None
+        )  # the run steals the input handles
         if rc != 0:
-            raise RuntimeError(f"{self.label}: AOTInductor run failed (code {rc}); see stderr for the runtime's message")
+            raise RuntimeError(
+                f"{self.label}: AOTInductor run failed (code {rc}); see stderr for the runtime's message"
+            )
         return aoti.alloc_tensors_by_stealing_from_void_ptrs([_P.PyCapsule_New(p, None, None) for p in out])
 
     def close(self) -> None:
@@ -303,7 +335,9 @@ class AotiPlan:
             pass
 
 
-def build_aoti(module: torch.nn.Module, example: tuple[torch.Tensor, ...], n_outputs: int, label: str) -> tuple[AotiPlan, str]:
+def build_aoti(
+    module: torch.nn.Module, example: tuple[torch.Tensor, ...], n_outputs: int, label: str
+) -> tuple[AotiPlan, str]:
     """Export ``module`` on ``example``, compile it (or load it from the cache); returns the plan and its key."""
     compiler = require_compiler(label, "aoti")
     try:

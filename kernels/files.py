@@ -125,7 +125,13 @@ def canonical_json(obj: Any, *, allow_nan: bool = True, indent: int | None = Non
     """
     separators = (",", ":") if indent is None else (",", ": ")
     return json.dumps(
-        obj, sort_keys=True, separators=separators, ensure_ascii=False, allow_nan=allow_nan, indent=indent, default=_json_default
+        obj,
+        sort_keys=True,
+        separators=separators,
+        ensure_ascii=False,
+        allow_nan=allow_nan,
+        indent=indent,
+        default=_json_default,
     )
 
 

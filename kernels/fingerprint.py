@@ -37,7 +37,9 @@ def device_fingerprint(device: torch.device | str, threads: int | None = None) -
     device = torch.device(device)
     fp = {
         "device_kind": device.type,
-        "torch": str(torch.__version__),  # a plain str: TorchVersion parses a Version on every == (restore compares fingerprints)
+        "torch": str(
+            torch.__version__
+        ),  # a plain str: TorchVersion parses a Version on every == (restore compares fingerprints)
         "numpy": np.__version__,
         "machine": platform.machine(),
     }

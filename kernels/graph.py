@@ -129,7 +129,9 @@ class CapturedGraph:
         except ValueError as err:
             raise ValueError(f"{label}: {err}") from None
         if precision != DEFAULT_PRECISION and backend in ("aoti", "compile"):
-            raise ValueError(f"{label}: precision {precision!r} runs on the eager, jit and cuda backends, not {backend!r}")
+            raise ValueError(
+                f"{label}: precision {precision!r} runs on the eager, jit and cuda backends, not {backend!r}"
+            )
         self.fn = fn
         self.inputs = inputs
         self.outputs = outputs
@@ -271,7 +273,9 @@ class CapturedGraph:
                     for _ in range(3):
                         self._copy_out(fn(self.inputs.tensors()))
             except Exception as err:
-                raise CaptureError(f"{self.label}: torch.compile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+                raise CaptureError(
+                    f"{self.label}: torch.compile failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                ) from err
         with torch.cuda.stream(side), torch.no_grad(), compiled_ctx():
             with torch.cuda.graph(g, stream=side), self._precision():
                 out = fn(self.inputs.tensors())

@@ -143,9 +143,13 @@ class _DispatchGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         name = f"aten.{func.name().split('::')[-1]}"
         if func in _HOST_DATA:
-            self.guard.refuse(f"{name} (a tensor made from host data: torch.tensor / as_tensor / from_numpy)", "host data")
+            self.guard.refuse(
+                f"{name} (a tensor made from host data: torch.tensor / as_tensor / from_numpy)", "host data"
+            )
         if torch.Tag.data_dependent_output in func.tags:
-            self.guard.refuse(f"{name} (a tensor value read on the host: .item(), bool(t), float(t), int(t))", "host sync")
+            self.guard.refuse(
+                f"{name} (a tensor value read on the host: .item(), bool(t), float(t), int(t))", "host sync"
+            )
         if func in _BOOL_INDEXED:
             if _bool_index(args, kwargs):
                 self.guard.refuse(f"{name} with a boolean mask (its shape depends on the data)", "shape")
@@ -157,7 +161,9 @@ class _DispatchGuard(TorchDispatchMode):
             src = _device_of(args[1] if func is _aten.copy_.default else args[0])
             dst = _device_of(args[0]) if func is _aten.copy_.default else kwargs.get("device")
             if src is not None and dst is not None and torch.device(dst).type != src.type:
-                self.guard.refuse(f"{name} from {src.type} to {torch.device(dst).type} (a copy across host and device)", "host data")
+                self.guard.refuse(
+                    f"{name} from {src.type} to {torch.device(dst).type} (a copy across host and device)", "host data"
+                )
         return func(*args, **kwargs)
 
 

@@ -20,7 +20,9 @@ except Exception:  # pragma: no cover - CPU CI has no triton
     _HAVE_TRITON = False
 
 
-def cfg_euler_step_reference(x: torch.Tensor, v_u: torch.Tensor, v_c: torch.Tensor, dt: float, beta: float) -> torch.Tensor:
+def cfg_euler_step_reference(
+    x: torch.Tensor, v_u: torch.Tensor, v_c: torch.Tensor, dt: float, beta: float
+) -> torch.Tensor:
     """Reference: ``x + dt * (v_u + beta * (v_c - v_u))`` (new tensor)."""
     return x + dt * (v_u + beta * (v_c - v_u))
 
@@ -50,7 +52,9 @@ def triton_available() -> bool:
     return _HAVE_TRITON and torch.cuda.is_available()
 
 
-def cfg_euler_step(x: torch.Tensor, v_u: torch.Tensor, v_c: torch.Tensor, dt: float, beta: float, fused: bool = True) -> torch.Tensor:
+def cfg_euler_step(
+    x: torch.Tensor, v_u: torch.Tensor, v_c: torch.Tensor, dt: float, beta: float, fused: bool = True
+) -> torch.Tensor:
     """One guided Euler step; the Triton kernel on CUDA fp32 when available, else the reference.
 
     While ``torch.compile`` traces it (a compiled region of the ``compile-cuda`` backend) it is the reference:

@@ -97,7 +97,9 @@ class GraphRunner:
         self._own_lane = lane is None
         self.lane = lane if lane is not None else make_lane(label, self.device, threads)
         self.threads = getattr(self.lane, "threads", threads)
-        self.graph = CapturedGraph(fn, self.inputs, self.outputs, self.backend, modules, label=label, precision=precision)
+        self.graph = CapturedGraph(
+            fn, self.inputs, self.outputs, self.backend, modules, label=label, precision=precision
+        )
         self.precision = self.graph.precision
         with _intra_op_threads(self.threads if self.device.type == "cpu" else None):
             self.graph.prepare()
@@ -176,7 +178,10 @@ class GraphRunner:
         for name, v in values.items():
             self.inputs.check(name, v)
         with torch.no_grad(), precision_context(self.precision, self.device):
-            return {k: v.clone() for k, v in self.fn({k: torch.as_tensor(v).to(self.device) for k, v in values.items()}).items()}
+            return {
+                k: v.clone()
+                for k, v in self.fn({k: torch.as_tensor(v).to(self.device) for k, v in values.items()}).items()
+            }
 
     # -- capsule protocol ----------------------------------------------------
     def live_state(self) -> dict[str, torch.Tensor]:
@@ -259,4 +264,3 @@ class GraphRunner:
     def close(self) -> None:
         if self._own_lane:
             self.lane.close()
-

@@ -93,7 +93,9 @@ class FlowVLAConfig(ObsModelConfig):
         d = super().to_json()
         for name, default in (("prefix_conditioning", False), ("expert_width", 0), ("mlp_ratio", 2)):
             if d[name] == default:
-                del d[name]  # a checkpoint without the field keeps its config (and fingerprint) as before the field existed
+                del d[
+                    name
+                ]  # a checkpoint without the field keeps its config (and fingerprint) as before the field existed
         return d
 
 
@@ -149,7 +151,16 @@ class FlowVLA(CompiledRegions, nn.Module):
     def __init__(self, cfg: FlowVLAConfig):
         super().__init__()
         self.cfg = cfg
-        self.encoder = PrefixEncoder(cfg.obs_spec, cfg.width, cfg.depth, cfg.heads, cfg.patch_size, n_extra=1, state_group=cfg.state_group, mlp_ratio=cfg.mlp_ratio)
+        self.encoder = PrefixEncoder(
+            cfg.obs_spec,
+            cfg.width,
+            cfg.depth,
+            cfg.heads,
+            cfg.patch_size,
+            n_extra=1,
+            state_group=cfg.state_group,
+            mlp_ratio=cfg.mlp_ratio,
+        )
         self.adv_emb = nn.Embedding(3, cfg.width)
         self.expert = ActionExpert(cfg)
         # The guided sampler's advantage pair, built once on the model's device: a tensor made from host data
@@ -163,7 +174,9 @@ class FlowVLA(CompiledRegions, nn.Module):
 
     def cfg_prefix(self, images, state, tokens):
         """The prefix of one observation for classifier-free guidance: batch 2, advantage positive / dropped."""
-        return self._prefix([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        return self._prefix(
+            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
+        )
 
     def velocity(self, images, state, tokens, adv, x_t, t) -> torch.Tensor:
         """Predicted flow velocity for a batch (training and tests)."""
@@ -182,7 +195,9 @@ class FlowVLA(CompiledRegions, nn.Module):
         v = self.velocity(images, state, tokens, adv, x_t, t)
         return F.mse_loss(v, noise - actions)
 
-    def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def sample(
+        self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
         """Batch-1 guided sampling: ``noise [1,H,A]`` -> actions ``[1,H,A]`` (capturable).
 
         A prefix-conditioned model samples through :meth:`inpaint_sample` with an empty prefix (its per-token time path).
@@ -200,7 +215,9 @@ class FlowVLA(CompiledRegions, nn.Module):
             x = cfg_euler_step(x, v[1:2], v[0:1], dt, cfg.cfg_beta)
         return x
 
-    def sample_rows(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def sample_rows(
+        self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
         """Batch-N guided sampling: ``noise [N,H,A]`` -> actions ``[N,H,A]`` (capturable; the batched runner's sampler).
 
         Each row is :meth:`sample` of its own observation and noise, the same ops in the same order, over
@@ -209,7 +226,12 @@ class FlowVLA(CompiledRegions, nn.Module):
         :meth:`inpaint_sample`'s path with an empty prefix, as :meth:`sample` does.
         """
         cfg, n = self.cfg, noise.shape[0]
-        kv, valid = self._prefix([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv[:, None].expand(2, n).reshape(-1))
+        kv, valid = self._prefix(
+            [img.repeat(2, 1, 1, 1) for img in images],
+            state.repeat(2, 1),
+            tokens.repeat(2, 1),
+            self.cfg_adv[:, None].expand(2, n).reshape(-1),
+        )
         x, dt = noise, -1.0 / cfg.num_steps
         if cfg.prefix_conditioning:
             zero = torch.zeros_like(noise)

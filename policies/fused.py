@@ -109,7 +109,13 @@ def additive_mask(valid: torch.Tensor, extra: int = 0) -> torch.Tensor:
     total = n + extra
     pad = -total % MASK_ALIGN
     zero = torch.zeros((), dtype=dtype, device=dev)
-    rows = torch.cat([torch.where(valid, zero, torch.full((), -math.inf, dtype=dtype, device=dev)), torch.zeros(b, extra + pad, dtype=dtype, device=dev)], dim=1)
+    rows = torch.cat(
+        [
+            torch.where(valid, zero, torch.full((), -math.inf, dtype=dtype, device=dev)),
+            torch.zeros(b, extra + pad, dtype=dtype, device=dev),
+        ],
+        dim=1,
+    )
     return rows.view(b, 1, 1, total + pad)[..., :total]
 
 
@@ -130,7 +136,9 @@ class FusedExpert(nn.Module):
             times = torch.tensor([1.0 - i / k for i in range(k)] + [0.0], device=self.in_w.device)
             te = expert.time_mlp(timestep_embedding(times, expert.width))  # the K step times, then t = 0
             base = expert.in_proj.bias + expert.pos  # [H, w]
-        self.register_buffer("step_bias", base[None] + te[:k, None, :])  # [K, H, w]: what in_proj(x) is offset by at step k
+        self.register_buffer(
+            "step_bias", base[None] + te[:k, None, :]
+        )  # [K, H, w]: what in_proj(x) is offset by at step k
         self.register_buffer("base", base.clone())
         self.register_buffer("time_emb", te.clone())  # [K + 1, w] (prefix-conditioned sampling mixes per token)
         self.out = _linear(*_fold(expert.ln_out, expert.out))
@@ -161,9 +169,13 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
     def __init__(self, plain: FlowVLA, fused_from: str = ""):
         super().__init__()
         cfg = plain.cfg
-        self.cfg = FusedFlowVLAConfig(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FlowVLAConfig)}, fused_from=fused_from)
+        self.cfg = FusedFlowVLAConfig(
+            **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(FlowVLAConfig)}, fused_from=fused_from
+        )
         src = plain.encoder
-        enc = copy.deepcopy(src, memo={id(src.blocks): nn.ModuleList(), id(src.ln_out): None})  # the blocks are rebuilt, not copied
+        enc = copy.deepcopy(
+            src, memo={id(src.blocks): nn.ModuleList(), id(src.ln_out): None}
+        )  # the blocks are rebuilt, not copied
         enc.blocks = nn.ModuleList(FusedBlock(b) for b in src.blocks)
         del enc.ln_out  # the policy reads the per-layer inputs only
         self.encoder = enc
@@ -191,7 +203,9 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         reference arithmetic while compiling).
         """
         n = x.shape[0]
-        v = self.expert(x.repeat(2, 1, 1), step_bias, kv, mask)  # both branches' rows (a copy, as linear makes of an expand)
+        v = self.expert(
+            x.repeat(2, 1, 1), step_bias, kv, mask
+        )  # both branches' rows (a copy, as linear makes of an expand)
         return cfg_euler_step(x, v[n:], v[:n], -1.0 / self.cfg.num_steps, self.cfg.cfg_beta)
 
     def _euler(self, x, kv, mask, bias_of, keep=None, pinned=None):
@@ -202,21 +216,34 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
                 x = x * keep + pinned
         return x
 
-    def sample(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def sample(
+        self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
         """As :meth:`FlowVLA.sample` (batch 1, guided; capturable)."""
-        kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        kv, mask = self._region("guided_prefix")(
+            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
+        )
         return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
-    def sample_rows(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def sample_rows(
+        self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor
+    ) -> torch.Tensor:
         """As :meth:`FlowVLA.sample_rows` (batch N: N positive rows, then N dropped)."""
         n = noise.shape[0]
-        kv, mask = self._region("guided_prefix")([img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), self.cfg_adv[:, None].expand(2, n).reshape(-1))
+        kv, mask = self._region("guided_prefix")(
+            [img.repeat(2, 1, 1, 1) for img in images],
+            state.repeat(2, 1),
+            tokens.repeat(2, 1),
+            self.cfg_adv[:, None].expand(2, n).reshape(-1),
+        )
         return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
     def guided_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
         """As :func:`rollcap.policies.rtc.guided_sample`: each step's clean estimate blended towards ``carried`` (``weights`` ``[1, H, 1]``; capturable)."""
         cfg, e = self.cfg, self.expert
-        kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        kv, mask = self._region("guided_prefix")(
+            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
+        )
         x, dt = noise, -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             tk = 1.0 - k / cfg.num_steps
@@ -229,7 +256,9 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
 
     def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
         """As :meth:`FlowVLA.inpaint_sample` (a prefix-conditioned model; ``weights`` 0/1)."""
-        kv, mask = self._region("guided_prefix")([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv)
+        kv, mask = self._region("guided_prefix")(
+            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
+        )
         keep = 1.0 - weights
         pinned = carried * weights
         e = self.expert

@@ -76,7 +76,9 @@ class Attention(nn.Module):
         k, v = self.kv(x).chunk(2, dim=-1)
         return self.split(k), self.split(v)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """``mask``: bool ``[B, N_keys]``, True where a key may be attended."""
         q = self.split(self.q(x))
         k, v = self.project_kv(x)
@@ -96,7 +98,9 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(width)
         self.attn = Attention(width, heads)
         self.ln2 = nn.LayerNorm(width)
-        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * width, width))
+        self.mlp = nn.Sequential(
+            nn.Linear(width, mlp_ratio * width), nn.GELU(approximate="tanh"), nn.Linear(mlp_ratio * width, width)
+        )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), mask, prefix_kv)
@@ -110,7 +114,17 @@ class PrefixEncoder(nn.Module):
     attention), the final hidden state, and the key mask (False on PAD tokens).
     """
 
-    def __init__(self, spec: ObsSpec, width: int, depth: int, heads: int, patch: int, n_extra: int, state_group: int = 0, mlp_ratio: int = 2):
+    def __init__(
+        self,
+        spec: ObsSpec,
+        width: int,
+        depth: int,
+        heads: int,
+        patch: int,
+        n_extra: int,
+        state_group: int = 0,
+        mlp_ratio: int = 2,
+    ):
         super().__init__()
         if state_group and spec.state_dim % state_group:
             raise ValueError(f"state_group {state_group} does not divide state_dim {spec.state_dim}")
@@ -128,7 +142,9 @@ class PrefixEncoder(nn.Module):
             self.state_proj = nn.Linear(spec.state_dim, width)
         else:  # one token per group of dims: Fourier features through a per-group projection
             groups, feats = spec.state_dim // state_group, state_group * (2 * N_FREQS + 1)
-            self.register_buffer("state_freqs", torch.pi * 2.0 ** torch.arange(N_FREQS, dtype=torch.float32) / 4.0, persistent=False)
+            self.register_buffer(
+                "state_freqs", torch.pi * 2.0 ** torch.arange(N_FREQS, dtype=torch.float32) / 4.0, persistent=False
+            )
             self.state_w = nn.Parameter(torch.randn(groups, feats, width) / feats**0.5)
             self.state_b = nn.Parameter(torch.zeros(groups, width))
         self.register_buffer("state_mean", torch.zeros(spec.state_dim))
@@ -155,7 +171,9 @@ class PrefixEncoder(nn.Module):
             x = blk(x, valid)
         return hidden, self.ln_out(x), valid
 
-    def embed(self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed(
+        self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix tokens ``[B, N, width]`` before the blocks, and the key mask ``[B, N]``."""
         b = state.shape[0]
         parts = [self.patchify(img) + self.cam_pos[i] for i, img in enumerate(images)]

@@ -60,10 +60,24 @@ from rollcap.kernels.graph import default_backend
 from rollcap.kernels.lanes import CallerLane, make_lane
 from rollcap.kernels.runner import GraphRunner
 
-INSTALL_HINT = "build LeRobot's venv with `bash scripts/lerobot_env.sh` (lerobot==0.6.1 needs Python >= 3.12) and run there"
+INSTALL_HINT = (
+    "build LeRobot's venv with `bash scripts/lerobot_env.sh` (lerobot==0.6.1 needs Python >= 3.12) and run there"
+)
 STATE_KEYS = ("state", "proprio", "observation.state")
 """rollcap observation keys tried, in order, for LeRobot's ``observation.state``."""
-_NOT_BITS = frozenset({"device", "pretrained_path", "pretrained_backbone_weights", "push_to_hub", "repo_id", "private", "tags", "license", "use_amp"})
+_NOT_BITS = frozenset(
+    {
+        "device",
+        "pretrained_path",
+        "pretrained_backbone_weights",
+        "push_to_hub",
+        "repo_id",
+        "private",
+        "tags",
+        "license",
+        "use_amp",
+    }
+)
 """Config fields that do not change a chunk's bits (where it came from or is published; the device is in the fingerprint already)."""
 
 
@@ -110,7 +124,9 @@ def require_lerobot():
     try:
         import lerobot
     except ImportError as err:
-        raise ImportError(f"lerobot is not importable in this Python ({sys.version.split()[0]}); {INSTALL_HINT}") from err
+        raise ImportError(
+            f"lerobot is not importable in this Python ({sys.version.split()[0]}); {INSTALL_HINT}"
+        ) from err
     return lerobot
 
 
@@ -169,7 +185,9 @@ def _to_feature(name: str, feat, value) -> torch.Tensor:
     else:
         t = torch.from_numpy(np.array(a, dtype=np.float32, copy=True))
     if want and tuple(t.shape) != want:
-        raise ValueError(f"LeRobot input feature {name!r}: expected shape {want}, the observation gives {tuple(t.shape)}")
+        raise ValueError(
+            f"LeRobot input feature {name!r}: expected shape {want}, the observation gives {tuple(t.shape)}"
+        )
     return t
 
 
@@ -207,7 +225,16 @@ class LeRobotPolicy:
         ValueError: (naming ``backend``) a backend not in :data:`BACKENDS`, or one that does not run on the device.
     """
 
-    def __init__(self, policy, preprocessor, postprocessor, keys: Mapping[str, str] | None = None, source: str = "", backend: str = "eager", threads: int = 1):
+    def __init__(
+        self,
+        policy,
+        preprocessor,
+        postprocessor,
+        keys: Mapping[str, str] | None = None,
+        source: str = "",
+        backend: str = "eager",
+        threads: int = 1,
+    ):
         self.policy = policy.eval()
         self.preprocessor, self.postprocessor = preprocessor, postprocessor
         self.cfg = cfg = policy.config
@@ -215,14 +242,20 @@ class LeRobotPolicy:
         self.source = str(source)
         action = cfg.output_features.get("action")
         if action is None:
-            raise ValueError(f"policy {cfg.type!r} has no 'action' output feature (it has {sorted(cfg.output_features)})")
+            raise ValueError(
+                f"policy {cfg.type!r} has no 'action' output feature (it has {sorted(cfg.output_features)})"
+            )
         self.action_dim = int(action.shape[0])
-        horizon = int(cfg.n_action_steps) if cfg.type == "diffusion" else int(getattr(cfg, "chunk_size", cfg.n_action_steps))
+        horizon = (
+            int(cfg.n_action_steps) if cfg.type == "diffusion" else int(getattr(cfg, "chunk_size", cfg.n_action_steps))
+        )
         self.chunk_shape = (horizon, self.action_dim)
         self.execute_steps = min(int(getattr(cfg, "n_action_steps", horizon)), horizon)
         self.takes_noise = "noise" in inspect.signature(policy.predict_action_chunk).parameters
         self.noise_shape = _noise_shape(cfg, self.action_dim) if self.takes_noise else None
-        self.injects = self.takes_noise and not (cfg.type == "diffusion" and getattr(cfg, "noise_scheduler_type", "") == "DDPM")
+        self.injects = self.takes_noise and not (
+            cfg.type == "diffusion" and getattr(cfg, "noise_scheduler_type", "") == "DDPM"
+        )
         self.n_obs_steps = int(getattr(cfg, "n_obs_steps", 1) or 1)
         self.device = torch.device(str(getattr(cfg, "device", None) or "cpu"))
         self._mapping: tuple[frozenset, dict[str, str]] | None = None
@@ -230,7 +263,9 @@ class LeRobotPolicy:
         if backend not in BACKENDS:
             raise ValueError(f"backend: a LeRobot policy runs {', '.join(BACKENDS)}; got {backend!r}")
         if backend not in ("eager", default_backend(self.device)):
-            raise ValueError(f"backend: {backend!r} does not run on {self.device} (use {default_backend(self.device)!r} or 'eager')")
+            raise ValueError(
+                f"backend: {backend!r} does not run on {self.device} (use {default_backend(self.device)!r} or 'eager')"
+            )
         self.requested_backend = backend
         self.backend = "eager"
         self.capture_max_abs_diff: float | None = None
@@ -241,11 +276,22 @@ class LeRobotPolicy:
             why = self._capture(backend, threads)
             self.backend = backend if why is None else f"eager ({why})"
             if why is not None:
-                warnings.warn(f"lerobot.{cfg.type}: backend {backend!r} not possible, it runs eager: {why}", RuntimeWarning, stacklevel=2)
+                warnings.warn(
+                    f"lerobot.{cfg.type}: backend {backend!r} not possible, it runs eager: {why}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         self._static_fp = self._fingerprint_base()
 
     @classmethod
-    def load(cls, directory, device: str = "cpu", keys: Mapping[str, str] | None = None, backend: str = "eager", threads: int = 1) -> LeRobotPolicy:
+    def load(
+        cls,
+        directory,
+        device: str = "cpu",
+        keys: Mapping[str, str] | None = None,
+        backend: str = "eager",
+        threads: int = 1,
+    ) -> LeRobotPolicy:
         """Load what ``save_pretrained`` wrote (the policy, and the processors beside it), offline; ``backend``, ``threads`` as for the class.
 
         Raises:
@@ -254,7 +300,9 @@ class LeRobotPolicy:
         """
         directory = Path(directory)
         if not (directory / "config.json").is_file():
-            raise ValueError(f"{directory}: no config.json; expected a directory written by a LeRobot policy's save_pretrained")
+            raise ValueError(
+                f"{directory}: no config.json; expected a directory written by a LeRobot policy's save_pretrained"
+            )
         require_lerobot()
         from lerobot.configs.policies import PreTrainedConfig
         from lerobot.policies.factory import get_policy_class, make_pre_post_processors
@@ -262,13 +310,19 @@ class LeRobotPolicy:
         try:
             cfg = PreTrainedConfig.from_pretrained(str(directory), local_files_only=True)
         except Exception as err:  # draccus parse errors, an unknown policy type
-            raise ValueError(f"{directory}/config.json: not a LeRobot policy config ({type(err).__name__}: {err})".splitlines()[0]) from err
+            raise ValueError(
+                f"{directory}/config.json: not a LeRobot policy config ({type(err).__name__}: {err})".splitlines()[0]
+            ) from err
         cfg.device = str(device)
-        if getattr(cfg, "pretrained_backbone_weights", None):  # the saved weights replace them; building must not download
+        if getattr(
+            cfg, "pretrained_backbone_weights", None
+        ):  # the saved weights replace them; building must not download
             cfg.pretrained_backbone_weights = None
         policy = get_policy_class(cfg.type).from_pretrained(str(directory), config=cfg, local_files_only=True)
         overrides = {"device_processor": {"device": str(device)}}
-        pre, post = make_pre_post_processors(cfg, pretrained_path=str(directory), preprocessor_overrides=overrides, postprocessor_overrides=overrides)
+        pre, post = make_pre_post_processors(
+            cfg, pretrained_path=str(directory), preprocessor_overrides=overrides, postprocessor_overrides=overrides
+        )
         return cls(policy, pre, post, keys=keys, source=str(directory), backend=backend, threads=threads)
 
     # -- ChunkPolicy ---------------------------------------------------------
@@ -281,7 +335,9 @@ class LeRobotPolicy:
         """Map ``obs`` to the input features, run the chunk (it is ready when this returns)."""
         self._chunk = None
         if not isinstance(obs, Mapping):
-            raise TypeError(f"LeRobotPolicy needs a dict observation (keys -> arrays, plus 'instruction'), got {type(obs).__name__}")
+            raise TypeError(
+                f"LeRobotPolicy needs a dict observation (keys -> arrays, plus 'instruction'), got {type(obs).__name__}"
+            )
         noise = np.asarray(noise)
         if noise.shape != self.chunk_shape or noise.dtype != np.float32 or not np.isfinite(noise).all():
             raise ValueError(f"noise: expected finite float32 {self.chunk_shape}, got {noise.dtype} {noise.shape}")
@@ -298,7 +354,9 @@ class LeRobotPolicy:
             actions = self.postprocessor(actions)
         chunk = actions.detach().to("cpu", torch.float32).numpy()
         if chunk.shape[0] != 1 or chunk.shape[1:] != self.chunk_shape:
-            raise ValueError(f"policy {self.cfg.type!r} returned a chunk of shape {chunk.shape}, expected (1, *{self.chunk_shape})")
+            raise ValueError(
+                f"policy {self.cfg.type!r} returned a chunk of shape {chunk.shape}, expected (1, *{self.chunk_shape})"
+            )
         self._chunk = chunk[0].copy()
 
     def result(self) -> np.ndarray:
@@ -360,7 +418,10 @@ class LeRobotPolicy:
         gen = torch.Generator().manual_seed(0)
         probes = []
         for random in (False, True):
-            raw = {name: (torch.rand(tuple(f.shape), generator=gen) if random else torch.zeros(tuple(f.shape))) for name, f in self.cfg.input_features.items()}
+            raw = {
+                name: (torch.rand(tuple(f.shape), generator=gen) if random else torch.zeros(tuple(f.shape)))
+                for name, f in self.cfg.input_features.items()
+            }
             noise = torch.randn((1, *self.noise_shape), generator=gen).to(self.device) if self.injects else None
             probes.append((self._preprocess({**raw, "task": [""]}), noise))
         tensors = {k: v for k, v in probes[0][0].items() if isinstance(v, torch.Tensor)}
@@ -374,7 +435,9 @@ class LeRobotPolicy:
         ref = [self._eager(batch, noise) for batch, noise in probes]
         try:
             with torch.no_grad():
-                alone = model({k: probes[0][0][k] for k in self._tensor_keys} | ({NOISE: probes[0][1]} if self.injects else {}))["actions"]
+                alone = model(
+                    {k: probes[0][0][k] for k in self._tensor_keys} | ({NOISE: probes[0][1]} if self.injects else {})
+                )["actions"]
         except Exception as err:  # noqa: BLE001 - a model's own code: any failure means it needs what was left out
             return f"predict_action_chunk needs the batch's non-tensor entries {others} ({type(err).__name__})"
         if alone.shape != ref[0].shape or not torch.equal(alone, ref[0]):
@@ -386,7 +449,16 @@ class LeRobotPolicy:
         try:
             with warnings.catch_warnings(record=True) as seen:
                 warnings.simplefilter("always", torch.jit.TracerWarning)
-                self._graph = GraphRunner(model, specs, [BufferSpec("actions", tuple(ref[0].shape), ref[0].dtype)], self.device, backend, [self.policy], lane=lane, label="lerobot")
+                self._graph = GraphRunner(
+                    model,
+                    specs,
+                    [BufferSpec("actions", tuple(ref[0].shape), ref[0].dtype)],
+                    self.device,
+                    backend,
+                    [self.policy],
+                    lane=lane,
+                    label="lerobot",
+                )
             got = [self._replay(batch, noise) for batch, noise in probes]
         except Exception as err:  # noqa: BLE001 - tracing a model's own code can fail in any way; it is said, not hidden
             self._graph = None
@@ -396,7 +468,9 @@ class LeRobotPolicy:
         if not all(torch.allclose(g, r, rtol=1e-4, atol=1e-5) for g, r in zip(got, ref)):
             self.close()
             self._graph = None
-            return f"the {backend} plan disagrees with eager on a probe input (max |diff| {self.capture_max_abs_diff:.3g})"
+            return (
+                f"the {backend} plan disagrees with eager on a probe input (max |diff| {self.capture_max_abs_diff:.3g})"
+            )
         self._say_tracer_warnings(seen, backend)
         return None
 
@@ -407,7 +481,9 @@ class LeRobotPolicy:
         for w in seen:
             if w not in tracer:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        self.trace_warnings = sorted({f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in tracer})
+        self.trace_warnings = sorted(
+            {f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}" for w in tracer}
+        )
         if tracer:
             warnings.warn(
                 f"lerobot.{self.cfg.type}: the {backend} plan was traced through {len(tracer)} TracerWarning(s) at "
@@ -448,6 +524,8 @@ class LeRobotPolicy:
             "config_digest": hashlib.sha256(cfg_json.encode()).hexdigest()[:16],
             "dtype": str(next(self.policy.parameters()).dtype).removeprefix("torch."),
             "noise": noise,
-            "obs_history": "current observation" if self.n_obs_steps == 1 else f"current observation x{self.n_obs_steps}",
+            "obs_history": "current observation"
+            if self.n_obs_steps == 1
+            else f"current observation x{self.n_obs_steps}",
             **({"backend": self.backend} if self.requested_backend != "eager" else {}),
         }

@@ -65,7 +65,9 @@ class ObsSpec:
         shapes["tokens"] = ((batch, self.max_tokens), torch.int64)
         return shapes
 
-    def to_inputs(self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    def to_inputs(
+        self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
         """Validate one observation and return batch-1 arrays keyed by buffer name."""
         if not isinstance(obs, Mapping):
             raise BadInput(f"observation: expected a mapping, got {type(obs).__name__}")
@@ -81,7 +83,9 @@ class ObsSpec:
             out[k] = img[None]
         state = np.asarray(obs["state"])
         if state.shape != (self.state_dim,) or state.dtype != np.float32:
-            raise BadInput(f"observation['state']: expected float32 ({self.state_dim},), got {state.dtype} {state.shape}")
+            raise BadInput(
+                f"observation['state']: expected float32 ({self.state_dim},), got {state.dtype} {state.shape}"
+            )
         if not np.isfinite(state).all():
             raise BadInput("observation['state']: contains NaN or Inf")
         out["state"] = state[None]
@@ -137,7 +141,10 @@ class ObsModelConfig:
             or len(set(keys)) != len(keys)
             or not all(isinstance(k, str) and k and k not in self.RESERVED_KEYS for k in keys)
         ):
-            raise self._fail("image_keys", f"up to {self.LIMITS['cameras']} distinct non-empty names other than {list(self.RESERVED_KEYS)}")
+            raise self._fail(
+                "image_keys",
+                f"up to {self.LIMITS['cameras']} distinct non-empty names other than {list(self.RESERVED_KEYS)}",
+            )
         for name in ("image_size", "state_dim", "max_tokens", "width", "depth"):
             self._require_int(name, 1, self.LIMITS[name])
         self._require_int("patch_size", 1, self.image_size)
@@ -196,7 +203,18 @@ class ObsRunner(GraphRunner):
     label = "model"
     kind = "rollcap.model"
 
-    def __init__(self, model: torch.nn.Module, extra_inputs: list[BufferSpec], outputs: list[BufferSpec], device="cpu", backend=None, lane=None, threads: int = 1, batch: int = 1, precision: str = "fp32"):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        extra_inputs: list[BufferSpec],
+        outputs: list[BufferSpec],
+        device="cpu",
+        backend=None,
+        lane=None,
+        threads: int = 1,
+        batch: int = 1,
+        precision: str = "fp32",
+    ):
         if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
         self.batch = batch
@@ -208,12 +226,18 @@ class ObsRunner(GraphRunner):
         self._tokens: dict[str, np.ndarray] = {}
         ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
         digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
-        if precision == "bf16" and torch.device(device).type == "cuda" and any(isinstance(m, torch.nn.Linear) and m.weight.dtype != torch.bfloat16 for m in self.model.modules()):
+        if (
+            precision == "bf16"
+            and torch.device(device).type == "cuda"
+            and any(isinstance(m, torch.nn.Linear) and m.weight.dtype != torch.bfloat16 for m in self.model.modules())
+        ):
             # On CUDA: the same bits as autocast's per-call weight casts, without them (a CPU jit plan is traced in fp32
             # and replayed under autocast, so its weights stay fp32 there).
             self.model = cast_linears(self.model)
             self.model.weights_digest = digest  # the checkpoint's weights, as every fingerprint names them
-        super().__init__(self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads, precision)
+        super().__init__(
+            self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads, precision
+        )
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # pragma: no cover - interface
         raise NotImplementedError

@@ -154,15 +154,28 @@ class RTCPolicyRunner(PolicyRunner):
     """``identity``: the capturable guided inpainting (:func:`guided_sample`); ``pigdm``: the paper's guidance
     (eager); ``prefix``: hard inpainting by a prefix-conditioned checkpoint (:meth:`FlowVLA.inpaint_sample`)."""
 
-    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane=None, threads: int = 1, sampler: str | None = None, precision: str = "fp32"):
+    def __init__(
+        self,
+        model: FlowVLA,
+        device: str | torch.device = "cpu",
+        backend: str | None = None,
+        lane=None,
+        threads: int = 1,
+        sampler: str | None = None,
+        precision: str = "fp32",
+    ):
         if sampler is None:  # the checkpoint decides: a prefix-conditioned one is sampled the way it was trained
             sampler = "prefix" if model.cfg.prefix_conditioning else "identity"
         if sampler not in self.SAMPLERS:
             raise ValueError(f"sampler: expected one of {self.SAMPLERS}, got {sampler!r}")
         if sampler == "prefix" and not model.cfg.prefix_conditioning:
-            raise ValueError("sampler 'prefix' needs a checkpoint trained with prefix_conditioning (python3 -m rollcap.rollout.learn.train_prefix)")
+            raise ValueError(
+                "sampler 'prefix' needs a checkpoint trained with prefix_conditioning (python3 -m rollcap.rollout.learn.train_prefix)"
+            )
         if sampler == "pigdm" and backend != "eager":
-            raise ValueError("sampler 'pigdm' differentiates through the network at every step: it runs on backend 'eager' only")
+            raise ValueError(
+                "sampler 'pigdm' differentiates through the network at every step: it runs on backend 'eager' only"
+            )
         self.sampler = sampler
         h, a = model.cfg.horizon, model.cfg.action_dim
         ins = [
@@ -171,16 +184,32 @@ class RTCPolicyRunner(PolicyRunner):
             BufferSpec("carried_w", (1, h, 1), torch.float32),
             BufferSpec("carried_n", (1,), torch.int64),
         ]
-        ObsRunner.__init__(self, model, ins, [BufferSpec("actions", (1, h, a), torch.float32)], device, backend, lane, threads, precision=precision)
+        ObsRunner.__init__(
+            self,
+            model,
+            ins,
+            [BufferSpec("actions", (1, h, a), torch.float32)],
+            device,
+            backend,
+            lane,
+            threads,
+            precision=precision,
+        )
         self.delay, self.shift, self.guidance = 0, model.cfg.execute_steps, "naive"
         self._weights = np.zeros(h, np.float32)  # unconfigured: no guidance, no queue (the plain chunk)
 
     def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         images = [b[k] for k in self.cfg.image_keys]
         if self.sampler == "prefix":
-            return {"actions": self.model.inpaint_sample(images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
+            return {
+                "actions": self.model.inpaint_sample(
+                    images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"]
+                )
+            }
         sample = pigdm_sample if self.sampler == "pigdm" else guided_sample
-        return {"actions": sample(self.model, images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])}
+        return {
+            "actions": sample(self.model, images, b["state"], b["tokens"], b["noise"], b["carried"], b["carried_w"])
+        }
 
     def _make_fingerprint(self) -> dict:
         fp = super()._make_fingerprint()
@@ -199,7 +228,9 @@ class RTCPolicyRunner(PolicyRunner):
         if self.sampler == "prefix" and guidance == "rtc" and mask != "hard":
             raise ValueError(f"rtc_mask {mask!r}: a prefix-conditioned checkpoint pins its prefix (hard mask only)")
         if not (1 <= execute_steps <= h and 0 <= delay <= execute_steps and delay + execute_steps <= h):
-            raise ValueError(f"inference delay {delay} with execution horizon {execute_steps}: need 0 <= delay <= execute_steps and delay + execute_steps <= {h} (the chunk length)")
+            raise ValueError(
+                f"inference delay {delay} with execution horizon {execute_steps}: need 0 <= delay <= execute_steps and delay + execute_steps <= {h} (the chunk length)"
+            )
         self.delay, self.shift, self.guidance = int(delay), int(execute_steps), guidance
         w = prefix_weights(h, execute_steps, delay, mask) if guidance == "rtc" else np.zeros(h, np.float32)
         self._weights = w
@@ -220,7 +251,10 @@ class RTCPolicyRunner(PolicyRunner):
         carried, weights = np.asarray(carried, np.float32), np.asarray(weights, np.float32)
         if carried.shape != (h, a) or weights.shape != (h,):
             raise BadInput(f"carried prefix: expected ({h}, {a}) and ({h},), got {carried.shape} and {weights.shape}")
-        self.write({"carried": carried[None], "carried_w": weights[None, :, None], "carried_n": np.array([count], np.int64)}, finite=("carried", "carried_w"))
+        self.write(
+            {"carried": carried[None], "carried_w": weights[None, :, None], "carried_n": np.array([count], np.int64)},
+            finite=("carried", "carried_w"),
+        )
 
     def queue(self) -> np.ndarray:
         """The committed actions that execute while the next chunk is inferred: ``[min(d, n), A]``."""
@@ -258,5 +292,7 @@ def rtc_twin(policy: PolicyRunner) -> RTCPolicyRunner:
         return policy
     twin = _TWINS.get(policy)
     if twin is None:
-        twin = _TWINS[policy] = RTCPolicyRunner(policy.model, policy.device, policy.backend, policy.lane, precision=policy.precision)
+        twin = _TWINS[policy] = RTCPolicyRunner(
+            policy.model, policy.device, policy.backend, policy.lane, precision=policy.precision
+        )
     return twin

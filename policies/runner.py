@@ -37,7 +37,11 @@ def load_policy(path: str | Path = DEFAULT_CHECKPOINT, expect: FlowVLAConfig | N
     model = load_module(path, KIND, FlowVLAConfig.from_json, FlowVLA)
     cfg = model.cfg
     if expect is not None and cfg != expect:
-        diff = [f"{k}: checkpoint {getattr(cfg, k)!r} vs expected {getattr(expect, k)!r}" for k in cfg.to_json() if getattr(cfg, k) != getattr(expect, k)]
+        diff = [
+            f"{k}: checkpoint {getattr(cfg, k)!r} vs expected {getattr(expect, k)!r}"
+            for k in cfg.to_json()
+            if getattr(cfg, k) != getattr(expect, k)
+        ]
         raise CheckpointMismatch(f"{path}: checkpoint config differs: {'; '.join(diff)}")
     return model
 
@@ -58,9 +62,28 @@ class PolicyRunner(ObsRunner):
     label = "policy"
     kind = KIND
 
-    def __init__(self, model: FlowVLA, device: str | torch.device = "cpu", backend: str | None = None, lane: Lane | None = None, threads: int = 1, batch: int = 1, precision: str = "fp32"):
+    def __init__(
+        self,
+        model: FlowVLA,
+        device: str | torch.device = "cpu",
+        backend: str | None = None,
+        lane: Lane | None = None,
+        threads: int = 1,
+        batch: int = 1,
+        precision: str = "fp32",
+    ):
         shape = (batch, model.cfg.horizon, model.cfg.action_dim)
-        super().__init__(model, [BufferSpec("noise", shape, torch.float32)], [BufferSpec("actions", shape, torch.float32)], device, backend, lane, threads, batch, precision)
+        super().__init__(
+            model,
+            [BufferSpec("noise", shape, torch.float32)],
+            [BufferSpec("actions", shape, torch.float32)],
+            device,
+            backend,
+            lane,
+            threads,
+            batch,
+            precision,
+        )
 
     @property
     def execute_steps(self) -> int:

@@ -26,7 +26,16 @@ _SHIPPED = FlowVLAConfig(state_dim=28, state_group=4, width=128, depth=3, heads=
 """The shipped PushBlock policy's shape (``policies/weights/pushblock_policy.json``; a test checks they agree)."""
 
 _PI0_CAMERAS = ("image_front", "image_wrist")
-_PI0_IO = {"image_keys": _PI0_CAMERAS, "image_size": 224, "patch_size": 14, "state_dim": 14, "state_group": 0, "action_dim": 14, "horizon": 50, "num_steps": 10}
+_PI0_IO = {
+    "image_keys": _PI0_CAMERAS,
+    "image_size": 224,
+    "patch_size": 14,
+    "state_dim": 14,
+    "state_group": 0,
+    "action_dim": 14,
+    "horizon": 50,
+    "num_steps": 10,
+}
 
 SIZES: dict[str, FlowVLAConfig] = {
     "shipped": _SHIPPED,

@@ -62,7 +62,13 @@ def _register_gym_ids() -> None:
 
     for env_id, entry in GYM_IDS.items():
         if env_id not in gym.registry:  # the envs check their own arguments; gymnasium's passive checker is off
-            gym.register(env_id, entry_point=entry, vector_entry_point=GYM_VECTOR.get(env_id), disable_env_checker=True, order_enforce=False)
+            gym.register(
+                env_id,
+                entry_point=entry,
+                vector_entry_point=GYM_VECTOR.get(env_id),
+                disable_env_checker=True,
+                order_enforce=False,
+            )
 
 
 class _RegisterAfterGymnasium(importlib.abc.MetaPathFinder):

@@ -70,8 +70,15 @@ class RunConfig:
             raise ConfigError("episodes", f"expected an integer >= 1, got {self.episodes!r}")
         if not isinstance(self.envs, int) or isinstance(self.envs, bool) or not 1 <= self.envs <= 1024:
             raise ConfigError("envs", f"expected an integer in 1..1024, got {self.envs!r}")
-        if not isinstance(self.graphs, int) or isinstance(self.graphs, bool) or self.graphs < 1 or self.envs % self.graphs:
-            raise ConfigError("graphs", f"expected an integer >= 1 that divides envs ({self.envs}), got {self.graphs!r}")
+        if (
+            not isinstance(self.graphs, int)
+            or isinstance(self.graphs, bool)
+            or self.graphs < 1
+            or self.envs % self.graphs
+        ):
+            raise ConfigError(
+                "graphs", f"expected an integer >= 1 that divides envs ({self.envs}), got {self.graphs!r}"
+            )
         if not isinstance(self.writers, int) or isinstance(self.writers, bool) or not 0 <= self.writers <= 64:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
@@ -82,7 +89,9 @@ class RunConfig:
             raise ConfigError("actors", f"expected an integer >= 0, got {self.actors!r}")
         if self.teleop is not None and self.actors:
             raise ConfigError("teleop", "a person drives one episode at a time in this process; drop `actors`")
-        if self.teleop is not None and not (self.teleop in ("keyboard", "terminal") or self.teleop.startswith("scripted:")):
+        if self.teleop is not None and not (
+            self.teleop in ("keyboard", "terminal") or self.teleop.startswith("scripted:")
+        ):
             raise ConfigError("teleop", f"expected keyboard, terminal or scripted:FILE, got {self.teleop!r}")
         if self.address is not None and not self.actors:
             raise ConfigError("address", f"joining a Ray cluster ({self.address}) needs actors (`actors=N`, N >= 1)")
@@ -92,12 +101,18 @@ class RunConfig:
             raise ConfigError("actor_gpus", f"expected a finite number >= 0, got {self.actor_gpus!r}")
         formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
         if not formats or set(formats) - set(FORMATS) or len(set(formats)) != len(formats):
-            raise ConfigError("formats", f"expected a list of {','.join(FORMATS)} without repeats, got {','.join(map(str, formats)) or 'nothing'}")
+            raise ConfigError(
+                "formats",
+                f"expected a list of {','.join(FORMATS)} without repeats, got {','.join(map(str, formats)) or 'nothing'}",
+            )
         object.__setattr__(self, "formats", formats)
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))
         if self.shard_dir is not None and not (self.actors and self.shards):
-            raise ConfigError("shard_dir", "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)")
+            raise ConfigError(
+                "shard_dir",
+                "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
+            )
 
 
 def _is_number(v) -> bool:
@@ -120,6 +135,7 @@ class RunResult:
     def records(self):
         """Read every recorded episode of the run back from disk (verified)."""
         from rollcap.rollout.recording import load_any
+
         return load_any(self.run_dir)
 
 
@@ -191,14 +207,18 @@ def run(
     if run_cfg.actors:
         from rollcap.rollout.ray.actors import check_actor_run
 
-        check_actor_run(env, policy, critic, run_cfg.address)  # names and paths only, Ray installed, something answers at the address
+        check_actor_run(
+            env, policy, critic, run_cfg.address
+        )  # names and paths only, Ray installed, something answers at the address
     poll = poll_stop or (lambda: None)
     own = []  # what this call built, and so closes
     try:
         if run_cfg.envs > 1:  # N envs over one graph at batch N (rollcap.rollout.batch)
             from rollcap.rollout.batch import batched_parts
 
-            env, policy, critic = batched_parts(env, policy, critic, parts, host_cfg, run_cfg, own, poll, check_repeatable)
+            env, policy, critic = batched_parts(
+                env, policy, critic, parts, host_cfg, run_cfg, own, poll, check_repeatable
+            )
             built = critic
         else:
             if isinstance(env, str):
@@ -214,7 +234,18 @@ def run(
                 own.append(built)
         critic = built if critic is None or _is_path(critic) else critic
         poll()
-        return _record(env, policy, critic, host_cfg, run_cfg, list(subscribers), parts if run_cfg.actors else None, on_started, on_finished, poll)
+        return _record(
+            env,
+            policy,
+            critic,
+            host_cfg,
+            run_cfg,
+            list(subscribers),
+            parts if run_cfg.actors else None,
+            on_started,
+            on_finished,
+            poll,
+        )
     finally:
         for part in own:
             if part is not None:
@@ -264,7 +295,9 @@ def _configs(episodes, out, env, policy, critic, options) -> tuple[HostConfig, R
     elif policy is not None:  # a policy object runs as it is: a setting of rollcap's own graphs would be ignored
         for name, plain in (("sampler", "plain"), ("precision", "fp32")):
             if parts_kw.get(name, plain) != plain:
-                raise ConfigError(name, f"{parts_kw[name]!r} applies to rollcap's checkpoints; a policy object runs as it is")
+                raise ConfigError(
+                    name, f"{parts_kw[name]!r} applies to rollcap's checkpoints; a policy object runs as it is"
+                )
     if isinstance(critic, (str, os.PathLike)):
         parts_kw["critic"] = Path(critic)
     elif critic is not None or not _is_path(policy):  # a critic object, or a user's policy: no shipped critic
@@ -272,27 +305,56 @@ def _configs(episodes, out, env, policy, critic, options) -> tuple[HostConfig, R
     return HostConfig(**pick[HostConfig]), RunConfig(episodes=episodes, out=out, **pick[RunConfig]), Parts(**parts_kw)
 
 
-def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: list[Subscriber], parts: Parts | None = None, on_started=None, on_finished=None, poll_stop=None) -> RunResult:
+def _record(
+    env,
+    policy,
+    critic,
+    host_cfg: HostConfig,
+    cfg: RunConfig,
+    extra: list[Subscriber],
+    parts: Parts | None = None,
+    on_started=None,
+    on_finished=None,
+    poll_stop=None,
+) -> RunResult:
     from rollcap.rollout.recording import EpisodeRecorder
 
     out = cfg.out or new_run_dir(Path("runs"))
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not cfg.resume:
-        raise ConfigError("out", f"{out}: directory is not empty (`resume=True` continues that run; or choose another `out`)")
+        raise ConfigError(
+            "out", f"{out}: directory is not empty (`resume=True` continues that run; or choose another `out`)"
+        )
     from rollcap.rollout.recording import EPISODES_DIR, H5_NAME
     from rollcap.rollout.recording.shards import MANIFEST, SHARDS_DIR, is_sharded
 
-    for name, want_dir in ((EPISODES_DIR, True), (H5_NAME, False), ("summary.json", False), (MANIFEST, False), (SHARDS_DIR, True)):
+    for name, want_dir in (
+        (EPISODES_DIR, True),
+        (H5_NAME, False),
+        ("summary.json", False),
+        (MANIFEST, False),
+        (SHARDS_DIR, True),
+    ):
         p = out / name
         if p.exists() and p.is_dir() != want_dir:
-            raise ConfigError("out", f"{p} is a {'file' if want_dir else 'directory'}, expected a {'directory' if want_dir else 'file'}; not a rollcap run directory")
+            raise ConfigError(
+                "out",
+                f"{p} is a {'file' if want_dir else 'directory'}, expected a {'directory' if want_dir else 'file'}; not a rollcap run directory",
+            )
     envs, env = (env, env[0]) if isinstance(env, list) else (None, env)  # a list: a batched run's envs
     env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
-    env_meta = {"env_name": env_id, "type": 2, "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {}}
+    env_meta = {
+        "env_name": env_id,
+        "type": 2,
+        "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
+    }
     sharded = parts is not None and (cfg.shards or is_sharded(out))  # a sharded run stays sharded
     if parts is None and is_sharded(out) and not cfg.writers:
-        raise ConfigError("actors", f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first")
+        raise ConfigError(
+            "actors",
+            f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first",
+        )
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     if sharded:  # the actors write their shards; this process writes the manifest (no writer thread: nothing to write)
         from rollcap.rollout.recording.shards import ManifestWriter
@@ -324,7 +386,15 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
 
             host = BatchedCore(envs, policy, critic, host_cfg, subs)
         else:
-            host = RolloutHost(env, policy, critic, host_cfg, subs + (tele.subscribers if tele else []), events=tele.bus if tele else None, reset_hook=tele.reset_hook if tele else None)
+            host = RolloutHost(
+                env,
+                policy,
+                critic,
+                host_cfg,
+                subs + (tele.subscribers if tele else []),
+                events=tele.bus if tele else None,
+                reset_hook=tele.reset_hook if tele else None,
+            )
         if earlier:
             _same_run(earlier[0], host, env_meta)
         if parts is not None:  # Ray actors run the episodes; this process records what they return
@@ -358,19 +428,29 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
             elif pool is not None:
                 episodes = pool.episodes(todo, subs)
             elif tele is not None:
-                episodes = _with_person(host, todo, tele, _rewinds(host), itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1))
+                episodes = _with_person(
+                    host,
+                    todo,
+                    tele,
+                    _rewinds(host),
+                    itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1),
+                )
             elif envs is not None:
                 episodes = host.episodes(todo)
             else:
                 episodes = (host.run_episode(i) for i in todo)
             for end in episodes:
-                ends.append(dataclasses.replace(end, record=None))  # the writer thread owns the record; keep outcomes only
+                ends.append(
+                    dataclasses.replace(end, record=None)
+                )  # the writer thread owns the record; keep outcomes only
         except KeyboardInterrupt as stop:
             interrupted = stop
         except RecordingFailed as err:
             failure = err
         finally:
-            guard.live = False  # first statement (no call): from here a signal is noted, never raised, so the drain ends
+            guard.live = (
+                False  # first statement (no call): from here a signal is noted, never raised, so the drain ends
+            )
             host.abort()
             if tele is not None:
                 tele.__exit__(None, None, None)  # the key source stops, the terminal is restored
@@ -384,7 +464,9 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
                 if s is not writer:  # closed above
                     s.on_run_end()
         kept = set(recorder.indices) - before
-        interrupted = interrupted or guard.caught  # a signal during the drain: every episode is kept, the run still says interrupted
+        interrupted = (
+            interrupted or guard.caught
+        )  # a signal during the drain: every episode is kept, the run still says interrupted
         summary = metrics.summary(only=kept, earlier=[Metrics.row(r) for r in earlier])
         summary.update({
             "wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None,
@@ -394,7 +476,10 @@ def _record(env, policy, critic, host_cfg: HostConfig, cfg: RunConfig, extra: li
         if pool is not None:
             summary.update(pool.summary())
         if sharded:
-            summary["shards"] = len(set(recorder.shard_names()) | {Path(e.shard).name for e in recorder.entries.values() if Path(e.shard).is_absolute()})
+            summary["shards"] = len(
+                set(recorder.shard_names())
+                | {Path(e.shard).name for e in recorder.entries.values() if Path(e.shard).is_absolute()}
+            )
         if failure is not None:
             summary["recording_failed"] = str(failure)
         try:
@@ -459,16 +544,25 @@ def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
     now = plain_json(dataclasses.asdict(host.config))
     for name in sorted(set(now) | set(recorded.config)):
         if now.get(name) != recorded.config.get(name):
-            raise ConfigError(name, f"this run was recorded with {recorded.config.get(name)!r}; `resume=True` needs the same (got {now.get(name)!r})")
+            raise ConfigError(
+                name,
+                f"this run was recorded with {recorded.config.get(name)!r}; `resume=True` needs the same (got {now.get(name)!r})",
+            )
     if (recorded.env_id, plain_json(recorded.env_kwargs)) != (env_meta["env_name"], plain_json(env_meta["env_kwargs"])):
         field = "env_id" if recorded.env_id != env_meta["env_name"] else "env_kwargs"
-        raise ConfigError(field, f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env")
+        raise ConfigError(
+            field,
+            f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env",
+        )
     for part in ("policy", "critic"):
         was = (recorded.fingerprints.get(part) or {}).get("weights_digest")
         comp = getattr(host, part)
         now_digest = None if comp is None else comp.state_fingerprint().get("weights_digest")
         if was != now_digest:
-            raise ConfigError(part, f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})")
+            raise ConfigError(
+                part,
+                f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})",
+            )
 
 
 def new_run_dir(root: Path) -> Path:

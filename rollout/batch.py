@@ -171,22 +171,43 @@ def make_batched_runners(parts, envs: int, env=None, source: str | None = None, 
         check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
         if critic_model is not None:
             check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    policy = PolicyRunner(policy_model(parts, model), parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), batch=envs, precision=parts.precision)
+    policy = PolicyRunner(
+        policy_model(parts, model),
+        parts.device,
+        parts.backend,
+        make_lane("policy", parts.device, parts.threads),
+        batch=envs,
+        precision=parts.precision,
+    )
     if critic_model is None:
         return policy, None
-    return policy, CriticRunner(critic_model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), batch=envs, precision=parts.precision)
+    return policy, CriticRunner(
+        critic_model,
+        parts.device,
+        parts.backend,
+        make_lane("critic", parts.device, parts.threads),
+        batch=envs,
+        precision=parts.precision,
+    )
 
 
-def batched_parts(env, policy, critic, parts, host_cfg: HostConfig, run_cfg, own: list, poll, check) -> tuple[list, object, object]:
+def batched_parts(
+    env, policy, critic, parts, host_cfg: HostConfig, run_cfg, own: list, poll, check
+) -> tuple[list, object, object]:
     """``rollcap.run(envs=N)``'s parts: N envs from the env id (the first given to ``check(env, require_exact)``
     before anything is captured), the checkpoints captured at batch N; all appended to ``own``."""
     from rollcap.rollout.build import make_env
 
     n = run_cfg.envs
     if not isinstance(env, str):
-        raise ConfigError("envs", f"a batched run builds its {n} envs from an env id; got an env object ({type(env).__name__})")
+        raise ConfigError(
+            "envs", f"a batched run builds its {n} envs from an env id; got an env object ({type(env).__name__})"
+        )
     if not all(x is None or isinstance(x, (str, os.PathLike)) for x in (policy, critic)):
-        raise ConfigError("envs", f"a batched run captures the policy and critic at batch {n} from checkpoints; got a {type(policy).__name__} / {type(critic).__name__} object")
+        raise ConfigError(
+            "envs",
+            f"a batched run captures the policy and critic at batch {n} from checkpoints; got a {type(policy).__name__} / {type(critic).__name__} object",
+        )
     _check_config(host_cfg)
     envs = []
     for _ in range(n):
@@ -205,7 +226,9 @@ def _check_config(config: HostConfig) -> None:
     if config.chunking != "sync":
         raise ConfigError("chunking", f"a batched run (envs > 1) chunks synchronously, got {config.chunking!r}")
     if config.control_period_s is not None:
-        raise ConfigError("control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period")
+        raise ConfigError(
+            "control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period"
+        )
 
 
 class _Serialized(Subscriber):
@@ -253,15 +276,41 @@ class BatchedCore:
     Single-threaded driver: call :meth:`episodes` / :meth:`run` from one thread.
     """
 
-    def __init__(self, envs: Sequence, policy, critic=None, config: HostConfig | None = None, subscribers: Sequence[Subscriber] = (), records: bool = True, on_error: str = "record", workers: int | None = None):
+    def __init__(
+        self,
+        envs: Sequence,
+        policy,
+        critic=None,
+        config: HostConfig | None = None,
+        subscribers: Sequence[Subscriber] = (),
+        records: bool = True,
+        on_error: str = "record",
+        workers: int | None = None,
+    ):
         config = config or HostConfig()
         n = len(envs)
         policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
-        critics = list(critic) if isinstance(critic, (list, tuple)) else [critic] * len(policies) if critic is None else [critic]
+        critics = (
+            list(critic)
+            if isinstance(critic, (list, tuple))
+            else [critic] * len(policies)
+            if critic is None
+            else [critic]
+        )
         batch = getattr(policies[0], "batch", None)
-        if len(critics) != len(policies) or any(getattr(r, "batch", None) != batch for r in policies + [c for c in critics if c is not None]) or batch * len(policies) != n:
-            got = [getattr(r, "batch", None) for r in policies], [getattr(c, "batch", None) for c in critics if c is not None]
-            raise ConfigError("envs", f"{n} envs need policy (and critic) graphs whose batches add up to {n}, all of one batch; got batches {got[0]} and {got[1]}")
+        if (
+            len(critics) != len(policies)
+            or any(getattr(r, "batch", None) != batch for r in policies + [c for c in critics if c is not None])
+            or batch * len(policies) != n
+        ):
+            got = (
+                [getattr(r, "batch", None) for r in policies],
+                [getattr(c, "batch", None) for c in critics if c is not None],
+            )
+            raise ConfigError(
+                "envs",
+                f"{n} envs need policy (and critic) graphs whose batches add up to {n}, all of one batch; got batches {got[0]} and {got[1]}",
+            )
         _check_config(config)
         self.policy_rows = [Rows(r) for r in policies]
         self.critic_rows = [Rows(c) for c in critics if c is not None]
@@ -271,12 +320,24 @@ class BatchedCore:
 
         def host(i: int, env) -> RolloutHost:
             g, row = divmod(i, batch)
-            return RolloutHost(env, RowPolicy(self.policy_rows[g], row), RowCritic(self.critic_rows[g], row) if self.critic_rows else None, config, shared, records=records, on_error=on_error)
+            return RolloutHost(
+                env,
+                RowPolicy(self.policy_rows[g], row),
+                RowCritic(self.critic_rows[g], row) if self.critic_rows else None,
+                config,
+                shared,
+                records=records,
+                on_error=on_error,
+            )
 
         self.hosts = [host(i, env) for i, env in enumerate(envs)]
         self.workers = min(n, 4) if workers is None else int(workers)
         self._pool: ThreadPoolExecutor | None = None
-        self.config, self.policy, self.critic = self.hosts[0].config, self.hosts[0].policy, self.hosts[0].critic  # as a host's (resume's checks)
+        self.config, self.policy, self.critic = (
+            self.hosts[0].config,
+            self.hosts[0].policy,
+            self.hosts[0].critic,
+        )  # as a host's (resume's checks)
 
     def run(self, episodes: int, start: int = 0) -> list[EpisodeEnd]:
         """Episodes ``start .. start+episodes-1``, in the order they end; ``on_run_end`` is called however it ends."""
@@ -314,7 +375,12 @@ class BatchedCore:
     def _round(self) -> None:
         self.round()
 
-    def round(self, noise: Sequence[np.ndarray | None] | None = None, actions: Sequence[np.ndarray | None] | None = None, active: Sequence[bool] | None = None) -> list[tuple[ChunkEvent | None, list[StepEvent]]]:
+    def round(
+        self,
+        noise: Sequence[np.ndarray | None] | None = None,
+        actions: Sequence[np.ndarray | None] | None = None,
+        active: Sequence[bool] | None = None,
+    ) -> list[tuple[ChunkEvent | None, list[StepEvent]]]:
         """One boundary for every running slot: launch all, one replay per graph, decide all, execute all on the pool.
 
         Args:
@@ -329,7 +395,9 @@ class BatchedCore:
         n = len(self.hosts)
         noise, actions, active = noise or [None] * n, actions or [None] * n, active or [True] * n
         out: list[tuple[ChunkEvent | None, list[StepEvent]]] = [(None, []) for _ in range(n)]
-        launched = [(i, h, h.launch(noise[i])) for i, h in enumerate(self.hosts) if active[i] and h.state is HostState.RUNNING]
+        launched = [
+            (i, h, h.launch(noise[i])) for i, h in enumerate(self.hosts) if active[i] and h.state is HostState.RUNNING
+        ]
         for rows in self.policy_rows + self.critic_rows:  # every graph's lane at once
             rows.launch()
         for i, h, ticket in launched:  # while the batch replays: each slot's next noise

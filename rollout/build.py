@@ -54,7 +54,9 @@ class Parts:
     def __post_init__(self):
         if self.critic is not None and str(self.critic).lower() == "none":
             object.__setattr__(self, "critic", None)
-        policy, critic = shipped_models(self.env_id)  # the built-in task's defaults stand for "the shipped one for the env"
+        policy, critic = shipped_models(
+            self.env_id
+        )  # the built-in task's defaults stand for "the shipped one for the env"
         if named_policy(self.policy) is None and Path(self.policy) == DEFAULT_POLICY:
             object.__setattr__(self, "policy", policy)
         if self.critic is not None and Path(self.critic) == DEFAULT_CRITIC:
@@ -63,7 +65,10 @@ class Parts:
         if self.sampler not in ("plain", "fused"):
             raise ConfigError("sampler", f"expected plain or fused, got {self.sampler!r}")
         if self.sampler == "fused" and named_policy(self.policy) is not None:
-            raise ConfigError("sampler", f"fused is a FlowVLA checkpoint's sampler; {self.policy} has no fused variant (run it with the plain sampler)")
+            raise ConfigError(
+                "sampler",
+                f"fused is a FlowVLA checkpoint's sampler; {self.policy} has no fused variant (run it with the plain sampler)",
+            )
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ConfigError("threads", f"expected an integer >= 1, got {self.threads!r}")
         try:
@@ -79,16 +84,23 @@ class Parts:
         except ValueError as err:
             raise ConfigError("precision", str(err)) from None
         if self.precision != "fp32" and self.backend in ("aoti", "compile"):
-            raise ConfigError("precision", f"{self.precision} runs on the eager, jit and cuda backends, not {self.backend!r}")
+            raise ConfigError(
+                "precision", f"{self.precision} runs on the eager, jit and cuda backends, not {self.backend!r}"
+            )
         if self.backend == "compile-cuda" and dev.type != "cuda":
-            raise ConfigError("backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {self.device}")
+            raise ConfigError(
+                "backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {self.device}"
+            )
         if self.backend in ("aoti", "compile"):
             from rollcap.kernels.compiled import cxx_compiler
 
             if dev.type != "cpu":
                 raise ConfigError("backend", f"{self.backend!r} is a CPU plan; use 'cuda' on {self.device}")
             if cxx_compiler() is None:
-                raise ConfigError("backend", f"{self.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'")
+                raise ConfigError(
+                    "backend",
+                    f"{self.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'",
+                )
         if dev.type == "cuda":
             count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             if count == 0 or (dev.index or 0) >= count:
@@ -137,7 +149,9 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
     if source is not None and (plain not in gym.registry or (module is not None and module not in sys.modules)):
         how = (f"the {module} package registers it, and a module a file names is never imported: pass --env {env_id} to allow it" if module is not None
                else f"if a package registers it, pass --env PACKAGE:{plain} (a module a file names is never imported)")  # fmt: skip
-        raise ConfigError("env_id", f"{source}: the recording's env id {env_id!r} is not a registered gymnasium env here; {how}")
+        raise ConfigError(
+            "env_id", f"{source}: the recording's env id {env_id!r} is not a registered gymnasium env here; {how}"
+        )
     where = f"{source}: " if source else ""
     try:
         own = module is None or module.split(".")[0] in OWN_PACKAGES
@@ -174,7 +188,11 @@ def _cause(err: BaseException) -> str:
     tb = err.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    where = f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})" if tb is not None else ""
+    where = (
+        f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+        if tb is not None
+        else ""
+    )
     return f"{type(err).__name__}{where}"
 
 
@@ -204,8 +222,13 @@ def named_env(recorded: str, named: str | None, source) -> bool:
             raise ConfigError("env", f"{named}: importing {module} registers no {plain!r}")
         return True
     if recorded_module is not None and plain == recorded_plain:
-        raise ConfigError("env", f"{named}: {source} was recorded in {recorded}; name it as recorded, `env={recorded}` (rollcap then imports {recorded_module})")
-    raise ConfigError("env", f"{named}: {source} was recorded in {recorded}; the recording's env is always used (drop `env`)")
+        raise ConfigError(
+            "env",
+            f"{named}: {source} was recorded in {recorded}; name it as recorded, `env={recorded}` (rollcap then imports {recorded_module})",
+        )
+    raise ConfigError(
+        "env", f"{named}: {source} was recorded in {recorded}; the recording's env is always used (drop `env`)"
+    )
 
 
 def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: str | None = None) -> None:
@@ -221,7 +244,10 @@ def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: 
     name = f"{source}: {name}" if source else name
     want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
     if not isinstance(space, gym.spaces.Dict):
-        raise ConfigError(field, f"{name} observations are a {type(space).__name__} space; the {label} reads a dict {want} plus 'instruction'")
+        raise ConfigError(
+            field,
+            f"{name} observations are a {type(space).__name__} space; the {label} reads a dict {want} plus 'instruction'",
+        )
     have = {k: tuple(s.shape) for k, s in space.spaces.items() if k != "instruction"}
     wrong = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
     if wrong or "instruction" not in space.spaces:
@@ -231,8 +257,10 @@ def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: 
         raise ConfigError(field, f"{name} does not fit the {label}: {what}")
 
 
-NO_SHIPPED_POLICY = ("no shipped policy reads this env's observations (they read rollcap/PushBlock-v0's and the MetaWorld MT10 tasks'): "
-                     "record it with a policy of your own, rollcap.run(env=..., policy=...) (examples/custom_policy.py; for Fetch, examples/fetch_reach.py)")
+NO_SHIPPED_POLICY = (
+    "no shipped policy reads this env's observations (they read rollcap/PushBlock-v0's and the MetaWorld MT10 tasks'): "
+    "record it with a policy of your own, rollcap.run(env=..., policy=...) (examples/custom_policy.py; for Fetch, examples/fetch_reach.py)"
+)
 """What a run of a shipped checkpoint on an env it cannot read adds to :func:`check_fits`' line."""
 
 
@@ -247,7 +275,9 @@ def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
     return label if source else "env_kwargs" if parts.env_kwargs else "env_id"
 
 
-def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None = None) -> tuple[PolicyRunner, CriticRunner | None]:
+def make_runners(
+    parts: Parts, env=None, rtc: bool = False, source: str | None = None
+) -> tuple[PolicyRunner, CriticRunner | None]:
     """Load the checkpoints and capture their graphs, each on its own lane (no critic if ``parts.critic`` is None).
 
     ``parts.policy`` ``lerobot:DIR`` is a :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager unless ``parts.backend``
@@ -273,7 +303,9 @@ def make_runners(parts: Parts, env=None, rtc: bool = False, source: str | None =
     model = policy_model(parts, model)
     critic = make_critic(parts, env, source) if parts.critic is not None else None
     runner = RTCPolicyRunner if rtc else PolicyRunner
-    return runner(model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), precision=parts.precision), critic
+    return runner(
+        model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), precision=parts.precision
+    ), critic
 
 
 def policy_model(parts: Parts, model):
@@ -291,7 +323,9 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
     model = load_critic(parts.critic)
     if env is not None:
         check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    return CriticRunner(model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), precision=parts.precision)
+    return CriticRunner(
+        model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), precision=parts.precision
+    )
 
 
 # ------------------------------------------------------- named policies
@@ -302,7 +336,7 @@ def named_policy(policy) -> tuple[str, str] | None:
     """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path."""
     text = str(policy)
     if text.startswith(LEROBOT_PREFIX):
-        return "lerobot", text[len(LEROBOT_PREFIX):]
+        return "lerobot", text[len(LEROBOT_PREFIX) :]
     if re.fullmatch(rf"{EXPERT}(:.*)?", text):
         return "expert", text
     return None
@@ -320,9 +354,15 @@ def _check_policy_name(parts: Parts) -> None:
         return
     directory = Path(arg)
     if not (directory / "config.json").is_file():
-        raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)")
+        raise ConfigError(
+            "policy",
+            f"{LEROBOT_PREFIX}{arg}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)",
+        )
     if importlib.util.find_spec("lerobot") is None:
-        raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it")
+        raise ConfigError(
+            "policy",
+            f"{LEROBOT_PREFIX}{arg}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it",
+        )
     object.__setattr__(parts, "policy", Path(LEROBOT_PREFIX + str(directory.resolve())))
 
 
@@ -335,14 +375,24 @@ def _named_policy(parts: Parts, env=None):
     if kind == "expert":
         return expert_policy(arg, env)
     if parts.precision != "fp32":
-        raise ConfigError("precision", f"{parts.precision}: a LeRobot policy runs at its own dtype (fp32 here); the setting applies to rollcap's graphs")
+        raise ConfigError(
+            "precision",
+            f"{parts.precision}: a LeRobot policy runs at its own dtype (fp32 here); the setting applies to rollcap's graphs",
+        )
     from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
     from rollcap.policies.lerobot import LeRobotPolicy, map_features
 
-    backend = parts.backend or "eager"  # the default: every LeRobot recording before capture existed was eager, and replays so
+    backend = (
+        parts.backend or "eager"
+    )  # the default: every LeRobot recording before capture existed was eager, and replays so
     if backend not in LEROBOT_BACKENDS or (backend != "eager" and backend != default_backend(parts.device)):
-        raise ConfigError("backend", f"{backend!r}: a LeRobot policy on {parts.device} runs 'eager' or {default_backend(parts.device)!r} ({LEROBOT_PREFIX}{arg})")
-    torch.set_num_threads(parts.threads)  # it runs on the host's thread: torch's default (every core) measured 168 ms vs 1.5 ms a chunk beside a busy core
+        raise ConfigError(
+            "backend",
+            f"{backend!r}: a LeRobot policy on {parts.device} runs 'eager' or {default_backend(parts.device)!r} ({LEROBOT_PREFIX}{arg})",
+        )
+    torch.set_num_threads(
+        parts.threads
+    )  # it runs on the host's thread: torch's default (every core) measured 168 ms vs 1.5 ms a chunk beside a busy core
     try:
         policy = LeRobotPolicy.load(arg, device=parts.device, backend=backend, threads=parts.threads)
         if env is not None and isinstance(env.observation_space, gym.spaces.Dict):
@@ -424,7 +474,13 @@ class ExpertPolicy:
 
     def state_fingerprint(self) -> dict:
         """The expert and its noise (numpy only: no weights); a MetaWorld expert also names its class and metaworld's version."""
-        return {"kind": "rollcap.expert", "std": self.std, "noise": "injected" if self.std else "not an input", "numpy": np.__version__, **self._script.fingerprint()}
+        return {
+            "kind": "rollcap.expert",
+            "std": self.std,
+            "noise": "injected" if self.std else "not an input",
+            "numpy": np.__version__,
+            **self._script.fingerprint(),
+        }
 
     def close(self) -> None:
         """Nothing to release."""

@@ -16,7 +16,15 @@ import numpy as np
 
 from rollcap.envs import physics_row
 from rollcap.rollout.episode import CHUNK_DTYPES, RTC_CHUNK_DTYPES, STEP_DTYPES, EpisodeRecord
-from rollcap.rollout.protocols import RAW_OBS_KEY, ChunkEvent, EpisodeEnd, EpisodeStart, StepEvent, Subscriber, recorded_obs
+from rollcap.rollout.protocols import (
+    RAW_OBS_KEY,
+    ChunkEvent,
+    EpisodeEnd,
+    EpisodeStart,
+    StepEvent,
+    Subscriber,
+    recorded_obs,
+)
 
 _STEP_COLS = tuple(k for k in STEP_DTYPES if k != "dones")  # dones is derived
 
@@ -95,8 +103,12 @@ class RecordBuilder(Subscriber):
             chunks[k] = np.asarray(rows, dtype=dt).reshape(shape)
         if "rtc_carried" in self._chunks:
             n = len(self._chunks["noise"])
-            chunks["rtc_carried"] = np.asarray(self._chunks["rtc_carried"], RTC_CHUNK_DTYPES["rtc_carried"]).reshape(n, *horizon_shape)
-            chunks["rtc_weights"] = np.asarray(self._chunks["rtc_weights"], RTC_CHUNK_DTYPES["rtc_weights"]).reshape(n, horizon_shape[0])
+            chunks["rtc_carried"] = np.asarray(self._chunks["rtc_carried"], RTC_CHUNK_DTYPES["rtc_carried"]).reshape(
+                n, *horizon_shape
+            )
+            chunks["rtc_weights"] = np.asarray(self._chunks["rtc_weights"], RTC_CHUNK_DTYPES["rtc_weights"]).reshape(
+                n, horizon_shape[0]
+            )
         record = EpisodeRecord(
             index=start.index,
             seed=start.seed,

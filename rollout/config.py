@@ -58,7 +58,9 @@ class HostConfig:
             bad("rtc_mask", "expected hard or soft")
         if self.chunking == "sync" and self.inference_delay:
             bad("inference_delay", "is for chunking naive or rtc (sync waits for every chunk)")
-        if self.control_period_s is not None and not (_is_num(self.control_period_s) and 0 < self.control_period_s < float("inf")):
+        if self.control_period_s is not None and not (
+            _is_num(self.control_period_s) and 0 < self.control_period_s < float("inf")
+        ):
             bad("control_period_s", "expected a finite number of seconds > 0")
         if not _is_int(self.critic_patience) or self.critic_patience < 1:
             bad("critic_patience", "expected an integer >= 1")
@@ -66,7 +68,9 @@ class HostConfig:
             bad("max_chunks", "expected an integer >= 1")
         if self.max_seconds is not None and not (_is_num(self.max_seconds) and 0 < self.max_seconds < float("inf")):
             bad("max_seconds", "expected a finite number of seconds > 0")
-        if self.critic_threshold is not None and not (_is_num(self.critic_threshold) and -1.0 <= self.critic_threshold <= 0.0):
+        if self.critic_threshold is not None and not (
+            _is_num(self.critic_threshold) and -1.0 <= self.critic_threshold <= 0.0
+        ):
             bad("critic_threshold", "critic values live in [-1, 0]")
 
     @classmethod

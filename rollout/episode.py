@@ -137,7 +137,9 @@ class EpisodeRecord:
             for k, dt in dtypes.items():
                 a = arrays[k]
                 if a.dtype != np.dtype(dt) or a.shape[:1] != (n,):
-                    raise ValueError(f"episode {self.index}: {table}[{k!r}] is {a.dtype}{a.shape}, expected {np.dtype(dt)} with {n} rows")
+                    raise ValueError(
+                        f"episode {self.index}: {table}[{k!r}] is {a.dtype}{a.shape}, expected {np.dtype(dt)} with {n} rows"
+                    )
         for k, a in self.obs.items():
             if a.shape[:1] != (t,):
                 raise ValueError(f"episode {self.index}: obs[{k!r}] has {a.shape[0]} rows, expected {t}")

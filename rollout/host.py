@@ -46,9 +46,29 @@ from rollcap.rollout.episode import ACTOR_AGENT, ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.lifecycle import ALLOWED, ON_ERROR, Bookkeeping, EpisodeState, HostState, Launched, checked_noise, fingerprints_of, jsonable
+from rollcap.rollout.lifecycle import (
+    ALLOWED,
+    ON_ERROR,
+    Bookkeeping,
+    EpisodeState,
+    HostState,
+    Launched,
+    checked_noise,
+    fingerprints_of,
+    jsonable,
+)
 from rollcap.rollout.predicates import BoundaryView, StopPredicate
-from rollcap.rollout.protocols import ChunkCritic, ChunkEvent, ChunkPolicy, EpisodeEnd, EpisodeStart, Observation, StepEvent, Subscriber, instruction_of
+from rollcap.rollout.protocols import (
+    ChunkCritic,
+    ChunkEvent,
+    ChunkPolicy,
+    EpisodeEnd,
+    EpisodeStart,
+    Observation,
+    StepEvent,
+    Subscriber,
+    instruction_of,
+)
 from rollcap.rollout.builder import RecordBuilder
 from rollcap.rollout.rtc import ControlClock, configure_policy
 from rollcap.rollout.resume import Resume
@@ -58,7 +78,6 @@ from rollcap.rollout.seeding import chunk_noise, episode_seed
 _STATEFUL = ("live_state", "load_live_state", "state_fingerprint")
 _HANDBACK = object()  # _step's signal: the human handed back; end the chunk, not the episode
 _EMPTY_ROW = np.zeros(0, np.float64)
-
 
 
 class RolloutHost:
@@ -106,7 +125,9 @@ class RolloutHost:
         if config.execute_steps is None:  # resolve now, so recordings carry the effective value
             config = dataclasses.replace(config, execute_steps=int(getattr(policy, "execute_steps", horizon)))
         if config.execute_steps > horizon:
-            raise ConfigError("execute_steps", f"the policy's chunks hold {horizon} actions, got {config.execute_steps}")
+            raise ConfigError(
+                "execute_steps", f"the policy's chunks hold {horizon} actions, got {config.execute_steps}"
+            )
         if config.critic_threshold is not None and critic is None:
             raise ConfigError("critic_threshold", "is set but the host has no critic")
         if on_error not in ON_ERROR:
@@ -128,11 +149,20 @@ class RolloutHost:
         self._initial = None
         self._ep: EpisodeState | None = None
         self._launched = False
-        self._noise_ahead: tuple[int, int, np.ndarray] | None = None  # (seed, chunk, noise) drawn while the last chunk ran
+        self._noise_ahead: tuple[int, int, np.ndarray] | None = (
+            None  # (seed, chunk, noise) drawn while the last chunk ran
+        )
         self._draw_ahead = False
         self.env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
         self.state_env = exact_state_of(env)
-        self.components = {"host": self.book, **{n: c for n, c in (("policy", policy), ("critic", critic)) if c is not None and all(callable(getattr(c, m, None)) for m in _STATEFUL)}}
+        self.components = {
+            "host": self.book,
+            **{
+                n: c
+                for n, c in (("policy", policy), ("critic", critic))
+                if c is not None and all(callable(getattr(c, m, None)) for m in _STATEFUL)
+            },
+        }
 
     # -- state machine -------------------------------------------------------
     def _to(self, new: HostState) -> None:
@@ -188,7 +218,9 @@ class RolloutHost:
         """
         self._require(HostState.RESET, "start()")
         if at is not None and self.state_env is None:
-            raise ConfigError("env_id", f"{self.env_id} has no exact state; an episode cannot start at another's boundary")
+            raise ConfigError(
+                "env_id", f"{self.env_id} has no exact state; an episode cannot start at another's boundary"
+            )
         seed = episode_seed(self.config.seed, index) if seed is None else int(seed)
         ep = self._ep = EpisodeState(index, seed, time.perf_counter(), at=at)
         self._to(HostState.RUNNING)
@@ -212,7 +244,20 @@ class RolloutHost:
             if at is not None:
                 self._resume(at)
             initial_state = self.state_env.get_state() if self.state_env is not None else {}
-            start = EpisodeStart(index, seed, instruction_of(ep.obs), ep.obs, initial_state, self.env_id, self._env_kwargs(), jsonable(dataclasses.asdict(self.config)), fingerprints_of(self.policy, self.critic, self.state_env), self.noise_shape, None if at is None else at.origin, control_period(self.env))
+            start = EpisodeStart(
+                index,
+                seed,
+                instruction_of(ep.obs),
+                ep.obs,
+                initial_state,
+                self.env_id,
+                self._env_kwargs(),
+                jsonable(dataclasses.asdict(self.config)),
+                fingerprints_of(self.policy, self.critic, self.state_env),
+                self.noise_shape,
+                None if at is None else at.origin,
+                control_period(self.env),
+            )
         except Exception as err:
             self._fail(err)
             return None
@@ -265,7 +310,11 @@ class RolloutHost:
                 noise = np.array(ep.at.noise[ep.chunk], dtype=np.float32)
             elif noise is None:
                 ahead, self._noise_ahead = self._noise_ahead, None
-                noise = ahead[2] if ahead is not None and ahead[:2] == (ep.seed, ep.chunk) else chunk_noise(ep.seed, ep.chunk, self.noise_shape)
+                noise = (
+                    ahead[2]
+                    if ahead is not None and ahead[:2] == (ep.seed, ep.chunk)
+                    else chunk_noise(ep.seed, ep.chunk, self.noise_shape)
+                )
                 self._draw_ahead = ep.at is None or ep.at.noise is None or ep.chunk + 1 >= len(ep.at.noise)
             carried = self.policy.carried_state() if self.config.chunking != "sync" else None
             queue, obs, step = (self.policy.queue() if carried is not None else ()), ep.obs, ep.steps
@@ -284,7 +333,11 @@ class RolloutHost:
         """While the lanes run (:meth:`decide` calls it; a batched core for every slot before the wait): the next boundary's own noise."""
         if self._draw_ahead:  # a pure function of seed and chunk
             self._draw_ahead = False
-            self._noise_ahead = (self._ep.seed, self._ep.chunk + 1, chunk_noise(self._ep.seed, self._ep.chunk + 1, self.noise_shape))
+            self._noise_ahead = (
+                self._ep.seed,
+                self._ep.chunk + 1,
+                chunk_noise(self._ep.seed, self._ep.chunk + 1, self.noise_shape),
+            )
 
     def decide(self, launched: Launched) -> ChunkEvent | None:
         """:meth:`boundary`'s second half: wait for the chunk and the value, ask the predicates, emit the event."""
@@ -348,7 +401,9 @@ class RolloutHost:
             todo, actor = np.asarray(actions), ACTOR_AGENT
             if todo.ndim != 2 or todo.shape[0] < 1 or todo.shape[1] != self.action_dim:
                 ep.pending = chunk
-                raise ValueError(f"execute(actions): expected an [n, {self.action_dim}] chunk with n >= 1, got shape {todo.shape}")
+                raise ValueError(
+                    f"execute(actions): expected an [n, {self.action_dim}] chunk with n >= 1, got shape {todo.shape}"
+                )
         out: list[StepEvent] = []
         try:
             for a in todo:
@@ -447,7 +502,9 @@ class RolloutHost:
                 return True
         return False
 
-    def _step(self, ep: EpisodeState, policy_action: np.ndarray, actor: int, out: list[StepEvent]) -> str | object | None:
+    def _step(
+        self, ep: EpisodeState, policy_action: np.ndarray, actor: int, out: list[StepEvent]
+    ) -> str | object | None:
         while True:
             self.events.hold()  # paused: nothing is stepped
             stop = self.events.poll_stop()
@@ -470,7 +527,9 @@ class RolloutHost:
         action, who = (human, ACTOR_HUMAN) if human is not None else (policy_action, actor)
         state = physics_row(self.state_env.get_state()) if self.state_env is not None else _EMPTY_ROW
         new_obs, reward, terminated, truncated, info = self.env.step(action)
-        event = StepEvent(ep.index, ep.steps, ep.obs, action, who, state, reward, bool(terminated), bool(truncated), new_obs, info)
+        event = StepEvent(
+            ep.index, ep.steps, ep.obs, action, who, state, reward, bool(terminated), bool(truncated), new_obs, info
+        )
         ep.obs = new_obs
         ep.steps += 1
         self.book.counters[2] += 1

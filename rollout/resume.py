@@ -58,7 +58,9 @@ class Resume:
         if self.chunk < 0 or self.step < 0:
             raise ValueError(f"Resume: chunk and step must be >= 0, got {self.chunk} and {self.step}")
         if len(self.prior_values) != self.chunk:
-            raise ValueError(f"Resume: prior_values holds {len(self.prior_values)} values, expected one per earlier chunk ({self.chunk})")
+            raise ValueError(
+                f"Resume: prior_values holds {len(self.prior_values)} values, expected one per earlier chunk ({self.chunk})"
+            )
 
 
 ORIGIN_KEYS = ("parent", "episode", "chunk", "step", "branch", "noise", "prior_values", "offset")
@@ -82,7 +84,11 @@ def offset_of(record) -> Offset:
     if origin is None:
         return Offset()
     k0, t0 = origin.get("offset", (0, 0))
-    return Offset(int(k0) + int(origin["chunk"]), int(t0) + int(origin["step"]), tuple(float(v) for v in origin.get("prior_values", ())))
+    return Offset(
+        int(k0) + int(origin["chunk"]),
+        int(t0) + int(origin["step"]),
+        tuple(float(v) for v in origin.get("prior_values", ())),
+    )
 
 
 def resume_of(record) -> Resume | None:
@@ -100,4 +106,12 @@ def resume_of(record) -> Resume | None:
 
     noise = record.chunks["noise"] if origin.get("noise") == "parent" else None
     at = offset_of(record)
-    return Resume(dict(record.initial_state), observation_at(record, 0), at.chunk, at.step, dict(origin), noise=noise, prior_values=at.prior_values)
+    return Resume(
+        dict(record.initial_state),
+        observation_at(record, 0),
+        at.chunk,
+        at.step,
+        dict(origin),
+        noise=noise,
+        prior_values=at.prior_values,
+    )

@@ -30,13 +30,21 @@ def configure_policy(policy, config) -> None:
         ConfigError: naming ``chunking`` (the policy carries no prefix) or ``inference_delay`` (out of range).
     """
     if config.chunking == "sync":
-        if callable(getattr(policy, "configure", None)):  # a carrying policy run synchronously: nothing carried, no guidance
+        if callable(
+            getattr(policy, "configure", None)
+        ):  # a carrying policy run synchronously: nothing carried, no guidance
             policy.configure(0, config.execute_steps, "naive")
         return
     if not callable(getattr(policy, "configure", None)) or not callable(getattr(policy, "queue", None)):
-        raise ConfigError("chunking", f"{config.chunking} needs a policy that carries a prefix (RTCPolicyRunner: make_runners(..., rtc=True)); got {type(policy).__name__}")
+        raise ConfigError(
+            "chunking",
+            f"{config.chunking} needs a policy that carries a prefix (RTCPolicyRunner: make_runners(..., rtc=True)); got {type(policy).__name__}",
+        )
     if config.chunking == "rtc" and config.rtc_mask != "hard" and getattr(policy, "sampler", None) == "prefix":
-        raise ConfigError("rtc_mask", f"{config.rtc_mask}: the policy is a prefix-conditioned checkpoint, which pins its prefix (hard only)")
+        raise ConfigError(
+            "rtc_mask",
+            f"{config.rtc_mask}: the policy is a prefix-conditioned checkpoint, which pins its prefix (hard only)",
+        )
     try:
         policy.configure(config.inference_delay, config.execute_steps, config.chunking, config.rtc_mask)
     except ValueError as err:

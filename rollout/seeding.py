@@ -19,7 +19,9 @@ def episode_seed(run_seed: int, index: int) -> int:
 
 def chunk_noise(seed: int, chunk: int, shape: tuple[int, ...]) -> np.ndarray:
     """Flow noise for chunk ``chunk`` of the episode with seed ``seed``."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy=int(seed), spawn_key=(0x401E, int(chunk)))))
+    rng = np.random.Generator(
+        np.random.PCG64(np.random.SeedSequence(entropy=int(seed), spawn_key=(0x401E, int(chunk))))
+    )
     return rng.standard_normal(shape, dtype=np.float32)
 
 

@@ -40,7 +40,13 @@ def success(run_a, run_b) -> dict:
     for name, s in ((str(run_a), sa), (str(run_b), sb)):
         p, lo, hi = wilson(int(s.sum()), n)
         out[name] = {"successes": int(s.sum()), "rate": p, "wilson95": [lo, hi]}
-    out["difference"] = {"a_minus_b": float(d.mean()), "ci95": [float(d.mean() - half), float(d.mean() + half)], "only_a": only_a, "only_b": only_b, "mcnemar_p": mcnemar_p(only_a, only_b)}
+    out["difference"] = {
+        "a_minus_b": float(d.mean()),
+        "ci95": [float(d.mean() - half), float(d.mean() + half)],
+        "only_a": only_a,
+        "only_b": only_b,
+        "mcnemar_p": mcnemar_p(only_a, only_b),
+    }
     return out
 
 
@@ -58,7 +64,12 @@ def _stats(per_repeat: list[list[float]]) -> dict:
     """Median and p90 over every chunk, and the spread of the per-repeat medians (min, max)."""
     ms = 1000 * np.asarray(per_repeat)
     medians = np.median(ms, axis=1)
-    return {"median_ms": float(np.median(ms)), "p90_ms": float(np.percentile(ms, 90)), "n": int(ms.size), "repeat_medians_ms": [float(medians.min()), float(medians.max())]}
+    return {
+        "median_ms": float(np.median(ms)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "n": int(ms.size),
+        "repeat_medians_ms": [float(medians.min()), float(medians.max())],
+    }
 
 
 def _pair(eager, captured, observations, repeats: int) -> dict:
@@ -81,7 +92,11 @@ def _pair(eager, captured, observations, repeats: int) -> dict:
     return {
         "kind": eager.state_fingerprint().get("kind", getattr(eager, "kind", type(eager).__name__)),
         "eager": _stats(times["eager"]),
-        "captured": {**_stats(times["captured"]), "backend": captured.backend, "probe_max_abs_diff": getattr(captured, "capture_max_abs_diff", None)},
+        "captured": {
+            **_stats(times["captured"]),
+            "backend": captured.backend,
+            "probe_max_abs_diff": getattr(captured, "capture_max_abs_diff", None),
+        },
         "byte_identical_chunks": f"{same}/{len(observations)}",
     }
 
@@ -99,9 +114,17 @@ def tiny_diffusion(directory, like) -> str:
         n = tuple(feat.shape)
         stats[name] = {"mean": torch.zeros(n), "std": torch.ones(n), "min": -torch.ones(n), "max": torch.ones(n)}
     cfg = DiffusionConfig(
-        input_features=dict(like.cfg.input_features), output_features=dict(like.cfg.output_features), n_obs_steps=2, horizon=16,
-        n_action_steps=8, down_dims=(32, 64, 128), noise_scheduler_type="DDIM", num_train_timesteps=100, num_inference_steps=10,
-        pretrained_backbone_weights=None, device="cpu",
+        input_features=dict(like.cfg.input_features),
+        output_features=dict(like.cfg.output_features),
+        n_obs_steps=2,
+        horizon=16,
+        n_action_steps=8,
+        down_dims=(32, 64, 128),
+        noise_scheduler_type="DDIM",
+        num_train_timesteps=100,
+        num_inference_steps=10,
+        pretrained_backbone_weights=None,
+        device="cpu",
     )
     torch.manual_seed(0)
     pre, post = make_pre_post_processors(cfg, dataset_stats=stats)
@@ -133,10 +156,14 @@ def latency(lerobot_dir, run, repeats: int = 5, threads: int = 1) -> dict:
     observations = observations[:100]
     out = {"threads": threads, "observations": len(observations), "repeats": repeats}
     eager = LeRobotPolicy.load(lerobot_dir)
-    out["lerobot"] = _pair(eager, LeRobotPolicy.load(lerobot_dir, backend="jit", threads=threads), observations, repeats)
+    out["lerobot"] = _pair(
+        eager, LeRobotPolicy.load(lerobot_dir, backend="jit", threads=threads), observations, repeats
+    )
     with tempfile.TemporaryDirectory() as tmp:
         dp = tiny_diffusion(tmp, eager)
-        out["diffusion_ddim_tiny"] = _pair(LeRobotPolicy.load(dp), LeRobotPolicy.load(dp, backend="jit", threads=threads), observations, repeats)
+        out["diffusion_ddim_tiny"] = _pair(
+            LeRobotPolicy.load(dp), LeRobotPolicy.load(dp, backend="jit", threads=threads), observations, repeats
+        )
     model = load_policy(DEFAULT_CHECKPOINT)
     runners = [PolicyRunner(model, "cpu", backend, make_lane("policy", "cpu", threads)) for backend in ("eager", "jit")]
     try:
@@ -158,5 +185,7 @@ if __name__ == "__main__":
     p.add_argument("--run", required=True, help="a run whose boundary observations are fed to the policies")
     p.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    result = success(args.run_a, args.run_b) if args.what == "success" else latency(args.lerobot_dir, args.run, args.repeats)
+    result = (
+        success(args.run_a, args.run_b) if args.what == "success" else latency(args.lerobot_dir, args.run, args.repeats)
+    )
     print(json.dumps(result, indent=2))

@@ -71,18 +71,42 @@ def main() -> None:
     ap.add_argument("--tasks", nargs="+", default=list(MT10))
     ap.add_argument("--out", type=Path, default=Path("runs/mw_experts"))
     ap.add_argument("--policy", default=None, help="a checkpoint to run instead of the experts (--std ignored)")
-    ap.add_argument("--critic", default="none", help="with --policy: a critic checkpoint to run beside it (default none)")
-    ap.add_argument("--critic-threshold", type=float, default=None, help="with --critic: its stop threshold (default: none, the critic only records its values)")
-    ap.add_argument("--critic-patience", type=int, default=2, help="with --critic-threshold: boundaries below it before a stop (default 2)")
+    ap.add_argument(
+        "--critic", default="none", help="with --policy: a critic checkpoint to run beside it (default none)"
+    )
+    ap.add_argument(
+        "--critic-threshold",
+        type=float,
+        default=None,
+        help="with --critic: its stop threshold (default: none, the critic only records its values)",
+    )
+    ap.add_argument(
+        "--critic-patience",
+        type=int,
+        default=2,
+        help="with --critic-threshold: boundaries below it before a stop (default 2)",
+    )
     args = ap.parse_args()
     rows = []
     for std in [float("nan")] if args.policy else args.std:
         for task in args.tasks:
             t0 = time.perf_counter()
             where = args.out / (task if args.policy else f"{task}_std{std:g}")
-            run = run_one(task, std, args.episodes, args.seed, where, args.policy, args.critic, args.critic_threshold, args.critic_patience)
+            run = run_one(
+                task,
+                std,
+                args.episodes,
+                args.seed,
+                where,
+                args.policy,
+                args.critic,
+                args.critic_threshold,
+                args.critic_patience,
+            )
             rows.append(row(task, std, run))
-            line = {k: (None if isinstance(v, float) and v != v else v) for k, v in rows[-1].items()}  # NaN is not JSON: null
+            line = {
+                k: (None if isinstance(v, float) and v != v else v) for k, v in rows[-1].items()
+            }  # NaN is not JSON: null
             print(json.dumps({**line, "elapsed_s": round(time.perf_counter() - t0, 1)}, allow_nan=False), flush=True)
     print("\n| task | noise | successes | rate (Wilson 95%) | mean steps (successes) | wall |")
     print("| --- | --- | --- | --- | --- | --- |")

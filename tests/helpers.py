@@ -8,8 +8,22 @@ import torch
 from rollcap.critics import ValueCritic, ValueCriticConfig
 from rollcap.policies import FlowVLA, FlowVLAConfig
 
-TINY_POLICY = FlowVLAConfig(image_size=32, patch_size=16, state_dim=5, state_group=0, max_tokens=32, width=32, depth=1, heads=2, num_steps=3, horizon=4, cfg_beta=1.5)
-TINY_CRITIC = ValueCriticConfig(image_size=32, patch_size=16, state_dim=5, state_group=0, max_tokens=32, width=32, depth=1, heads=2, n_bins=11)
+TINY_POLICY = FlowVLAConfig(
+    image_size=32,
+    patch_size=16,
+    state_dim=5,
+    state_group=0,
+    max_tokens=32,
+    width=32,
+    depth=1,
+    heads=2,
+    num_steps=3,
+    horizon=4,
+    cfg_beta=1.5,
+)
+TINY_CRITIC = ValueCriticConfig(
+    image_size=32, patch_size=16, state_dim=5, state_group=0, max_tokens=32, width=32, depth=1, heads=2, n_bins=11
+)
 
 
 def tiny_policy(seed: int = 0, cfg: FlowVLAConfig = TINY_POLICY) -> FlowVLA:

@@ -29,7 +29,15 @@ from rollcap.rollout.recording import EpisodeRecorder, read_h5, read_npz, record
 from tests.helpers import tiny_policy
 
 SEED = 10
-ONE_LINE_ERRORS = (CorruptEpisode, CorruptCapsule, CapsuleMismatch, CheckpointMismatch, BadInput, ValueError, FileNotFoundError)
+ONE_LINE_ERRORS = (
+    CorruptEpisode,
+    CorruptCapsule,
+    CapsuleMismatch,
+    CheckpointMismatch,
+    BadInput,
+    ValueError,
+    FileNotFoundError,
+)
 ENV_META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {}}
 
 
@@ -57,11 +65,17 @@ def _same_records(a, b) -> bool:
 
 def _same_model(a, b) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
-    return a.cfg == b.cfg and sa.keys() == sb.keys() and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+    return (
+        a.cfg == b.cfg
+        and sa.keys() == sb.keys()
+        and all(sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]) for k in sa)
+    )
 
 
 def _same_capsule(a, b) -> bool:
-    if (a.boundary, a.digest, dict(a.fingerprints)) != (b.boundary, b.digest, dict(b.fingerprints)) or dict(a.specs) != dict(b.specs):
+    if (a.boundary, a.digest, dict(a.fingerprints)) != (b.boundary, b.digest, dict(b.fingerprints)) or dict(
+        a.specs
+    ) != dict(b.specs):
         return False
     for comp, bufs in a.state.items():
         for name, x in bufs.items():
@@ -87,10 +101,20 @@ class Target:
 
 
 TARGETS = {
-    "npz": Target("run/episodes/episode_00000.npz", "run/episodes/episode_00000.npz", lambda r: [read_npz(r / "run/episodes/episode_00000.npz")], _same_records, 150),
-    "hdf5": Target("run/episodes.hdf5", "run/episodes.hdf5", lambda r: read_h5(r / "run/episodes.hdf5"), _same_records, 60),
+    "npz": Target(
+        "run/episodes/episode_00000.npz",
+        "run/episodes/episode_00000.npz",
+        lambda r: [read_npz(r / "run/episodes/episode_00000.npz")],
+        _same_records,
+        150,
+    ),
+    "hdf5": Target(
+        "run/episodes.hdf5", "run/episodes.hdf5", lambda r: read_h5(r / "run/episodes.hdf5"), _same_records, 60
+    ),
     "policy.json": Target("policy.json", "policy.json", lambda r: load_policy(r / "policy.json"), _same_model, 40),
-    "policy.safetensors": Target("policy.safetensors", "policy.safetensors", lambda r: load_policy(r / "policy.json"), _same_model, 50),
+    "policy.safetensors": Target(
+        "policy.safetensors", "policy.safetensors", lambda r: load_policy(r / "policy.json"), _same_model, 50
+    ),
     "capsule manifest": Target("cap/manifest.json", "cap", lambda r: load(r / "cap"), _same_capsule, 60),
     "capsule tensors": Target("cap/tensors.safetensors", "cap", lambda r: load(r / "cap"), _same_capsule, 80),
 }
@@ -172,10 +196,17 @@ def test_damaged_files_load_identically_or_fail_in_one_named_line(originals, tmp
         if problem is not None:
             problems.append(f"{name}, {label}: {problem}")
     path.write_bytes(clean)
-    assert not problems, f"{len(problems)} of {target.cases} damaged files broke the contract:\n" + "\n".join(problems[:10])
+    assert not problems, f"{len(problems)} of {target.cases} damaged files broke the contract:\n" + "\n".join(
+        problems[:10]
+    )
 
 
-CLI_SAMPLES = [("npz", "inspect"), ("hdf5", "inspect"), ("capsule manifest", "capsule inspect"), ("capsule tensors", "capsule inspect")]
+CLI_SAMPLES = [
+    ("npz", "inspect"),
+    ("hdf5", "inspect"),
+    ("capsule manifest", "capsule inspect"),
+    ("capsule tensors", "capsule inspect"),
+]
 
 
 @pytest.mark.slow
@@ -198,7 +229,14 @@ def test_cli_on_damaged_files_exits_2_in_one_line(originals, tmp_path):
             pytest.fail(f"no damage of {name} was refused")
         arg = root / target.named
         cmd = [sys.executable, "-m", "rollcap.rollout.cli", *command.split(), str(arg)]
-        runs.append((arg, root / target.file, data, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        runs.append(
+            (
+                arg,
+                root / target.file,
+                data,
+                subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+            )
+        )
     for arg, damaged, data, proc in runs:
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 2, err

@@ -17,9 +17,34 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = {"rollcap": "rollcap", "kernels": "rollcap.kernels", "capsule": "rollcap.capsule", "policies": "rollcap.policies", "critics": "rollcap.critics", "envs": "rollcap.envs", "rollout": "rollcap.rollout"}
+PARTS = {
+    "rollcap": "rollcap",
+    "kernels": "rollcap.kernels",
+    "capsule": "rollcap.capsule",
+    "policies": "rollcap.policies",
+    "critics": "rollcap.critics",
+    "envs": "rollcap.envs",
+    "rollout": "rollcap.rollout",
+}
 
-CORE = ("errors", "seeding", "stats", "episode", "events", "predicates", "protocols", "config", "rtc", "resume", "lifecycle", "builder", "host", "subscribers", "build", "batch")
+CORE = (
+    "errors",
+    "seeding",
+    "stats",
+    "episode",
+    "events",
+    "predicates",
+    "protocols",
+    "config",
+    "rtc",
+    "resume",
+    "lifecycle",
+    "builder",
+    "host",
+    "subscribers",
+    "build",
+    "batch",
+)
 RANK = {
     "rollcap.kernels": 0,
     "rollcap.capsule": 1,
@@ -67,7 +92,9 @@ def _imports(name: str, path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         for t in targets:
             while t and t not in MODULES:
@@ -158,7 +185,9 @@ def test_no_module_over_500_lines():
 
 def test_rollout_top_level_holds_the_core_and_the_doors_only():
     top = sorted(p.stem for p in (ROOT / "rollout").glob("*.py") if p.stem != "__init__")
-    assert set(top) <= set(CORE) | {"api"}, f"modules at rollout/ that are neither the episode core nor a door: {sorted(set(top) - set(CORE) - {'api'})}"
+    assert set(top) <= set(CORE) | {"api"}, (
+        f"modules at rollout/ that are neither the episode core nor a door: {sorted(set(top) - set(CORE) - {'api'})}"
+    )
     assert not any(p.name.startswith("bench") for p in (ROOT / "rollout").glob("*.py"))
 
 

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)

@@ -29,13 +29,29 @@ def installed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     dist, src = tmp / "dist", tmp / "src"
     # Built from a copy: setuptools writes build/ and *.egg-info beside the sources, and the checkout stays as it was.
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv*", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache", ".gl", ".whl"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)], check=True, capture_output=True, timeout=600)
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "build", "dist", "runs", "*.egg-info", "__pycache__", ".pytest_cache", ".gl", ".whl"
+        ),
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dist), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     (wheel,) = dist.glob("rollcap-*.whl")
     env_dir = tmp / "venv"
     venv.create(env_dir, system_site_packages=True, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return py, env_dir / "bin" / "rollcap", wheel
 
 
@@ -50,12 +66,19 @@ def test_the_wheel_holds_every_package_and_the_weights(installed, tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for sub in ROOT.joinpath("rollout").rglob("__init__.py"):
         rel = sub.relative_to(ROOT / "rollout").parent
-        assert f"rollcap/rollout/{rel.as_posix() + '/' if rel.parts else ''}__init__.py" in names, f"{rel} missing from the wheel"
+        assert f"rollcap/rollout/{rel.as_posix() + '/' if rel.parts else ''}__init__.py" in names, (
+            f"{rel} missing from the wheel"
+        )
     assert any(n.startswith("rollcap/policies/weights/") and n.endswith(".safetensors") for n in names)
     assert any(n.startswith("rollcap/critics/weights/") and n.endswith(".safetensors") for n in names)
-    out = _run([py, "-c", "import rollcap, rollcap.rollout.learn.recap, rollcap.rollout.cli.recap; print(rollcap.__file__)"], cwd=tmp_path)
+    out = _run(
+        [py, "-c", "import rollcap, rollcap.rollout.learn.recap, rollcap.rollout.cli.recap; print(rollcap.__file__)"],
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stderr
-    assert str(ROOT) not in out.stdout and "site-packages" in out.stdout, f"rollcap came from {out.stdout.strip()}, not the installed wheel"
+    assert str(ROOT) not in out.stdout and "site-packages" in out.stdout, (
+        f"rollcap came from {out.stdout.strip()}, not the installed wheel"
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
@@ -68,7 +91,9 @@ def test_every_command_helps_from_the_wheel(installed, tmp_path, command):
 
 def test_run_and_replay_from_the_wheel(installed, tmp_path):
     _, rollcap, _ = installed
-    run = _run([rollcap, "run", "--episodes", "2", "--out", tmp_path / "run", "--no-progress", "--threads", "1"], cwd=tmp_path)
+    run = _run(
+        [rollcap, "run", "--episodes", "2", "--out", tmp_path / "run", "--no-progress", "--threads", "1"], cwd=tmp_path
+    )
     assert run.returncode == 0, run.stderr
     rep = _run([rollcap, "replay", tmp_path / "run"], cwd=tmp_path)
     assert rep.returncode == 0, rep.stdout + rep.stderr

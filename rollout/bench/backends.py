@@ -80,8 +80,21 @@ def bench_backends(parts: Parts, n: int, backends: tuple[str, ...] = BACKENDS) -
         twin = make_runners(dataclasses.replace(parts, backend=b, critic=None))[0]
         runners[b] = (policy, critic, twin)
         noise = np.random.default_rng(0).standard_normal(policy.noise_shape[1:]).astype(np.float32)
-        out["backends"][b] = {"build_s": time.perf_counter() - t0, "capture_s": {"policy": policy.graph.capture_seconds, "critic": critic.graph.capture_seconds}}
-    lat = {b: {"policy": [], "critic": [], "serial": [], "parallel": [], "two_policies_serial": [], "two_policies_parallel": []} for b in backends}
+        out["backends"][b] = {
+            "build_s": time.perf_counter() - t0,
+            "capture_s": {"policy": policy.graph.capture_seconds, "critic": critic.graph.capture_seconds},
+        }
+    lat = {
+        b: {
+            "policy": [],
+            "critic": [],
+            "serial": [],
+            "parallel": [],
+            "two_policies_serial": [],
+            "two_policies_parallel": [],
+        }
+        for b in backends
+    }
     for _ in range(max(1, n // 10)):
         for b in backends:
             policy, critic, twin = runners[b]
@@ -98,8 +111,18 @@ def bench_backends(parts: Parts, n: int, backends: tuple[str, ...] = BACKENDS) -
                 policy.result()
                 critic.result()
 
-            kinds = {"policy": lambda: policy.act(obs, noise), "critic": lambda: critic.value(obs), "serial": lambda: (policy.act(obs, noise), critic.value(obs)), "parallel": par}
-            kinds.update({"two_policies_serial": lambda: (policy.act(obs, noise), twin.act(obs, noise)), "two_policies_parallel": two})
+            kinds = {
+                "policy": lambda: policy.act(obs, noise),
+                "critic": lambda: critic.value(obs),
+                "serial": lambda: (policy.act(obs, noise), critic.value(obs)),
+                "parallel": par,
+            }
+            kinds.update(
+                {
+                    "two_policies_serial": lambda: (policy.act(obs, noise), twin.act(obs, noise)),
+                    "two_policies_parallel": two,
+                }
+            )
             for kind, fn in kinds.items():
                 fn()  # warm after the other backends ran
                 for _ in range(10):
@@ -114,8 +137,12 @@ def bench_backends(parts: Parts, n: int, backends: tuple[str, ...] = BACKENDS) -
         r["policy_p99_ms"] = float(np.percentile(np.asarray(lat[b]["policy"]) * 1e3, 99))
         r["parallel_over_max"] = med["parallel"] / max(med["policy"], med["critic"])
         r["parallel_over_serial"] = med["parallel"] / med["serial"]
-        r["two_policies_parallel_over_serial"] = _spread([x / y for x, y in zip(lat[b]["two_policies_parallel"], lat[b]["two_policies_serial"])])
-        r["policy_over_jit"] = _spread([x / y for x, y in zip(lat[b]["policy"], lat["jit"]["policy"])]) if "jit" in lat else None
+        r["two_policies_parallel_over_serial"] = _spread(
+            [x / y for x, y in zip(lat[b]["two_policies_parallel"], lat[b]["two_policies_serial"])]
+        )
+        r["policy_over_jit"] = (
+            _spread([x / y for x, y in zip(lat[b]["policy"], lat["jit"]["policy"])]) if "jit" in lat else None
+        )
         r["gil_progress"] = _gil_progress(policy, obs, noise)
         a, c = policy.act(obs, noise), policy.act(obs, noise)
         r["same_bytes_across_calls"] = bool(a.tobytes() == c.tobytes())
@@ -130,10 +157,23 @@ def format_backends(r: dict, row) -> None:
     """Rows for :func:`rollcap.rollout.bench.report.format_report`."""
     for b, x in r["backends"].items():
         rel = x["policy_over_jit"]
-        row(f"{b}: policy / critic (median)", f"{x['policy_ms']:.2f} / {x['critic_ms']:.2f} ms" + (f" (policy {rel['median']:.2f}x jit, IQR {rel['p25']:.2f}-{rel['p75']:.2f})" if rel else ""))
+        row(
+            f"{b}: policy / critic (median)",
+            f"{x['policy_ms']:.2f} / {x['critic_ms']:.2f} ms"
+            + (f" (policy {rel['median']:.2f}x jit, IQR {rel['p25']:.2f}-{rel['p75']:.2f})" if rel else ""),
+        )
         row(f"{b}: parallel / max, parallel / serial", f"{x['parallel_over_max']:.3f}, {x['parallel_over_serial']:.3f}")
         two = x["two_policies_parallel_over_serial"]
-        row(f"{b}: two policies on two lanes / serial", f"{two['median']:.2f} (IQR {two['p25']:.2f}-{two['p75']:.2f}; 0.5 = full overlap)")
+        row(
+            f"{b}: two policies on two lanes / serial",
+            f"{two['median']:.2f} (IQR {two['p25']:.2f}-{two['p75']:.2f}; 0.5 = full overlap)",
+        )
         row(f"{b}: Python progress while the policy runs", f"{x['gil_progress']:.0%} of alone")
-        row(f"{b}: capture policy / critic (build)", f"{x['capture_s']['policy']:.1f} / {x['capture_s']['critic']:.1f} s ({x['build_s']:.1f} s)")
-        row(f"{b}: exact across calls, max|diff| vs eager", f"{x['same_bytes_across_calls']}, {x['policy_max_abs_diff_vs_eager']:.2g}")
+        row(
+            f"{b}: capture policy / critic (build)",
+            f"{x['capture_s']['policy']:.1f} / {x['capture_s']['critic']:.1f} s ({x['build_s']:.1f} s)",
+        )
+        row(
+            f"{b}: exact across calls, max|diff| vs eager",
+            f"{x['same_bytes_across_calls']}, {x['policy_max_abs_diff_vs_eager']:.2g}",
+        )

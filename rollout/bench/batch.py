@@ -59,7 +59,12 @@ def _run_rate(parts: Parts, envs: int, episodes: int, out: Path, graphs: int = 1
         env_kwargs=parts.env_kwargs, device=parts.device, backend=parts.backend, threads=parts.threads, graphs=graphs, writers=writers, subscribers=(cpu,),
     )  # fmt: skip
     s = r.summary
-    return {"episodes_per_s": s["episodes"] / s["wall_s"], "episodes_per_cpu_s": s["episodes"] / (cpu.t1 - cpu.t0), "chunks_per_s": s["chunks"] / s["wall_s"], "wall_s": s["wall_s"]}
+    return {
+        "episodes_per_s": s["episodes"] / s["wall_s"],
+        "episodes_per_cpu_s": s["episodes"] / (cpu.t1 - cpu.t0),
+        "chunks_per_s": s["chunks"] / s["wall_s"],
+        "wall_s": s["wall_s"],
+    }
 
 
 def _vector_rate(parts: Parts, envs: int, chunks: int, graphs: int = 1) -> float:
@@ -83,7 +88,10 @@ def bench_batch(parts: Parts, n: int) -> dict:
     if parts.env_id != DEFAULT_ENV or parts.env_kwargs or named_policy(parts.policy) is not None:
         from rollcap.rollout.errors import ConfigError
 
-        raise ConfigError("env_kwargs" if parts.env_kwargs else "env_id" if parts.env_id != DEFAULT_ENV else "policy", "section batch is measured on the built-in task with checkpoint models; pick other sections with --only")
+        raise ConfigError(
+            "env_kwargs" if parts.env_kwargs else "env_id" if parts.env_id != DEFAULT_ENV else "policy",
+            "section batch is measured on the built-in task with checkpoint models; pick other sections with --only",
+        )
     import dataclasses
 
     import torch
@@ -91,11 +99,15 @@ def bench_batch(parts: Parts, n: int) -> dict:
     from rollcap.rollout.bench.gym import _vector_rate as async_rate
 
     n_envs = ENVS[torch.device(parts.device).type]
-    graphs = 1 if parts.device != "cpu" else max(2, min(os.cpu_count() or 1, n_envs))  # CPU: one graph a core, side by side
+    graphs = (
+        1 if parts.device != "cpu" else max(2, min(os.cpu_count() or 1, n_envs))
+    )  # CPU: one graph a core, side by side
     quick = n < 100
     kind = torch.device(parts.device).type
     writers = WRITERS[kind]
-    episodes, rounds = (8, 1) if quick else (64 if kind == "cpu" else 256, 2)  # a GPU's batch of 32: 8 waves of episodes
+    episodes, rounds = (
+        (8, 1) if quick else (64 if kind == "cpu" else 256, 2)
+    )  # a GPU's batch of 32: 8 waves of episodes
     configs = {"envs_1": (1, 1), f"envs_{n_envs}": (n_envs, 1)}
     if graphs > 1:
         configs[f"envs_{n_envs}_graphs_{graphs}"] = (n_envs, graphs)
@@ -104,17 +116,28 @@ def bench_batch(parts: Parts, n: int) -> dict:
         for k in range(rounds):  # interleaved rounds: every configuration once per round
             for name, (envs, g) in configs.items():
                 rates[name].append(_run_rate(parts, envs, episodes, Path(tmp) / f"r{k}-{name}", g, writers))
-    out = {"episodes": episodes, "rounds": rounds, "envs": n_envs, "graphs": graphs, "writers": writers, "configs": list(configs)}
+    out = {
+        "episodes": episodes,
+        "rounds": rounds,
+        "envs": n_envs,
+        "graphs": graphs,
+        "writers": writers,
+        "configs": list(configs),
+    }
     for name, rs in rates.items():
         for key in ("episodes_per_s", "episodes_per_cpu_s", "chunks_per_s"):
             out[f"{name}_{key}"] = [r[key] for r in rs]
         if name != "envs_1":
             out[f"{name}_speedup"] = [b["episodes_per_s"] / a["episodes_per_s"] for a, b in zip(rates["envs_1"], rs)]
-            out[f"{name}_speedup_per_cpu_s"] = [b["episodes_per_cpu_s"] / a["episodes_per_cpu_s"] for a, b in zip(rates["envs_1"], rs)]
+            out[f"{name}_speedup_per_cpu_s"] = [
+                b["episodes_per_cpu_s"] / a["episodes_per_cpu_s"] for a, b in zip(rates["envs_1"], rs)
+            ]
     chunks = 8 if quick else 40
     out["async_2_chunks_per_s"] = async_rate(parts, 2, chunks)
     out["vector_chunks_per_s"] = _vector_rate(parts, n_envs, chunks)
-    out["vector_graphs_chunks_per_s"] = _vector_rate(parts, n_envs, chunks, graphs) if graphs > 1 else out["vector_chunks_per_s"]
+    out["vector_graphs_chunks_per_s"] = (
+        _vector_rate(parts, n_envs, chunks, graphs) if graphs > 1 else out["vector_chunks_per_s"]
+    )
     out["vector_over_async_2"] = out["vector_chunks_per_s"] / out["async_2_chunks_per_s"]
     out["vector_graphs_over_async_2"] = out["vector_graphs_chunks_per_s"] / out["async_2_chunks_per_s"]
     return out
@@ -124,11 +147,19 @@ def format_batch(b: dict, row) -> None:
     def fmt(xs, unit=""):
         return " / ".join(f"{x:.2f}{unit}" for x in xs)
 
-    row(f"({b['episodes']} episodes a run, {b['rounds']} interleaved round(s), {b.get('writers') or 'a thread'} writer{'s' if b.get('writers', 0) > 1 else ''})")
+    row(
+        f"({b['episodes']} episodes a run, {b['rounds']} interleaved round(s), {b.get('writers') or 'a thread'} writer{'s' if b.get('writers', 0) > 1 else ''})"
+    )
     for name in b["configs"]:
         row(f"run episodes/s, {name}", fmt(b[f"{name}_episodes_per_s"]))
         if name != "envs_1":
             row(f"  over envs_1 (goal >= 2.5x at 8 on CPU)", fmt(b[f"{name}_speedup"], "x"))
             row("  the same per CPU second of this process", fmt(b[f"{name}_speedup_per_cpu_s"], "x"))
-    row(f"chunks/s: AsyncVectorEnv(2) / vector env ({b['envs']} sub-envs)", f"{b['async_2_chunks_per_s']:.1f} / {b['vector_chunks_per_s']:.1f} ({b['vector_over_async_2']:.2f}x, goal >= 2x)")
-    row(f"  the vector env on {b['graphs']} graphs", f"{b['vector_graphs_chunks_per_s']:.1f} ({b['vector_graphs_over_async_2']:.2f}x)")
+    row(
+        f"chunks/s: AsyncVectorEnv(2) / vector env ({b['envs']} sub-envs)",
+        f"{b['async_2_chunks_per_s']:.1f} / {b['vector_chunks_per_s']:.1f} ({b['vector_over_async_2']:.2f}x, goal >= 2x)",
+    )
+    row(
+        f"  the vector env on {b['graphs']} graphs",
+        f"{b['vector_graphs_chunks_per_s']:.1f} ({b['vector_graphs_over_async_2']:.2f}x)",
+    )

@@ -59,7 +59,9 @@ def bench_branch(parts: Parts, n: int) -> dict:
     policy, critic = make_runners(parts, env)
     host = RolloutHost(env, policy, critic, HostConfig(seed=7))
     quick = n < 100  # rollcap bench --quick
-    rec = max((host.run_episode(i).record for i in range(2 if quick else 6)), key=lambda r: r.num_chunks)  # a long parent
+    rec = max(
+        (host.run_episode(i).record for i in range(2 if quick else 6)), key=lambda r: r.num_chunks
+    )  # a long parent
     k = rec.num_chunks // 2
     t0 = time.perf_counter()
     at = boundaries(rec, env, [k])[k]
@@ -96,11 +98,22 @@ def bench_branch(parts: Parts, n: int) -> dict:
     cont = float(np.median([t for t, _ in per_branch]))
     scratch = float(np.median(scratch_s))
     out = {
-        "parent_chunks": rec.num_chunks, "chunk": k, "step": at.step, "branches": branches,
+        "parent_chunks": rec.num_chunks,
+        "chunk": k,
+        "step": at.step,
+        "branches": branches,
         "control_exact": res.control_diff is None,
         "prefix_replay_once_ms": prefix_replay_s * 1e3,
-        "restore_ms": {"median": float(np.median(restore_s) * 1e3), "p99": float(np.percentile(restore_s, 99) * 1e3), "n": reps},
-        "start_at_ms": {"median": float(np.median(start_s) * 1e3), "p99": float(np.percentile(start_s, 99) * 1e3), "n": reps},
+        "restore_ms": {
+            "median": float(np.median(restore_s) * 1e3),
+            "p99": float(np.percentile(restore_s, 99) * 1e3),
+            "n": reps,
+        },
+        "start_at_ms": {
+            "median": float(np.median(start_s) * 1e3),
+            "p99": float(np.percentile(start_s, 99) * 1e3),
+            "n": reps,
+        },
         "prefix_from_scratch_s": {"median": scratch, "min": float(min(scratch_s)), "max": float(max(scratch_s))},
         "branch_s_median": cont,
         "branch_steps_median": float(np.median([s for _, s in per_branch])),
@@ -115,7 +128,11 @@ def bench_branch(parts: Parts, n: int) -> dict:
             out["ray"] = "skipped with --quick (Ray and two actor pools take 10-60 s to start)"
         else:
             rb = max(8, n // 6)
-            out["ray"] = {"branches": rb, "one": _ray_branches(parts, host, rec, k, at, rb, 1), "two": _ray_branches(parts, host, rec, k, at, rb, 2)}
+            out["ray"] = {
+                "branches": rb,
+                "one": _ray_branches(parts, host, rec, k, at, rb, 1),
+                "two": _ray_branches(parts, host, rec, k, at, rb, 2),
+            }
             out["ray"]["two_over_one"] = out["ray"]["two"]["branches_per_s"] / out["ray"]["one"]["branches_per_s"]
     host.close()
     return out
@@ -123,15 +140,27 @@ def bench_branch(parts: Parts, n: int) -> dict:
 
 def format_branch(b: dict, row) -> None:
     """Rows of the human table (``row(name, value)``)."""
-    row("parent / boundary", f"{b['parent_chunks']} chunks, branched at chunk {b['chunk']} (step {b['step']}); control {'exact' if b['control_exact'] else 'DIVERGED'}")
+    row(
+        "parent / boundary",
+        f"{b['parent_chunks']} chunks, branched at chunk {b['chunk']} (step {b['step']}); control {'exact' if b['control_exact'] else 'DIVERGED'}",
+    )
     row("put the boundary back once (actions re-applied)", f"{b['prefix_replay_once_ms']:.1f} ms")
-    row("restore: env state + capsule (median / p99)", f"{b['restore_ms']['median']:.3f} / {b['restore_ms']['p99']:.3f} ms")
+    row(
+        "restore: env state + capsule (median / p99)",
+        f"{b['restore_ms']['median']:.3f} / {b['restore_ms']['p99']:.3f} ms",
+    )
     row("start(at=boundary) (median / p99)", f"{b['start_at_ms']['median']:.3f} / {b['start_at_ms']['p99']:.3f} ms")
     row("prefix 0..K re-run from scratch (median)", f"{b['prefix_from_scratch_s']['median'] * 1e3:.0f} ms")
-    row("one branch: restore + continuation (median)", f"{b['branch_s_median'] * 1e3:.0f} ms ({b['branch_steps_median']:.0f} steps)")
+    row(
+        "one branch: restore + continuation (median)",
+        f"{b['branch_s_median'] * 1e3:.0f} ms ({b['branch_steps_median']:.0f} steps)",
+    )
     row("from scratch / branch", f"{b['from_scratch_over_branch']:.2f}x")
     ray = b.get("ray")
     if isinstance(ray, str):
         row("Ray", ray)
     elif ray:
-        row(f"{ray['branches']} branches on 1 / 2 Ray actors", f"{ray['one']['branches_per_s']:.2f} / {ray['two']['branches_per_s']:.2f} branches/s ({ray['two_over_one']:.2f}x)")
+        row(
+            f"{ray['branches']} branches on 1 / 2 Ray actors",
+            f"{ray['one']['branches_per_s']:.2f} / {ray['two']['branches_per_s']:.2f} branches/s ({ray['two_over_one']:.2f}x)",
+        )

@@ -38,7 +38,11 @@ def bench_scaling(parts: Parts, n: int) -> dict:
     policy, critic = make_runners(parts)
     try:
         quick = n < 100
-        return _scaling({"policy": policy, "critic": critic}, [s for s in DEFAULT_SIZES if s <= 4 * MB] if quick else DEFAULT_SIZES, quick=quick)
+        return _scaling(
+            {"policy": policy, "critic": critic},
+            [s for s in DEFAULT_SIZES if s <= 4 * MB] if quick else DEFAULT_SIZES,
+            quick=quick,
+        )
     finally:
         policy.close()
         critic.close()
@@ -48,8 +52,14 @@ def format_capsule(c: dict, row) -> None:
     """The section's rows of the human table."""
     row("plain copy of the same bytes (floor)", f"{c['floor_copy_s'] * 1e3:.4f} ms")
     for tier, t in c["tiers"].items():
-        row(f"{tier}: snapshot / restore", f"{t['snapshot_s'] * 1e3:.4f} / {t['restore_s'] * 1e3:.4f} ms (restore {t['restore_over_floor']:.1f}x floor)")
-    row("restore vs rebuild-and-recapture", f"{c['restore_device_ms']:.4f} vs {c['rebuild_and_recapture_ms']:.1f} ms ({c['restore_vs_rebuild_speedup']:.0f}x)")
+        row(
+            f"{tier}: snapshot / restore",
+            f"{t['snapshot_s'] * 1e3:.4f} / {t['restore_s'] * 1e3:.4f} ms (restore {t['restore_over_floor']:.1f}x floor)",
+        )
+    row(
+        "restore vs rebuild-and-recapture",
+        f"{c['restore_device_ms']:.4f} vs {c['rebuild_and_recapture_ms']:.1f} ms ({c['restore_vs_rebuild_speedup']:.0f}x)",
+    )
 
 
 def format_scaling(s: dict, row) -> None:

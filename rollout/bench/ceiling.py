@@ -78,7 +78,14 @@ def rate(path: str, producers: int, steps: int, image_size: int, episodes: int, 
         shards = Shards(ManifestWriter(tmp, env_meta=ENV_META), ENV_META) if path == "sharded" else None
         writer = None if shards else InBackground(EpisodeRecorder(tmp, env_meta=ENV_META))
         cls = _producer(steps, image_size, episode_s)
-        with ActorPool(Parts(critic=None), HostConfig(), producers, resources=ActorResources(cpus=0.01), actor_cls=cls, setup=shards and shards.setup) as pool:
+        with ActorPool(
+            Parts(critic=None),
+            HostConfig(),
+            producers,
+            resources=ActorResources(cpus=0.01),
+            actor_cls=cls,
+            setup=shards and shards.setup,
+        ) as pool:
             it = shards.episodes(pool, range(episodes)) if shards else pool.episodes(range(episodes), [writer])
             t0 = c0 = None
             n = 0
@@ -116,11 +123,15 @@ def run_bench(quick: bool = False, large_actors: int = 8, episode_s: float = 0.0
         for n in (1, 2, 4) if quick else (1, 2, 4, 8):
             for path in ("driver", "sharded"):
                 report["sweep"].append(rate(path, n, 100, 64, _episodes_for(100, 64, n)))
-        sizes = [(10, 64), (100, 224)] if quick else [(10, 64), (100, 64), (1000, 64), (10, 224), (100, 224), (1000, 224)]
+        sizes = (
+            [(10, 64), (100, 224)] if quick else [(10, 64), (100, 64), (1000, 64), (10, 224), (100, 224), (1000, 224)]
+        )
         for steps, px in sizes:
             n = 1 if steps * px >= 224_000 else 2
             for path in ("driver", "sharded"):
-                report["sizes"].append(rate(path, n, steps, px, _episodes_for(steps, px, n) if steps * px < 224_000 else n + 2))
+                report["sizes"].append(
+                    rate(path, n, steps, px, _episodes_for(steps, px, n) if steps * px < 224_000 else n + 2)
+                )
         for path in ("driver", "sharded"):
             r = rate(path, large_actors, 100, 64, large_actors * (2 if quick else 4), episode_s)
             r["offered_per_s"] = large_actors / episode_s
@@ -149,7 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.bench.ceiling", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer points")
     ap.add_argument("--large-actors", type=int, default=8, help="producers in the simulated large run (default: 8)")
-    ap.add_argument("--episode-s", type=float, default=0.05, help="seconds per episode of each simulated producer (default: 0.05: 8 of them offer the load of about 40 real actors at 4 episodes/s)")
+    ap.add_argument(
+        "--episode-s",
+        type=float,
+        default=0.05,
+        help="seconds per episode of each simulated producer (default: 0.05: 8 of them offer the load of about 40 real actors at 4 episodes/s)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
     report = run_bench(args.quick, args.large_actors, args.episode_s)

@@ -70,15 +70,17 @@ def h5_append_growth(episodes: int, directory: Path, copies_at=(100, 1000)) -> d
     for mark in [m for m in MARKS if m <= episodes] or [episodes]:
         lo = min(mark - 1, episodes - 10) if episodes >= 10 else 0
         window = slice(max(lo, 0), max(lo, 0) + 10)
-        rows.append({
-            "episode": mark,
-            "append_ms": statistics.median(walls[window]) * 1e3,
-            "append_ms_min": min(walls[window]) * 1e3,
-            "append_ms_max": max(walls[window]) * 1e3,
-            "append_cpu_ms": statistics.median(cpus[window]) * 1e3,
-            "journaled_pages": statistics.median(pages[window]),
-            "file_mb": sizes[window.start] / 1e6,
-        })
+        rows.append(
+            {
+                "episode": mark,
+                "append_ms": statistics.median(walls[window]) * 1e3,
+                "append_ms_min": min(walls[window]) * 1e3,
+                "append_ms_max": max(walls[window]) * 1e3,
+                "append_cpu_ms": statistics.median(cpus[window]) * 1e3,
+                "journaled_pages": statistics.median(pages[window]),
+                "file_mb": sizes[window.start] / 1e6,
+            }
+        )
     return {"episodes": episodes, "rows": rows, "files": {str(k): str(v) for k, v in copies.items()}}
 
 
@@ -114,7 +116,17 @@ def loader_memory(files: dict[str, str]) -> list[dict]:
 def run_rss(episodes: int, directory: Path, every_s: float = 1.0) -> dict:
     """``rollcap run --episodes N`` in a subprocess: (seconds, episodes written, RSS MB) samples."""
     out = directory / "run"
-    cmd = [sys.executable, "-m", "rollcap.rollout.cli", "run", "--episodes", str(episodes), "--out", str(out), "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollcap.rollout.cli",
+        "run",
+        "--episodes",
+        str(episodes),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     samples, t0 = [], time.perf_counter()
     while proc.poll() is None:
@@ -138,8 +150,15 @@ def run_rss(episodes: int, directory: Path, every_s: float = 1.0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.bench.growth", description=__doc__.split("\n\n")[2])
-    ap.add_argument("--episodes", type=int, default=5000, help="synthetic episodes appended to one HDF5 file (default 5000; 0: skip)")
-    ap.add_argument("--run-episodes", type=int, default=0, help="also sample the RSS of `rollcap run --episodes N` (0: skip)")
+    ap.add_argument(
+        "--episodes",
+        type=int,
+        default=5000,
+        help="synthetic episodes appended to one HDF5 file (default 5000; 0: skip)",
+    )
+    ap.add_argument(
+        "--run-episodes", type=int, default=0, help="also sample the RSS of `rollcap run --episodes N` (0: skip)"
+    )
     ap.add_argument("--json", default=None, help="write the report here")
     args = ap.parse_args(argv)
     if args.episodes and args.episodes < 10:
@@ -151,15 +170,24 @@ def main(argv: list[str] | None = None) -> int:
             report["h5_append"] = h5_append_growth(args.episodes, tmp)
             print("HDF5 append per episode (median of 10 appends from the mark; min-max):")
             for r in report["h5_append"]["rows"]:
-                print(f"  episode {r['episode']:>5}: {r['append_ms']:.2f} ms ({r['append_ms_min']:.2f}-{r['append_ms_max']:.2f}), CPU {r['append_cpu_ms']:.2f} ms, journal {r['journaled_pages']:.0f} pages, file {r['file_mb']:.1f} MB")
+                print(
+                    f"  episode {r['episode']:>5}: {r['append_ms']:.2f} ms ({r['append_ms_min']:.2f}-{r['append_ms_max']:.2f}), CPU {r['append_cpu_ms']:.2f} ms, journal {r['journaled_pages']:.0f} pages, file {r['file_mb']:.1f} MB"
+                )
             report["loader_memory"] = loader_memory(report["h5_append"]["files"])
             print("peak RSS reading every episode (fresh process):")
             for r in report["loader_memory"]:
-                print(f"  {r['episodes']:>5} episodes ({r['file_mb']:.1f} MB): " + ", ".join(f"{k} {r[k]:.0f} MB" for k in _READ))
+                print(
+                    f"  {r['episodes']:>5} episodes ({r['file_mb']:.1f} MB): "
+                    + ", ".join(f"{k} {r[k]:.0f} MB" for k in _READ)
+                )
         if args.run_episodes:
             report["run_rss"] = run_rss(args.run_episodes, tmp)
             marks = report["run_rss"]["rss_mb_at_episode"]
-            print(f"rollcap run --episodes {args.run_episodes}: RSS " + ", ".join(f"{v:.0f} MB at episode {k}" for k, v in marks.items()) + f"; {report['run_rss']['wall_s']:.0f} s")
+            print(
+                f"rollcap run --episodes {args.run_episodes}: RSS "
+                + ", ".join(f"{v:.0f} MB at episode {k}" for k, v in marks.items())
+                + f"; {report['run_rss']['wall_s']:.0f} s"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -95,7 +95,9 @@ def bench_gym(parts: Parts, n: int) -> dict:
     }
     out["chunk_env_over_core"] = out["chunk_env_step_ms"] / out["core_boundary_execute_ms"]
     if parts.env_id != DEFAULT_ENV or named_policy(parts.policy) is not None:
-        out["vector_skipped"] = "NoiseSteerPushBlock-v0 is the built-in task with a checkpoint policy, not --env / --policy"
+        out["vector_skipped"] = (
+            "NoiseSteerPushBlock-v0 is the built-in task with a checkpoint policy, not --env / --policy"
+        )
         return out
     k = max(10, n // 10)
     out["single_env_chunks_per_s"] = _vector_rate(parts, 1, k)
@@ -105,8 +107,14 @@ def bench_gym(parts: Parts, n: int) -> dict:
 
 
 def format_gym(g: dict, row) -> None:
-    row("ChunkEnv.step vs host boundary+execute", f"{g['chunk_env_step_ms']:.2f} vs {g['core_boundary_execute_ms']:.2f} ms ({g['chunk_env_over_core']:.3f}x, {g['chunks']} chunks)")
+    row(
+        "ChunkEnv.step vs host boundary+execute",
+        f"{g['chunk_env_step_ms']:.2f} vs {g['core_boundary_execute_ms']:.2f} ms ({g['chunk_env_over_core']:.3f}x, {g['chunks']} chunks)",
+    )
     if "vector_skipped" in g:
         row("chunks/s: 1 env / AsyncVectorEnv(2 workers)", f"skipped: {g['vector_skipped']}")
         return
-    row("chunks/s: 1 env / AsyncVectorEnv(2 workers)", f"{g['single_env_chunks_per_s']:.1f} / {g['async_2_workers_chunks_per_s']:.1f} ({g['async_2_over_single']:.2f}x)")
+    row(
+        "chunks/s: 1 env / AsyncVectorEnv(2 workers)",
+        f"{g['single_env_chunks_per_s']:.1f} / {g['async_2_workers_chunks_per_s']:.1f} ({g['async_2_over_single']:.2f}x)",
+    )

@@ -21,7 +21,9 @@ def bench_host(parts: Parts, n: int) -> dict:
 
     episodes = max(2, n // 20)
     env = make_env(parts.env_id, parts.env_kwargs)
-    policy, critic = make_runners(parts, env)  # checked against the env's observations (--env with a policy that cannot read it is refused)
+    policy, critic = make_runners(
+        parts, env
+    )  # checked against the env's observations (--env with a policy that cannot read it is refused)
     out: dict = {"episodes": episodes}
 
     walls: dict[str, list[float]] = {}
@@ -110,7 +112,9 @@ def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
 
     import dataclasses
 
-    parts = dataclasses.replace(parts, device="cpu", backend=None, precision="fp32")  # the host's work; the stand-in is the device
+    parts = dataclasses.replace(
+        parts, device="cpu", backend=None, precision="fp32"
+    )  # the host's work; the stand-in is the device
     env = make_env(parts.env_id, parts.env_kwargs)
     runners = make_runners(parts, env)
     policy, critic = (FixedLatency(r, chunk_s) if r is not None else None for r in runners)
@@ -144,7 +148,9 @@ def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
         host.finish()
     host.close()
     if not metrics.boundary_s:  # every episode ended before its first chunk: say why rather than average nothing
-        raise RuntimeError(f"bench host (stand-in): no chunk ran; stop reasons {sorted({e['stop_reason'] for e in metrics.episodes})}")
+        raise RuntimeError(
+            f"bench host (stand-in): no chunk ran; stop reasons {sorted({e['stop_reason'] for e in metrics.episodes})}"
+        )
     over = np.asarray(metrics.boundary_s) - np.maximum(metrics.policy_s, metrics.critic_s)
     ms = lambda xs: float(np.median(xs) * 1e3)  # noqa: E731
     return {
@@ -163,14 +169,23 @@ def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
 def format_host(h: dict, row) -> None:
     """The section's rows of the human table."""
     row("chunk boundary (median)", f"{h['boundary_ms_median']:.2f} ms")
-    row("host overhead per chunk (median)", f"{h['host_overhead_ms_median']:.3f} ms ({h['host_overhead_fraction']:.1%} of boundary)")
+    row(
+        "host overhead per chunk (median)",
+        f"{h['host_overhead_ms_median']:.3f} ms ({h['host_overhead_fraction']:.1%} of boundary)",
+    )
     row("recording overhead, background writer", f"{h['recorded_background_overhead']:.1%} of rollout wall (npz + h5)")
     row("recording overhead, synchronous writes", f"{h['recorded_sync_overhead']:.1%} of rollout wall")
-    row("capsule reset / env.reset + runner rebuild", f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)")
+    row(
+        "capsule reset / env.reset + runner rebuild",
+        f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)",
+    )
     row("episode start in a rollout (restore + env.reset + initial state)", f"{h['episode_start_ms']:.3f} ms")
     g = h.get("gpu_speed")
     if g is not None:
         row(f"at GPU speed (stand-in {g['chunk_ms']:.0f} ms policy and critic, {g['chunks']} chunks):")
-        row("  host overhead per boundary (median, p90)", f"{g['host_overhead_ms']:.3f} ms, {g['host_overhead_p90_ms']:.3f} ms ({g['host_overhead_fraction']:.1%} of boundary)")
+        row(
+            "  host overhead per boundary (median, p90)",
+            f"{g['host_overhead_ms']:.3f} ms, {g['host_overhead_p90_ms']:.3f} ms ({g['host_overhead_fraction']:.1%} of boundary)",
+        )
         row("  whole boundary() call minus the chunk", f"{g['call_overhead_ms']:.3f} ms")
         row("  host per env step (execute minus env.step)", f"{g['step_overhead_ms']:.3f} ms")

@@ -131,7 +131,9 @@ def count_cuda_kernels(call, device: torch.device) -> int:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             call()
             _sync(device)
-        return sum(1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset")))
+        return sum(
+            1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        )
     except RuntimeError:  # a profiler that cannot start (CUPTI missing or busy) costs the count, not the sweep
         return None
 
@@ -148,12 +150,16 @@ def _inputs(cfg, seed: int = 0) -> dict[str, np.ndarray]:
 def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
     ins = [BufferSpec(k, s, d) for k, (s, d) in cfg.obs_spec.buffer_shapes().items()]
     ins.append(BufferSpec("noise", (1, cfg.horizon, cfg.action_dim), torch.float32))
-    return BufferSet(ins, device, label="sweep.in"), BufferSet([BufferSpec("actions", (1, cfg.horizon, cfg.action_dim), torch.float32)], device, label="sweep.out")
+    return BufferSet(ins, device, label="sweep.in"), BufferSet(
+        [BufferSpec("actions", (1, cfg.horizon, cfg.action_dim), torch.float32)], device, label="sweep.out"
+    )
 
 
 def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str) -> CapturedGraph:
     keys = model.cfg.image_keys
-    if precision == "bf16" and ins.device.type == "cuda":  # as a CUDA runner does (policies/observation.py): linears stored in bf16
+    if (
+        precision == "bf16" and ins.device.type == "cuda"
+    ):  # as a CUDA runner does (policies/observation.py): linears stored in bf16
         from rollcap.kernels.precision import cast_linears
 
         model = cast_linears(model)
@@ -234,7 +240,13 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
         model = models[variant]
         for precision in sweep.precisions:
             if not _HAS_PRECISION and precision != "fp32":
-                out["cells"].append({"variant": variant, "precision": precision, "error": "this checkout's CapturedGraph has no precision setting"})
+                out["cells"].append(
+                    {
+                        "variant": variant,
+                        "precision": precision,
+                        "error": "this checkout's CapturedGraph has no precision setting",
+                    }
+                )
                 continue
             base = {"variant": variant, "precision": precision}
             try:
@@ -244,12 +256,25 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
                 continue
             eager.replay()
             refs[(variant, precision)] = outs["actions"].clone()
-            eager_kernels = count_cuda_kernels(eager.replay, device) if device.type == "cuda" else count_aten_ops(eager.replay)
-            row = {**base, "backend": "eager", "kernels": eager_kernels, "kernels_from": "call" if device.type == "cuda" else "aten ops"}
+            eager_kernels = (
+                count_cuda_kernels(eager.replay, device) if device.type == "cuda" else count_aten_ops(eager.replay)
+            )
+            row = {
+                **base,
+                "backend": "eager",
+                "kernels": eager_kernels,
+                "kernels_from": "call" if device.type == "cuda" else "aten ops",
+            }
             out["cells"].append(row)
             for backend in sweep.backends:
-                cell = {**base, "backend": backend, **_cell(model, ins, outs, backend, precision, device, sweep.reps, eager)}
-                if cell.get("kernels") is not None and cell["kernels"] <= 1:  # the profiler saw the graph launch, not its kernels
+                cell = {
+                    **base,
+                    "backend": backend,
+                    **_cell(model, ins, outs, backend, precision, device, sweep.reps, eager),
+                }
+                if (
+                    cell.get("kernels") is not None and cell["kernels"] <= 1
+                ):  # the profiler saw the graph launch, not its kernels
                     cell["kernels"], cell["kernels_from"] = None, "not visible in a replay"
                 if "graph_ms" in cell:
                     cell["speedup"] = cell["eager_ms"] / cell["graph_ms"]  # both timed alternately in this cell
@@ -282,11 +307,23 @@ def bench_sizes(device: str, sweep: SizeSweep, emit=None) -> dict:
     outer = torch.get_num_threads()
     if dev.type == "cpu":
         torch.set_num_threads(1)
-    report: dict = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__, "reps": sweep.reps, "sizes": {}}
+    report: dict = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "reps": sweep.reps,
+        "sizes": {},
+    }
     try:
         for name in sweep.sizes:
             try:
-                report["sizes"][name] = bench_size(name, sweep, dev, (lambda part, name=name: emit({**report, "sizes": {**report["sizes"], name: part}})) if emit else None)
+                report["sizes"][name] = bench_size(
+                    name,
+                    sweep,
+                    dev,
+                    (lambda part, name=name: emit({**report, "sizes": {**report["sizes"], name: part}}))
+                    if emit
+                    else None,
+                )
             except (RuntimeError, ValueError) as err:  # out of memory for a size, say: the next size still runs
                 report["sizes"][name] = {"error": _one_line(err), "cells": []}
                 gc.collect()
@@ -306,7 +343,10 @@ def format_sizes(r: dict, row) -> None:
             row(name, s["error"])
             continue
         floor = s.get("floor_ms")
-        row(f"{name} ({s['params'] / 1e6:.1f} M params)" + (f", floor {', '.join(f'{p} {v:.3f} ms' for p, v in floor.items())} on {s['gpu']}" if floor else ""))
+        row(
+            f"{name} ({s['params'] / 1e6:.1f} M params)"
+            + (f", floor {', '.join(f'{p} {v:.3f} ms' for p, v in floor.items())} on {s['gpu']}" if floor else "")
+        )
         for c in s["cells"]:
             label = f"  {c['variant']} {c['precision']} {c.get('backend', '')}"
             if "error" in c:
@@ -321,16 +361,27 @@ def format_sizes(r: dict, row) -> None:
             over = f", {c['over_floor']:.1f}x floor" if "over_floor" in c else ""
             row(label, f"{c['graph_ms']:.2f} ms ({c['speedup']:.1f}x eager{over}){kern}, {exact}")
         for backend, x in s.get("fused_over_plain", {}).items():
-            row(f"  fused / plain, {backend} {x['precision']} (alternating)", f"{x['fused_ms']:.2f} / {x['plain_ms']:.2f} ms = {x['fused_over_plain']:.2f}")
+            row(
+                f"  fused / plain, {backend} {x['precision']} (alternating)",
+                f"{x['fused_ms']:.2f} / {x['plain_ms']:.2f} ms = {x['fused_over_plain']:.2f}",
+            )
         if "fused_max_abs_diff_vs_plain" in s:
             row("  fused vs plain (fp32 eager)", f"max|diff| {s['fused_max_abs_diff_vs_plain']:.2g}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.bench.model_sizes", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python3 -m rollcap.rollout.bench.model_sizes", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--sizes", default="", help=f"comma list of {', '.join(SIZES)} or config .json files (default: the device's)")
-    ap.add_argument("--backends", default="", help="comma list of graph backends beside eager (default: jit on CPU; cuda on GPU; add compile-cuda to measure it)")
+    ap.add_argument(
+        "--sizes", default="", help=f"comma list of {', '.join(SIZES)} or config .json files (default: the device's)"
+    )
+    ap.add_argument(
+        "--backends",
+        default="",
+        help="comma list of graph backends beside eager (default: jit on CPU; cuda on GPU; add compile-cuda to measure it)",
+    )
     ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16 (default: fp32 on CPU; all on GPU)")
     ap.add_argument("--variants", default="plain,fused")
     ap.add_argument("--reps", type=int, default=5)
@@ -341,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
         return tuple(x for x in s.split(",") if x)
 
     try:
-        sweep = SizeSweep(split(args.sizes), split(args.backends), split(args.precisions), split(args.variants), args.reps).resolved(args.device)
+        sweep = SizeSweep(
+            split(args.sizes), split(args.backends), split(args.precisions), split(args.variants), args.reps
+        ).resolved(args.device)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -67,16 +67,30 @@ def _bench_checkpoint(parts: Parts, n: int) -> dict:
 
 def format_models(m: dict, row) -> None:
     """The section's rows of the human table."""
-    row("policy chunk eager (median / p99)", f"{m['policy_eager']['median_ms']:.2f} / {m['policy_eager']['p99_ms']:.2f} ms")
-    row("policy chunk captured (median / p99)", f"{m['policy_captured']['median_ms']:.2f} / {m['policy_captured']['p99_ms']:.2f} ms")
+    row(
+        "policy chunk eager (median / p99)",
+        f"{m['policy_eager']['median_ms']:.2f} / {m['policy_eager']['p99_ms']:.2f} ms",
+    )
+    row(
+        "policy chunk captured (median / p99)",
+        f"{m['policy_captured']['median_ms']:.2f} / {m['policy_captured']['p99_ms']:.2f} ms",
+    )
     row("captured speedup", f"{m['speedup_captured_vs_eager']:.2f}x")
-    row("critic eager / captured (median)", f"{m['critic_eager']['median_ms']:.2f} / {m['critic_captured']['median_ms']:.2f} ms")
+    row(
+        "critic eager / captured (median)",
+        f"{m['critic_eager']['median_ms']:.2f} / {m['critic_captured']['median_ms']:.2f} ms",
+    )
     row("policy then critic (serial, median)", f"{m['serial']['median_ms']:.2f} ms")
     row("policy || critic on two lanes (median)", f"{m['parallel']['median_ms']:.2f} ms")
     row("parallel / max(policy, critic)", f"{m['parallel_over_max']:.3f}")
     row("capture time policy / critic", f"{m['capture_s']['policy']:.2f} / {m['capture_s']['critic']:.2f} s")
-    row("policy captured == eager", "bit-identical" if m["policy_bit_identical"] else f"max|diff| {m['policy_max_abs_diff']:.3g}")
+    row(
+        "policy captured == eager",
+        "bit-identical" if m["policy_bit_identical"] else f"max|diff| {m['policy_max_abs_diff']:.3g}",
+    )
     row("critic captured == eager", "bit-identical" if m["critic_bit_identical"] else "differs")
     if "sizes" in m:
-        row(f"FlowVLA sizes (random weights, batch 1, guided; {m['sizes']['device']}; median of {m['sizes']['reps']} chunks):")
+        row(
+            f"FlowVLA sizes (random weights, batch 1, guided; {m['sizes']['device']}; median of {m['sizes']['reps']} chunks):"
+        )
         format_sizes(m["sizes"], row)

@@ -58,7 +58,12 @@ def peer_episode(env, policy, seed: int, out: Path, chunk_s: list[float]) -> int
         steps += 1
         if terminated or truncated:
             break
-    np.savez_compressed(out, actions=np.stack(actions), rewards=np.asarray(rewards), **{f"obs_{k}": np.stack(v) for k, v in frames.items()})
+    np.savez_compressed(
+        out,
+        actions=np.stack(actions),
+        rewards=np.asarray(rewards),
+        **{f"obs_{k}": np.stack(v) for k, v in frames.items()},
+    )
     return steps
 
 
@@ -82,7 +87,11 @@ def bench_peer(parts: Parts, n: int) -> dict:
     env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(parts.env_kwargs or {})}
     default_threads = torch.get_num_threads()
     # torch's default threads (2 here) stall for 100s of ms per chunk when the machine is busy: full runs only
-    names = ("peer_1_thread", "rollcap", "rollcap_no_critic") if quick else ("peer_default_threads", "peer_1_thread", "rollcap", "rollcap_no_critic")
+    names = (
+        ("peer_1_thread", "rollcap", "rollcap_no_critic")
+        if quick
+        else ("peer_default_threads", "peer_1_thread", "rollcap", "rollcap_no_critic")
+    )
     rate: dict[str, list[float]] = {k: [] for k in names}
     chunk_s: dict[str, list[float]] = {k: [] for k in names}
     steps: dict[str, int] = {k: 0 for k in names}
@@ -96,13 +105,21 @@ def bench_peer(parts: Parts, n: int) -> dict:
                     torch.set_num_threads(1 if name == "peer_1_thread" else default_threads)
                     try:
                         for i in range(episodes):
-                            steps[name] += peer_episode(env, policy, episode_seed(seed, i), out / f"episode_{i}.npz", chunk_s[name])
+                            steps[name] += peer_episode(
+                                env, policy, episode_seed(seed, i), out / f"episode_{i}.npz", chunk_s[name]
+                            )
                     finally:
                         torch.set_num_threads(default_threads)
                 else:
                     metrics = Metrics()
                     rec = EpisodeRecorder(out, formats=("npz", "h5"), env_meta=env_meta)
-                    host = RolloutHost(env, policy, critic if name == "rollcap" else None, HostConfig(seed=seed), [metrics, InBackground(rec)])
+                    host = RolloutHost(
+                        env,
+                        policy,
+                        critic if name == "rollcap" else None,
+                        HostConfig(seed=seed),
+                        [metrics, InBackground(rec)],
+                    )
                     ends = host.run(episodes)  # drains the writer before it returns
                     chunk_s[name] += metrics.boundary_s
                     steps[name] += sum(e.record.num_steps for e in ends if e.record is not None)
@@ -116,11 +133,24 @@ def bench_peer(parts: Parts, n: int) -> dict:
         "rounds": rounds,
         "default_threads": default_threads,
         "loops": {
-            name: {"episodes_per_s": spread(rate[name]), "chunk_ms": statistics.median(chunk_s[name]) * 1e3, "chunks": len(chunk_s[name]), "steps": steps[name]}
+            name: {
+                "episodes_per_s": spread(rate[name]),
+                "chunk_ms": statistics.median(chunk_s[name]) * 1e3,
+                "chunks": len(chunk_s[name]),
+                "steps": steps[name],
+            }
             for name in names
         },
         "rollcap_over_peer_1_thread": spread([a / b for a, b in zip(rate["rollcap"], rate["peer_1_thread"])]),
-        **({"rollcap_over_peer_default_threads": spread([a / b for a, b in zip(rate["rollcap"], rate["peer_default_threads"])])} if "peer_default_threads" in rate else {}),
+        **(
+            {
+                "rollcap_over_peer_default_threads": spread(
+                    [a / b for a, b in zip(rate["rollcap"], rate["peer_default_threads"])]
+                )
+            }
+            if "peer_default_threads" in rate
+            else {}
+        ),
         "same_episodes": len(set(steps.values())) == 1,
     }
 
@@ -138,7 +168,10 @@ def format_peer(p: dict, row) -> None:
             continue
         lp = p["loops"][name]
         e = lp["episodes_per_s"]
-        row(label, f"{e['median']:.2f} episodes/s ({e['min']:.2f}-{e['max']:.2f}), chunk {lp['chunk_ms']:.2f} ms (median of {lp['chunks']})")
+        row(
+            label,
+            f"{e['median']:.2f} episodes/s ({e['min']:.2f}-{e['max']:.2f}), chunk {lp['chunk_ms']:.2f} ms (median of {lp['chunks']})",
+        )
     for key in ("rollcap_over_peer_1_thread", "rollcap_over_peer_default_threads"):
         if key not in p:
             continue

@@ -87,7 +87,9 @@ class CpuOf(Subscriber):
         close()
 
 
-def produce(records: Sequence[EpisodeRecord], writer: Subscriber | None, episodes: int, rate: float, spin_n: int) -> dict:
+def produce(
+    records: Sequence[EpisodeRecord], writer: Subscriber | None, episodes: int, rate: float, spin_n: int
+) -> dict:
     """Hand ``episodes`` copies of ``records`` (new indices) to ``writer`` at ``rate`` per second; None: no writer.
 
     Returns seconds: ``work_s`` (the producer's own work), ``handoff_s`` (in ``on_episode_end``, waits on a
@@ -104,7 +106,9 @@ def produce(records: Sequence[EpisodeRecord], writer: Subscriber | None, episode
         w1 = time.perf_counter()
         rec = replace(records[i % len(records)], index=i)
         if writer is not None:
-            writer.on_episode_end(EpisodeEnd(i, rec.seed, rec.stop_reason, rec.success, rec.num_steps, rec.num_chunks, record=rec))
+            writer.on_episode_end(
+                EpisodeEnd(i, rec.seed, rec.stop_reason, rec.success, rec.num_steps, rec.num_chunks, record=rec)
+            )
         h = time.perf_counter() - w1
         work, handoff, handoff_max = work + (w1 - w0), handoff + h, max(handoff_max, h)
         due += period
@@ -125,7 +129,14 @@ def produce(records: Sequence[EpisodeRecord], writer: Subscriber | None, episode
     }
 
 
-def compare(records: Sequence[EpisodeRecord], writers: dict[str, Callable[[int], tuple[Subscriber, CpuOf | None]]], episodes: int, rate: float, work_ms: float, rounds: int) -> dict:
+def compare(
+    records: Sequence[EpisodeRecord],
+    writers: dict[str, Callable[[int], tuple[Subscriber, CpuOf | None]]],
+    episodes: int,
+    rate: float,
+    work_ms: float,
+    rounds: int,
+) -> dict:
     """Interleaved rounds of no writer and each of ``writers`` (name -> ``round -> (subscriber, its CpuOf or None)``;
     a subscriber with ``writer_cpu_s`` and ``episodes``, such as a :class:`~rollcap.rollout.recording.process.WriterProcess`, reports its CPU itself).
 
@@ -149,8 +160,13 @@ def compare(records: Sequence[EpisodeRecord], writers: dict[str, Callable[[int],
                 cpu[name].append(sub.writer_cpu_s / sub.episodes)
     base = [x["work_s"] + x["handoff_s"] for x in runs["none"]]
     rollout_s = episodes / rate
-    out: dict = {"episodes": episodes, "rate": rate, "work_ms": work_ms, "rounds": rounds,
-                 "work_ms_measured": statistics.median(x["work_s"] for x in runs["none"]) / episodes * 1e3}
+    out: dict = {
+        "episodes": episodes,
+        "rate": rate,
+        "work_ms": work_ms,
+        "rounds": rounds,
+        "work_ms_measured": statistics.median(x["work_s"] for x in runs["none"]) / episodes * 1e3,
+    }
     for name in writers:
         costs = [(x["work_s"] + x["handoff_s"] - b) / rollout_s for x, b in zip(runs[name], base)]
         row = {

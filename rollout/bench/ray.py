@@ -57,7 +57,12 @@ def ray_alone() -> dict:
     start_s = time.perf_counter() - t0
     time.sleep(2.0)  # let the prestarted idle workers come up
     children = [p.pid for p in me.children(recursive=True)]
-    out = {"ray_start_s": start_s, "driver_rss_growth_mb": me.memory_info().rss / 2**20 - before, "ray_processes": len(children), "ray_processes_rss_mb": _rss_mb(children)}
+    out = {
+        "ray_start_s": start_s,
+        "driver_rss_growth_mb": me.memory_info().rss / 2**20 - before,
+        "ray_processes": len(children),
+        "ray_processes_rss_mb": _rss_mb(children),
+    }
     out["ray_total_rss_mb"] = out["driver_rss_growth_mb"] + out["ray_processes_rss_mb"]
     ray.shutdown()
     return out
@@ -99,10 +104,24 @@ def run_rate(episodes: int, actors: int, root: Path, shards: bool = True) -> dic
 
     cpu = _CpuSplit(episodes)
     t0 = time.perf_counter()
-    result = run(episodes, out=root / f"actors{actors}{'' if shards else '-driver'}", actors=actors, progress=False, subscribers=(cpu,), **({} if shards else {"shards": False}))
+    result = run(
+        episodes,
+        out=root / f"actors{actors}{'' if shards else '-driver'}",
+        actors=actors,
+        progress=False,
+        subscribers=(cpu,),
+        **({} if shards else {"shards": False}),
+    )
     total = time.perf_counter() - t0
     s = result.summary
-    out = {"episodes": s["episodes"], "chunks": s["chunks"], "wall_s": s["wall_s"], "total_s": total, "episodes_per_s": s["episodes"] / s["wall_s"], "chunks_per_s": s["chunks"] / s["wall_s"]}
+    out = {
+        "episodes": s["episodes"],
+        "chunks": s["chunks"],
+        "wall_s": s["wall_s"],
+        "total_s": total,
+        "episodes_per_s": s["episodes"] / s["wall_s"],
+        "chunks_per_s": s["chunks"] / s["wall_s"],
+    }
     out["cores_used"] = cpu.split()
     if actors:
         out.update({k: s[k] for k in ("ray_start_s", "actors_start_s", "retries")})
@@ -115,7 +134,11 @@ def vector_rate(workers: int, steps: int) -> dict:
 
     from rollcap.rollout.gym.envs import make_noise_steering_env
 
-    env = gym.vector.AsyncVectorEnv([make_noise_steering_env] * workers, context="spawn") if workers > 1 else make_noise_steering_env()
+    env = (
+        gym.vector.AsyncVectorEnv([make_noise_steering_env] * workers, context="spawn")
+        if workers > 1
+        else make_noise_steering_env()
+    )
     rng = np.random.default_rng(0)
     shape = env.action_space.shape
     try:
@@ -134,7 +157,13 @@ def vector_rate(workers: int, steps: int) -> dict:
         wall = time.perf_counter() - t0
     finally:
         env.close()
-    return {"episodes": episodes, "chunks": chunks, "wall_s": wall, "episodes_per_s": episodes / wall, "chunks_per_s": chunks / wall}
+    return {
+        "episodes": episodes,
+        "chunks": chunks,
+        "wall_s": wall,
+        "episodes_per_s": episodes / wall,
+        "chunks_per_s": chunks / wall,
+    }
 
 
 def pool_rate(episodes: int, actors: int) -> dict:
@@ -149,11 +178,25 @@ def pool_rate(episodes: int, actors: int) -> dict:
         ends = [(e.num_chunks, e.index) for e in pool.run(episode_specs(range(episodes), cfg))]
         wall = time.perf_counter() - t0
     chunks = sum(c for c, _ in ends)
-    return {"episodes": len(ends), "chunks": chunks, "wall_s": wall, "episodes_per_s": len(ends) / wall, "chunks_per_s": chunks / wall}
+    return {
+        "episodes": len(ends),
+        "chunks": chunks,
+        "wall_s": wall,
+        "episodes_per_s": len(ends) / wall,
+        "chunks_per_s": chunks / wall,
+    }
 
 
 def rows(actors: int) -> tuple[str, ...]:
-    return ("actors_1", f"actors_{actors}", f"actors_{actors}_driver_records", "in_process", f"pool_{actors}_unrecorded", "vector_1", f"vector_async_{actors}")
+    return (
+        "actors_1",
+        f"actors_{actors}",
+        f"actors_{actors}_driver_records",
+        "in_process",
+        f"pool_{actors}_unrecorded",
+        "vector_1",
+        f"vector_async_{actors}",
+    )
 
 
 def run_bench(episodes: int = 40, steps: int = 300, rounds: int = 2, actors: int = 2) -> dict:
@@ -171,25 +214,41 @@ def run_bench(episodes: int = 40, steps: int = 300, rounds: int = 2, actors: int
         r["vector_1"] = vector_rate(1, steps)
         r[f"vector_async_{actors}"] = vector_rate(actors, steps)
         r["actors_n_over_1"] = r[f"actors_{actors}"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
-        r["driver_records_n_over_1"] = r[f"actors_{actors}_driver_records"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
-        r["actors_n_over_async_n_chunks"] = r[f"actors_{actors}"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
-        r["unrecorded_over_async_n_chunks"] = r[f"pool_{actors}_unrecorded"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
+        r["driver_records_n_over_1"] = (
+            r[f"actors_{actors}_driver_records"]["episodes_per_s"] / r["actors_1"]["episodes_per_s"]
+        )
+        r["actors_n_over_async_n_chunks"] = (
+            r[f"actors_{actors}"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
+        )
+        r["unrecorded_over_async_n_chunks"] = (
+            r[f"pool_{actors}_unrecorded"]["chunks_per_s"] / r[f"vector_async_{actors}"]["chunks_per_s"]
+        )
         report["rounds"].append(r)
     return report
 
 
 def format_report(report: dict) -> str:
     a, n = report["ray_alone"], report["actors"]
-    lines = [f"Ray alone: start {a['ray_start_s']:.2f} s, {a['ray_processes']} processes, {a['ray_total_rss_mb']:.0f} MiB RSS ({a['driver_rss_growth_mb']:.0f} driver growth + {a['ray_processes_rss_mb']:.0f})"]
+    lines = [
+        f"Ray alone: start {a['ray_start_s']:.2f} s, {a['ray_processes']} processes, {a['ray_total_rss_mb']:.0f} MiB RSS ({a['driver_rss_growth_mb']:.0f} driver growth + {a['ray_processes_rss_mb']:.0f})"
+    ]
     for i, r in enumerate(report["rounds"], 1):
         lines.append(f"round {i}:")
         for key in rows(n):
             x = r[key]
-            extra = f"; start-up {x['actors_start_s']:.1f} s (Ray {x['ray_start_s']:.1f} s), {x['retries']} retries" if "actors_start_s" in x else ""
+            extra = (
+                f"; start-up {x['actors_start_s']:.1f} s (Ray {x['ray_start_s']:.1f} s), {x['retries']} retries"
+                if "actors_start_s" in x
+                else ""
+            )
             if "cores_used" in x:
                 extra += "; cores used: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(x["cores_used"].items()))
-            lines.append(f"  {key:<18} {x['episodes_per_s']:6.2f} episodes/s  {x['chunks_per_s']:7.1f} chunks/s  ({x['episodes']} episodes in {x['wall_s']:.1f} s{extra})")
-        lines.append(f"  {n} actors / 1 actor: {r['actors_n_over_1']:.2f}x episodes/s sharded, {r['driver_records_n_over_1']:.2f}x when the driver records; in chunks/s vs AsyncVectorEnv({n}): {r['actors_n_over_async_n_chunks']:.2f}x recorded, {r['unrecorded_over_async_n_chunks']:.2f}x unrecorded")
+            lines.append(
+                f"  {key:<18} {x['episodes_per_s']:6.2f} episodes/s  {x['chunks_per_s']:7.1f} chunks/s  ({x['episodes']} episodes in {x['wall_s']:.1f} s{extra})"
+            )
+        lines.append(
+            f"  {n} actors / 1 actor: {r['actors_n_over_1']:.2f}x episodes/s sharded, {r['driver_records_n_over_1']:.2f}x when the driver records; in chunks/s vs AsyncVectorEnv({n}): {r['actors_n_over_async_n_chunks']:.2f}x recorded, {r['unrecorded_over_async_n_chunks']:.2f}x unrecorded"
+        )
     return "\n".join(lines)
 
 
@@ -198,7 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=40, help="episodes per rollcap.run (default: 40)")
     ap.add_argument("--steps", type=int, default=300, help="vector-env steps (chunks per worker) (default: 300)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every row (default: 2)")
-    ap.add_argument("--actors", type=int, default=2, help="N: compare 1 actor with N, and AsyncVectorEnv with N workers (default: 2)")
+    ap.add_argument(
+        "--actors",
+        type=int,
+        default=2,
+        help="N: compare 1 actor with N, and AsyncVectorEnv with N workers (default: 2)",
+    )
     ap.add_argument("--json", type=Path, default=None, help="also write the report here")
     args = ap.parse_args(argv)
     report = run_bench(args.episodes, args.steps, args.rounds, args.actors)

@@ -64,17 +64,33 @@ def bench_recording(parts: Parts, n: int) -> dict:
                 walls[mode].append(time.perf_counter() - t0)
                 rec.close()
         records = [e.record for e in ends if e.record is not None]
-        stage_s: dict[str, list[tuple[float, float]]] = {k: [] for k in ("checks + digests (once)", "npz write (whole)", "h5 append (whole)", "image deflate-1 (npz's)", "image gzip-4 per frame (h5's)", "image gzip-1 per frame")}
+        stage_s: dict[str, list[tuple[float, float]]] = {
+            k: []
+            for k in (
+                "checks + digests (once)",
+                "npz write (whole)",
+                "h5 append (whole)",
+                "image deflate-1 (npz's)",
+                "image gzip-4 per frame (h5's)",
+                "image gzip-1 per frame",
+            )
+        }
         h5 = H5Writer(Path(tmp) / "stages.hdf5", env_meta)
         for rec in records:
             images = [a for a in rec.obs.values() if is_image(a)]
             checked = checked_meta(rec)  # as the recorder does: once for both formats
             stage_s["checks + digests (once)"].append(_timed(lambda: checked_meta(rec)))
-            stage_s["npz write (whole)"].append(_timed(lambda: write_npz(rec, Path(tmp) / f"stage_{rec.index}.npz", checked)))
+            stage_s["npz write (whole)"].append(
+                _timed(lambda: write_npz(rec, Path(tmp) / f"stage_{rec.index}.npz", checked))
+            )
             stage_s["h5 append (whole)"].append(_timed(lambda: h5.append(rec, checked)))
             stage_s["image deflate-1 (npz's)"].append(_timed(lambda: [zlib.compress(a.tobytes(), 1) for a in images]))
-            stage_s["image gzip-4 per frame (h5's)"].append(_timed(lambda: [zlib.compress(f.tobytes(), 4) for a in images for f in a]))
-            stage_s["image gzip-1 per frame"].append(_timed(lambda: [zlib.compress(f.tobytes(), 1) for a in images for f in a]))
+            stage_s["image gzip-4 per frame (h5's)"].append(
+                _timed(lambda: [zlib.compress(f.tobytes(), 4) for a in images for f in a])
+            )
+            stage_s["image gzip-1 per frame"].append(
+                _timed(lambda: [zlib.compress(f.tobytes(), 1) for a in images for f in a])
+            )
         producer = _producer(records, Path(tmp), env_meta, quick)
     for part in (policy, critic, env):
         if part is not None:  # --critic none
@@ -123,12 +139,17 @@ def _producer(records, tmp: Path, env_meta: dict, quick: bool) -> dict:
         return WriterPool(tmp / f"producer-pool{r}", writers=2, formats=("npz", "h5"), env_meta=env_meta), None
 
     episodes, rounds = (20, 1) if quick else (100, 3)
-    return compare(records, {"thread": thread, "process": process, "2 processes": pool}, episodes, RATE, WORK_MS, rounds)
+    return compare(
+        records, {"thread": thread, "process": process, "2 processes": pool}, episodes, RATE, WORK_MS, rounds
+    )
 
 
 def format_recording(r: dict, row) -> None:
     """Rows for the human table (``row(name, value)``)."""
-    row("rollout, unrecorded (wall per episode)", f"{r['rollout_ms']:.1f} ms ({r['steps_per_episode']:.0f} steps, {r['image_bytes'] / 1e3:.0f} KB of image frames)")
+    row(
+        "rollout, unrecorded (wall per episode)",
+        f"{r['rollout_ms']:.1f} ms ({r['steps_per_episode']:.0f} steps, {r['image_bytes'] / 1e3:.0f} KB of image frames)",
+    )
     for name, s in r["stages"].items():
         row(f"  {name}", f"wall {s['wall_ms']:.2f} ms, CPU {s['cpu_ms']:.2f} ms ({s['cpu_share']:.1%} of rollout wall)")
     row("writer CPU (checks + npz + h5) / rollout wall", f"{r['writer_cpu_share']:.1%}")
@@ -137,8 +158,17 @@ def format_recording(r: dict, row) -> None:
         row(key.replace("_", " "), f"{o['median']:.1%} ({o['min']:.1%} to {o['max']:.1%} over {r['rounds']} rounds)")
     p = r.get("producer")
     if p is not None:
-        row(f"at {p['rate']:.0f} episodes/s (synthetic producer, {p['work_ms']:.0f} ms of host work an episode, {p['episodes']} episodes x {p['rounds']} rounds):")
+        row(
+            f"at {p['rate']:.0f} episodes/s (synthetic producer, {p['work_ms']:.0f} ms of host work an episode, {p['episodes']} episodes x {p['rounds']} rounds):"
+        )
         for name in (k for k in p if isinstance(p[k], dict) and "cost" in p[k]):
             w, c = p[name], p[name]["cost"]
-            cpu = f", writer CPU {w['writer_cpu_ms']:.1f} ms an episode ({w['writer_cores']:.2f} cores)" if "writer_cpu_ms" in w else ""
-            row(f"  writer: {name}", f"cost {c['median']:.1%} of rollout wall ({c['min']:.1%} to {c['max']:.1%}); behind {w['late_ms']:.0f} ms at the end, drain {w['drain_ms']:.0f} ms, longest hand-off {w['handoff_max_ms']:.1f} ms{cpu}")
+            cpu = (
+                f", writer CPU {w['writer_cpu_ms']:.1f} ms an episode ({w['writer_cores']:.2f} cores)"
+                if "writer_cpu_ms" in w
+                else ""
+            )
+            row(
+                f"  writer: {name}",
+                f"cost {c['median']:.1%} of rollout wall ({c['min']:.1%} to {c['max']:.1%}); behind {w['late_ms']:.0f} ms at the end, drain {w['drain_ms']:.0f} ms, longest hand-off {w['handoff_max_ms']:.1f} ms{cpu}",
+            )

@@ -52,9 +52,14 @@ def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
     need = [s for s in only if s in CHECKPOINTS]
     others = ",".join(s for s in SECTIONS if s not in CHECKPOINTS)
     if need and named_policy(parts.policy) is not None:
-        raise ConfigError("policy", f"{parts.policy}: section(s) {','.join(need)} measure a checkpoint's captured graph; pick others with --only ({others})")
+        raise ConfigError(
+            "policy",
+            f"{parts.policy}: section(s) {','.join(need)} measure a checkpoint's captured graph; pick others with --only ({others})",
+        )
     if need and parts.critic is None:
-        raise ConfigError("critic", f"none: section(s) {','.join(need)} measure the critic too; pick others with --only ({others})")
+        raise ConfigError(
+            "critic", f"none: section(s) {','.join(need)} measure the critic too; pick others with --only ({others})"
+        )
     if any(s in IN_ENV for s in only) and (parts.env_id != DEFAULT_ENV or parts.env_kwargs):
         env = make_env(parts.env_id, parts.env_kwargs)
         try:
@@ -65,7 +70,9 @@ def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
             env.close()
 
 
-def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None, sizes: tuple[str, ...] = ()) -> dict:
+def run_bench(
+    parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None, sizes: tuple[str, ...] = ()
+) -> dict:
     """Run the chosen sections (default: all) and return a JSON-able report (:func:`check_parts` first).
 
     ``sizes``: the FlowVLA sizes the ``models`` section sweeps (names or config files; empty: the device's default).
@@ -79,15 +86,28 @@ def run_bench(parts: Parts, quick: bool = False, only: tuple[str, ...] | None = 
     if "models" in only:
         from rollcap.rollout.bench.model_sizes import SizeSweep
 
-        backends = (parts.backend,) if parts.backend not in (None, "eager") else ()  # --backend: the sweep's graph backend
+        backends = (
+            (parts.backend,) if parts.backend not in (None, "eager") else ()
+        )  # --backend: the sweep's graph backend
         sweep = SizeSweep(sizes=tuple(sizes), backends=backends, precisions=(parts.precision,))
-        extra["models"] = {"sweep": sweep.resolved(parts.device, quick)}  # a bad size fails here, before any section runs
+        extra["models"] = {
+            "sweep": sweep.resolved(parts.device, quick)
+        }  # a bad size fails here, before any section runs
     n = 20 if quick else 200
     report: dict = {
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "device": parts.device, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads_per_lane": parts.threads},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch": torch.__version__,
+            "device": parts.device,
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads_per_lane": parts.threads,
+        },
         "repeats": n,
     }
-    fns = {s: getattr(importlib.import_module(f"rollcap.rollout.bench.{_MODULE.get(s, s)}"), f"bench_{s}") for s in only}
+    fns = {
+        s: getattr(importlib.import_module(f"rollcap.rollout.bench.{_MODULE.get(s, s)}"), f"bench_{s}") for s in only
+    }
     report["section_s"] = {}
     for s in only:
         t0 = time.perf_counter()
@@ -116,7 +136,9 @@ _FORMAT = {
 def format_report(r: dict) -> str:
     """The human table: a title per section, then its rows (each section's ``format_<name>(report, row)``)."""
     m = r["machine"]
-    lines = [f"machine: {m['platform']}, {m['cpus']} cpus, torch {m['torch']}, {m['device']} ({m['cpu_capability']}), {m['threads_per_lane']} thread(s)/lane"]
+    lines = [
+        f"machine: {m['platform']}, {m['cpus']} cpus, torch {m['torch']}, {m['device']} ({m['cpu_capability']}), {m['threads_per_lane']} thread(s)/lane"
+    ]
 
     def row(name, val=None):
         lines.append(f"  {name}" if val is None else f"  {name:<44} {val}")

@@ -106,14 +106,20 @@ def env_specs(env: str | None, env_kwargs: dict | None = None) -> list[tuple[str
 
 def _parts(env_id: str, policy: Path | None = None, critic=None) -> Parts:
     """The env's shipped models (:func:`~rollcap.rollout.build.shipped_models`) unless ``policy`` / ``critic`` name others."""
-    return Parts(env_id=env_id, **({"policy": policy} if policy is not None else {}), **({"critic": critic} if critic is not None else {}))
+    return Parts(
+        env_id=env_id,
+        **({"policy": policy} if policy is not None else {}),
+        **({"critic": critic} if critic is not None else {}),
+    )
 
 
 def shipped_prefix(env_id: str) -> Path | None:
     """The shipped hard-prefix checkpoint of the env's shipped policy (PushBlock's or MT10's), None if it has none."""
     from rollcap.rollout.learn.mt10_prefix import PREFIX as MT10_PREFIX
 
-    return {Parts().policy: PREFIX_CHECKPOINT, Parts(env_id=env_specs(MT10)[0][0]).policy: MT10_PREFIX}.get(_parts(env_id).policy)
+    return {Parts().policy: PREFIX_CHECKPOINT, Parts(env_id=env_specs(MT10)[0][0]).policy: MT10_PREFIX}.get(
+        _parts(env_id).policy
+    )
 
 
 def _outcomes(host: RolloutHost, episodes: int, d: int) -> tuple[list[bool], list[float], list[float]]:
@@ -138,9 +144,18 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
     rows = out.setdefault("success", {})
     ref = ref_prefix = None
     try:
-        runs = [("sync", 0)] + [("sync-prefix", 0)] * any(m.endswith("-prefix") for m in modes) + [(m, d) for d in delays for m in modes if m != "sync-prefix"]
+        runs = (
+            [("sync", 0)]
+            + [("sync-prefix", 0)] * any(m.endswith("-prefix") for m in modes)
+            + [(m, d) for d in delays for m in modes if m != "sync-prefix"]
+        )
         for mode, d in runs:
-            if d == 0 and mode in ("naive", "rtc", "naive-prefix", "rtc-prefix"):  # nothing carried is guided or queued: the sync episodes (tested bit-identical)
+            if d == 0 and mode in (
+                "naive",
+                "rtc",
+                "naive-prefix",
+                "rtc-prefix",
+            ):  # nothing carried is guided or queued: the sync episodes (tested bit-identical)
                 print(f"success {mode:>5} d=0: the synchronous episodes by construction (not run again)", flush=True)
                 continue
             if mode == "rtc-pigdm" and pigdm is None:
@@ -151,7 +166,11 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
             t0 = time.perf_counter()
             ok, seam, other, per_env = [], [], [], {}
             for env_id, env in made:
-                got = _outcomes(RolloutHost(env, runner, None, _config(mode, d, seed, execute_steps=execute_steps)), episodes, d if mode != "sync" else 0)
+                got = _outcomes(
+                    RolloutHost(env, runner, None, _config(mode, d, seed, execute_steps=execute_steps)),
+                    episodes,
+                    d if mode != "sync" else 0,
+                )
                 ok += got[0]
                 seam += got[1]
                 other += got[2]
@@ -166,13 +185,19 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
                 "outcomes": ok_a.astype(int).tolist(), "wall_s": time.perf_counter() - t0,
             }  # fmt: skip
             if len(made) > 1:
-                row["per_env_successes"] = per_env  # of ``episodes`` each; ``outcomes`` holds the envs one after another
+                row["per_env_successes"] = (
+                    per_env  # of ``episodes`` each; ``outcomes`` holds the envs one after another
+                )
             if mode != "sync":
                 row["minus_sync"] = list(paired_diff(ok_a, ref))
             if mode.endswith("-prefix") and mode != "sync-prefix":
                 row["minus_sync_prefix"] = list(paired_diff(ok_a, ref_prefix))
             rows[f"{mode}/d{d}"] = row
-            diff = f"  vs sync {row['minus_sync'][0]:+.1%} [{row['minus_sync'][1]:+.1%}, {row['minus_sync'][2]:+.1%}]" if "minus_sync" in row else ""
+            diff = (
+                f"  vs sync {row['minus_sync'][0]:+.1%} [{row['minus_sync'][1]:+.1%}, {row['minus_sync'][2]:+.1%}]"
+                if "minus_sync" in row
+                else ""
+            )
             print(f"success {mode:>5} d={d}: {row['success']:.1%} [{lo:.1%}, {hi:.1%}] of {len(ok_a)}{diff}; "
                   f"jerk at seams {row['jerk_seam']:.3f} (other steps {row['jerk_other']:.3f}); {row['wall_s']:.0f} s", flush=True)  # fmt: skip
     finally:
@@ -205,7 +230,9 @@ def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, 
             ref: list = []
             s = execute_steps or policy.cfg.execute_steps
             sub = _Stall(ref, s)
-            host = RolloutHost(env, policy, critic, _config(mode, d, 0, control_period_s=period_s, execute_steps=execute_steps), [sub])
+            host = RolloutHost(
+                env, policy, critic, _config(mode, d, 0, control_period_s=period_s, execute_steps=execute_steps), [sub]
+            )
             ref.append(host)
             lat = []
             for i in range(episodes):
@@ -228,7 +255,13 @@ def stall_section(episodes: int, delays: list[int], period_s: float, out: dict, 
             critic.close()
 
 
-def graph_section(chunks: int, out: dict, policy_path: Path | None = None, prefix_policy: Path | None = PREFIX_CHECKPOINT, env_spec: tuple[str, dict] | None = None) -> None:
+def graph_section(
+    chunks: int,
+    out: dict,
+    policy_path: Path | None = None,
+    prefix_policy: Path | None = PREFIX_CHECKPOINT,
+    env_spec: tuple[str, dict] | None = None,
+) -> None:
     """Plain vs guided captured graph, interleaved, on one observation (median latency per chunk)."""
     from rollcap.policies import PolicyRunner
 
@@ -236,7 +269,11 @@ def graph_section(chunks: int, out: dict, policy_path: Path | None = None, prefi
     model = load_policy(_parts(env_spec[0], policy_path).policy)
     plain, rtc = PolicyRunner(model), RTCPolicyRunner(model)
     rtc.configure(2, model.cfg.execute_steps, "rtc", "soft")
-    pre = RTCPolicyRunner(load_policy(prefix_policy)) if prefix_policy is not None and Path(prefix_policy).is_file() else None
+    pre = (
+        RTCPolicyRunner(load_policy(prefix_policy))
+        if prefix_policy is not None and Path(prefix_policy).is_file()
+        else None
+    )
     if pre is not None:
         pre.configure(2, model.cfg.execute_steps, "rtc", "hard")
     obs, _ = make_env(*env_spec).reset(seed=0)
@@ -254,13 +291,21 @@ def graph_section(chunks: int, out: dict, policy_path: Path | None = None, prefi
             if runner is not None:
                 runner.close()
     a, b = np.array(times["plain"][10:]), np.array(times["rtc"][10:])
-    row = {"plain_ms_p50": float(np.median(a) * 1e3), "rtc_ms_p50": float(np.median(b) * 1e3), "ratio": float(np.median(b) / np.median(a)), "chunks": chunks}
+    row = {
+        "plain_ms_p50": float(np.median(a) * 1e3),
+        "rtc_ms_p50": float(np.median(b) * 1e3),
+        "ratio": float(np.median(b) / np.median(a)),
+        "chunks": chunks,
+    }
     if pre is not None:
         c = np.array(times["prefix"][10:])
         row.update(prefix_ms_p50=float(np.median(c) * 1e3), prefix_ratio=float(np.median(c) / np.median(a)))
     out["graph"] = row
     extra = f"; hard-prefix {row['prefix_ms_p50']:.2f} ms ({row['prefix_ratio']:.2f}x)" if pre is not None else ""
-    print(f"graph: plain {row['plain_ms_p50']:.2f} ms, guided {row['rtc_ms_p50']:.2f} ms per chunk (medians of {chunks}, interleaved): {row['ratio']:.2f}x{extra}", flush=True)
+    print(
+        f"graph: plain {row['plain_ms_p50']:.2f} ms, guided {row['rtc_ms_p50']:.2f} ms per chunk (medians of {chunks}, interleaved): {row['ratio']:.2f}x{extra}",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,17 +314,59 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=200, help="held-out episodes per success configuration")
     ap.add_argument("--stall-episodes", type=int, default=10, help="episodes per stall configuration")
     ap.add_argument("--delays", default="0,1,2,3", help="comma list of inference delays d (env steps)")
-    ap.add_argument("--modes", default="naive,rtc", help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower); "
-                    "naive-prefix, rtc-prefix: the same through the --prefix-policy checkpoint (hard-prefix RTC), whose synchronous episodes (sync-prefix) then run too")
-    ap.add_argument("--prefix-policy", type=Path, default=None, help="the prefix-conditioned checkpoint of the -prefix modes (default, without --policy: the env's shipped one, PushBlock's or MT10's)")
-    ap.add_argument("--stall-policy", type=Path, default=None, help="policy checkpoint of the stall section (default: the shipped one; a prefix-conditioned one runs hard-prefix RTC)")
-    ap.add_argument("--execute-steps", type=int, default=None, help="execution horizon s of the stall and success runs (default: the policy's)")
-    ap.add_argument("--seed", type=int, default=HELD_OUT_SEED, help="run seed of the success episodes (2: held out; others for pilots)")
+    ap.add_argument(
+        "--modes",
+        default="naive,rtc",
+        help="asynchronous modes compared with sync: naive, rtc (HostConfig's default mask), rtc-soft, rtc-pigdm (the paper's guidance, eager, ~5x slower); "
+        "naive-prefix, rtc-prefix: the same through the --prefix-policy checkpoint (hard-prefix RTC), whose synchronous episodes (sync-prefix) then run too",
+    )
+    ap.add_argument(
+        "--prefix-policy",
+        type=Path,
+        default=None,
+        help="the prefix-conditioned checkpoint of the -prefix modes (default, without --policy: the env's shipped one, PushBlock's or MT10's)",
+    )
+    ap.add_argument(
+        "--stall-policy",
+        type=Path,
+        default=None,
+        help="policy checkpoint of the stall section (default: the shipped one; a prefix-conditioned one runs hard-prefix RTC)",
+    )
+    ap.add_argument(
+        "--execute-steps",
+        type=int,
+        default=None,
+        help="execution horizon s of the stall and success runs (default: the policy's)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=HELD_OUT_SEED,
+        help="run seed of the success episodes (2: held out; others for pilots)",
+    )
     ap.add_argument("--period-ms", type=float, default=5.0, help="control period of the stall section")
-    ap.add_argument("--env", default=None, help="env id (default: the built-in task), or MT10: every MetaWorld MT10 task on the same seeds (stall and graph: the first)")
-    ap.add_argument("--env-kwargs", type=json.loads, default=None, help="JSON keyword arguments of the env(s), e.g. '{\"render_images\": false}'")
-    ap.add_argument("--policy", type=Path, default=None, help="policy checkpoint of the graph, stall and success runs (default: the env's shipped one)")
-    ap.add_argument("--critic", default=None, help="critic checkpoint of the stall section, or none (default: the env's shipped one)")
+    ap.add_argument(
+        "--env",
+        default=None,
+        help="env id (default: the built-in task), or MT10: every MetaWorld MT10 task on the same seeds (stall and graph: the first)",
+    )
+    ap.add_argument(
+        "--env-kwargs",
+        type=json.loads,
+        default=None,
+        help="JSON keyword arguments of the env(s), e.g. '{\"render_images\": false}'",
+    )
+    ap.add_argument(
+        "--policy",
+        type=Path,
+        default=None,
+        help="policy checkpoint of the graph, stall and success runs (default: the env's shipped one)",
+    )
+    ap.add_argument(
+        "--critic",
+        default=None,
+        help="critic checkpoint of the stall section, or none (default: the env's shipped one)",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
     envs = env_specs(args.env, args.env_kwargs)
@@ -293,9 +380,28 @@ def main(argv: list[str] | None = None) -> int:
     if "graph" in only:
         graph_section(50, out, args.policy, args.prefix_policy, envs[0])
     if "stall" in only:
-        stall_section(args.stall_episodes, [d for d in delays if d > 0], args.period_ms / 1e3, out, args.execute_steps, args.stall_policy or args.policy, envs[0], args.critic)
+        stall_section(
+            args.stall_episodes,
+            [d for d in delays if d > 0],
+            args.period_ms / 1e3,
+            out,
+            args.execute_steps,
+            args.stall_policy or args.policy,
+            envs[0],
+            args.critic,
+        )
     if "success" in only:
-        success_section(args.episodes, delays, [m for m in args.modes.split(",") if m], out, args.seed, args.execute_steps, args.prefix_policy, args.policy, envs)
+        success_section(
+            args.episodes,
+            delays,
+            [m for m in args.modes.split(",") if m],
+            out,
+            args.seed,
+            args.execute_steps,
+            args.prefix_policy,
+            args.policy,
+            envs,
+        )
     if args.out is not None:
         from rollcap.kernels.files import atomic_write
 

@@ -68,7 +68,9 @@ class FixedLatency:
         while time.perf_counter() < self._ready:
             pass
         self._ready = None
-        return self.runner.row_result(0)  # the copy-out PolicyRunner.result / CriticRunner.result make (on a GPU: to the host)
+        return self.runner.row_result(
+            0
+        )  # the copy-out PolicyRunner.result / CriticRunner.result make (on a GPU: to the host)
 
     def state_fingerprint(self) -> dict:
         return self.runner.state_fingerprint()

@@ -129,7 +129,16 @@ def measure(make_host: Callable, display: str, presses: int = 10, hz: float = 50
         presses: trials of each kind (two episodes each: pause and end, override).
         hz: env steps per second (a real arm's control rate; the host's clock paces the sim to it).
     """
-    kinds = ("pause_steps_after", "end_deliver_s", "end_effect_s", "end_total_s", "end_steps_after", "override_deliver_s", "override_effect_s", "override_total_s")
+    kinds = (
+        "pause_steps_after",
+        "end_deliver_s",
+        "end_effect_s",
+        "end_total_s",
+        "end_steps_after",
+        "override_deliver_s",
+        "override_effect_s",
+        "override_total_s",
+    )
     out: dict[str, list] = {k: [] for k in kinds}
     old = os.environ.get("DISPLAY")
     os.environ["DISPLAY"] = display
@@ -198,7 +207,9 @@ def measure(make_host: Callable, display: str, presses: int = 10, hz: float = 50
             script.join()
             first = next((t for t, a in logs[-1].log if t > sent["w"] and a.tolist() == [0.0, 1.0]), None)
             if first is None:
-                raise RuntimeError(f"override trial {i}: the env never received the human's [0, 1] (stop {end.stop_reason!r})")
+                raise RuntimeError(
+                    f"override trial {i}: the env never received the human's [0, 1] (stop {end.stop_reason!r})"
+                )
             t_cb = delivered("w", sent["w"])
             out["override_deliver_s"].append(t_cb - sent["w"])
             out["override_effect_s"].append(first - t_cb)
@@ -216,7 +227,10 @@ def summary(samples: dict, hz: float) -> dict:
         if key.endswith("_steps_after"):
             res[key] = {"presses_with_any": int(sum(x > 0 for x in xs)), "max": int(max(xs))}
         else:
-            res[key.replace("_s", "_ms")] = {"median": round(float(np.median(xs)) * 1e3, 2), "max": round(float(np.max(xs)) * 1e3, 2)}
+            res[key.replace("_s", "_ms")] = {
+                "median": round(float(np.median(xs)) * 1e3, 2),
+                "max": round(float(np.max(xs)) * 1e3, 2),
+            }
     return res
 
 

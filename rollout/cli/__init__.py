@@ -59,7 +59,16 @@ def _main(argv: list[str] | None) -> int:
     except BrokenPipeError:  # e.g. `rollcap inspect ... | head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (UserError, BadInput, CheckpointMismatch, CorruptEpisode, CorruptCapsule, CapsuleMismatch, ValueError, OSError) as err:
+    except (
+        UserError,
+        BadInput,
+        CheckpointMismatch,
+        CorruptEpisode,
+        CorruptCapsule,
+        CapsuleMismatch,
+        ValueError,
+        OSError,
+    ) as err:
         print(f"rollcap {args.command}: error: {err}", file=sys.stderr)  # OSError: a missing or unreadable path
         return 2
 

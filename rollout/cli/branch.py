@@ -26,19 +26,56 @@ DESCRIPTION = (
 
 def add_parser(command, parts_options) -> None:
     """Register ``branch`` through the main CLI's ``command(name, func, help, description, example)``."""
-    p = command("branch", cmd_branch, "fork N continuations from a boundary of a recorded episode; Monte-Carlo values", DESCRIPTION, EXAMPLE)
+    p = command(
+        "branch",
+        cmd_branch,
+        "fork N continuations from a boundary of a recorded episode; Monte-Carlo values",
+        DESCRIPTION,
+        EXAMPLE,
+    )
     p.add_argument("file", type=Path, help="npz file, HDF5 file or run directory holding the parent episode")
-    p.add_argument("--episode", type=int, default=None, help="the parent episode's index (default: the file's only or first episode)")
+    p.add_argument(
+        "--episode",
+        type=int,
+        default=None,
+        help="the parent episode's index (default: the file's only or first episode)",
+    )
     p.add_argument("--chunk", type=int, default=0, help="branch at the start of this chunk (0-based; default 0)")
     p.add_argument("--n", type=int, default=8, help="seeded branches per boundary, besides the control (default 8)")
-    p.add_argument("--seed", type=int, default=None, help="derive the branch seeds from this instead of the parent's episode seed (another set of branches)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="derive the branch seeds from this instead of the parent's episode seed (another set of branches)",
+    )
     p.add_argument("--no-control", action="store_true", help="skip the control branch (the recorded noise)")
-    p.add_argument("--actors", type=int, default=0, help="run the branches on this many Ray actors (default 0: in this process)")
-    p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
-    p.add_argument("--out", type=Path, default=None, help="new (or empty) directory for the branch recordings and branch.json (default: runs/branch-<episode>-<chunk>); with --calibrate, for calibration.json and .png (default: runs/calibration)")
-    p.add_argument("--format", dest="formats", default="npz,h5", help="recording formats, a comma list of npz,h5 (default both)")
-    p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env")
-    p.add_argument("--calibrate", action="store_true", help="Monte-Carlo values at many boundaries: every --every-th chunk of every episode (or --episode); branches not recorded")
+    p.add_argument(
+        "--actors", type=int, default=0, help="run the branches on this many Ray actors (default 0: in this process)"
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="new (or empty) directory for the branch recordings and branch.json (default: runs/branch-<episode>-<chunk>); with --calibrate, for calibration.json and .png (default: runs/calibration)",
+    )
+    p.add_argument(
+        "--format", dest="formats", default="npz,h5", help="recording formats, a comma list of npz,h5 (default both)"
+    )
+    p.add_argument(
+        "--env",
+        default=None,
+        help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env",
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="Monte-Carlo values at many boundaries: every --every-th chunk of every episode (or --episode); branches not recorded",
+    )
     p.add_argument("--every", type=int, default=1, help="with --calibrate: every this many chunks (default 1)")
     p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
@@ -59,8 +96,21 @@ def _parent(path: Path, episode: int | None):
     raise ConfigError("episode", f"{path}: no episode {episode} (it holds {have})")
 
 
-def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8, *, seed: int | None = None, control: bool = True,
-           out=None, formats=("npz", "h5"), actors: int = 0, parts=None, address: str | None = None, env: str | None = None):
+def branch_episode(
+    file,
+    episode: int | None = None,
+    chunk: int = 0,
+    n: int = 8,
+    *,
+    seed: int | None = None,
+    control: bool = True,
+    out=None,
+    formats=("npz", "h5"),
+    actors: int = 0,
+    parts=None,
+    address: str | None = None,
+    env: str | None = None,
+):
     """Branch episode ``episode`` of the recording ``file`` at ``chunk``: the control and ``n`` seeded branches.
 
     What ``rollcap branch`` does, without argparse (``rollcap.branch``): every branch is recorded in
@@ -102,7 +152,14 @@ def branch_episode(file, episode: int | None = None, chunk: int = 0, n: int = 8,
     with EpisodeRecorder(out, formats) as recorder:  # nothing is written before every branch has run
         for record in result.records:
             recorder.write(record)
-    summary = {"parent": str(source), "episode": rec.index, "chunk": chunk, "step": at.origin["step"], "out": str(out), **result.summary()}
+    summary = {
+        "parent": str(source),
+        "episode": rec.index,
+        "chunk": chunk,
+        "step": at.origin["step"],
+        "out": str(out),
+        **result.summary(),
+    }
     atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(canonical_json(summary, indent=2)))
     return result, summary
 
@@ -114,11 +171,16 @@ def _check_new_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"{out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
-        raise ConfigError("out", f"{out}: directory is not empty; branches are recorded as a new run, which cannot resume another: choose another `out` or remove it")
+        raise ConfigError(
+            "out",
+            f"{out}: directory is not empty; branches are recorded as a new run, which cannot resume another: choose another `out` or remove it",
+        )
 
 
 def _check_address(address: str | None, actors: int) -> None:
-    if address is not None and not actors:  # flag words in the Python API too: tests/rollout/ray/test_ray_cluster.py pins this message
+    if (
+        address is not None and not actors
+    ):  # flag words in the Python API too: tests/rollout/ray/test_ray_cluster.py pins this message
         raise ValueError("--address: needs --actors N (the branches run in this process otherwise)")
 
 
@@ -126,7 +188,14 @@ class _Built:
     """The recording's env, the runners, a host with the recording's config and (with actors) a pool; closed on exit."""
 
     def __init__(self, parts, rec, file, actors: int, address: str | None = None, env: str | None = None):
-        self.parts, self.rec, self.file, self.actors, self.address, self.env = parts, rec, str(file), actors, address, env
+        self.parts, self.rec, self.file, self.actors, self.address, self.env = (
+            parts,
+            rec,
+            str(file),
+            actors,
+            address,
+            env,
+        )
         self.parts_list = []
 
     def __enter__(self):
@@ -134,11 +203,15 @@ class _Built:
 
         from rollcap.rollout.build import make_env, named_env
 
-        if isinstance(self.parts, dict):  # fields given (None: not given): the rest as the recording (offline/deployment.py)
+        if isinstance(
+            self.parts, dict
+        ):  # fields given (None: not given): the rest as the recording (offline/deployment.py)
             from rollcap.rollout.build import Parts
             from rollcap.rollout.offline.deployment import recorded_parts
 
-            given, said = recorded_parts({k: v for k, v in self.parts.items() if k not in ("env_id", "env_kwargs")}, self.rec, self.file)
+            given, said = recorded_parts(
+                {k: v for k, v in self.parts.items() if k not in ("env_id", "env_kwargs")}, self.rec, self.file
+            )
             for line in said:
                 print(f"rollcap: branch: {line}", file=sys.stderr)
             self.parts = Parts(**given)
@@ -155,7 +228,14 @@ class _Built:
                 from rollcap.rollout.ray.actors import ActorPool, check_actor_run, identity
 
                 check_actor_run("env", self.parts.policy, self.parts.critic)
-                pool = ActorPool(self.parts, self.host.config, self.actors, self.address, expect=identity(self.host), actor_cls=BranchActor)
+                pool = ActorPool(
+                    self.parts,
+                    self.host.config,
+                    self.actors,
+                    self.address,
+                    expect=identity(self.host),
+                    actor_cls=BranchActor,
+                )
                 self.parts_list.insert(0, pool)
         except BaseException:
             self.__exit__()
@@ -197,10 +277,14 @@ def cmd_branch(args) -> int:
     result, summary = branch_episode(args.file, args.episode, args.chunk, args.n, seed=args.seed, control=not args.no_control,
                              out=args.out, formats=formats, actors=args.actors, parts=parts, address=args.address, env=args.env)  # fmt: skip
     for row in summary["branches"]:
-        print(f"branch {row['branch']:>3} {'(' + row['noise'] + ')':<8} seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}")
+        print(
+            f"branch {row['branch']:>3} {'(' + row['noise'] + ')':<8} seed {row['seed']:>20}  {row['steps']:>4} steps  {row['stop_reason']:<15} {'success' if row['success'] else 'failure'}  return {row['return']:+.2f}"
+        )
     print(result.mc.line())
     print(f"control: {summary['control']}")
-    print(f"wrote {len(result.records)} branch episode(s) to {summary['out']} (replay: rollcap replay {summary['out']})")
+    print(
+        f"wrote {len(result.records)} branch episode(s) to {summary['out']} (replay: rollcap replay {summary['out']})"
+    )
     return 1 if result.control is not None and result.control_diff is not None and not result.fingerprint_diff else 0
 
 
@@ -222,12 +306,23 @@ def _calibrate(args, parts) -> int:
     parents = load_for_calibration(args.file, args.episode)
     out = args.out or Path("runs") / "calibration"
     try:
-        check_calibration(parents, None, args.n, out)  # before building anything; calibrate() checks the parents against the env too
+        check_calibration(
+            parents, None, args.n, out
+        )  # before building anything; calibrate() checks the parents against the env too
     except ImportError as err:  # matplotlib, for the plot: --calibrate cannot work here
         raise ConfigError("calibrate", str(err)) from None
     with _Built(parts, parents[0][1], args.file, args.actors, args.address, args.env) as (host, pool):
         env, policy, critic = host.env, host.policy, host.critic
-        report = calibrate(parents, lambda rec: _host(rec, env, policy, critic), args.n, args.every, out, pool=pool, seed=args.seed, log=print)
+        report = calibrate(
+            parents,
+            lambda rec: _host(rec, env, policy, critic),
+            args.n,
+            args.every,
+            out,
+            pool=pool,
+            seed=args.seed,
+            log=print,
+        )
     print(json.dumps(report["stats"], indent=2))
     print(f"wrote {out / 'calibration.json'} and {out / 'calibration.png'}")
     return 0

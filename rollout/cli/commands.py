@@ -77,11 +77,27 @@ def cmd_run(args) -> int:
     parts = Parts(**opts.values(args, Parts))
     host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
     built = []
-    opts = {**dataclasses.asdict(host_cfg), **{k: v for k, v in dataclasses.asdict(run_cfg).items() if k not in ("episodes", "out")}}
+    opts = {
+        **dataclasses.asdict(host_cfg),
+        **{k: v for k, v in dataclasses.asdict(run_cfg).items() if k not in ("episodes", "out")},
+    }
     try:
-        if run_cfg.actors or run_cfg.envs > 1:  # actors (or a batched run: N envs, runners at batch N) build from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
+        if (
+            run_cfg.actors or run_cfg.envs > 1
+        ):  # actors (or a batched run: N envs, runners at batch N) build from names and paths; run() checks them here first and releases Ctrl-C once the actors are up
             names = {k: v for k, v in dataclasses.asdict(parts).items() if k not in ("env_id", "policy", "critic")}
-            result = run(run_cfg.episodes, out=run_cfg.out, env=parts.env_id, policy=parts.policy, critic=parts.critic or "none", on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, poll_stop=_SIGNALS.poll, **opts, **names)
+            result = run(
+                run_cfg.episodes,
+                out=run_cfg.out,
+                env=parts.env_id,
+                policy=parts.policy,
+                critic=parts.critic or "none",
+                on_started=_SIGNALS.release,
+                on_finished=_SIGNALS.finish,
+                poll_stop=_SIGNALS.poll,
+                **opts,
+                **names,
+            )
         else:
             env = make_env(parts.env_id, parts.env_kwargs)
             built.append(env)
@@ -89,12 +105,27 @@ def cmd_run(args) -> int:
             policy, critic = make_runners(parts, env, rtc=host_cfg.chunking != "sync")
             built += [policy, critic]
             _SIGNALS.release()  # start-up is over: a Ctrl-C held during it stops here
-            result = run(run_cfg.episodes, out=run_cfg.out, env=env, policy=policy, critic=critic or "none", on_finished=_SIGNALS.finish, **opts)
+            result = run(
+                run_cfg.episodes,
+                out=run_cfg.out,
+                env=env,
+                policy=policy,
+                critic=critic or "none",
+                on_finished=_SIGNALS.finish,
+                **opts,
+            )
     except Interrupted as stop:
         print(_summary_table(stop.result.summary))
         dropped = stop.result.summary["unwritten_at_interrupt"]
-        note = f"; {len(dropped)} finished but unwritten episode(s) dropped ({dropped[0]}..{dropped[-1]})" if dropped else ""
-        print(f"interrupted: {stop.result.summary['episodes']} whole episode(s) of this session kept in {stop.result.run_dir}{note}", file=sys.stderr)
+        note = (
+            f"; {len(dropped)} finished but unwritten episode(s) dropped ({dropped[0]}..{dropped[-1]})"
+            if dropped
+            else ""
+        )
+        print(
+            f"interrupted: {stop.result.summary['episodes']} whole episode(s) of this session kept in {stop.result.run_dir}{note}",
+            file=sys.stderr,
+        )
         return 143 if isinstance(stop.cause, _Terminated) else 130
     finally:
         for part in built:
@@ -103,7 +134,10 @@ def cmd_run(args) -> int:
     print(_summary_table(result.summary))
     failed = result.summary.get("failed")
     if failed:  # episodes whose every try killed its actor (or raised there): not recorded
-        print(f"rollcap run: error: {len(failed)} episode(s) failed on the actors ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again", file=sys.stderr)
+        print(
+            f"rollcap run: error: {len(failed)} episode(s) failed on the actors ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -125,7 +159,12 @@ def _summary_table(s: dict) -> str:
         n, which = len(s["discarded_by_key"]), ", ".join(map(str, s["discarded_by_key"]))
         rows.append(("discarded by key", f"{n} (episode{'s' if n > 1 else ''} {which}; not recorded)"))
     if "actors" in s:
-        rows.append(("ray actors", f"{s['actors']} on {s['nodes']} node(s) ({s['address']}), {s['retries']} retried, {len(s['failed'])} failed; start-up {s['actors_start_s']:.1f} s"))
+        rows.append(
+            (
+                "ray actors",
+                f"{s['actors']} on {s['nodes']} node(s) ({s['address']}), {s['retries']} retried, {len(s['failed'])} failed; start-up {s['actors_start_s']:.1f} s",
+            )
+        )
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
@@ -136,6 +175,7 @@ def cmd_replay(args) -> int:
     from rollcap.rollout.offline.deployment import recorded_parts
     from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
     from rollcap.rollout.recording import iter_episodes
+
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         raise UserError(f"--mode: expected a comma list of {','.join(MODES)}, got {args.mode!r}")
@@ -147,7 +187,9 @@ def cmd_replay(args) -> int:
     def episodes():  # streamed: one episode in memory at a time, however large the run
         return (item for f in args.files for item in iter_episodes(f))
 
-    firsts = [next(iter_episodes(f), None) for f in args.files]  # an unreadable path stops the replay before anything runs (reads one episode)
+    firsts = [
+        next(iter_episodes(f), None) for f in args.files
+    ]  # an unreadable path stops the replay before anything runs (reads one episode)
     recorded_env = next((rec.env_id for _, rec in filter(None, firsts) if not isinstance(rec, Exception)), None)
     if args.env is not None or args.env_kwargs is not None:
         for source, rec in episodes():  # a mismatched --env / --env-kwargs stops the replay before anything runs
@@ -160,7 +202,9 @@ def cmd_replay(args) -> int:
     given, said = recorded_parts(given, first, source, needs_models=bool(set(modes) & {"policy", "closed"}))
     for line in said:
         print(f"rollcap: replay: {line}", file=sys.stderr)
-    parts = Parts(**given, **({"env_id": recorded_env} if recorded_env else {}))  # the defaults: the shipped models of the recording's env
+    parts = Parts(
+        **given, **({"env_id": recorded_env} if recorded_env else {})
+    )  # the defaults: the shipped models of the recording's env
     import_env = args.env is not None
     results, pool = [], {}
     if args.actors:
@@ -168,7 +212,9 @@ def cmd_replay(args) -> int:
         from rollcap.rollout.ray.replay import replay_on_actors
 
         check_actor_run("env", parts.policy, parts.critic)
-        per_episode = replay_on_actors(items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool)
+        per_episode = replay_on_actors(
+            items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool
+        )
     else:
         replayer = Replayer(parts)
         per_episode = (replayer.check(source, rec, modes, import_env) for source, rec in items)
@@ -195,7 +241,9 @@ def _check_replay_env(args, rec, source: str) -> None:
 
     named_env(rec.env_id, args.env, source)
     if args.env_kwargs is not None and args.env_kwargs != rec.env_kwargs:
-        raise UserError(f"--env-kwargs {json.dumps(args.env_kwargs)}: {source} was recorded with {json.dumps(rec.env_kwargs)}; replay uses the recording's")
+        raise UserError(
+            f"--env-kwargs {json.dumps(args.env_kwargs)}: {source} was recorded with {json.dumps(rec.env_kwargs)}; replay uses the recording's"
+        )
 
 
 # ----------------------------------------------------------------- inspect
@@ -232,7 +280,9 @@ def cmd_inspect(args) -> int:
 def _thresholds(values: list[float]) -> list[float]:
     """``--early-stop``'s critic thresholds, each in [-1, 0]."""
     if any(not -1.0 <= t <= 0.0 for t in values):
-        raise UserError(f"--early-stop: expected critic thresholds in [-1, 0], got {' '.join(f'{t:g}' for t in values)}")
+        raise UserError(
+            f"--early-stop: expected critic thresholds in [-1, 0], got {' '.join(f'{t:g}' for t in values)}"
+        )
     return list(values)
 
 
@@ -243,7 +293,9 @@ def cmd_export(args) -> int:
     from rollcap.rollout.recording.exporters import export
 
     if importlib.util.find_spec(args.to) is None:  # the wrong venv is the likeliest mistake: say so first
-        raise UserError(f"--to {args.to}: {args.to} is not importable in this Python ({sys.version.split()[0]}); it lives in LeRobot's venv: bash scripts/lerobot_env.sh, then run .venv-lerobot/bin/rollcap")
+        raise UserError(
+            f"--to {args.to}: {args.to} is not importable in this Python ({sys.version.split()[0]}); it lives in LeRobot's venv: bash scripts/lerobot_env.sh, then run .venv-lerobot/bin/rollcap"
+        )
 
     options = {"extras": tuple(x for x in args.extras.split(",") if x)} if args.extras is not None else {}
     options["labels"] = args.labels
@@ -254,7 +306,16 @@ def cmd_export(args) -> int:
         if args.obs_keys is not None:
             options["obs_keys"] = tuple(x for x in args.obs_keys.split(",") if x)
     else:
-        lerobot_only = [f for f, on in (("--repo-id", args.repo_id), ("--videos", args.videos), ("--obs-keys", args.obs_keys is not None), ("--instruction-dims", args.instruction_dims)) if on]
+        lerobot_only = [
+            f
+            for f, on in (
+                ("--repo-id", args.repo_id),
+                ("--videos", args.videos),
+                ("--obs-keys", args.obs_keys is not None),
+                ("--instruction-dims", args.instruction_dims),
+            )
+            if on
+        ]
         if lerobot_only:
             raise UserError(f"{lerobot_only[0]}: an option of --to lerobot, not --to minari")
         options["dataset_id"] = args.dataset_id
@@ -264,15 +325,33 @@ def cmd_export(args) -> int:
         raise UserError(f"--to {args.to}: {str(err).splitlines()[0]}") from err
     except ValueError as err:  # the exporters name their Python argument: name the flag
         arg, sep, rest = str(err).partition(": ")
-        flags = {"run_dir": "RUN", "root": "--root", "obs_keys": "--obs-keys", "extras": "--extras", "instruction_dims": "--instruction-dims", "fps": "--fps", "dataset_id": "--dataset-id", "repo_id": "--repo-id", "labels": "--labels"}
+        flags = {
+            "run_dir": "RUN",
+            "root": "--root",
+            "obs_keys": "--obs-keys",
+            "extras": "--extras",
+            "instruction_dims": "--instruction-dims",
+            "fps": "--fps",
+            "dataset_id": "--dataset-id",
+            "repo_id": "--repo-id",
+            "labels": "--labels",
+        }
         raise UserError(f"{flags[arg]}: {rest}" if sep and arg in flags else str(err)) from err
     skipped = f"; {len(out.skipped)} episode(s) without a step skipped" if out.skipped else ""
     if args.to == "lerobot":
-        rate = {"given": "--fps", "recorded": "the recording's control rate", "env": "its env's control rate"}[out.fps_source]
-        print(f"wrote {out.root}: LeRobotDataset v3 {out.repo_id!r}, {out.episodes} episodes, {out.frames} frames at {out.fps} fps ({rate}){skipped}")
-        print(f"read it with LeRobotDataset({out.repo_id!r}, root={str(out.root)!r}); train: lerobot-train --dataset.repo_id={out.repo_id} --dataset.root={out.root} ...")
+        rate = {"given": "--fps", "recorded": "the recording's control rate", "env": "its env's control rate"}[
+            out.fps_source
+        ]
+        print(
+            f"wrote {out.root}: LeRobotDataset v3 {out.repo_id!r}, {out.episodes} episodes, {out.frames} frames at {out.fps} fps ({rate}){skipped}"
+        )
+        print(
+            f"read it with LeRobotDataset({out.repo_id!r}, root={str(out.root)!r}); train: lerobot-train --dataset.repo_id={out.repo_id} --dataset.root={out.root} ..."
+        )
     else:
-        print(f"wrote {out.path}: Minari dataset {out.dataset_id!r}, {out.episodes} episodes, {out.steps} steps{skipped}")
+        print(
+            f"wrote {out.path}: Minari dataset {out.dataset_id!r}, {out.episodes} episodes, {out.steps} steps{skipped}"
+        )
         print(f"read it with MINARI_DATASETS_PATH={out.root} and minari.load_dataset({out.dataset_id!r})")
     return 0
 
@@ -289,7 +368,11 @@ def cmd_bench(args) -> int:
         raise UserError(f"--actors: the Ray section compares 1 actor with N >= 2, got {args.actors}")
     sizes = tuple(s for s in (args.policy_size or "").split(",") if s)
     try:
-        report = run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None, sizes=sizes) if only != ["ray"] else {}
+        report = (
+            run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None, sizes=sizes)
+            if only != ["ray"]
+            else {}
+        )
     except ValueError as err:
         if not str(err).startswith("--policy-size"):
             raise
@@ -300,7 +383,12 @@ def cmd_bench(args) -> int:
         from rollcap.rollout.bench.ray import format_report as format_ray
         from rollcap.rollout.bench.ray import run_bench as run_ray
 
-        report["ray"] = run_ray(episodes=8 if args.quick else 40, steps=40 if args.quick else 300, rounds=1 if args.quick else 2, actors=actors)
+        report["ray"] = run_ray(
+            episodes=8 if args.quick else 40,
+            steps=40 if args.quick else 300,
+            rounds=1 if args.quick else 2,
+            actors=actors,
+        )
         print("ray (Ray batch rollouts, shipped policy and critic):\n" + format_ray(report["ray"]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
@@ -319,56 +407,177 @@ _json_object.__name__ = "JSON"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="rollcap", description="Rollouts for robot policies: captured-graph VLA inference, a concurrent critic, capsule reset, bit-exact recordings.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = _Parser(
+        prog="rollcap",
+        description="Rollouts for robot policies: captured-graph VLA inference, a concurrent critic, capsule reset, bit-exact recordings.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
 
     def command(name: str, func, help: str, description: str, example: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=description, epilog=f"example: {example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+        p = sub.add_parser(
+            name,
+            help=help,
+            description=description,
+            epilog=f"example: {example}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.set_defaults(func=func)
         return p
 
-    p = command("run", cmd_run, "run episodes and record them (the main job)", "Run N episodes of a task with a policy and a critic; record npz + robomimic HDF5; print a summary.", "rollcap run --episodes 20 --critic-threshold -0.8 --out runs/eval")
+    p = command(
+        "run",
+        cmd_run,
+        "run episodes and record them (the main job)",
+        "Run N episodes of a task with a policy and a critic; record npz + robomimic HDF5; print a summary.",
+        "rollcap run --episodes 20 --critic-threshold -0.8 --out runs/eval",
+    )
     p.set_defaults(options=_run_options(p))
 
-    p = command("replay", cmd_replay, "replay recordings and check they are byte-identical", "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; the summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.", "rollcap replay runs/eval/episodes.hdf5 --mode policy,env")
+    p = command(
+        "replay",
+        cmd_replay,
+        "replay recordings and check they are byte-identical",
+        "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; the summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.",
+        "rollcap replay runs/eval/episodes.hdf5 --mode policy,env",
+    )
     p.add_argument("files", nargs="+", type=Path, help="npz files, HDF5 files or run directories")
     p.add_argument("--mode", default="policy,env,closed", help="comma list of policy,env,closed (default: all)")
-    p.add_argument("--accept-not-comparable", action="store_true", help="exit 0 when episodes recorded on another deployment fingerprint could only be compared, not proven exact")
-    p.add_argument("--env", default=None, help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env")
-    p.add_argument("--env-kwargs", default=None, type=_json_object, metavar="JSON", help="must equal the recording's (replay always uses the recording's env kwargs)")
-    p.add_argument("--actors", type=int, default=0, metavar="N", help="replay on N Ray actors (0: in this process); output and verdicts are the same; needs pip install 'rollcap[ray]'")
-    p.add_argument("--address", default=None, help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)")
+    p.add_argument(
+        "--accept-not-comparable",
+        action="store_true",
+        help="exit 0 when episodes recorded on another deployment fingerprint could only be compared, not proven exact",
+    )
+    p.add_argument(
+        "--env",
+        default=None,
+        help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env",
+    )
+    p.add_argument(
+        "--env-kwargs",
+        default=None,
+        type=_json_object,
+        metavar="JSON",
+        help="must equal the recording's (replay always uses the recording's env kwargs)",
+    )
+    p.add_argument(
+        "--actors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replay on N Ray actors (0: in this process); output and verdicts are the same; needs pip install 'rollcap[ray]'",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)",
+    )
     p.set_defaults(options=_parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
     p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions; what a critic threshold would do",
                 "Print a table of the episodes in an npz file, an HDF5 file or a run directory; --early-stop replays the critic's stop "
                 "predicate on their recorded values for each threshold.", "rollcap inspect runs/eval --plot runs/eval/plots --early-stop -0.9 -0.8")  # fmt: skip
     p.add_argument("file", type=Path, nargs="+", help="npz file, HDF5 file or run directory (several: one table each)")
-    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)")
-    p.add_argument("--early-stop", default=None, nargs="+", type=float, metavar="THRESHOLD", help="critic thresholds, e.g. -0.9 -0.8: what each would do to these episodes "
-                   "(stopped, of them would have succeeded, success with the stops, steps saved), from episodes recorded with a critic and no threshold, all runs together")
-    p.add_argument("--patience", type=int, default=2, help="with --early-stop: consecutive boundaries below the threshold before a stop (as --critic-patience; default 2)")
+    p.add_argument(
+        "--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)"
+    )
+    p.add_argument(
+        "--early-stop",
+        default=None,
+        nargs="+",
+        type=float,
+        metavar="THRESHOLD",
+        help="critic thresholds, e.g. -0.9 -0.8: what each would do to these episodes "
+        "(stopped, of them would have succeeded, success with the stops, steps saved), from episodes recorded with a critic and no threshold, all runs together",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=2,
+        help="with --early-stop: consecutive boundaries below the threshold before a stop (as --critic-patience; default 2)",
+    )
 
-    p = command("export", cmd_export, "export a recording as a LeRobotDataset v3 or a Minari dataset", "Export the episodes of a run directory (or one npz / HDF5 file) as a LeRobotDataset v3 (--to lerobot: images lossless as PNG frames, the instruction as task, reward/done/success/intervention/critic value per frame) or a Minari dataset (--to minari: HDF5, observations with the final one). The dataset is written beside its target and renamed into place when whole: a failure leaves nothing. Needs lerobot / minari: run it with LeRobot's venv (bash scripts/lerobot_env.sh).", "rollcap export runs/demos --to lerobot --root datasets/demos --obs-keys state --instruction-dims 32")
+    p = command(
+        "export",
+        cmd_export,
+        "export a recording as a LeRobotDataset v3 or a Minari dataset",
+        "Export the episodes of a run directory (or one npz / HDF5 file) as a LeRobotDataset v3 (--to lerobot: images lossless as PNG frames, the instruction as task, reward/done/success/intervention/critic value per frame) or a Minari dataset (--to minari: HDF5, observations with the final one). The dataset is written beside its target and renamed into place when whole: a failure leaves nothing. Needs lerobot / minari: run it with LeRobot's venv (bash scripts/lerobot_env.sh).",
+        "rollcap export runs/demos --to lerobot --root datasets/demos --obs-keys state --instruction-dims 32",
+    )
     p.add_argument("run", type=Path, help="run directory, npz file or HDF5 file")
     p.add_argument("--to", required=True, choices=("lerobot", "minari"), help="the dataset format")
-    p.add_argument("--root", required=True, type=Path, help="lerobot: the dataset directory to create (absent or empty); minari: the datasets root (the dataset goes to ROOT/DATASET_ID)")
-    p.add_argument("--extras", default=None, metavar="LIST", help="comma list of per-step extras: reward,done,success,intervention,critic_value (default: all; '' for none)")
+    p.add_argument(
+        "--root",
+        required=True,
+        type=Path,
+        help="lerobot: the dataset directory to create (absent or empty); minari: the datasets root (the dataset goes to ROOT/DATASET_ID)",
+    )
+    p.add_argument(
+        "--extras",
+        default=None,
+        metavar="LIST",
+        help="comma list of per-step extras: reward,done,success,intervention,critic_value (default: all; '' for none)",
+    )
     p.add_argument("--repo-id", default=None, help="lerobot: the dataset's repo id (default rollcap/<root's name>)")
-    p.add_argument("--fps", type=int, default=None, help="lerobot: frames per second (default: the recording's control rate, 1 / the env's dt: the built-in task's 10, MetaWorld's 80; refused when the recording cannot tell it)")
-    p.add_argument("--videos", action="store_true", help="lerobot: store images as videos (lossy, smaller) instead of PNG frames")
-    p.add_argument("--obs-keys", default=None, metavar="LIST", help="lerobot: comma list of observation keys to export (default all), e.g. state for a policy without images")
-    p.add_argument("--instruction-dims", type=int, default=0, metavar="N", help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time")
+    p.add_argument(
+        "--fps",
+        type=int,
+        default=None,
+        help="lerobot: frames per second (default: the recording's control rate, 1 / the env's dt: the built-in task's 10, MetaWorld's 80; refused when the recording cannot tell it)",
+    )
+    p.add_argument(
+        "--videos", action="store_true", help="lerobot: store images as videos (lossy, smaller) instead of PNG frames"
+    )
+    p.add_argument(
+        "--obs-keys",
+        default=None,
+        metavar="LIST",
+        help="lerobot: comma list of observation keys to export (default all), e.g. state for a policy without images",
+    )
+    p.add_argument(
+        "--instruction-dims",
+        type=int,
+        default=0,
+        metavar="N",
+        help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time",
+    )
     p.add_argument("--dataset-id", default=None, help="minari: the dataset id (default rollcap/<run name>-v0)")
-    p.add_argument("--labels", choices=("recorded", "expert"), default="recorded", help="the actions written: recorded (what the env received, default) or expert: the clean scripted expert's action on each recorded observation (DART: record with --policy expert:STD, label clean; built-in task only; the dataset says so)")
+    p.add_argument(
+        "--labels",
+        choices=("recorded", "expert"),
+        default="recorded",
+        help="the actions written: recorded (what the env received, default) or expert: the clean scripted expert's action on each recorded observation (DART: record with --policy expert:STD, label clean; built-in task only; the dataset says so)",
+    )
 
-    p = command("bench", cmd_bench, "measure latency, overlap, capsules, env and host overhead", "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.", "rollcap bench --quick --json bench.json")
+    p = command(
+        "bench",
+        cmd_bench,
+        "measure latency, overlap, capsules, env and host overhead",
+        "Measure, in one run: policy chunk latency eager vs captured, critic latency, policy||critic vs serial, capture time, exactness, capsule snapshot/restore, env steps/s, host and recording overhead.",
+        "rollcap bench --quick --json bench.json",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")
     p.add_argument("--quick", action="store_true", help="fewer repeats (for smoke tests)")
-    p.add_argument("--actors", type=int, default=0, metavar="N", help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)")
-    p.add_argument("--only", default=None, help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (rollcap run --envs 8 vs 1 and the batched vector env vs AsyncVectorEnv(2); ~2.5 min)")
-    p.add_argument("--policy-size", default=None, metavar="LIST", help="section models: comma list of FlowVLA sizes (shipped,26m,205m,300m,3b, or a config .json) swept with random weights, plain and fused, eager vs the --backend's graph at --precision (default: shipped,26m on CPU, all on a GPU; --quick on CPU: shipped)")
+    p.add_argument(
+        "--actors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure Ray batch rollouts (section ray): 1 vs N actors vs AsyncVectorEnv(N), 2-5 min; --only ray runs just that (N default 2)",
+    )
+    p.add_argument(
+        "--only",
+        default=None,
+        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (rollcap run --envs 8 vs 1 and the batched vector env vs AsyncVectorEnv(2); ~2.5 min)",
+    )
+    p.add_argument(
+        "--policy-size",
+        default=None,
+        metavar="LIST",
+        help="section models: comma list of FlowVLA sizes (shipped,26m,205m,300m,3b, or a config .json) swept with random weights, plain and fused, eager vs the --backend's graph at --precision (default: shipped,26m on CPU, all on a GPU; --quick on CPU: shipped)",
+    )
     p.set_defaults(options=_parts_options(p))
 
     from rollcap.rollout.cli.branch import add_parser as add_branch_parser

@@ -17,10 +17,23 @@ EXAMPLE = "rollcap merge runs/eval --from /scratch/collected/eval"
 
 def add_parser(command) -> None:
     """Register ``merge`` through the main CLI's ``command(name, func, help, description, example)``."""
-    p = command("merge", cmd_merge, "make a sharded run (from --actors) one episodes.hdf5 and one episodes/", DESCRIPTION, EXAMPLE)
+    p = command(
+        "merge",
+        cmd_merge,
+        "make a sharded run (from --actors) one episodes.hdf5 and one episodes/",
+        DESCRIPTION,
+        EXAMPLE,
+    )
     p.add_argument("run", type=Path, metavar="RUN_DIR", help="the run directory holding manifest.jsonl")
-    p.add_argument("--from", dest="search", type=Path, action="append", default=[], metavar="DIR",
-                   help="a directory holding shards copied back from their nodes (sNNN/ as --shard-dir wrote them); repeatable; looked in after the manifest's path and RUN_DIR/shards")
+    p.add_argument(
+        "--from",
+        dest="search",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory holding shards copied back from their nodes (sNNN/ as --shard-dir wrote them); repeatable; looked in after the manifest's path and RUN_DIR/shards",
+    )
 
 
 def cmd_merge(args) -> int:

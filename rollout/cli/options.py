@@ -105,8 +105,14 @@ class Options:
         self._flags: dict[str, argparse.Action] = {}  # field name -> its flag's action
         self._dest: dict[type, dict[str, str]] = {}
 
-    def add(self, cls: type, flags: dict[str, str] | None = None, skip: tuple[str, ...] = (), help: dict[str, str] | None = None,
-            unset: tuple[str, ...] = ()) -> None:
+    def add(
+        self,
+        cls: type,
+        flags: dict[str, str] | None = None,
+        skip: tuple[str, ...] = (),
+        help: dict[str, str] | None = None,
+        unset: tuple[str, ...] = (),
+    ) -> None:
         """Add one flag per field of ``cls`` (except ``skip``); ``flags`` renames, ``help`` overrides help.
 
         ``unset``: fields whose flag defaults to None (the command fills them in, e.g. from a recording) instead of the field's default.
@@ -131,7 +137,9 @@ class Options:
             dest = f"{cls.__name__}.{f.name}"
             tp = hints[f.name]
             if tp is bool:
-                action = group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text)
+                action = group.add_argument(
+                    flag, dest=dest, action=argparse.BooleanOptionalAction, default=default, help=text
+                )
             else:
                 conv, extra = _converter(tp)
                 if "choices" not in extra:
@@ -139,7 +147,9 @@ class Options:
                 shown = ",".join(default) if isinstance(default, tuple) else default
                 said = "default" in text.lower()  # the docstring already says what the default is
                 suffix = "" if said or default is None or default == {} else f" (default: {shown})"
-                action = group.add_argument(flag, dest=dest, type=conv, default=default, help=(text + suffix).replace("%", "%%"), **extra)
+                action = group.add_argument(
+                    flag, dest=dest, type=conv, default=default, help=(text + suffix).replace("%", "%%"), **extra
+                )
             dests[f.name] = dest
             self._flags[f.name] = action
 

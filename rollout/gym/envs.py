@@ -95,13 +95,33 @@ class _CoreEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, env: gym.Env, policy: ChunkPolicy, critic: ChunkCritic | None = None, config: HostConfig | None = None, subscribers: tuple[Subscriber, ...] = (), max_tokens: int = MAX_TOKENS):
+    def __init__(
+        self,
+        env: gym.Env,
+        policy: ChunkPolicy,
+        critic: ChunkCritic | None = None,
+        config: HostConfig | None = None,
+        subscribers: tuple[Subscriber, ...] = (),
+        max_tokens: int = MAX_TOKENS,
+    ):
         if not isinstance(env, gym.Env):
             raise TypeError(f"env: expected a gymnasium.Env, got {type(env).__name__}")
-        if config is not None and config.chunking != "sync":  # step() would not see the queue's steps (run during boundary())
-            raise ConfigError("chunking", f"the gymnasium envs step whole chunks synchronously; got {config.chunking!r}")
+        if (
+            config is not None and config.chunking != "sync"
+        ):  # step() would not see the queue's steps (run during boundary())
+            raise ConfigError(
+                "chunking", f"the gymnasium envs step whole chunks synchronously; got {config.chunking!r}"
+            )
         self.env = env
-        self.host = RolloutHost(env, policy, critic, config, subscribers, records=any(getattr(s, "wants_records", False) for s in subscribers), on_error="raise")
+        self.host = RolloutHost(
+            env,
+            policy,
+            critic,
+            config,
+            subscribers,
+            records=any(getattr(s, "wants_records", False) for s in subscribers),
+            on_error="raise",
+        )
         self.chunk_shape = tuple(int(n) for n in policy.chunk_shape)
         self.max_tokens = int(max_tokens)
         self.observation_space = self._obs_space(env.observation_space)
@@ -138,7 +158,11 @@ class _CoreEnv(gym.Env):
         info = {"steps": len(steps)}
         if event is not None:
             info.update(value=event.value, policy_chunk=event.actions)
-            self.timings = {"policy_s": event.latency_policy_s, "critic_s": event.latency_critic_s, "boundary_s": event.latency_boundary_s}
+            self.timings = {
+                "policy_s": event.latency_policy_s,
+                "critic_s": event.latency_critic_s,
+                "boundary_s": event.latency_boundary_s,
+            }
         obs = host.obs
         terminated = truncated = False
         if host.done:
@@ -167,7 +191,9 @@ class ChunkEnv(_CoreEnv):
         super().__init__(env, policy, critic, config, subscribers, max_tokens)
         base = env.action_space
         if not isinstance(base, spaces.Box) or base.shape != (self.chunk_shape[1],):
-            raise ValueError(f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width")
+            raise ValueError(
+                f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
+            )
         h = self.chunk_shape[0]
         self.action_space = spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
 
@@ -184,13 +210,24 @@ class NoiseSteeringEnv(_CoreEnv):
             ``value`` (float32 ``(1,)``); needs a critic.
     """
 
-    def __init__(self, env, policy, critic=None, config=None, subscribers=(), max_tokens: int = MAX_TOKENS, value_in_obs: bool = False):
+    def __init__(
+        self,
+        env,
+        policy,
+        critic=None,
+        config=None,
+        subscribers=(),
+        max_tokens: int = MAX_TOKENS,
+        value_in_obs: bool = False,
+    ):
         super().__init__(env, policy, critic, config, subscribers, max_tokens)
         if value_in_obs and critic is None:
             raise ValueError("value_in_obs=True needs a critic")
         self.value_in_obs = value_in_obs
         if value_in_obs:
-            self.observation_space = spaces.Dict({**self.observation_space.spaces, "value": spaces.Box(-1.0, 0.0, (1,), np.float32)})
+            self.observation_space = spaces.Dict(
+                {**self.observation_space.spaces, "value": spaces.Box(-1.0, 0.0, (1,), np.float32)}
+            )
         self.action_space = spaces.Box(-NOISE_BOUND, NOISE_BOUND, self.chunk_shape, np.float32)
 
     def _obs(self, obs):
@@ -221,7 +258,8 @@ def make_chunk_env(env_kwargs: dict | None = None, device: str = "cpu", config: 
     return ChunkEnv(*_default_parts(env_kwargs, device, config), **kw)
 
 
-def make_noise_steering_env(env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, **kw) -> NoiseSteeringEnv:
+def make_noise_steering_env(
+    env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, **kw
+) -> NoiseSteeringEnv:
     """``rollcap/NoiseSteerPushBlock-v0``: the built-in task, the shipped policy steered through its noise."""
     return NoiseSteeringEnv(*_default_parts(env_kwargs, device, config), **kw)
-

@@ -49,7 +49,16 @@ MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 class _CoreVectorEnv(VectorEnv):
     """What both vector envs share: the batched core, observation batching, seeding and autoreset."""
 
-    def __init__(self, envs: Sequence[gym.Env], policy, critic=None, config: HostConfig | None = None, max_tokens: int = MAX_TOKENS, autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP, workers: int | None = None):
+    def __init__(
+        self,
+        envs: Sequence[gym.Env],
+        policy,
+        critic=None,
+        config: HostConfig | None = None,
+        max_tokens: int = MAX_TOKENS,
+        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
+        workers: int | None = None,
+    ):
         envs = list(envs)
         if not envs or not all(isinstance(e, gym.Env) for e in envs):
             raise TypeError(f"envs: expected a non-empty list of gymnasium.Env, got {[type(e).__name__ for e in envs]}")
@@ -151,7 +160,9 @@ class _CoreVectorEnv(VectorEnv):
         return gym_obs(obs, self.max_tokens), {"episode": j}
 
     def _batch(self, obs: list[dict[str, np.ndarray]]):
-        return concatenate(self.single_observation_space, obs, create_empty_array(self.single_observation_space, self.num_envs))
+        return concatenate(
+            self.single_observation_space, obs, create_empty_array(self.single_observation_space, self.num_envs)
+        )
 
 
 class ChunkVectorEnv(_CoreVectorEnv):
@@ -168,7 +179,9 @@ class ChunkVectorEnv(_CoreVectorEnv):
     def _single_action_space(self, env: gym.Env) -> spaces.Box:
         base = env.action_space
         if not isinstance(base, spaces.Box) or base.shape != (self.chunk_shape[1],):
-            raise ValueError(f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width")
+            raise ValueError(
+                f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
+            )
         h = self.chunk_shape[0]
         return spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
 
@@ -184,7 +197,9 @@ class NoiseSteeringVectorEnv(_CoreVectorEnv):
         return spaces.Box(-NOISE_BOUND, NOISE_BOUND, self.chunk_shape, np.float32)
 
     def _split(self, actions):
-        a = np.clip(np.asarray(actions, dtype=np.float32).reshape(self.num_envs, *self.chunk_shape), -NOISE_BOUND, NOISE_BOUND)
+        a = np.clip(
+            np.asarray(actions, dtype=np.float32).reshape(self.num_envs, *self.chunk_shape), -NOISE_BOUND, NOISE_BOUND
+        )
         return list(a), None
 
 
@@ -202,15 +217,37 @@ def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads:
     return envs, *make_batched_runners(parts, num_envs, envs[0], graphs=graphs)
 
 
-def make_chunk_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, parts=None, **kw) -> ChunkVectorEnv:
+def make_chunk_vector_env(
+    num_envs: int = 8,
+    env_kwargs: dict | None = None,
+    device: str = "cpu",
+    config: dict | None = None,
+    threads: int = 1,
+    graphs: int = 1,
+    parts=None,
+    **kw,
+) -> ChunkVectorEnv:
     """``gym.make_vec("rollcap/ChunkPushBlock-v0", num_envs)``: the built-in task, shipped policy and critic at batch
     ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
     checkpoints, a :class:`~rollcap.rollout.build.Parts`, instead of ``env_kwargs`` / ``device`` / ``threads``)."""
-    return ChunkVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw)
+    return ChunkVectorEnv(
+        *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw
+    )
 
 
-def make_noise_steering_vector_env(num_envs: int = 8, env_kwargs: dict | None = None, device: str = "cpu", config: dict | None = None, threads: int = 1, graphs: int = 1, parts=None, **kw) -> NoiseSteeringVectorEnv:
+def make_noise_steering_vector_env(
+    num_envs: int = 8,
+    env_kwargs: dict | None = None,
+    device: str = "cpu",
+    config: dict | None = None,
+    threads: int = 1,
+    graphs: int = 1,
+    parts=None,
+    **kw,
+) -> NoiseSteeringVectorEnv:
     """``gym.make_vec("rollcap/NoiseSteerPushBlock-v0", num_envs)``: the shipped policy steered through its noise at batch
     ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
     checkpoints, e.g. a MetaWorld task with the MT10 policy, instead of ``env_kwargs`` / ``device`` / ``threads``)."""
-    return NoiseSteeringVectorEnv(*_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw)
+    return NoiseSteeringVectorEnv(
+        *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw
+    )

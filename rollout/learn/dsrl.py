@@ -73,7 +73,11 @@ class SteeringConfig:
     def __post_init__(self):
         if not (isinstance(self.noise_bound, (int, float)) and 0 < self.noise_bound <= NOISE_BOUND):
             raise ConfigError("noise_bound", f"expected a number in (0, {NOISE_BOUND}], got {self.noise_bound!r}")
-        if not (isinstance(self.success_bonus, (int, float)) and math.isfinite(self.success_bonus) and self.success_bonus >= 0):
+        if not (
+            isinstance(self.success_bonus, (int, float))
+            and math.isfinite(self.success_bonus)
+            and self.success_bonus >= 0
+        ):
             raise ConfigError("success_bonus", f"expected a finite number >= 0, got {self.success_bonus!r}")
         for name in ("env_reward_scale", "chunk_penalty"):
             v = getattr(self, name)
@@ -149,8 +153,12 @@ class SteeringObs(gym.ObservationWrapper):
         self.keys = ("state", "value") if "value" in space.spaces else ("state",)
         self.task_code = task_code_for(DEFAULT_ENV) if task_code == "default" else task_code
         width = 0 if self.task_code is None else self.task_code.width
-        low = np.concatenate([space["state"].low, np.zeros(width, np.float32)] + ([space["value"].low] if "value" in self.keys else []))
-        high = np.concatenate([space["state"].high, np.ones(width, np.float32)] + ([space["value"].high] if "value" in self.keys else []))
+        low = np.concatenate(
+            [space["state"].low, np.zeros(width, np.float32)] + ([space["value"].low] if "value" in self.keys else [])
+        )
+        high = np.concatenate(
+            [space["state"].high, np.ones(width, np.float32)] + ([space["value"].high] if "value" in self.keys else [])
+        )
         self.observation_space = spaces.Box(low.astype(np.float32), high.astype(np.float32), dtype=np.float32)
 
     def observation(self, obs):
@@ -188,7 +196,13 @@ class SuccessBonus(gym.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        return obs, self.scale * reward + (self.bonus if info.get("is_success", False) else 0.0) - self.penalty, terminated, truncated, info
+        return (
+            obs,
+            self.scale * reward + (self.bonus if info.get("is_success", False) else 0.0) - self.penalty,
+            terminated,
+            truncated,
+            info,
+        )
 
 
 def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu", parts=None) -> gym.Env:
@@ -202,15 +216,21 @@ def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu", pa
 
     cfg = cfg or SteeringConfig()
     if parts is None:
-        core = make_noise_steering_env(device=device, config={"execute_steps": cfg.execute_steps}, value_in_obs=cfg.value_in_obs)
+        core = make_noise_steering_env(
+            device=device, config={"execute_steps": cfg.execute_steps}, value_in_obs=cfg.value_in_obs
+        )
         code = task_code_for(DEFAULT_ENV)
     else:
         parts = parts if isinstance(parts, Parts) else Parts(**parts)
         env = make_env(parts.env_id, parts.env_kwargs)
         policy, critic = make_runners(parts, env)
-        core = NoiseSteeringEnv(env, policy, critic, HostConfig(execute_steps=cfg.execute_steps), value_in_obs=cfg.value_in_obs)
+        core = NoiseSteeringEnv(
+            env, policy, critic, HostConfig(execute_steps=cfg.execute_steps), value_in_obs=cfg.value_in_obs
+        )
         code = task_code_for(parts.env_id)
-    return SuccessBonus(NoiseBound(SteeringObs(core, code), cfg.noise_bound), cfg.success_bonus, cfg.env_reward_scale, cfg.chunk_penalty)
+    return SuccessBonus(
+        NoiseBound(SteeringObs(core, code), cfg.noise_bound), cfg.success_bonus, cfg.env_reward_scale, cfg.chunk_penalty
+    )
 
 
 # ------------------------------------------------------------------ training
@@ -269,7 +289,16 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
             dimension; DSRL's robomimic runs use 0).
     """
     ent_coef, target_entropy = sac_entropy(ent_coef, target_entropy)
-    model = SAC("MlpPolicy", env, learning_starts=learning_starts, ent_coef=ent_coef, target_entropy=target_entropy, seed=seed, verbose=verbose, device="cpu")
+    model = SAC(
+        "MlpPolicy",
+        env,
+        learning_starts=learning_starts,
+        ent_coef=ent_coef,
+        target_entropy=target_entropy,
+        seed=seed,
+        verbose=verbose,
+        device="cpu",
+    )
     t0 = time.perf_counter()
     model.learn(timesteps, callback=WallClockBudget(max_seconds), log_interval=log_interval)
     seconds = time.perf_counter() - t0
@@ -308,7 +337,9 @@ class SteeringProbe:
                 "saturated_fraction": float(np.mean(self.saturated))}  # fmt: skip
 
 
-def steered_successes(env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int) -> list[bool]:
+def steered_successes(
+    env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int
+) -> list[bool]:
     """Success of episodes ``0 .. episodes-1`` of run ``run_seed`` with the noise ``act(obs)`` chooses each chunk."""
     out = []
     obs, info = env.reset(seed=run_seed)
@@ -360,7 +391,10 @@ class Comparison:
         n = len(self.frozen)
         rows = [("steered (SAC, deterministic)", self.steered), ("unsteered (frozen policy)", self.frozen)]
         rows += [("zero noise (reference)", self.zero_noise)] if self.zero_noise else []
-        out = [f"{name} success: {sum(v)}/{n} = {sum(v) / n:.1%} (95% Wilson CI {wilson(sum(v), n)[1]:.1%}-{wilson(sum(v), n)[2]:.1%})" for name, v in rows]
+        out = [
+            f"{name} success: {sum(v)}/{n} = {sum(v) / n:.1%} (95% Wilson CI {wilson(sum(v), n)[1]:.1%}-{wilson(sum(v), n)[2]:.1%})"
+            for name, v in rows
+        ]
         d, lo, hi = paired_difference(self.fixed, self.broken, n)
         out.append(f"paired: {self.fixed} fixed, {self.broken} broken by steering: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), "
                    f"exact McNemar p = {mcnemar_p(self.fixed, self.broken):.3g}; held-out episode seeds episode_seed({self.run_seed}, i), i < {n}")  # fmt: skip
@@ -377,7 +411,9 @@ class Comparison:
         }  # fmt: skip
 
 
-def compare(env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int, zero_noise: bool = True) -> Comparison:
+def compare(
+    env: gym.Env, act: Callable[[np.ndarray], np.ndarray], run_seed: int, episodes: int, zero_noise: bool = True
+) -> Comparison:
     """The agent's ``act`` against the frozen policy (and, with ``zero_noise``, all-zero noise) on episodes ``0 .. episodes-1`` of ``run_seed``."""
     zeros = np.zeros(env.action_space.shape, np.float32)
     steered = steered_successes(env, act, run_seed, episodes)

@@ -48,7 +48,9 @@ class Task:
 
 TASKS = {
     "pushblock": Task("pushblock", "rollcap/PushBlock-v0", None, 8, 2),
-    "peg-insert-side": Task("peg-insert-side", "rollcap/MetaWorld-peg-insert-side-v3", {"render_images": False}, 4, 31337),
+    "peg-insert-side": Task(
+        "peg-insert-side", "rollcap/MetaWorld-peg-insert-side-v3", {"render_images": False}, 4, 31337
+    ),
 }
 TRAIN_SEED_BASE = 500_000
 """Training sub-env ``i`` of seed ``s`` uses run seed ``TRAIN_SEED_BASE + 100 * s + i``: never a held-out or
@@ -126,7 +128,12 @@ def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)  # the updates' budget, given back on return
     try:
-        venv = make_noise_steering_vector_env(cfg.num_envs, config={"execute_steps": task.execute_steps}, parts=task.parts(cfg.threads), autoreset_mode=AutoresetMode.SAME_STEP)
+        venv = make_noise_steering_vector_env(
+            cfg.num_envs,
+            config={"execute_steps": task.execute_steps},
+            parts=task.parts(cfg.threads),
+            autoreset_mode=AutoresetMode.SAME_STEP,
+        )
         try:
             return _train(cfg, task, venv, code, progress)
         finally:
@@ -157,7 +164,17 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAge
         timing["env"] += time.perf_counter() - t1
         done = term | trunc
         final = info.get("final_obs")
-        nxt = features({k: np.stack([final[i][k] if done[i] else obs[k][i] for i in range(n)]) for k in ("state", "instruction_tokens")}, code) if done.any() else features(obs, code)
+        nxt = (
+            features(
+                {
+                    k: np.stack([final[i][k] if done[i] else obs[k][i] for i in range(n)])
+                    for k in ("state", "instruction_tokens")
+                },
+                code,
+            )
+            if done.any()
+            else features(obs, code)
+        )
         for i in range(n):
             src = info["final_info"] if done[i] else info
             inf = {k: src[k][i] for k in ("policy_chunk", "is_success") if k in src and src[f"_{k}"][i]}
@@ -167,7 +184,9 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAge
             if pending[i] >= 0:
                 buf.complete(pending[i], chunk)
             ready = 1.0 if (done[i] or cfg.agent.algorithm == "sac") else 0.0
-            slot = buf.add(obs=feat[i], noise=noise[i], action=chunk, reward=r, done=float(done[i]), next_obs=nxt[i], ready=ready)
+            slot = buf.add(
+                obs=feat[i], noise=noise[i], action=chunk, reward=r, done=float(done[i]), next_obs=nxt[i], ready=ready
+            )
             pending[i] = -1 if done[i] else slot
             if done[i]:
                 outcomes.append(success)
@@ -317,7 +336,11 @@ def summary_lines(result: dict) -> list[str]:
         _, lo, hi = result[f"{name}_wilson"]
         out.append(f"{name.replace('_', ' ')}: {k}/{n} = {k / n:.1%} (95% Wilson {lo:.1%}-{hi:.1%})")
     d, lo, hi = result["difference_and_95ci"]
-    out.append(f"steered - frozen: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {result['fixed']} fixed / {result['broken']} broken, McNemar p = {result['mcnemar_p']:.3g}")
+    out.append(
+        f"steered - frozen: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {result['fixed']} fixed / {result['broken']} broken, McNemar p = {result['mcnemar_p']:.3g}"
+    )
     c = result["critic_vs_monte_carlo"]
-    out.append(f"critic vs Monte-Carlo return on the steered chunks: Q {c['q_mean']:.3f} vs G {c['return_mean']:.3f} (bias {c['bias']:+.3f}, corr {c['corr']})")
+    out.append(
+        f"critic vs Monte-Carlo return on the steered chunks: Q {c['q_mean']:.3f} vs G {c['return_mean']:.3f} (bias {c['bias']:+.3f}, corr {c['corr']})"
+    )
     return out

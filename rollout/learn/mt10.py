@@ -72,7 +72,9 @@ class MT10Config:
 
     def __post_init__(self):
         if not isinstance(self.steps, int) or self.steps < 40:
-            raise ValueError(f"--steps: expected an int >= 40 (the one-cycle warm-up is 5% of them), got {self.steps!r}")
+            raise ValueError(
+                f"--steps: expected an int >= 40 (the one-cycle warm-up is 5% of them), got {self.steps!r}"
+            )
         for name in ("demos_per_task", "batch", "threads"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -93,9 +95,13 @@ class MT10Demos:
     tokens: np.ndarray  # [N, T] int64
     chunks: np.ndarray  # [N, H, 4] float32
     per_task: dict  # task -> {"episodes", "successes", "steps"}
-    value: np.ndarray | None = None  # [N] float32: the critic's target, -(steps to success) / max_steps, -1 in a failed episode
+    value: np.ndarray | None = (
+        None  # [N] float32: the critic's target, -(steps to success) / max_steps, -1 in a failed episode
+    )
     episode_success: np.ndarray | None = None  # [E] bool
-    executed: np.ndarray | None = None  # [N, H, 4] float32: the noisy actions executed at steps t .. t+H-1 (past the end as chunks)
+    executed: np.ndarray | None = (
+        None  # [N, H, 4] float32: the noisy actions executed at steps t .. t+H-1 (past the end as chunks)
+    )
 
 
 def run_seeds(cfg: MT10Config) -> list[int]:
@@ -141,29 +147,48 @@ def collect(cfg: MT10Config, log=print) -> MT10Demos:
             chunks.append(padded[idx])
             executed.append(np.concatenate([np.asarray(done, np.float32), padded[n:]])[idx])
             tokens.append(np.repeat(toks[None], n, 0))
-            values.append(-(n - np.arange(n, dtype=np.float32)) / env.unwrapped.max_path_length if success else np.full(n, -1.0, np.float32))
+            values.append(
+                -(n - np.arange(n, dtype=np.float32)) / env.unwrapped.max_path_length
+                if success
+                else np.full(n, -1.0, np.float32)
+            )
             outcomes.append(success)
             wins += success
             steps += n
         env.close()
-        per_task[task] = {"episodes": cfg.demos_per_task, "successes": wins, "steps": steps, "seconds": round(time.perf_counter() - t0, 1)}
-        log(f"{task}: {wins}/{cfg.demos_per_task} expert episodes succeeded, {steps} steps ({time.perf_counter() - t0:.1f} s)")
+        per_task[task] = {
+            "episodes": cfg.demos_per_task,
+            "successes": wins,
+            "steps": steps,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+        log(
+            f"{task}: {wins}/{cfg.demos_per_task} expert episodes succeeded, {steps} steps ({time.perf_counter() - t0:.1f} s)"
+        )
     return MT10Demos(np.concatenate(states), np.concatenate(tokens), np.concatenate(chunks), per_task,
                      np.concatenate(values).astype(np.float32), np.array(outcomes, bool), np.concatenate(executed))  # fmt: skip
 
 
-def recap_demos(tasks: list[str], demos: int, seed: int, policy_cfg: FlowVLAConfig | None = None) -> tuple[Demos, set[int], str]:
+def recap_demos(
+    tasks: list[str], demos: int, seed: int, policy_cfg: FlowVLAConfig | None = None
+) -> tuple[Demos, set[int], str]:
     """``demos`` DART demonstrations split evenly over ``tasks`` (at least one each) as RECAP mixes them in
     (:func:`rollcap.rollout.learn.recap.collect.demonstrations`): a state-only :class:`~rollcap.rollout.learn.training.Demos`
     (``images`` ``[N, 0]``, every sample advantage-positive), their episode seeds, and the rule that regenerates them.
     With ``seed`` 0 and 150 a task they are what the shipped MT10 policy was trained on."""
     per = max(1, -(-demos // len(tasks)))
-    cfg = MT10Config(seed=seed, demos_per_task=per, tasks=tuple(t for t in MT10 if t in tasks), policy=policy_cfg or POLICY)
+    cfg = MT10Config(
+        seed=seed, demos_per_task=per, tasks=tuple(t for t in MT10 if t in tasks), policy=policy_cfg or POLICY
+    )
     d = collect(cfg, log=lambda line: None)
     seeds = {episode_seed(r, i) for r in run_seeds(cfg) for i in range(per)}
     adv = np.full(len(d.state), ADV_POSITIVE, np.int64)
     rule = f"learn.mt10.collect(MT10Config(seed={seed}, demos_per_task={per}, tasks={list(cfg.tasks)}))"
-    return Demos(np.zeros((len(d.state), 0), np.uint8), d.state, d.tokens, d.chunks, d.value, adv, d.episode_success), seeds, rule
+    return (
+        Demos(np.zeros((len(d.state), 0), np.uint8), d.state, d.tokens, d.chunks, d.value, adv, d.episode_success),
+        seeds,
+        rule,
+    )
 
 
 def train(d: MT10Demos, cfg: MT10Config, log=print) -> tuple[FlowVLA, list[float]]:
@@ -189,7 +214,9 @@ def train_mt10(cfg: MT10Config, out: Path, log=print) -> dict:
     t0 = time.perf_counter()
     d = collect(cfg, log)
     t_collect = time.perf_counter() - t0
-    log(f"collected {sum(v['episodes'] for v in d.per_task.values())} episodes, {len(d.state)} steps ({t_collect:.0f} s)")
+    log(
+        f"collected {sum(v['episodes'] for v in d.per_task.values())} episodes, {len(d.state)} steps ({t_collect:.0f} s)"
+    )
     policy, losses = train(d, cfg, log)
     t_total = time.perf_counter() - t0
     path = save_policy(policy, Path(out).with_suffix(""))
@@ -225,7 +252,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--tasks", nargs="+", default=list(d.tasks))
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "policies" / "weights" / "mt10_policy")
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[2] / "policies" / "weights" / "mt10_policy"
+    )
     a = ap.parse_args(argv)
     try:
         cfg = MT10Config(seed=a.seed, demos_per_task=a.demos_per_task, noise=tuple(a.noise), steps=a.steps, batch=a.batch, lr=a.lr,

@@ -41,10 +41,27 @@ from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
 from rollcap.rollout.learn.mt10 import HELD_OUT_SEED, POLICY
 from rollcap.rollout.learn.recap.collect import Steps, StepsBuilder, read_runs
 from rollcap.rollout.offline.early_stop import Boundaries, early_stop_rows
-from rollcap.rollout.learn.recap.value import HOLDOUT_EVERY, critic_quality, fit, holdout_mask, image_inputs, predict, value_targets
+from rollcap.rollout.learn.recap.value import (
+    HOLDOUT_EVERY,
+    critic_quality,
+    fit,
+    holdout_mask,
+    image_inputs,
+    predict,
+    value_targets,
+)
 
 
-CRITIC = ValueCriticConfig(image_keys=(), state_dim=STATE_DIM, state_group=3, max_tokens=POLICY.max_tokens, width=64, depth=2, heads=4, n_bins=41)
+CRITIC = ValueCriticConfig(
+    image_keys=(),
+    state_dim=STATE_DIM,
+    state_group=3,
+    max_tokens=POLICY.max_tokens,
+    width=64,
+    depth=2,
+    heads=4,
+    n_bins=41,
+)
 """The MT10 critic: the MT10 policy's observation layout (39 numbers as 13 tokens of 3, 48 instruction tokens)."""
 
 THRESHOLDS = (-0.8, -0.9, -0.95, -0.97, -0.99)
@@ -89,7 +106,9 @@ class CriticTrainConfig:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: expected an int >= 1, got {v!r}")
         if self.steps < 40:
-            raise ValueError(f"--steps: expected an int >= 40 (the one-cycle warm-up is 5% of them), got {self.steps!r}")
+            raise ValueError(
+                f"--steps: expected an int >= 40 (the one-cycle warm-up is 5% of them), got {self.steps!r}"
+            )
         if not self.tasks or any(t not in MT10 for t in self.tasks):
             raise ValueError(f"--tasks: expected MT10 tasks ({', '.join(MT10)}), got {list(self.tasks)}")
         if not self.lr > 0:
@@ -106,7 +125,13 @@ def rollouts(cfg: CriticTrainConfig, policy: Path = MT10_POLICY, log=print) -> S
     acc = StepsBuilder(POLICY.horizon, None, CRITIC.max_tokens, CRITIC.obs_spec)
     for task in cfg.tasks:
         t0 = time.perf_counter()
-        parts = Parts(env_id=ID_PREFIX + task, env_kwargs={"render_images": False}, policy=policy, critic="none", threads=cfg.threads)
+        parts = Parts(
+            env_id=ID_PREFIX + task,
+            env_kwargs={"render_images": False},
+            policy=policy,
+            critic="none",
+            threads=cfg.threads,
+        )
         env = make_env(parts.env_id, parts.env_kwargs)
         runner, _ = make_runners(parts, env)
         host = RolloutHost(env, runner, None, HostConfig(seed=cfg.run_seed))
@@ -129,7 +154,9 @@ def check_complete(steps: Steps) -> Steps:
     """Refuse an episode that did not run to its natural end (its outcome, the target, is unknown)."""
     cut = [r for r in steps.episodes if r["censored"]]
     if cut:
-        raise ValueError(f"{cut[0]['source']}: episode {cut[0]['index']} stopped early ({cut[0]['stop_reason']}); the critic learns from episodes run to their end")
+        raise ValueError(
+            f"{cut[0]['source']}: episode {cut[0]['index']} stopped early ({cut[0]['stop_reason']}); the critic learns from episodes run to their end"
+        )
     return steps
 
 
@@ -158,7 +185,9 @@ def train_critic(steps: Steps, cfg: CriticTrainConfig, log=print) -> tuple[Value
     critic.encoder.state_std.copy_(state.std(0).clamp_min(1e-3))
     data = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in (("images", steps.images[train]), ("state", steps.state[train]),
                                                                        ("tokens", steps.tokens[train]), ("value", targets[train]))}  # fmt: skip
-    log(f"critic: {cfg.steps} steps of batch {cfg.batch} on {int(train.sum())} steps of {int((~holdout_mask_rows(steps)).sum())} episodes")
+    log(
+        f"critic: {cfg.steps} steps of batch {cfg.batch} on {int(train.sum())} steps of {int((~holdout_mask_rows(steps)).sum())} episodes"
+    )
 
     def loss(parts, gen):
         i = torch.from_numpy(parts[0])
@@ -173,7 +202,9 @@ def holdout_mask_rows(steps: Steps) -> np.ndarray:
     return np.arange(len(steps.episodes)) % HOLDOUT_EVERY == 0
 
 
-def train_mt10_critic(cfg: CriticTrainConfig, runs: list[Path] | None = None, out: Path = MT10_CRITIC, log=print) -> dict:
+def train_mt10_critic(
+    cfg: CriticTrainConfig, runs: list[Path] | None = None, out: Path = MT10_CRITIC, log=print
+) -> dict:
     """Run (or, with ``runs``, read recorded) rollouts, train, write ``out.{json,safetensors}`` and
     ``mt10_critic_report.json``; returns the report."""
     torch.set_num_threads(cfg.threads)
@@ -213,7 +244,9 @@ def train_mt10_critic(cfg: CriticTrainConfig, runs: list[Path] | None = None, ou
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.learn.mt10_critic", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python3 -m rollcap.rollout.learn.mt10_critic", description=__doc__.split("\n")[0]
+    )
     d = CriticTrainConfig()
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--run-seed", type=int, default=d.run_seed)
@@ -223,12 +256,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--threads", type=int, default=d.threads)
     ap.add_argument("--tasks", nargs="+", default=list(d.tasks))
-    ap.add_argument("--runs", type=Path, nargs="+", default=None, help="read these recorded runs of the MT10 policy instead of running the rollouts "
-                    "(rollcap run --env rollcap/MetaWorld-<task> --env-kwargs '{\"render_images\": false}' --policy policies/weights/mt10_policy.json --critic none --seed 4141 --episodes 200)")
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="read these recorded runs of the MT10 policy instead of running the rollouts "
+        "(rollcap run --env rollcap/MetaWorld-<task> --env-kwargs '{\"render_images\": false}' --policy policies/weights/mt10_policy.json --critic none --seed 4141 --episodes 200)",
+    )
     ap.add_argument("--out", type=Path, default=MT10_CRITIC)
     a = ap.parse_args(argv)
     try:
-        cfg = CriticTrainConfig(seed=a.seed, run_seed=a.run_seed, episodes=a.episodes, steps=a.steps, batch=a.batch, lr=a.lr, threads=a.threads, tasks=tuple(a.tasks))
+        cfg = CriticTrainConfig(
+            seed=a.seed,
+            run_seed=a.run_seed,
+            episodes=a.episodes,
+            steps=a.steps,
+            batch=a.batch,
+            lr=a.lr,
+            threads=a.threads,
+            tasks=tuple(a.tasks),
+        )
     except ValueError as err:
         ap.error(str(err))
     report = train_mt10_critic(cfg, a.runs, a.out, log=lambda m: print(m, flush=True))

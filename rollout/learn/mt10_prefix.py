@@ -64,9 +64,13 @@ class MT10PrefixConfig:
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')}: expected an int >= 1, got {getattr(self, name)!r}")
         if not isinstance(self.steps, int) or self.steps < 40:
-            raise ValueError(f"--steps: expected an int >= 40 (the one-cycle warm-up is 5% of them), got {self.steps!r}")
+            raise ValueError(
+                f"--steps: expected an int >= 40 (the one-cycle warm-up is 5% of them), got {self.steps!r}"
+            )
         if not isinstance(self.max_delay, int) or not 1 <= self.max_delay <= 7:
-            raise ValueError(f"--max-delay: expected an int in 1..7 (the chunk holds 8 actions), got {self.max_delay!r}")
+            raise ValueError(
+                f"--max-delay: expected an int in 1..7 (the chunk holds 8 actions), got {self.max_delay!r}"
+            )
         if not self.lr > 0:
             raise ValueError(f"--lr: expected > 0, got {self.lr}")
 
@@ -111,12 +115,16 @@ def train_mt10_prefix(cfg: MT10PrefixConfig, out: Path = PREFIX, base_path: Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.learn.mt10_prefix", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python3 -m rollcap.rollout.learn.mt10_prefix", description=__doc__.split("\n")[0]
+    )
     d = MT10PrefixConfig()
     for name in ("seed", "demos_per_task", "steps", "batch", "max_delay", "threads"):
         ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
     ap.add_argument("--lr", type=float, default=d.lr)
-    ap.add_argument("--base", type=Path, default=BASE, help="the checkpoint to fine-tune (default: the shipped MT10 policy)")
+    ap.add_argument(
+        "--base", type=Path, default=BASE, help="the checkpoint to fine-tune (default: the shipped MT10 policy)"
+    )
     ap.add_argument("--out", type=Path, default=PREFIX)
     a = vars(ap.parse_args(argv))
     out, base = a.pop("out"), a.pop("base")

@@ -64,11 +64,21 @@ class AgentConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
-        for name, lo, hi in (("lr", 0, 1), ("gamma", 0, 1), ("tau", 0, 1), ("init_alpha", 0, math.inf), ("magnitude", 0, 4.0)):
+        for name, lo, hi in (
+            ("lr", 0, 1),
+            ("gamma", 0, 1),
+            ("tau", 0, 1),
+            ("init_alpha", 0, math.inf),
+            ("magnitude", 0, 4.0),
+        ):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and lo < v <= hi):
                 raise ValueError(f"{name}: expected a number in ({lo}, {hi}], got {v!r}")
-        if not (isinstance(self.noise_penalty, (int, float)) and not isinstance(self.noise_penalty, bool) and 0 <= self.noise_penalty < math.inf):
+        if not (
+            isinstance(self.noise_penalty, (int, float))
+            and not isinstance(self.noise_penalty, bool)
+            and 0 <= self.noise_penalty < math.inf
+        ):
             raise ValueError(f"noise_penalty: expected a finite number >= 0, got {self.noise_penalty!r}")
         if not (isinstance(self.target_entropy, (int, float)) and math.isfinite(self.target_entropy)):
             raise ValueError(f"target_entropy: expected a finite number, got {self.target_entropy!r}")
@@ -110,7 +120,9 @@ class NoiseActor(nn.Module):
         self.magnitude = float(magnitude)
         self.generator = torch.Generator().manual_seed(0)
         """Draws the exploration noise (:class:`NoiseAgent` seeds it from its own seed)."""
-        with torch.no_grad():  # start at the box's centre with unit spread: zero noise on average, the policy's own width
+        with (
+            torch.no_grad()
+        ):  # start at the box's centre with unit spread: zero noise on average, the policy's own width
             self.net[-1].weight.mul_(0.01)
             self.net[-1].bias.zero_()
 
@@ -246,8 +258,16 @@ class Replay:
 
     def __init__(self, capacity: int, obs_dim: int, noise_dim: int, action_dim: int):
         self.capacity, self.size, self.head = int(capacity), 0, 0
-        dims = {"obs": obs_dim, "next_obs": obs_dim, "noise": noise_dim, "action": action_dim, "next_action": action_dim}
-        self.data = {k: np.zeros((self.capacity, dims[k]) if k in dims else (self.capacity,), np.float32) for k in self.FIELDS}
+        dims = {
+            "obs": obs_dim,
+            "next_obs": obs_dim,
+            "noise": noise_dim,
+            "action": action_dim,
+            "next_action": action_dim,
+        }
+        self.data = {
+            k: np.zeros((self.capacity, dims[k]) if k in dims else (self.capacity,), np.float32) for k in self.FIELDS
+        }
 
     def add(self, **row) -> int:
         """Store one transition (``next_action`` and ``ready`` start empty unless given); returns its slot."""

@@ -79,7 +79,17 @@ class PrefixTrainConfig:
             raise ValueError(f"--labels: expected expert or stale, got {self.labels!r}")
 
 
-def prefix_loss(model: FlowVLA, images, state, tokens, adv, actions, max_delay: int, generator: torch.Generator | None = None, delays=None) -> torch.Tensor:
+def prefix_loss(
+    model: FlowVLA,
+    images,
+    state,
+    tokens,
+    adv,
+    actions,
+    max_delay: int,
+    generator: torch.Generator | None = None,
+    delays=None,
+) -> torch.Tensor:
     """Flow-matching loss with a clean ground-truth prefix of random length per example, masked on the prefix.
 
     ``delays`` ``[B]``: the prefix lengths (default: drawn uniformly from ``0 .. max_delay``).
@@ -125,13 +135,25 @@ def prefix_model(base: FlowVLA) -> FlowVLA:
     return model
 
 
-def finetune_prefix(cfg: PrefixTrainConfig, out: Path = PREFIX_CHECKPOINT, base_path: Path = DEFAULT_CHECKPOINT, log=print) -> dict:
+def finetune_prefix(
+    cfg: PrefixTrainConfig, out: Path = PREFIX_CHECKPOINT, base_path: Path = DEFAULT_CHECKPOINT, log=print
+) -> dict:
     """Regenerate the demos, fine-tune ``base_path`` with :func:`prefix_loss`, write ``out`` and its report."""
     torch.set_num_threads(cfg.threads)
     base = load_policy(base_path)
     if cfg.max_delay > base.cfg.horizon - 1:
-        raise ValueError(f"--max-delay: expected <= {base.cfg.horizon - 1} (the chunk has {base.cfg.horizon} actions), got {cfg.max_delay}")
-    tc = TrainConfig(seed=cfg.seed, demos=cfg.demos, policy_steps=cfg.steps, batch=cfg.batch, lr=cfg.lr, threads=cfg.threads, policy=dataclasses.replace(base.cfg))
+        raise ValueError(
+            f"--max-delay: expected <= {base.cfg.horizon - 1} (the chunk has {base.cfg.horizon} actions), got {cfg.max_delay}"
+        )
+    tc = TrainConfig(
+        seed=cfg.seed,
+        demos=cfg.demos,
+        policy_steps=cfg.steps,
+        batch=cfg.batch,
+        lr=cfg.lr,
+        threads=cfg.threads,
+        policy=dataclasses.replace(base.cfg),
+    )
     t0 = time.perf_counter()
     if cfg.labels == "stale":
         d, delays = collect_prefix_demos(tc, cfg.max_delay, cfg.prefix_noise, cfg.seed + 22)
@@ -163,7 +185,9 @@ def finetune_prefix(cfg: PrefixTrainConfig, out: Path = PREFIX_CHECKPOINT, base_
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.learn.train_prefix", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python3 -m rollcap.rollout.learn.train_prefix", description=__doc__.split("\n")[0]
+    )
     for f in dataclasses.fields(PrefixTrainConfig):
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
     ap.add_argument("--out", type=Path, default=PREFIX_CHECKPOINT, help="checkpoint path to write (.json)")

@@ -233,9 +233,25 @@ def train_models(d: Demos, cfg: TrainConfig, log=print) -> tuple[FlowVLA, ValueC
     chunks, value, adv = torch.from_numpy(d.chunks), torch.from_numpy(d.value), torch.from_numpy(d.adv)
     n = len(d.value)
     log(f"critic: {cfg.critic_steps} steps on {n} samples")
-    _train(critic, lambda i, g: critic.loss([images[i]], state[i], tokens[i], value[i]), cfg.critic_steps, cfg, n, cfg.seed + 11, log)
+    _train(
+        critic,
+        lambda i, g: critic.loss([images[i]], state[i], tokens[i], value[i]),
+        cfg.critic_steps,
+        cfg,
+        n,
+        cfg.seed + 11,
+        log,
+    )
     log(f"policy: {cfg.policy_steps} steps on {n} samples")
-    _train(policy, lambda i, g: policy.loss([images[i]], state[i], tokens[i], adv[i], chunks[i], g), cfg.policy_steps, cfg, n, cfg.seed + 12, log)
+    _train(
+        policy,
+        lambda i, g: policy.loss([images[i]], state[i], tokens[i], adv[i], chunks[i], g),
+        cfg.policy_steps,
+        cfg,
+        n,
+        cfg.seed + 12,
+        log,
+    )
     return policy.eval(), critic.eval()
 
 
@@ -254,7 +270,9 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
 
     seeds = [episode_seed(cfg.seed + 2, i) for i in range(cfg.eval_episodes)]
     env = PushBlockEnv(image_size=cfg.policy.image_size)
-    host = RolloutHost(env, PolicyRunner(policy), CriticRunner(critic), HostConfig(seed=cfg.seed + 2))  # the policy's execute_steps
+    host = RolloutHost(
+        env, PolicyRunner(policy), CriticRunner(critic), HostConfig(seed=cfg.seed + 2)
+    )  # the policy's execute_steps
     records = [host.run_episode(i, s).record for i, s in enumerate(seeds)]
 
     def mid_value(rec) -> float:
@@ -306,7 +324,9 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
         "noisy_expert_success": float(np.mean(expert_ok)),
         "critic_auroc_mid_episode": auroc(mids[oks], mids[~oks]),
         "critic_auroc_policy_only": auroc(pol_mid[pol_ok], pol_mid[~pol_ok]),
-        "critic_auroc_noisy_expert_only": auroc(np.array(expert_mid)[np.array(expert_ok)], np.array(expert_mid)[~np.array(expert_ok)]),
+        "critic_auroc_noisy_expert_only": auroc(
+            np.array(expert_mid)[np.array(expert_ok)], np.array(expert_mid)[~np.array(expert_ok)]
+        ),
         "mixed_set": {"successes": int(oks.sum()), "failures": int((~oks).sum())},
     }
     log(json.dumps(out, indent=2))
@@ -333,7 +353,9 @@ def train_default(cfg: TrainConfig, policy_path: Path, critic_path: Path, log=pr
     torch.set_num_threads(cfg.threads)
     t0 = time.perf_counter()
     d = collect_demos(cfg)
-    log(f"collected {cfg.demos} demos, {len(d.value)} steps, {d.episode_success.mean():.0%} successful ({time.perf_counter() - t0:.0f} s)")
+    log(
+        f"collected {cfg.demos} demos, {len(d.value)} steps, {d.episode_success.mean():.0%} successful ({time.perf_counter() - t0:.0f} s)"
+    )
     policy, critic = train_models(d, cfg, log)
     t_train = time.perf_counter() - t0
     save_policy(policy, Path(policy_path).with_suffix(""))

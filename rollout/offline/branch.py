@@ -65,7 +65,10 @@ def check_branchable(rec: EpisodeRecord, env, parent: str = "") -> None:
     """
     where = f"{parent}: " if parent else ""
     if "rtc_carried" in rec.chunks:
-        raise ConfigError("chunk", f"{where}episode {rec.index} used real-time chunking; branching it is not supported yet (the chunk its policy carries is not restored at a boundary)")
+        raise ConfigError(
+            "chunk",
+            f"{where}episode {rec.index} used real-time chunking; branching it is not supported yet (the chunk its policy carries is not restored at a boundary)",
+        )
     if exact_state_of(env) is None or not rec.initial_state:
         raise ConfigError("env_id", f"{where}episode {rec.index} ({rec.env_id}) has no exact state to branch from")
 
@@ -88,7 +91,10 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
         return {}
     where = f"{parent}: " if parent else ""
     if wanted[0] < 0 or wanted[-1] >= rec.num_chunks:
-        raise ConfigError("chunk", f"{where}episode {rec.index} has chunks 0..{rec.num_chunks - 1}, got {wanted[-1] if wanted[-1] >= 0 else wanted[0]}")
+        raise ConfigError(
+            "chunk",
+            f"{where}episode {rec.index} has chunks 0..{rec.num_chunks - 1}, got {wanted[-1] if wanted[-1] >= 0 else wanted[0]}",
+        )
     check_branchable(rec, env, parent)
     layer = exact_state_of(env)
     starts = rec.chunks["chunk_start"]
@@ -101,14 +107,18 @@ def boundaries(rec: EpisodeRecord, env, chunks: Iterable[int], parent: str = "")
         target = int(starts[k])
         while t < target:
             if physics_row(layer.get_state()).tobytes() != rec.steps["states"][t].tobytes():
-                raise PrefixDiverged(f"episode {rec.index}: re-applying the recorded actions diverged at step {t} (physics state); the env differs from the recording's")
+                raise PrefixDiverged(
+                    f"episode {rec.index}: re-applying the recorded actions diverged at step {t} (physics state); the env differs from the recording's"
+                )
             env.step(rec.steps["actions"][t])
             t += 1
         prior = base.prior_values + values[:k]
         origin = {"parent": parent, "episode": rec.index, "chunk": k, "step": t, "prior_values": list(prior)}
         if base.chunk or base.step:
             origin["offset"] = [base.chunk, base.step]
-        out[k] = Resume(layer.get_state(), observation_at(rec, t), base.chunk + k, base.step + t, origin, prior_values=prior)
+        out[k] = Resume(
+            layer.get_state(), observation_at(rec, t), base.chunk + k, base.step + t, origin, prior_values=prior
+        )
     return out
 
 
@@ -120,9 +130,13 @@ def branch_resume(at: Resume, rec: EpisodeRecord, branch: int, seed: int | None 
     """
     k = int(at.origin["chunk"])  # in the parent's own count
     if branch == 0:
-        return rec.seed, dataclasses.replace(at, noise=rec.chunks["noise"][k:], origin={**at.origin, "branch": 0, "noise": "parent"})
+        return rec.seed, dataclasses.replace(
+            at, noise=rec.chunks["noise"][k:], origin={**at.origin, "branch": 0, "noise": "parent"}
+        )
     base = rec.seed if seed is None else int(seed)
-    return branch_seed(base, k, branch), dataclasses.replace(at, origin={**at.origin, "branch": branch, "noise": "seed"})
+    return branch_seed(base, k, branch), dataclasses.replace(
+        at, origin={**at.origin, "branch": branch, "noise": "seed"}
+    )
 
 
 # ------------------------------------------------------------ the check
@@ -143,7 +157,9 @@ def continuation(parent: EpisodeRecord, chunk: int, like: EpisodeRecord) -> Epis
         chunks[key] = like.chunks[key]
     from rollcap.rollout.config import HostConfig
 
-    same = HostConfig.from_json(parent.config) == HostConfig.from_json(like.config)  # fields added since the parent was recorded, at their defaults
+    same = HostConfig.from_json(parent.config) == HostConfig.from_json(
+        like.config
+    )  # fields added since the parent was recorded, at their defaults
     return dataclasses.replace(
         parent, index=like.index, seed=like.seed, origin=like.origin, initial_state=like.initial_state, config=like.config if same else parent.config,
         obs={k: v[t:] for k, v in parent.obs.items()} if t < parent.num_steps else {}, steps={k: v[t:] for k, v in parent.steps.items()}, chunks=chunks,
@@ -169,8 +185,12 @@ def max_steps_of(rec: EpisodeRecord, env=None, source: str = "") -> int:
     fp = rec.fingerprints.get("env", {})
     if "max_steps" in fp.get("dynamics", {}):
         return int(fp["dynamics"]["max_steps"])
-    limits = [int(n) for n in fp.get("time_limits") or () if n]  # gymnasium TimeLimit wrappers (an adapted env's fingerprint)
-    limits += [int(fp["step_limit"])] if fp.get("step_limit") else []  # an adapted env that truncates itself (MetaWorld)
+    limits = [
+        int(n) for n in fp.get("time_limits") or () if n
+    ]  # gymnasium TimeLimit wrappers (an adapted env's fingerprint)
+    limits += (
+        [int(fp["step_limit"])] if fp.get("step_limit") else []
+    )  # an adapted env that truncates itself (MetaWorld)
     if limits:
         return min(limits)
     limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
@@ -224,7 +244,15 @@ def mc_value(parent: EpisodeRecord, chunk: int, branches: list[EpisodeRecord], m
     targets = np.array([value_target(b, max_steps) for b in branches])
     returns = np.array([float(b.steps["rewards"].sum()) for b in branches])
     wins = sum(bool(b.success) for b in branches)
-    return MCValue(parent.index, chunk, len(branches), float(parent.chunks["critic_value"][chunk]), _mean_ci(targets), wilson(wins, len(branches)), _mean_ci(returns))
+    return MCValue(
+        parent.index,
+        chunk,
+        len(branches),
+        float(parent.chunks["critic_value"][chunk]),
+        _mean_ci(targets),
+        wilson(wins, len(branches)),
+        _mean_ci(returns),
+    )
 
 
 # ------------------------------------------------------------ running
@@ -250,13 +278,37 @@ class BranchResult:
         """JSON-able: the value, the check and one row per branch."""
         rows = [{"index": r.index, "seed": r.seed, "branch": r.origin["branch"], "noise": r.origin["noise"], "steps": r.num_steps,
                  "success": bool(r.success), "stop_reason": r.stop_reason, "return": float(r.steps["rewards"].sum())} for r in self.records]  # fmt: skip
-        control = "not run" if self.control is None else ("exact" if self.control_diff is None else f"DIVERGED: {self.control_diff}")
+        control = (
+            "not run"
+            if self.control is None
+            else ("exact" if self.control_diff is None else f"DIVERGED: {self.control_diff}")
+        )
         if self.control is not None and self.fingerprint_diff:
-            control = f"not comparable (fingerprint differs: {', '.join(self.fingerprint_diff[:4])})" + ("" if self.control_diff else "; matched anyway")
-        return {"mc": self.mc.to_json(), "control": control, "branches": rows, "restore_s": self.restore_s, "wall_s": self.wall_s}
+            control = f"not comparable (fingerprint differs: {', '.join(self.fingerprint_diff[:4])})" + (
+                "" if self.control_diff else "; matched anyway"
+            )
+        return {
+            "mc": self.mc.to_json(),
+            "control": control,
+            "branches": rows,
+            "restore_s": self.restore_s,
+            "wall_s": self.wall_s,
+        }
 
 
-def run_branches(host, rec: EpisodeRecord, chunk: int, n: int, *, control: bool = True, parent: str = "", at: Resume | None = None, pool=None, recorder=None, seed: int | None = None) -> BranchResult:
+def run_branches(
+    host,
+    rec: EpisodeRecord,
+    chunk: int,
+    n: int,
+    *,
+    control: bool = True,
+    parent: str = "",
+    at: Resume | None = None,
+    pool=None,
+    recorder=None,
+    seed: int | None = None,
+) -> BranchResult:
     """Run the control (optional) and ``n`` seeded branches of ``rec`` from ``chunk`` on ``host`` (or on a Ray ``pool``).
 
     Args:
@@ -270,7 +322,9 @@ def run_branches(host, rec: EpisodeRecord, chunk: int, n: int, *, control: bool 
         seed: derive the branch seeds from this instead of the parent's seed.
     """
     if n < 0 or (n == 0 and not control):
-        raise ConfigError("n", f"expected at least one branch, got `n={n}`{' without the control' if not control else ''}")
+        raise ConfigError(
+            "n", f"expected at least one branch, got `n={n}`{' without the control' if not control else ''}"
+        )
     max_steps = max_steps_of(rec, host.env, parent)  # before anything runs
     t0 = time.perf_counter()
     if at is None:
@@ -283,7 +337,12 @@ def run_branches(host, rec: EpisodeRecord, chunk: int, n: int, *, control: bool 
     if pool is None:
         records = [host.run_episode(b, seed, resume).record for seed, resume, b in todo]
     else:
-        got = {item[2]: r for item, r in pool.map(lambda h, item: h.branch.remote(item[2], item[0], host.config, item[1]), todo, key=lambda item: item[2])}
+        got = {
+            item[2]: r
+            for item, r in pool.map(
+                lambda h, item: h.branch.remote(item[2], item[0], host.config, item[1]), todo, key=lambda item: item[2]
+            )
+        }
         if pool.failed:
             raise RuntimeError(f"branches failed on the actors: {pool.failed}")
         records = [got[b] for _, _, b in todo]

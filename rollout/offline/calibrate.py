@@ -33,9 +33,14 @@ def load_for_calibration(path, episode: int | None = None) -> list[tuple[str, ob
         ConfigError: nothing to calibrate on (no such episode, or every one damaged; naming ``episode``
             when one was asked for), or episodes of more than one env.
     """
-    items = [(s, r) for s, r in episodes_of(path) if not isinstance(r, Exception) and (episode is None or r.index == episode)]
+    items = [
+        (s, r) for s, r in episodes_of(path) if not isinstance(r, Exception) and (episode is None or r.index == episode)
+    ]
     if not items:
-        raise ConfigError("episode" if episode is not None else "path", f"{path}: no readable episode{'' if episode is None else f' {episode}'} to calibrate on")
+        raise ConfigError(
+            "episode" if episode is not None else "path",
+            f"{path}: no readable episode{'' if episode is None else f' {episode}'} to calibrate on",
+        )
     env = (items[0][1].env_id, canonical_json(items[0][1].env_kwargs))
     for source, rec in items[1:]:
         if (rec.env_id, canonical_json(rec.env_kwargs)) != env:
@@ -95,7 +100,9 @@ def calibration_stats(critic: np.ndarray, mc: np.ndarray) -> dict:
     }
 
 
-def calibrate(parents, host_for: Callable, n: int, every: int, out, *, pool=None, seed: int | None = None, log=lambda line: None) -> dict:
+def calibrate(
+    parents, host_for: Callable, n: int, every: int, out, *, pool=None, seed: int | None = None, log=lambda line: None
+) -> dict:
     """Monte-Carlo values at every ``every``-th boundary of ``parents``; writes ``out/calibration.json`` and ``.png``.
 
     Args:
@@ -153,14 +160,26 @@ def plot_reliability(report: dict, png_path, bins: int = 10) -> Path:
     ax = fig.subplots()
     ax.plot([-1, 0], [-1, 0], color="0.6", ls="--", lw=1, label="calibrated")
     lo, hi = np.clip(mc[:, 1], -1.5, 0.5), np.clip(mc[:, 2], -1.5, 0.5)
-    ax.errorbar(critic, mc[:, 0], yerr=[mc[:, 0] - lo, hi - mc[:, 0]], fmt="o", ms=3, alpha=0.5, lw=0.8, label="boundary (95% CI)")
+    ax.errorbar(
+        critic,
+        mc[:, 0],
+        yerr=[mc[:, 0] - lo, hi - mc[:, 0]],
+        fmt="o",
+        ms=3,
+        alpha=0.5,
+        lw=0.8,
+        label="boundary (95% CI)",
+    )
     edges = np.linspace(-1, 0, bins + 1)
     which = np.clip(np.digitize(critic, edges) - 1, 0, bins - 1)
     centers = [(critic[which == b].mean(), mc[which == b, 0].mean()) for b in range(bins) if (which == b).any()]
     if centers:
         ax.plot(*zip(*centers), "s-", color="tab:red", label="binned mean")
     s = report["stats"]
-    ax.set_title(f"critic vs Monte-Carlo value: r={s['pearson']:.2f}, MAE={s['mae']:.3f}, {s['boundaries']} boundaries, n={report['n']}", fontsize=9)
+    ax.set_title(
+        f"critic vs Monte-Carlo value: r={s['pearson']:.2f}, MAE={s['mae']:.3f}, {s['boundaries']} boundaries, n={report['n']}",
+        fontsize=9,
+    )
     ax.set_xlabel("critic value at the boundary")
     ax.set_ylabel("Monte-Carlo value (mean critic target of the branches)")
     ax.set_xlim(-1.05, 0.05)

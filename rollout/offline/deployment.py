@@ -29,7 +29,6 @@ AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
 """The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
 
 
-
 @functools.lru_cache(maxsize=1)
 def shipped_checkpoints() -> dict[str, Path]:
     """Weights digest -> the shipped checkpoint (policies and critics) that has it."""
@@ -67,15 +66,22 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
     digest = fp.get("weights_digest")
     config = fp.get("config") if isinstance(fp.get("config"), dict) else {}
     if config.get("variant") == "fused" and isinstance(config.get("fused_from"), str):
-        digest = config["fused_from"]  # a fused sampler's weights are re-parameterised: the checkpoint it was fused from
+        digest = config[
+            "fused_from"
+        ]  # a fused sampler's weights are re-parameterised: the checkpoint it was fused from
     if isinstance(digest, str) and digest in shipped_checkpoints():
         return shipped_checkpoints()[digest], None
     if not kind and not isinstance(digest, str):  # not a model rollcap builds (a Python policy of your own): as before
         return None, None
     if kind.startswith("lerobot."):
-        return None, f"a LeRobot policy ({kind}, weights {_short(str(digest))}): pass --{component} lerobot:DIR, its save_pretrained directory"
+        return (
+            None,
+            f"a LeRobot policy ({kind}, weights {_short(str(digest))}): pass --{component} lerobot:DIR, its save_pretrained directory",
+        )
     what = f"a {kind or 'model'} whose weights ({_short(str(digest))}) no shipped checkpoint has"
-    return None, f"{what}: pass --{component} PATH, the checkpoint it was recorded with" + (" (or --critic none)" if component == "critic" else "")
+    return None, f"{what}: pass --{component} PATH, the checkpoint it was recorded with" + (
+        " (or --critic none)" if component == "critic" else ""
+    )
 
 
 def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple[dict, list[str]]:
@@ -119,7 +125,9 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
         out["precision"] = precision
     if given.get("sampler") is None:
         config = pol.get("config") if isinstance(pol.get("config"), dict) else {}
-        named = given.get("policy") is not None and named_policy(given["policy"]) is not None  # --policy lerobot:DIR / expert: no fused variant
+        named = (
+            given.get("policy") is not None and named_policy(given["policy"]) is not None
+        )  # --policy lerobot:DIR / expert: no fused variant
         fused = config.get("variant") == "fused" and not named
         if fused:
             said.append(f"{source}: recorded with the fused sampler: replaying with it")

@@ -72,7 +72,9 @@ class EarlyStopRow:
         return asdict(self)
 
 
-def early_stop_rows(episodes: Iterable[Boundaries], thresholds: Iterable[float], patience: int = 2) -> list[EarlyStopRow]:
+def early_stop_rows(
+    episodes: Iterable[Boundaries], thresholds: Iterable[float], patience: int = 2
+) -> list[EarlyStopRow]:
     """One :class:`EarlyStopRow` per threshold over ``episodes``."""
     eps = list(episodes)
     rows = []
@@ -86,7 +88,19 @@ def early_stop_rows(episodes: Iterable[Boundaries], thresholds: Iterable[float],
             lost += bool(e.success)
             saved += int(e.steps - e.chunk_start[k])
         wins = sum(bool(e.success) for e in eps)
-        rows.append(EarlyStopRow(float(thr), int(patience), len(eps), stopped, lost, wins, wins - lost, sum(int(e.steps) for e in eps), saved))
+        rows.append(
+            EarlyStopRow(
+                float(thr),
+                int(patience),
+                len(eps),
+                stopped,
+                lost,
+                wins,
+                wins - lost,
+                sum(int(e.steps) for e in eps),
+                saved,
+            )
+        )
     return rows
 
 
@@ -100,17 +114,27 @@ def boundaries_of(rec, source: str = "") -> Boundaries:
     where = f"{source}: " if source else ""
     values = np.asarray(rec.chunks["critic_value"], np.float64)
     if len(values) == 0 or not np.isfinite(values).all():
-        raise ValueError(f"{where}episode {rec.index} has no critic values (recorded with `critic=none`?); record with a critic and no threshold")
+        raise ValueError(
+            f"{where}episode {rec.index} has no critic values (recorded with `critic=none`?); record with a critic and no threshold"
+        )
     if rec.stop_reason not in NATURAL_ENDS:
-        raise ValueError(f"{where}episode {rec.index} was stopped ({rec.stop_reason}) before its natural end: record with a critic and no threshold")
+        raise ValueError(
+            f"{where}episode {rec.index} was stopped ({rec.stop_reason}) before its natural end: record with a critic and no threshold"
+        )
     return Boundaries(values, np.asarray(rec.chunks["chunk_start"], np.int64), bool(rec.success), int(rec.num_steps))
 
 
 def table(rows: list[EarlyStopRow]) -> str:
     """The rows as plain text: stopped, of those would-have-succeeded, success without and with the stops, steps saved."""
-    lines = [f"{'threshold':>9}  {'stopped':>9}  {'of them would succeed':>21}  {'success':>15}  {'with stops':>15}  {'steps saved':>11}"]
+    lines = [
+        f"{'threshold':>9}  {'stopped':>9}  {'of them would succeed':>21}  {'success':>15}  {'with stops':>15}  {'steps saved':>11}"
+    ]
     for r in rows:
         lines.append(f"{r.threshold:>9g}  {r.stopped:>4}/{r.episodes:<4}  {r.stopped_would_succeed:>21}  {r.successes / r.episodes:>7.1%} ({r.successes:>5})  "
                      f"{r.successes_with_stops / r.episodes:>7.1%} ({r.successes_with_stops:>5})  {r.steps_saved / max(1, r.steps):>11.1%}")  # fmt: skip
-    lines.append(f"(patience {rows[0].patience}: the host's CriticBelow replayed on the recorded critic values; a stopped episode executes no action of the chunk it stops at)" if rows else "")
+    lines.append(
+        f"(patience {rows[0].patience}: the host's CriticBelow replayed on the recorded critic values; a stopped episode executes no action of the chunk it stops at)"
+        if rows
+        else ""
+    )
     return "\n".join(lines)

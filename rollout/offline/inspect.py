@@ -19,6 +19,7 @@ import numpy as np
 from rollcap.kernels.files import atomic_write
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
 
+
 def _fmt(x: float) -> str:
     return "-" if not np.isfinite(x) else f"{x:.3f}"
 
@@ -58,7 +59,9 @@ def episode_table(records: Iterable[EpisodeRecord], instruction_width: int = 40)
     numeric = {0, 1, 2, 3, 4, 7, 8}
 
     def line(cells) -> str:
-        return "  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
     out = [line(header), line(["-" * w for w in widths])]
     out += [line(row) for row in rows]
@@ -106,7 +109,14 @@ def plot_episode(record: EpisodeRecord, png_path) -> Path:
     human = _spans(record.steps["actor"] == ACTOR_HUMAN)
     for i, (lo, hi) in enumerate(human):
         for ax in (ax_v, ax_a):
-            ax.axvspan(lo - 0.5, hi - 0.5, color="tab:orange", alpha=0.2, lw=0, label="human" if i == 0 and ax is ax_a else None)
+            ax.axvspan(
+                lo - 0.5,
+                hi - 0.5,
+                color="tab:orange",
+                alpha=0.2,
+                lw=0,
+                label="human" if i == 0 and ax is ax_a else None,
+            )
     for ax in (ax_v, ax_a):
         ax.axvline(t - 0.5, color="k", ls="--", lw=1, label=f"stop: {record.stop_reason}" if ax is ax_a else None)
     if t == 0:
@@ -160,7 +170,6 @@ def plot_episodes(records: list[EpisodeRecord], out_dir) -> Iterator[Path]:
     for r in records:
         yield plot_episode(r, out_dir / f"episode_{r.index:05d}.png")
     if any(r.origin is not None for r in records):  # branches (rollcap branch): one fan per boundary
-
         yield from plot_fans(records, out_dir)
 
 
@@ -183,7 +192,9 @@ def plot_fans(records, out_dir) -> list[Path]:
     groups: dict[tuple, list] = {}
     for r in records:
         if r.origin is not None:
-            groups.setdefault((str(r.origin.get("parent", "")), int(r.origin["episode"]), int(r.origin["chunk"])), []).append(r)
+            groups.setdefault(
+                (str(r.origin.get("parent", "")), int(r.origin["episode"]), int(r.origin["chunk"])), []
+            ).append(r)
     paths = []
     for (parent, episode, chunk), rs in sorted(groups.items()):
         t0 = int(rs[0].origin["step"])
@@ -208,7 +219,10 @@ def plot_fans(records, out_dir) -> list[Path]:
         if any(r.origin.get("noise") == "parent" for r in rs):
             ax_v.legend(loc="lower left", fontsize=7)
         wins = sum(bool(r.success) for r in rs)
-        fig.suptitle(f"{len(rs)} branches of episode {episode} at chunk {chunk} (step {t0}); {wins} successful (*)\n{parent}", fontsize=9)
+        fig.suptitle(
+            f"{len(rs)} branches of episode {episode} at chunk {chunk} (step {t0}); {wins} successful (*)\n{parent}",
+            fontsize=9,
+        )
         path = Path(out_dir) / f"branches_{episode:05d}_chunk{chunk:03d}.png"
         atomic_write(path, lambda tmp, fig=fig: fig.savefig(tmp, dpi=100, format="png"))
         paths.append(path)

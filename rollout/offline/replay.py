@@ -38,7 +38,11 @@ class Divergence:
 
     def __str__(self) -> str:
         where = ", ".join(f"{k} {v}" for k, v in (("chunk", self.chunk), ("step", self.step)) if v is not None)
-        return f"{self.key} ({where}) max|diff| {self.max_abs_diff:.3g}" if where else f"{self.key} max|diff| {self.max_abs_diff:.3g}"
+        return (
+            f"{self.key} ({where}) max|diff| {self.max_abs_diff:.3g}"
+            if where
+            else f"{self.key} max|diff| {self.max_abs_diff:.3g}"
+        )
 
 
 STATUSES = ("exact", "diverged", "not comparable", "failed")
@@ -69,7 +73,9 @@ class ReplayResult:
         """
         from rollcap.rollout.errors import ConfigError
 
-        return cls(episode, mode, False, error=err.problem if isinstance(err, ConfigError) else str(err), source=str(source))
+        return cls(
+            episode, mode, False, error=err.problem if isinstance(err, ConfigError) else str(err), source=str(source)
+        )
 
     @property
     def status(self) -> str:
@@ -104,11 +110,19 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     not comparable): an episode that was skipped or could not be read never counts as exact.
     """
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
-    episodes = len({(r.source, r.episode) if r.episode is not None else (r.source, id(r)) for r in results})  # an unreadable one has no index
+    episodes = len(
+        {(r.source, r.episode) if r.episode is not None else (r.source, id(r)) for r in results}
+    )  # an unreadable one has no index
     modes = sorted({r.mode for r in results if r.mode != "all"})
-    ok = bool(results) and counts["diverged"] == counts["failed"] == 0 and (accept_not_comparable or counts["not comparable"] == 0)
+    ok = (
+        bool(results)
+        and counts["diverged"] == counts["failed"] == 0
+        and (accept_not_comparable or counts["not comparable"] == 0)
+    )
     text = ", ".join(f"{n} {s}" for s, n in counts.items())
-    return f"{episodes} episode(s), {len(modes)} mode(s): {text}" + (" -- all exact" if counts["exact"] == len(results) and results else ""), ok
+    return f"{episodes} episode(s), {len(modes)} mode(s): {text}" + (
+        " -- all exact" if counts["exact"] == len(results) and results else ""
+    ), ok
 
 
 def fingerprint_diff(recorded: dict, current: dict, prefix: str = "") -> list[str]:
@@ -168,8 +182,20 @@ def replay_env(rec: EpisodeRecord, env) -> ReplayResult:
     """Mode ``env``: restore the initial sim state and apply the recorded actions."""
     layer = exact_state_of(env)
     if layer is None or not rec.initial_state:
-        return ReplayResult(rec.index, "env", False, Divergence("env has no exact state"), ["env.exact_state"], float("nan"), "skipped: the env has no exact state to restore")
-    fp = [f"env.{k}" for k in fingerprint_diff(rec.fingerprints.get("env", {}), layer.state_fingerprint())] if hasattr(layer, "state_fingerprint") else []
+        return ReplayResult(
+            rec.index,
+            "env",
+            False,
+            Divergence("env has no exact state"),
+            ["env.exact_state"],
+            float("nan"),
+            "skipped: the env has no exact state to restore",
+        )
+    fp = (
+        [f"env.{k}" for k in fingerprint_diff(rec.fingerprints.get("env", {}), layer.state_fingerprint())]
+        if hasattr(layer, "state_fingerprint")
+        else []
+    )
     obs, _ = env.reset(seed=rec.seed)  # the recorded episode began from this reset, then its exact state
     layer.set_state(rec.initial_state)
     if rec.origin is not None:  # began at another episode's boundary (a branch): it saw the recorded observation there
@@ -206,7 +232,9 @@ def _policy_for(rec: EpisodeRecord, policy):
     return rtc_twin(policy)
 
 
-OWN_STOPS = frozenset({"success", "terminated", "truncated", "error", "critic", "timeout_chunks", "timeout_seconds", "nonfinite_action"})
+OWN_STOPS = frozenset(
+    {"success", "terminated", "truncated", "error", "critic", "timeout_chunks", "timeout_seconds", "nonfinite_action"}
+)
 """Stop reasons the host and its predicates reach by themselves; any other came from outside (a key, a caller)."""
 
 
@@ -240,7 +268,13 @@ def replay_closed(rec: EpisodeRecord, host) -> ReplayResult:
 
     new = host.run_episode(rec.index, rec.seed, resume_of(rec)).record  # a branch starts at its recorded boundary
     first, worst = None, 0.0
-    pairs = [("stop_reason", np.frombuffer(new.stop_reason.encode(), np.uint8), np.frombuffer(rec.stop_reason.encode(), np.uint8))]
+    pairs = [
+        (
+            "stop_reason",
+            np.frombuffer(new.stop_reason.encode(), np.uint8),
+            np.frombuffer(rec.stop_reason.encode(), np.uint8),
+        )
+    ]
     pairs += [(f"steps/{k}", new.steps[k], rec.steps[k]) for k in rec.steps]
     pairs += [(f"chunks/{k}", new.chunks[k], rec.chunks[k]) for k in rec.chunks if k not in _TIMING]
     pairs += [(f"obs/{k}", new.obs.get(k, np.zeros(0)), v) for k, v in rec.obs.items()]
@@ -323,14 +357,25 @@ class Replayer:
                     res = replay_policy(rec, policy, critic)
                 else:
                     env = self.env_for(rec, source, import_env)
-                    res = replay_env(rec, env) if mode == "env" else replay_closed(rec, closed_loop_host(rec, env, policy, critic))
+                    res = (
+                        replay_env(rec, env)
+                        if mode == "env"
+                        else replay_closed(rec, closed_loop_host(rec, env, policy, critic))
+                    )
             except (ValueError, KeyError, TypeError) as err:
                 res = ReplayResult.could_not(source, mode, err, rec.index)
-            res.source = str(source)  # every mode's result names the episode's file: the summary counts episodes by (file, index)
+            res.source = str(
+                source
+            )  # every mode's result names the episode's file: the summary counts episodes by (file, index)
             out.append(res)
         return out
 
     def close(self) -> None:
-        for part in (self.policy, self.critic, *self.envs.values(), *(r for pair in self.batched.values() for r in pair)):
+        for part in (
+            self.policy,
+            self.critic,
+            *self.envs.values(),
+            *(r for pair in self.batched.values() for r in pair),
+        ):
             if part is not None:
                 part.close()

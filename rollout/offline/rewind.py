@@ -55,7 +55,9 @@ class RewindBuffer(Subscriber):
         if host.state_env is None:
             raise ConfigError("env_id", f"{host.env_id} has no exact state; a live episode cannot be rewound")
         if max_boundaries < 1 or budget_bytes < 1:
-            raise ValueError(f"RewindBuffer: max_boundaries and budget_bytes must be >= 1, got {max_boundaries}, {budget_bytes}")
+            raise ValueError(
+                f"RewindBuffer: max_boundaries and budget_bytes must be >= 1, got {max_boundaries}, {budget_bytes}"
+            )
         self.host, self.max_boundaries = host, int(max_boundaries)
         self.registry = CapsuleRegistry(TierBudgets(device=int(budget_bytes), host=0, disk=0))
         self._kept: deque[int] = deque()
@@ -114,7 +116,9 @@ class RewindBuffer(Subscriber):
         self._start = start
 
     def on_chunk(self, e: ChunkEvent) -> None:
-        cap = snapshot({"env": self.host.state_env}, label=f"boundary {e.chunk}", episode=e.episode, chunk=e.chunk, step=e.step)
+        cap = snapshot(
+            {"env": self.host.state_env}, label=f"boundary {e.chunk}", episode=e.episode, chunk=e.chunk, step=e.step
+        )
         self.registry.put(f"chunk{e.chunk}", cap)
         self._kept.append(e.chunk)
         self._boundary[e.chunk] = (e.obs, e.step)
@@ -137,7 +141,9 @@ class RewindBuffer(Subscriber):
         """
         kept = self.kept
         if self._start is None or not 0 <= back < len(kept):
-            raise ValueError(f"rewind: {len(kept)} boundar{'y' if len(kept) == 1 else 'ies'} kept, cannot go {back} back (max_boundaries={self.max_boundaries})")
+            raise ValueError(
+                f"rewind: {len(kept)} boundar{'y' if len(kept) == 1 else 'ies'} kept, cannot go {back} back (max_boundaries={self.max_boundaries})"
+            )
         k = kept[-1 - back]
         cap = self.registry.get(f"chunk{k}")
         obs, step = self._boundary[k]
@@ -145,7 +151,15 @@ class RewindBuffer(Subscriber):
         base = offset_of(s)  # the running episode may itself be a retry
         prior = base.prior_values + tuple(self._values[:k])
         self.attempts += 1
-        origin = {"parent": "live", "episode": s.index, "chunk": k, "step": step, "rewind": self.attempts, "noise": "seed", "prior_values": list(prior)}
+        origin = {
+            "parent": "live",
+            "episode": s.index,
+            "chunk": k,
+            "step": step,
+            "rewind": self.attempts,
+            "noise": "seed",
+            "prior_values": list(prior),
+        }
         if base.chunk or base.step:
             origin["offset"] = [base.chunk, base.step]
         state = {name: v.copy() for name, v in cap.buffers("env").items()}

@@ -165,7 +165,9 @@ class ActorPool:
             self.ray_start_s = time.perf_counter() - t0
             self._poll_stop()
             self._check_resources()
-            self._remote = self._ray.remote(actor_cls).options(num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0)
+            self._remote = self._ray.remote(actor_cls).options(
+                num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0
+            )
             self.slots = [self._new_slot() for _ in range(num_actors)]
             self._wait_ready(start_timeout_s, expect)
         except BaseException:
@@ -176,8 +178,23 @@ class ActorPool:
     @classmethod
     def for_run(cls, parts: Parts, host: RolloutHost, cfg, setup=None, poll_stop=None) -> ActorPool:
         """The pool a :class:`~rollcap.rollout.api.RunConfig` asks for, checked against the driver's ``host``."""
-        gpus = cfg.actor_gpus if cfg.actor_gpus is not None else (0.0 if parts.device.startswith("cpu") else 1.0 / cfg.actors)
-        return cls(parts, host.config, cfg.actors, cfg.address, ActorResources(cfg.actor_cpus, gpus), identity(host), setup=setup, poll_stop=poll_stop, envs=cfg.envs, graphs=cfg.graphs)
+        gpus = (
+            cfg.actor_gpus
+            if cfg.actor_gpus is not None
+            else (0.0 if parts.device.startswith("cpu") else 1.0 / cfg.actors)
+        )
+        return cls(
+            parts,
+            host.config,
+            cfg.actors,
+            cfg.address,
+            ActorResources(cfg.actor_cpus, gpus),
+            identity(host),
+            setup=setup,
+            poll_stop=poll_stop,
+            envs=cfg.envs,
+            graphs=cfg.graphs,
+        )
 
     # -- start-up --------------------------------------------------------
     def _new_slot(self) -> _Slot:
@@ -194,7 +211,9 @@ class ActorPool:
         for name, per in (("CPU", self.resources.cpus), ("GPU", self.resources.gpus)):
             if per > 0 and have.get(name, 0) < per:
                 flag = "actor_cpus" if name == "CPU" else "actor_gpus"
-                raise ConfigError(flag, f"each actor needs {per:g} {name}(s); this machine's Ray has {have.get(name, 0):g}")
+                raise ConfigError(
+                    flag, f"each actor needs {per:g} {name}(s); this machine's Ray has {have.get(name, 0):g}"
+                )
 
     def _wait_ready(self, timeout_s: float, expect: dict | None) -> None:
         ray = self._ray
@@ -218,11 +237,15 @@ class ActorPool:
                     _same_parts(slot.info, expect)
 
     # -- running ---------------------------------------------------------
-    def episodes(self, indices: Iterable[int], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES) -> Iterator[EpisodeEnd]:
+    def episodes(
+        self, indices: Iterable[int], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES
+    ) -> Iterator[EpisodeEnd]:
         """Run episodes ``indices`` (specs from the pool's config) on the actors; see :meth:`run`."""
         return self.run(episode_specs(indices, self.config), subscribers, max_tries)
 
-    def run(self, specs: Iterable[EpisodeSpec], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES) -> Iterator[EpisodeEnd]:
+    def run(
+        self, specs: Iterable[EpisodeSpec], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES
+    ) -> Iterator[EpisodeEnd]:
         """Run ``specs`` on the actors; yield each finished episode (``record`` attached) after ``emit``-ting it to ``subscribers``.
 
         Episodes finish in any order. A try that fails (its actor died, or
@@ -240,7 +263,9 @@ class ActorPool:
         for record in records:
             yield emit(record, subscribers)
 
-    def map(self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES) -> Iterator[tuple[object, object]]:
+    def map(
+        self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES
+    ) -> Iterator[tuple[object, object]]:
         """Run ``call(actor_handle, item)`` (it returns a Ray ref) for every item; yield ``(item, result)`` as each finishes.
 
         One call per actor at a time, and only on an actor whose ``ready()`` has
@@ -382,8 +407,14 @@ def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
 
     A named policy (``lerobot:DIR``, already absolute; ``expert[:STD]``) is no path and stays as it is.
     """
-    shipped = tuple(k for k, path in _SHIPPED.items() if getattr(parts, k) is not None and Path(getattr(parts, k)) == path)
-    paths = [k for k in _SHIPPED if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))]
+    shipped = tuple(
+        k for k, path in _SHIPPED.items() if getattr(parts, k) is not None and Path(getattr(parts, k)) == path
+    )
+    paths = [
+        k
+        for k in _SHIPPED
+        if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))
+    ]
     return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in paths}), shipped
 
 
@@ -444,6 +475,13 @@ def batch_rollout(
     specs = list(specs)
     if not specs:
         return BatchResult([], {})
-    with ActorPool(parts, specs[0].config, num_actors, address, resources, actor_cls=actor_cls, envs=envs, graphs=graphs) as pool:
-        ends = [e if keep_records else EpisodeEnd(e.index, e.seed, e.stop_reason, e.success, e.num_steps, e.num_chunks, e.error) for e in pool.run(specs, subscribers, max_tries)]
+    with ActorPool(
+        parts, specs[0].config, num_actors, address, resources, actor_cls=actor_cls, envs=envs, graphs=graphs
+    ) as pool:
+        ends = [
+            e
+            if keep_records
+            else EpisodeEnd(e.index, e.seed, e.stop_reason, e.success, e.num_steps, e.num_chunks, e.error)
+            for e in pool.run(specs, subscribers, max_tries)
+        ]
         return BatchResult(ends, pool.summary())

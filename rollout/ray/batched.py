@@ -115,7 +115,9 @@ class BatchedRolloutActor(RolloutActor):
         """Run the episodes ``specs`` names; return their records in the order they ended."""
         return [end.record for end in self.episodes(specs, config)]
 
-    def stream(self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None, recorded: bool = False) -> Iterator[tuple[int, object]]:
+    def stream(
+        self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None, recorded: bool = False
+    ) -> Iterator[tuple[int, object]]:
         """Run ``specs``; yield ``(index, record)`` as each ends; ``recorded``: write it to this actor's shard first and yield
         ``(index, (light record, receipt))`` (see :meth:`RolloutActor.run_recorded`). Ray calls it with ``num_returns="streaming"``."""
         for end in self.episodes(specs, config):
@@ -138,7 +140,9 @@ class BatchedRolloutActor(RolloutActor):
 
 
 # ------------------------------------------------------------ the driver
-def stream_batches(pool, specs: Iterable[EpisodeSpec], max_tries: int, recorded: bool = False) -> Iterator[tuple[EpisodeSpec, object]]:
+def stream_batches(
+    pool, specs: Iterable[EpisodeSpec], max_tries: int, recorded: bool = False
+) -> Iterator[tuple[EpisodeSpec, object]]:
     """Run ``specs`` on ``pool``'s batched actors, :func:`call_size` episodes a call; yield ``(spec, answer)`` as each episode comes back.
 
     ``answer``: the record, or with ``recorded`` the actor's ``(light record, receipt)``. As
@@ -158,7 +162,11 @@ def stream_batches(pool, specs: Iterable[EpisodeSpec], max_tries: int, recorded:
     def submit() -> None:
         while todo and idle:
             slot, batch = idle.pop(0), todo.popleft()
-            gen = pool.slots[slot].handle.stream.options(num_returns="streaming").remote([(s.index, s.seed) for s in batch], batch[0].config, recorded)
+            gen = (
+                pool.slots[slot]
+                .handle.stream.options(num_returns="streaming")
+                .remote([(s.index, s.seed) for s in batch], batch[0].config, recorded)
+            )
             busy[gen] = (slot, {s.index: s for s in batch})
 
     def lost(slot: int, left: dict, err: BaseException) -> None:

@@ -85,14 +85,20 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
         os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
     elif address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ and _have_token():
         saved_env["RAY_AUTH_MODE"] = None
-        os.environ["RAY_AUTH_MODE"] = "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
+        os.environ["RAY_AUTH_MODE"] = (
+            "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
+        )
     try:
         ray = import_ray()
         if ray.is_initialized():
             return False
         import ray._private.ray_constants as constants  # the flag the env var feeds, for a ray imported earlier
 
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() else {}
+        handlers = (
+            {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+            if threading.current_thread() is threading.main_thread()
+            else {}
+        )
         cluster_mode, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, not local
         auth_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
         auth_level = auth_log.level
@@ -100,12 +106,20 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
             auth_log.setLevel(logging.ERROR)
         try:
             kw = {"num_cpus": num_cpus} if local and num_cpus is not None else {}
-            ray.init(address="local" if local else address, include_dashboard=False, log_to_driver=False, logging_level="warning", **kw)
+            ray.init(
+                address="local" if local else address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="warning",
+                **kw,
+            )
         except ConnectionError as err:
             _shutdown_quietly(ray)  # a half-made connection left Ray unusable in this process
             if local:
                 raise
-            first = (str(err).strip().splitlines() or [type(err).__name__])[0]  # a Ray Client failure carries the server's traceback
+            first = (str(err).strip().splitlines() or [type(err).__name__])[
+                0
+            ]  # a Ray Client failure carries the server's traceback
             raise ConfigError("address", f"could not join the Ray cluster at {address}: {first}") from err
         except BaseException:
             _shutdown_quietly(ray)
@@ -152,7 +166,12 @@ def check_token(address: str, timeout_s: float = 5.0) -> None:
     and so is any answer other than "unauthenticated" (Ray's own retries and messages stand).
     """
     host, sep, port = address.rpartition(":")
-    if address.startswith("ray://") or not sep or not port.isdigit() or os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+    if (
+        address.startswith("ray://")
+        or not sep
+        or not port.isdigit()
+        or os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")
+    ):
         return
     try:
         from ray._raylet import AuthenticationTokenLoader, Config
@@ -164,19 +183,29 @@ def check_token(address: str, timeout_s: float = 5.0) -> None:
         return  # no token wanted (or an answer Ray's own client will report)
     wants = f"the Ray cluster at {address} requires a token (Ray token authentication)"
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
-        raise ConfigError("address", f"{wants} and RAY_AUTH_MODE=disabled is set here: unset it or set RAY_AUTH_MODE=token")
+        raise ConfigError(
+            "address", f"{wants} and RAY_AUTH_MODE=disabled is set here: unset it or set RAY_AUTH_MODE=token"
+        )
     loader = AuthenticationTokenLoader.instance()
     loader.reset_cache()  # the environment may have changed since Ray last looked
     try:
         found = loader.has_token(ignore_auth_mode=True)
     except AuthenticationError:  # RAY_AUTH_TOKEN_PATH names a missing or empty file
-        raise ConfigError("address", f"{wants}; RAY_AUTH_TOKEN_PATH names no readable token file ({os.environ.get('RAY_AUTH_TOKEN_PATH')})") from None
+        raise ConfigError(
+            "address",
+            f"{wants}; RAY_AUTH_TOKEN_PATH names no readable token file ({os.environ.get('RAY_AUTH_TOKEN_PATH')})",
+        ) from None
     if not found:
-        raise ConfigError("address", f"{wants} and none was found: set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file holding it, or put it in ~/.ray/auth_token (`ray get-auth-token` on the head prints it)")
+        raise ConfigError(
+            "address",
+            f"{wants} and none was found: set RAY_AUTH_TOKEN, or RAY_AUTH_TOKEN_PATH to a file holding it, or put it in ~/.ray/auth_token (`ray get-auth-token` on the head prints it)",
+        )
     if _gcs_accepts(target, loader.get_token_for_http_header(ignore_auth_mode=True), timeout_s) is False:
         raise ConfigError("address", f"{wants} and refused the one from {_token_source()}")
     if os.environ.get("RAY_AUTH_MODE") != "token":
-        os.environ["RAY_AUTH_MODE"] = "token"  # as Ray's own local start does (authentication_token_setup._enable_token_auth): left on
+        os.environ["RAY_AUTH_MODE"] = (
+            "token"  # as Ray's own local start does (authentication_token_setup._enable_token_auth): left on
+        )
         Config.initialize("")  # the mode is cached when ray is imported
 
 
@@ -193,7 +222,9 @@ def _gcs_accepts(target: str, header: dict | None, timeout_s: float) -> bool | N
     with grpc.insecure_channel(target) as channel:
         stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
         try:
-            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=tuple((header or {}).items()))
+            stub.GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s, metadata=tuple((header or {}).items())
+            )
         except grpc.RpcError as err:
             return False if err.code() == grpc.StatusCode.UNAUTHENTICATED else None
     return True
@@ -218,4 +249,7 @@ def _shutdown_quietly(ray) -> None:
 
 def _have_token() -> bool:
     """A Ray auth token is at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``)."""
-    return bool(os.environ.get("RAY_AUTH_TOKEN")) or Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").is_file()
+    return (
+        bool(os.environ.get("RAY_AUTH_TOKEN"))
+        or Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").is_file()
+    )

@@ -46,11 +46,14 @@ def check_actor_run(env, policy, critic, address: str | None = None) -> None:
     Raises:
         ConfigError: naming ``actors`` or ``address``.
     """
+
     def named(x) -> bool:
         return x is None or isinstance(x, (str, os.PathLike))
 
     if not (isinstance(env, str) and named(policy) and named(critic)):
-        raise ConfigError("actors", "actors build their own env, policy and critic: pass an env id and checkpoint paths, not objects")
+        raise ConfigError(
+            "actors", "actors build their own env, policy and critic: pass an env id and checkpoint paths, not objects"
+        )
     try:
         import_ray()
     except ImportError as err:
@@ -85,7 +88,9 @@ class RolloutActor:
         """Build the parts (``shipped``: "policy" / "critic" use this machine's copy of the shipped checkpoint)."""
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
         self.env = make_env(parts.env_id, parts.env_kwargs)
-        self.policy, self.critic = make_runners(parts, self.env, rtc=config.chunking != "sync")  # real-time chunking needs the carrying runner
+        self.policy, self.critic = make_runners(
+            parts, self.env, rtc=config.chunking != "sync"
+        )  # real-time chunking needs the carrying runner
         self._hosts: dict[HostConfig, RolloutHost] = {}
         self.host(config)
 
@@ -115,8 +120,12 @@ class RolloutActor:
         from rollcap.rollout.recording import EpisodeRecorder
         from rollcap.rollout.recording.shards import MANIFEST
 
-        if not Path(shard).is_absolute():  # under the run directory (an absolute shard is a per-node directory: --shard-dir)
-            self._sees_run = (Path(shard_dir).parents[1] / MANIFEST).is_file()  # False: a node without the driver's filesystem
+        if not Path(
+            shard
+        ).is_absolute():  # under the run directory (an absolute shard is a per-node directory: --shard-dir)
+            self._sees_run = (
+                Path(shard_dir).parents[1] / MANIFEST
+            ).is_file()  # False: a node without the driver's filesystem
         self._shard = (shard, EpisodeRecorder(shard_dir, formats, env_meta))
 
     def run_recorded(self, index: int, seed: int, config: HostConfig | None = None) -> tuple[EpisodeRecord, dict]:
@@ -133,7 +142,11 @@ class RolloutActor:
         recorder.write(record)
         receipt = {"index": record.index, "digest": episode_digest(record), "shard": shard, "node": _node_id()}
         images = {k for k, v in record.obs.items() if is_image(v)}
-        light = replace(record, obs={k: v for k, v in record.obs.items() if k not in images}, final_obs={k: v for k, v in record.final_obs.items() if k not in images})
+        light = replace(
+            record,
+            obs={k: v for k, v in record.obs.items() if k not in images},
+            final_obs={k: v for k, v in record.final_obs.items() if k not in images},
+        )
         return light, receipt
 
     def close(self) -> None:
@@ -165,7 +178,18 @@ def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd
     """
     chunks, n = record.chunks, record.num_chunks
     shape = tuple(chunks["noise"].shape[1:]) if n else (0, 0)
-    start = EpisodeStart(record.index, record.seed, record.instruction, observation_at(record, 0), record.initial_state, record.env_id, record.env_kwargs, record.config, record.fingerprints, shape)
+    start = EpisodeStart(
+        record.index,
+        record.seed,
+        record.instruction,
+        observation_at(record, 0),
+        record.initial_state,
+        record.env_id,
+        record.env_kwargs,
+        record.config,
+        record.fingerprints,
+        shape,
+    )
     for s in subscribers:
         s.on_episode_start(start)
     for k in range(n):
@@ -178,7 +202,16 @@ def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd
         )  # fmt: skip
         for s in subscribers:
             s.on_chunk(event)
-    end = EpisodeEnd(record.index, record.seed, record.stop_reason, record.success, record.num_steps, n, error=record.error, record=record)
+    end = EpisodeEnd(
+        record.index,
+        record.seed,
+        record.stop_reason,
+        record.success,
+        record.num_steps,
+        n,
+        error=record.error,
+        record=record,
+    )
     for s in subscribers:
         s.on_episode_end(end)
     return end
@@ -196,7 +229,9 @@ def identity(host: RolloutHost) -> dict:
 def _same_parts(info: dict, expect: dict) -> None:
     """Refuse actors whose resolved config or weights differ from the driver's."""
     if info["config"] != expect["config"]:
-        raise ConfigError("actors", f"an actor resolved the config to {info['config']}, this process to {expect['config']}")
+        raise ConfigError(
+            "actors", f"an actor resolved the config to {info['config']}, this process to {expect['config']}"
+        )
     for part in ("policy", "critic"):
         got, want = info["weights"][part], expect["weights"][part]
         if got != want:

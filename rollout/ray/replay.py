@@ -81,7 +81,11 @@ def replay_on_actors(
                 for pos, why in pool.failed.items():
                     if pos >= next_out and pos not in done:
                         source, rec = items[pos]
-                        done[pos] = [ReplayResult.could_not(source, "all", RuntimeError(f"on a Ray actor, {max_tries} tries: {why}"), rec.index)]
+                        done[pos] = [
+                            ReplayResult.could_not(
+                                source, "all", RuntimeError(f"on a Ray actor, {max_tries} tries: {why}"), rec.index
+                            )
+                        ]
                 if next_out not in done:
                     raise RuntimeError(f"replay on actors: no result for item {next_out}") from None
                 continue

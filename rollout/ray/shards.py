@@ -53,9 +53,19 @@ class Shards:
 
     def __init__(self, manifest: ManifestWriter, env_meta: dict, shard_dir: Path | None = None):
         self.manifest, self.env_meta = manifest, env_meta
-        self.root = None if shard_dir is None else Path(shard_dir).expanduser().absolute() / manifest.run_dir.resolve().name  # as every node reads it
-        here = sorted(p.name for p in self.root.iterdir() if p.is_dir()) if self.root is not None and self.root.is_dir() else []
-        names = [*manifest.shard_names(), *here, *(Path(e.shard).name for e in manifest.entries.values())]  # the manifest's: shards on other nodes
+        self.root = (
+            None if shard_dir is None else Path(shard_dir).expanduser().absolute() / manifest.run_dir.resolve().name
+        )  # as every node reads it
+        here = (
+            sorted(p.name for p in self.root.iterdir() if p.is_dir())
+            if self.root is not None and self.root.is_dir()
+            else []
+        )
+        names = [
+            *manifest.shard_names(),
+            *here,
+            *(Path(e.shard).name for e in manifest.entries.values()),
+        ]  # the manifest's: shards on other nodes
         self._base = max([int(n[1:]) for n in names if n[:1] == "s" and n[1:].isdigit()], default=-1) + 1
         self._named: set[str] = set()
 
@@ -70,7 +80,13 @@ class Shards:
         where = shard if self.root is not None else str((self.manifest.run_dir / shard).resolve())
         handle.record_to.remote(where, shard, self.manifest.formats, self.env_meta)
 
-    def episodes(self, pool: ActorPool, indices: Iterable[int], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES) -> Iterator[EpisodeEnd]:
+    def episodes(
+        self,
+        pool: ActorPool,
+        indices: Iterable[int],
+        subscribers: Sequence[Subscriber] = (),
+        max_tries: int = MAX_TRIES,
+    ) -> Iterator[EpisodeEnd]:
         """Run episodes ``indices`` on ``pool``'s actors, each recorded in its actor's shard; yield each end once its manifest line is written.
 
         The end carries the light record (no camera frames), emitted to ``subscribers`` after the manifest line.
@@ -96,7 +112,6 @@ class Shards:
         if self.root is not None and away:
             print(f"rollcap: {len(away)} shard(s) of this run are under {self.root} on other nodes ({', '.join(Path(s).name for s in away)}): copy them back "
                   f"to that path here, or into one directory for `rollcap merge {self.manifest.run_dir} --from DIR`", file=sys.stderr)  # fmt: skip
-
 
     def check_visible(self, pool: ActorPool) -> None:
         """One line on stderr for each node whose actors do not see the run directory (no shared filesystem there)."""

@@ -81,7 +81,9 @@ def check_record(record: EpisodeRecord) -> None:
                 raise ValueError(f"episode {record.index}: {table} key {k!r} must be a non-empty name without '/'")
             if not isinstance(a, np.ndarray) or a.dtype.kind not in _ARRAY_KINDS or a.dtype.fields is not None:
                 what = a.dtype if isinstance(a, np.ndarray) else type(a).__name__
-                raise ValueError(f"episode {record.index}: {table}[{k!r}] is {what}; record numeric or bool numpy arrays")
+                raise ValueError(
+                    f"episode {record.index}: {table}[{k!r}] is {what}; record numeric or bool numpy arrays"
+                )
     if record.error is not None and not isinstance(record.error, str):
         raise ValueError(f"episode {record.index}: error is {type(record.error).__name__}; record a str or None")
     if record.origin is not None and not isinstance(record.origin, dict):
@@ -189,10 +191,16 @@ def record_from_parts(path, meta: dict, tables: dict[str, dict[str, np.ndarray]]
     if not isinstance(meta.get("origin"), (dict, type(None))):
         raise corrupt(path, f"{at}meta origin is {type(meta['origin']).__name__}, expected an object")
     period = meta.get("control_period_s")
-    if period is not None and (isinstance(period, (bool, str)) or not isinstance(period, (int, float, np.floating)) or not 0 < float(period) < float("inf")):
+    if period is not None and (
+        isinstance(period, (bool, str))
+        or not isinstance(period, (int, float, np.floating))
+        or not 0 < float(period) < float("inf")
+    ):
         raise corrupt(path, f"{at}meta control_period_s is {period!r}, expected seconds > 0")
     record = EpisodeRecord(
-        **{k: meta[k] for k in SCALARS}, **{k: meta.get(k) for k in OPTIONAL_SCALARS}, **{t: tables.get(t, {}) for t in TABLES},
+        **{k: meta[k] for k in SCALARS},
+        **{k: meta.get(k) for k in OPTIONAL_SCALARS},
+        **{t: tables.get(t, {}) for t in TABLES},
         control_period_s=None if period is None else float(period),
     )
     try:

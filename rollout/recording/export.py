@@ -83,10 +83,14 @@ def frame_rate(first: EpisodeRecord, fps, run_dir) -> tuple[int, str]:
         period, why = _env_period(first)
         source = "env"
         if period is None:
-            raise ValueError(f"fps: {run_dir} does not record its control rate (recorded before rollcap kept it) and {why}; {how}")
+            raise ValueError(
+                f"fps: {run_dir} does not record its control rate (recorded before rollcap kept it) and {why}; {how}"
+            )
     rate = frames_per_second(period)
     if rate is None:
-        raise ValueError(f"fps: {run_dir} steps every {period:g} s ({1 / period:.4g} Hz), not a whole number of frames per second; {how}")
+        raise ValueError(
+            f"fps: {run_dir} steps every {period:g} s ({1 / period:.4g} Hz), not a whole number of frames per second; {how}"
+        )
     return rate, source
 
 
@@ -103,7 +107,10 @@ def _env_period(rec: EpisodeRecord) -> tuple[float | None, str]:
     try:
         env = gym.make(plain, **(rec.env_kwargs or {}))
     except Exception as err:  # a missing package (metaworld), kwargs of another release: the rate stays unknown
-        return None, f"its env {rec.env_id!r} cannot be built here ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})"
+        return (
+            None,
+            f"its env {rec.env_id!r} cannot be built here ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+        )
     try:
         period = control_period(env)
     finally:

@@ -185,7 +185,9 @@ def _rows(shape: tuple[int, ...], start: int, count: int) -> h5py.h5s.SpaceID:
     return space
 
 
-def _put_next_obs(nxt: h5py.Group, k: str, obs: str, shape: tuple[int, ...], dtype: np.dtype, last: tuple | None) -> None:
+def _put_next_obs(
+    nxt: h5py.Group, k: str, obs: str, shape: tuple[int, ...], dtype: np.dtype, last: tuple | None
+) -> None:
     """``nxt/<k>``: the virtual dataset over the dataset ``obs`` (rows 1..T-1) and ``last`` (``(path, shape, dtype)``
     of the final frame; used when it is one frame of ``obs``) that ``h5py.VirtualLayout`` builds, through h5py's
     low-level calls (its selection objects cost ~0.5 ms a key)."""
@@ -201,7 +203,9 @@ def _put_next_obs(nxt: h5py.Group, k: str, obs: str, shape: tuple[int, ...], dty
         plist.set_virtual(_rows(shape, t - 1, 1), b".", last[0].encode(), source)
     else:
         plist.set_virtual(_rows(shape, t - 1, 1), b".", obs.encode(), _rows(shape, t - 1, 1))
-    h5py.h5d.create(nxt.id, k.encode(), h5py.h5t.py_create(np.dtype(dtype), logical=1), h5py.h5s.create_simple(shape), dcpl=plist)
+    h5py.h5d.create(
+        nxt.id, k.encode(), h5py.h5t.py_create(np.dtype(dtype), logical=1), h5py.h5s.create_simple(shape), dcpl=plist
+    )
 
 
 def demo_split(index: int) -> str:
@@ -390,7 +394,9 @@ class H5Writer:
             with _open_committed(self.path, lock_timeout_s) as f:
                 stored, self._indices = _env_args(self.path, f), set(_indices(self.path, f))
             if env_meta is not None and plain_json(env_meta) != stored:
-                raise ValueError(f"{self.path}: env_meta {canonical_json(env_meta)} differs from the file's env_args {canonical_json(stored)}")
+                raise ValueError(
+                    f"{self.path}: env_meta {canonical_json(env_meta)} differs from the file's env_args {canonical_json(stored)}"
+                )
             self.env_meta = stored
         else:
             if env_meta is None:
@@ -472,4 +478,3 @@ class H5Writer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-

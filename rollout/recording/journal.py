@@ -223,7 +223,9 @@ class PagedFile:
 
     def commit(self, jfd: int) -> None:
         """Journal the old bytes of every overlaid page, then write the pages; call under an exclusive flock."""
-        self._old = [(p * PAGE, os.pread(self._fd, min(PAGE, self._base - p * PAGE), p * PAGE)) for p in sorted(self._pages)]
+        self._old = [
+            (p * PAGE, os.pread(self._fd, min(PAGE, self._base - p * PAGE), p * PAGE)) for p in sorted(self._pages)
+        ]
         body = b"".join(_REC.pack(off, len(old)) + old for off, old in self._old)
         _pwrite_all(jfd, body + _FOOT.pack(_FOOT_MAGIC, len(self._old), zlib.crc32(body)), _HEAD.size)
         os.fsync(jfd)
@@ -253,7 +255,9 @@ def _recover(path: Path, fd: int, lock_timeout_s: float) -> bool:
         try:
             fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RuntimeError(f"{path}: another process is writing it ({jpath} is locked); one writer per file") from None
+            raise RuntimeError(
+                f"{path}: another process is writing it ({jpath} is locked); one writer per file"
+            ) from None
         if os.path.exists(jpath) and os.stat(jpath).st_ino == os.fstat(jfd).st_ino:
             base, recs = _parse(os.pread(jfd, os.fstat(jfd).st_size, 0))
             if base is not None:

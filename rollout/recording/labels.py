@@ -46,20 +46,30 @@ def expert_for(rec: EpisodeRecord) -> ScriptedExpert:
             instruction, or env options the expert cannot follow.
     """
     if rec.env_id != ENV_ID:  # a recording keeps rollcap's own ids plain (``rollout.build.OWN_PACKAGES``)
-        raise ValueError(f"labels: the scripted expert knows only the built-in task {ENV_ID}; episode {rec.index} was recorded in {rec.env_id!r}")
+        raise ValueError(
+            f"labels: the scripted expert knows only the built-in task {ENV_ID}; episode {rec.index} was recorded in {rec.env_id!r}"
+        )
     if "state" not in rec.obs:
-        raise ValueError(f"labels: episode {rec.index} has no 'state' observation (it has {sorted(rec.obs)}); the expert reads the state")
+        raise ValueError(
+            f"labels: episode {rec.index} has no 'state' observation (it has {sorted(rec.obs)}); the expert reads the state"
+        )
     try:
         parse_instruction(rec.instruction or "")
     except ValueError:
-        raise ValueError(f"labels: episode {rec.index} has no instruction of the built-in task (got {rec.instruction!r}); the expert reads it") from None
+        raise ValueError(
+            f"labels: episode {rec.index} has no instruction of the built-in task (got {rec.instruction!r}); the expert reads it"
+        ) from None
     kwargs = dict(rec.env_kwargs or {})
     if "scene" in kwargs:
-        raise ValueError(f"labels: episode {rec.index} was recorded with a custom scene; the expert follows only the default scene")
+        raise ValueError(
+            f"labels: episode {rec.index} was recorded with a custom scene; the expert follows only the default scene"
+        )
     try:
         cfg = PushBlockConfig.with_overrides(**kwargs)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"labels: episode {rec.index}'s env_kwargs are not the built-in task's: {str(err).splitlines()[0]}") from None
+        raise ValueError(
+            f"labels: episode {rec.index}'s env_kwargs are not the built-in task's: {str(err).splitlines()[0]}"
+        ) from None
     return ScriptedExpert.for_env(cfg, ExpertNoise())
 
 
@@ -79,6 +89,8 @@ def actions_of(rec: EpisodeRecord, labels: str) -> np.ndarray:
     if labels == "expert":
         actions = expert_actions(rec)
         if actions.shape != rec.steps["actions"].shape:
-            raise ValueError(f"labels: episode {rec.index} has actions of shape {rec.steps['actions'].shape[1:]}; the expert's are (2,)")
+            raise ValueError(
+                f"labels: episode {rec.index} has actions of shape {rec.steps['actions'].shape[1:]}; the expert's are (2,)"
+            )
         return actions
     return rec.steps["actions"]

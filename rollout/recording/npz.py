@@ -29,7 +29,15 @@ import numpy as np
 from rollcap.kernels.files import atomic_write, canonical_json
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
-from rollcap.rollout.recording.codec import TABLES, check_record, corrupt, episode_meta, is_image, iter_fields, record_from_parts
+from rollcap.rollout.recording.codec import (
+    TABLES,
+    check_record,
+    corrupt,
+    episode_meta,
+    is_image,
+    iter_fields,
+    record_from_parts,
+)
 
 NPZ_DEFLATE, NPZ_STORED = "deflate-1", "stored"
 """``meta.json``'s ``codec``: image-bearing files are deflated (level 1), others stored."""
@@ -107,7 +115,9 @@ def _read_array(path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
         count = math.prod(shape)
         nbytes, held = count * dtype.itemsize, info.file_size - fh.tell()
         if nbytes != held:
-            raise corrupt(path, f"{name}: header declares {dtype.str} {shape} ({nbytes} bytes), the archive holds {held}")
+            raise corrupt(
+                path, f"{name}: header declares {dtype.str} {shape} ({nbytes} bytes), the archive holds {held}"
+            )
         flat = np.empty(count, dtype)
         view, pos = memoryview(flat).cast("B"), 0
         while pos < nbytes:
@@ -182,9 +192,20 @@ def read_npz(path, expect_index: int | None = None) -> EpisodeRecord:
         raise
     except (zipfile.BadZipFile, zlib.error, EOFError) as err:
         raise corrupt(path, f"damaged or truncated archive ({err})") from err
-    except (ValueError, OSError, KeyError, UnicodeDecodeError, NotImplementedError, RuntimeError, RecursionError) as err:
+    except (
+        ValueError,
+        OSError,
+        KeyError,
+        UnicodeDecodeError,
+        NotImplementedError,
+        RuntimeError,
+        RecursionError,
+    ) as err:
         raise corrupt(path, f"not a readable npz episode ({type(err).__name__}: {err})") from err
     record = record_from_parts(path, meta, tables)
     if expect_index is not None and record.index != expect_index:
-        raise corrupt(path, f"holds episode {record.index}, expected episode {expect_index}; the file was renamed or copied over another")
+        raise corrupt(
+            path,
+            f"holds episode {record.index}, expected episode {expect_index}; the file was renamed or copied over another",
+        )
     return record

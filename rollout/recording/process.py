@@ -138,12 +138,25 @@ class WriterProcess(Subscriber):
 
     wants_records = True
 
-    def __init__(self, run_dir, formats=FORMATS, env_meta: dict | None = None, resume: bool = False, max_pending: int = 8, on_written=None):
+    def __init__(
+        self,
+        run_dir,
+        formats=FORMATS,
+        env_meta: dict | None = None,
+        resume: bool = False,
+        max_pending: int = 8,
+        on_written=None,
+    ):
         ctx = multiprocessing.get_context("spawn")  # the rollout has threads (lanes): never fork them
         data_in, data_out = ctx.Pipe(duplex=False)
         self._conn, reply_out = ctx.Pipe(duplex=False)
         self._abandon = ctx.Event()
-        self._proc = ctx.Process(target=_serve, args=(data_in, reply_out, str(run_dir), tuple(formats), env_meta, resume, self._abandon), name="rollcap-writer", daemon=True)
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(data_in, reply_out, str(run_dir), tuple(formats), env_meta, resume, self._abandon),
+            name="rollcap-writer",
+            daemon=True,
+        )
         self._proc.start()
         data_in.close()
         reply_out.close()
@@ -151,7 +164,9 @@ class WriterProcess(Subscriber):
         # (a pipe holds 64 KB; a send would otherwise wait for the child to read a whole episode).
         self._out: queue.Queue = queue.Queue()
         self._send_error: BaseException | None = None
-        self._sender = threading.Thread(target=self._send_loop, args=(data_out,), name="rollcap-writer-send", daemon=True)
+        self._sender = threading.Thread(
+            target=self._send_loop, args=(data_out,), name="rollcap-writer-send", daemon=True
+        )
         self._sender.start()
         self.max_pending, self._pending, self._closed, self._on_written = max_pending, 0, False, on_written
         self._error: str | None = None
@@ -279,7 +294,15 @@ class WriterPool(Subscriber):
 
     wants_records = True
 
-    def __init__(self, run_dir, writers: int = 2, formats=FORMATS, env_meta: dict | None = None, resume: bool = False, max_pending: int = 8):
+    def __init__(
+        self,
+        run_dir,
+        writers: int = 2,
+        formats=FORMATS,
+        env_meta: dict | None = None,
+        resume: bool = False,
+        max_pending: int = 8,
+    ):
         from rollcap.rollout.recording.shards import SHARDS_DIR, ManifestWriter
 
         if not isinstance(writers, int) or writers < 1:
@@ -292,7 +315,9 @@ class WriterPool(Subscriber):
             for k in range(writers):
                 shard = f"{SHARDS_DIR}/s{k:03d}"
                 add = partial(self._add, shard)
-                self._writers.append(WriterProcess(Path(run_dir) / shard, formats, self.manifest.env_meta, True, max_pending, add))
+                self._writers.append(
+                    WriterProcess(Path(run_dir) / shard, formats, self.manifest.env_meta, True, max_pending, add)
+                )
         except BaseException:
             self.close()
             raise

@@ -213,7 +213,9 @@ class EpisodeRecorder(Subscriber):
                     raise CorruptEpisode(f"{where}: holds episode {rec.index}, expected {i}")
             digests = {episode_digest(rec) for _, rec in copies}
             if len(digests) > 1:
-                raise CorruptEpisode(f"{self.run_dir}: episode {i} differs between {' and '.join(str(w) for w, _ in copies)}")
+                raise CorruptEpisode(
+                    f"{self.run_dir}: episode {i} differs between {' and '.join(str(w) for w, _ in copies)}"
+                )
             out.append(copies[0][1])
         return out
 
@@ -264,7 +266,9 @@ def measure_write_overhead(record: EpisodeRecord, formats=FORMATS, episodes: int
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def synthetic_record(index: int = 0, seed: int = 0, steps: int = 20, horizon: int = 8, image_size: int = 64) -> EpisodeRecord:
+def synthetic_record(
+    index: int = 0, seed: int = 0, steps: int = 20, horizon: int = 8, image_size: int = 64
+) -> EpisodeRecord:
     """A seeded, valid episode with every kind of field, for tests and :func:`measure_write_overhead`.
 
     Two cameras ``[T, S, S, 3]`` uint8, float proprio, float / int / uint64 / 0-d
@@ -300,7 +304,11 @@ def synthetic_record(index: int = 0, seed: int = 0, steps: int = 20, horizon: in
             "rng": rng.integers(0, 2**63, 6, dtype=np.uint64),
             "step": np.array(0, np.int64),
         },
-        obs={"agentview_image": images(), "wrist_image": images(), "proprio": rng.standard_normal((t, 9)).astype(np.float32)},
+        obs={
+            "agentview_image": images(),
+            "wrist_image": images(),
+            "proprio": rng.standard_normal((t, 9)).astype(np.float32),
+        },
         final_obs={
             "agentview_image": images()[:1].reshape(image_size, image_size, 3) if t else frame[0].repeat(3, -1),
             "proprio": rng.standard_normal(9).astype(np.float32),

@@ -96,7 +96,12 @@ class Entry:
     node: str | None = None
 
     def line(self) -> bytes:
-        return (canonical_json({"index": self.index, "digest": self.digest, "shard": self.shard, "node": self.node, "status": RECORDED}) + "\n").encode()
+        return (
+            canonical_json(
+                {"index": self.index, "digest": self.digest, "shard": self.shard, "node": self.node, "status": RECORDED}
+            )
+            + "\n"
+        ).encode()
 
 
 def is_sharded(run_dir) -> bool:
@@ -139,7 +144,15 @@ def shard_places(run_dir, shard: str, search=()) -> list[Path]:
     """Where ``shard`` may be, in the order looked: as named (relative to ``run_dir``, or absolute), then
     ``<run_dir>/shards/<its name>`` and ``<d>/<its name>`` for each ``d`` in ``search`` (a shard copied back from its node)."""
     run_dir, name = Path(run_dir), Path(shard).name
-    return list(dict.fromkeys([run_dir / shard, *([run_dir / SHARDS_DIR / name] if name else []), *(Path(d) / name for d in search if name)]))
+    return list(
+        dict.fromkeys(
+            [
+                run_dir / shard,
+                *([run_dir / SHARDS_DIR / name] if name else []),
+                *(Path(d) / name for d in search if name),
+            ]
+        )
+    )
 
 
 def shard_path(run_dir, shard: str, search=()) -> Path:
@@ -160,7 +173,9 @@ def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False, sear
     if not root.is_dir():
         places = ", ".join(map(str, shard_places(run_dir, entry.shard, search)))
         node = f" on node {entry.node}" if entry.node else ""
-        raise CorruptEpisode(f"episode {entry.index}: its shard {entry.shard} (written{node}) is not here: looked in {places}; copy it back from that node")
+        raise CorruptEpisode(
+            f"episode {entry.index}: its shard {entry.shard} (written{node}) is not here: looked in {places}; copy it back from that node"
+        )
     copies = []
     for fmt in [f for f in ("npz", "h5") if f in formats][: None if every else 1]:
         if fmt == "npz":
@@ -176,7 +191,10 @@ def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False, sear
                 raise corrupt(where, f"no demo_{entry.index}, which the manifest names in shard {entry.shard}") from err
     for where, rec in copies:
         if episode_digest(rec) != entry.digest:
-            raise corrupt(where, f"episode {entry.index} has digest {episode_digest(rec)[:16]}..., the manifest {entry.digest[:16]}...")
+            raise corrupt(
+                where,
+                f"episode {entry.index} has digest {episode_digest(rec)[:16]}..., the manifest {entry.digest[:16]}...",
+            )
     return copies[0][1]
 
 
@@ -217,16 +235,23 @@ class ManifestWriter:
                 raise FileExistsError(f"{self.run_dir} already holds a sharded run; pass resume=True to continue it")
             header, self.entries, size = read_manifest(self.run_dir)
             if tuple(header.get("formats", ())) != self.formats:
-                raise ValueError(f"{self.path}: the run records {','.join(header.get('formats', ()))}; resume needs the same formats, got {','.join(self.formats)}")
+                raise ValueError(
+                    f"{self.path}: the run records {','.join(header.get('formats', ()))}; resume needs the same formats, got {','.join(self.formats)}"
+                )
             if env_meta is not None and canonical_json(header.get("env_meta")) != canonical_json(env_meta):
-                raise ValueError(f"{self.path}: the run was recorded in {canonical_json(header.get('env_meta'))}; resume needs the same env, got {canonical_json(env_meta)}")
+                raise ValueError(
+                    f"{self.path}: the run was recorded in {canonical_json(header.get('env_meta'))}; resume needs the same env, got {canonical_json(env_meta)}"
+                )
             self.env_meta = header.get("env_meta")
             if size != self.path.stat().st_size:
                 os.truncate(self.path, size)  # a torn append: the episode it named is adopted from its shard below
         else:
             self.entries = {}
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            header = canonical_json({"rollcap_manifest": VERSION, "formats": list(self.formats), "env_meta": env_meta}) + "\n"
+            header = (
+                canonical_json({"rollcap_manifest": VERSION, "formats": list(self.formats), "env_meta": env_meta})
+                + "\n"
+            )
             atomic_write(self.path, lambda tmp: Path(tmp).write_text(header))
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         if resume:
@@ -253,7 +278,9 @@ class ManifestWriter:
             ValueError: ``index`` is named already.
         """
         if index in self.entries:
-            raise ValueError(f"{self.run_dir}: episode {index} is already recorded (in {self.entries[index].shard}); indices must be unique")
+            raise ValueError(
+                f"{self.run_dir}: episode {index} is already recorded (in {self.entries[index].shard}); indices must be unique"
+            )
         entry = Entry(int(index), digest, shard, node)
         line = entry.line()
         with _signals_deferred():
@@ -273,7 +300,9 @@ class ManifestWriter:
             roots.insert(0, (".", self.run_dir))
         for shard, root in roots:
             remove_stale_temps(root)
-            with EpisodeRecorder(root, self.formats, self.env_meta, resume=True) as rec:  # rolls a hot journal back, copies a missing format in
+            with EpisodeRecorder(
+                root, self.formats, self.env_meta, resume=True
+            ) as rec:  # rolls a hot journal back, copies a missing format in
                 for i in rec.indices:
                     if i not in self.entries:
                         record = _read_shard_episode(root, i, self.formats)
@@ -325,7 +354,9 @@ def merge(run_dir, search=()) -> int:
         raise FileNotFoundError(f"{run_dir}: no {MANIFEST}; not a sharded run (nothing to merge)")
     header, entries, _ = read_manifest(run_dir)
     formats = tuple(header.get("formats", FORMATS))
-    with EpisodeRecorder(run_dir, formats, header.get("env_meta"), resume=True) as rec:  # a merge cut short goes on where it stopped
+    with EpisodeRecorder(
+        run_dir, formats, header.get("env_meta"), resume=True
+    ) as rec:  # a merge cut short goes on where it stopped
         have = set(rec.indices)
         for i in sorted(entries):
             if entries[i].shard == "." or i in have:
@@ -335,7 +366,9 @@ def merge(run_dir, search=()) -> int:
     want = {i: e.digest for i, e in entries.items()}
     if merged != want:
         extra, lacking = sorted(set(merged) - set(want)), sorted(set(want) - set(merged))
-        raise CorruptEpisode(f"{run_dir}: the merged episodes differ from the manifest (extra {extra}, lacking {lacking}); the shards are kept")
+        raise CorruptEpisode(
+            f"{run_dir}: the merged episodes differ from the manifest (extra {extra}, lacking {lacking}); the shards are kept"
+        )
     (run_dir / MANIFEST).unlink()
     fsync_dir(run_dir)
     shutil.rmtree(run_dir / SHARDS_DIR, ignore_errors=True)

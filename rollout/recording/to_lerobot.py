@@ -86,7 +86,13 @@ def feature_name(key: str) -> str:
     return f"observation.images.{key.removeprefix('image_')}" if key.startswith("image_") else f"observation.{key}"
 
 
-def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool, instruction_dims: int = 0, obs_keys: Sequence[str] | None = None) -> dict:
+def features_of(
+    rec: EpisodeRecord,
+    extras: Sequence[str],
+    videos: bool,
+    instruction_dims: int = 0,
+    obs_keys: Sequence[str] | None = None,
+) -> dict:
     """LeRobot features for episodes shaped like ``rec`` (its observation keys ``obs_keys``, default all)."""
     feats = {}
     if instruction_dims:
@@ -95,7 +101,11 @@ def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool, instruc
         if obs_keys is not None and key not in obs_keys:
             continue
         if key.startswith("image_") and a.dtype == np.uint8 and a.ndim == 4:
-            feats[feature_name(key)] = {"dtype": "video" if videos else "image", "shape": tuple(a.shape[1:]), "names": ["height", "width", "channel"]}
+            feats[feature_name(key)] = {
+                "dtype": "video" if videos else "image",
+                "shape": tuple(a.shape[1:]),
+                "names": ["height", "width", "channel"],
+            }
         else:
             feats[feature_name(key)] = {"dtype": str(a.dtype), "shape": tuple(a.shape[1:]) or (1,), "names": None}
     feats["action"] = {"dtype": "float32", "shape": tuple(rec.steps["actions"].shape[1:]), "names": None}
@@ -106,8 +116,16 @@ def features_of(rec: EpisodeRecord, extras: Sequence[str], videos: bool, instruc
 
 
 def export_lerobot(
-    run_dir, root, *, repo_id: str | None = None, fps: int | None = None, videos: bool = False, extras: Sequence[str] = EXTRAS, instruction_dims: int = 0,
-    obs_keys: Sequence[str] | None = None, labels: str = "recorded",
+    run_dir,
+    root,
+    *,
+    repo_id: str | None = None,
+    fps: int | None = None,
+    videos: bool = False,
+    extras: Sequence[str] = EXTRAS,
+    instruction_dims: int = 0,
+    obs_keys: Sequence[str] | None = None,
+    labels: str = "recorded",
 ) -> LeRobotExport:
     """Write the episodes at ``run_dir`` as a LeRobotDataset v3 at ``root``.
 
@@ -151,7 +169,9 @@ def export_lerobot(
         obs_keys = (obs_keys,) if isinstance(obs_keys, str) else tuple(obs_keys)
         missing = [k for k in obs_keys if k not in first.obs]
         if missing or not obs_keys:
-            raise ValueError(f"obs_keys: {missing[0] if missing else 'empty'!r} is not an observation key of the recording (it has {sorted(first.obs)})")
+            raise ValueError(
+                f"obs_keys: {missing[0] if missing else 'empty'!r} is not an observation key of the recording (it has {sorted(first.obs)})"
+            )
     fps, fps_source = frame_rate(first, fps, run_dir)
     quiet_import_logs()
     lazy_import("lerobot.datasets", INSTALL)
@@ -166,9 +186,13 @@ def export_lerobot(
         try:
             for rec in without_empty(records, skipped):
                 if features_of(rec, extras, videos, instruction_dims, obs_keys) != feats:
-                    raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
+                    raise ValueError(
+                        f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately"
+                    )
                 if rec.control_period_s != first.control_period_s:
-                    raise ValueError(f"run_dir: episode {rec.index} steps every {rec.control_period_s} s, episode {first.index} every {first.control_period_s} s; export them separately")
+                    raise ValueError(
+                        f"run_dir: episode {rec.index} steps every {rec.control_period_s} s, episode {first.index} every {first.control_period_s} s; export them separately"
+                    )
                 _add_episode(ds, rec, extras, instruction_dims, obs_keys, actions_of(rec, labels))
                 episodes, frames = episodes + 1, frames + rec.num_steps
         except BaseException:
@@ -189,7 +213,9 @@ def _note_labels(info: Path) -> None:
     info.write_text(json.dumps(meta, indent=4))
 
 
-def _add_episode(ds, rec: EpisodeRecord, extras: Sequence[str], instruction_dims: int, obs_keys, actions: np.ndarray) -> None:
+def _add_episode(
+    ds, rec: EpisodeRecord, extras: Sequence[str], instruction_dims: int, obs_keys, actions: np.ndarray
+) -> None:
     task = rec.instruction or DEFAULT_TASK
     more = step_extras(rec)
     words = instruction_vector(rec.instruction, instruction_dims) if instruction_dims else None

@@ -81,7 +81,9 @@ def spaces_of(rec: EpisodeRecord):
             return spaces.Box(0, 255, a.shape[1:], np.uint8)
         if np.issubdtype(a.dtype, np.floating):
             return spaces.Box(-np.inf, np.inf, a.shape[1:], a.dtype)
-        raise ValueError(f"run_dir: observation has a {a.dtype} array; only uint8 and float arrays can be exported to Minari")
+        raise ValueError(
+            f"run_dir: observation has a {a.dtype} array; only uint8 and float arrays can be exported to Minari"
+        )
 
     obs = {k: box(v) for k, v in rec.obs.items()}
     if rec.instruction:
@@ -93,9 +95,18 @@ def _charset() -> str:
     return "".join(map(chr, range(32, 127)))
 
 
-def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] = EXTRAS, description: str | None = None,
-                  author: str | None = None, author_email: str | None = None, code_permalink: str | None = None,
-                  labels: str = "recorded") -> MinariExport:
+def export_minari(
+    run_dir,
+    dataset_id: str,
+    *,
+    root=None,
+    extras: Sequence[str] = EXTRAS,
+    description: str | None = None,
+    author: str | None = None,
+    author_email: str | None = None,
+    code_permalink: str | None = None,
+    labels: str = "recorded",
+) -> MinariExport:
     """Write the episodes at ``run_dir`` as the Minari dataset ``dataset_id`` (``namespace/name-vN``).
 
     Args:
@@ -131,7 +142,9 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
     buffers, skipped, steps = [], [], 0
     for rec in without_empty(records, skipped):
         if spaces_of(rec) != (obs_space, act_space):
-            raise ValueError(f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately")
+            raise ValueError(
+                f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately"
+            )
         buffers.append(_buffer(EpisodeBuffer, rec, extras, actions_of(rec, labels)))
         steps += rec.num_steps
     if not buffers:
@@ -142,17 +155,29 @@ def export_minari(run_dir, dataset_id: str, *, root=None, extras: Sequence[str] 
     with staged(target, "dataset_id") as out:
         scratch = out.with_name("minari")  # a datasets root beside ``out``, inside the staging directory
         previous = os.environ.get("MINARI_DATASETS_PATH")
-        os.environ["MINARI_DATASETS_PATH"] = str(scratch)  # Minari reads its root from here only (process-wide: one export at a time)
+        os.environ["MINARI_DATASETS_PATH"] = str(
+            scratch
+        )  # Minari reads its root from here only (process-wide: one export at a time)
         try:
             minari.create_dataset_from_buffers(
-                dataset_id, buffers, env=_env_spec(first), observation_space=obs_space, action_space=act_space,
-                algorithm_name="rollcap", description=description,
+                dataset_id,
+                buffers,
+                env=_env_spec(first),
+                observation_space=obs_space,
+                action_space=act_space,
+                algorithm_name="rollcap",
+                description=description,
                 eval_env=_env_spec(first),  # episodes are evaluated in the env that recorded them
-                author=author, author_email=author_email, code_permalink=code_permalink,
-                data_format="hdf5", jpeg_encoding=False,
+                author=author,
+                author_email=author_email,
+                code_permalink=code_permalink,
+                data_format="hdf5",
+                jpeg_encoding=False,
             )
         except (ValueError, AssertionError) as err:  # Minari's own checks of the id and the data
-            raise ValueError(f"dataset_id: Minari refused {dataset_id!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+            raise ValueError(
+                f"dataset_id: Minari refused {dataset_id!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+            ) from err
         finally:
             if previous is None:
                 os.environ.pop("MINARI_DATASETS_PATH", None)
@@ -187,6 +212,12 @@ def _buffer(EpisodeBuffer, rec: EpisodeRecord, extras: Sequence[str], actions: n
             pad = np.array([np.nan if name == "critic_value" else False], dtype=more[name].dtype)
             infos[name] = np.concatenate([more[name], pad])
     return EpisodeBuffer(
-        id=rec.index, seed=rec.seed, observations=obs, actions=actions,
-        rewards=rec.steps["rewards"], terminations=rec.steps["terminated"], truncations=rec.steps["truncated"], infos=infos,
+        id=rec.index,
+        seed=rec.seed,
+        observations=obs,
+        actions=actions,
+        rewards=rec.steps["rewards"],
+        terminations=rec.steps["terminated"],
+        truncations=rec.steps["truncated"],
+        infos=infos,
     )

@@ -98,11 +98,15 @@ class TeleopKeys:
         for f in (*VERBS, *_DIRECTIONS, "extra_movement"):
             value = getattr(self, f)
             if isinstance(value, str):
-                raise ValueError(f"TeleopKeys.{f}: expected a tuple of key names, got the string {value!r} (write ({value!r},))")
+                raise ValueError(
+                    f"TeleopKeys.{f}: expected a tuple of key names, got the string {value!r} (write ({value!r},))"
+                )
             names = tuple(key_name(k) for k in value)
             for k in names:
                 if k in seen and seen[k] != f:
-                    raise ValueError(f"TeleopKeys.{f}: key {k!r} is already bound to {seen[k]!r}; bind each key to one thing")
+                    raise ValueError(
+                        f"TeleopKeys.{f}: key {k!r} is already bound to {seen[k]!r}; bind each key to one thing"
+                    )
                 seen[k] = f
             object.__setattr__(self, f, names)
         if not 0 < self.speed <= 1:
@@ -123,6 +127,7 @@ class TeleopKeys:
 
     def pusher_velocity(self, held: frozenset[str]) -> np.ndarray:
         """The default mapping: a 2-D velocity ``[x, y]`` in [-1, 1] from the held direction keys."""
+
         def axis(pos, neg):
             return self.speed * (bool(held & set(pos)) - bool(held & set(neg)))
 
@@ -130,7 +135,9 @@ class TeleopKeys:
 
     def action(self, held: frozenset[str]) -> np.ndarray:
         """The action for the held movement keys (through ``action_of`` when set)."""
-        return np.asarray(self.pusher_velocity(held) if self.action_of is None else self.action_of(held), dtype=np.float32)
+        return np.asarray(
+            self.pusher_velocity(held) if self.action_of is None else self.action_of(held), dtype=np.float32
+        )
 
     def help_line(self) -> str:
         """One line of key help for display, e.g. ``e end · p/space pause · ... · arrows/wasd move``."""

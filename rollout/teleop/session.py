@@ -126,7 +126,9 @@ class TeleopSession:
                 self.view.stop()
 
 
-def open_teleop(config: TeleopConfig | str = "keyboard", keys: TeleopKeys | None = None, stream=None, view: ViewConfig | None = None) -> TeleopSession:
+def open_teleop(
+    config: TeleopConfig | str = "keyboard", keys: TeleopKeys | None = None, stream=None, view: ViewConfig | None = None
+) -> TeleopSession:
     """A :class:`TeleopSession` for ``config`` (or a source spec such as ``"terminal"``); enter it to start.
 
     Args:

@@ -58,7 +58,12 @@ class KeySource:
 
     name = "source"
 
-    def __init__(self, keys: TeleopKeys | None = None, on_change: Callable[[], None] | None = None, controller: KeyController | None = None):
+    def __init__(
+        self,
+        keys: TeleopKeys | None = None,
+        on_change: Callable[[], None] | None = None,
+        controller: KeyController | None = None,
+    ):
         self.controller = controller or KeyController(keys, on_change)
         self.started = False
 
@@ -142,7 +147,9 @@ class PynputSource(KeySource):
         try:
             from pynput import keyboard  # raises without a reachable X display
         except Exception as err:
-            raise SourceUnavailable(f"pynput cannot reach the X display {os.environ.get('DISPLAY')!r} ({type(err).__name__})") from err
+            raise SourceUnavailable(
+                f"pynput cannot reach the X display {os.environ.get('DISPLAY')!r} ({type(err).__name__})"
+            ) from err
         listener = keyboard.Listener(on_press=self._on_press, on_release=self._on_release)
         listener.start()
         ready = threading.Thread(target=listener.wait, daemon=True)
@@ -150,7 +157,9 @@ class PynputSource(KeySource):
         ready.join(self.ready_timeout_s)
         if ready.is_alive() or not listener.is_alive():
             listener.stop()
-            raise SourceUnavailable(f"pynput's listener did not start within {self.ready_timeout_s:g} s (does the X server have the RECORD extension?)")
+            raise SourceUnavailable(
+                f"pynput's listener did not start within {self.ready_timeout_s:g} s (does the X server have the RECORD extension?)"
+            )
         self._listener, self._display = listener, os.environ["DISPLAY"]
 
     def _stop(self) -> None:
@@ -396,7 +405,9 @@ class ScriptedSource(KeySource, Subscriber):
         line = self.lines[self._next]
         self._next += 1
         self._last_fire = time.perf_counter()
-        {"tap": self.controller.tap, "down": self.controller.press, "up": self.controller.release}[line.action](line.key)
+        {"tap": self.controller.tap, "down": self.controller.press, "up": self.controller.release}[line.action](
+            line.key
+        )
         self._cond.notify_all()
 
     def _loop(self) -> None:
@@ -475,7 +486,9 @@ class KeyboardSource(KeySource):
             self.active.stop()
 
 
-def open_source(spec: str, keys: TeleopKeys | None = None, on_change: Callable[[], None] | None = None, stream=None) -> KeySource:
+def open_source(
+    spec: str, keys: TeleopKeys | None = None, on_change: Callable[[], None] | None = None, stream=None
+) -> KeySource:
     """The key source named by ``spec``: ``keyboard``, ``terminal`` or ``scripted:FILE`` (not started yet).
 
     Args:

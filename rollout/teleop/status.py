@@ -26,7 +26,9 @@ class TeleopStatus(Subscriber):
         stream: when given, a line ``teleop: <state>`` is printed there each time the state changes.
     """
 
-    def __init__(self, bus: EventBus, controller: KeyController | None = None, keys: TeleopKeys | None = None, stream=None):
+    def __init__(
+        self, bus: EventBus, controller: KeyController | None = None, keys: TeleopKeys | None = None, stream=None
+    ):
         self.bus, self.controller, self.stream = bus, controller, stream
         self.help = (keys or (controller.keys if controller is not None else TeleopKeys())).help_line()
         self._phase = "waiting"

@@ -46,7 +46,9 @@ def pushblock_path(start: EpisodeStart, obs: Observation, actions: np.ndarray) -
     scene = kw.get("scene")
     half = scene.get("table_half", default.scene.table_half) if isinstance(scene, dict) else default.scene.table_half
     step = float(kw.get("max_speed", default.max_speed)) * int(kw.get("frame_skip", default.frame_skip)) * 0.01
-    xy = np.asarray(state[:2], np.float64) + np.concatenate([np.zeros((1, 2)), np.cumsum(np.clip(actions, -1, 1) * step, axis=0)])
+    xy = np.asarray(state[:2], np.float64) + np.concatenate(
+        [np.zeros((1, 2)), np.cumsum(np.clip(actions, -1, 1) * step, axis=0)]
+    )
     return np.stack([(xy[:, 0] + half) / (2 * half), (half - xy[:, 1]) / (2 * half)], axis=1)
 
 
@@ -216,18 +218,29 @@ class _Canvas:
         self.tk, self.config = tk, config
         root.title(config.title)
         px = config.image_px
-        self.c = c = tk.Canvas(root, width=px + _W + 3 * _PANEL, height=px + 2 * _PANEL + 64, bg="#1e1e1e", highlightthickness=0)
+        self.c = c = tk.Canvas(
+            root, width=px + _W + 3 * _PANEL, height=px + 2 * _PANEL + 64, bg="#1e1e1e", highlightthickness=0
+        )
         c.pack()
         self.photo = tk.PhotoImage(width=px, height=px)
         c.create_image(_PANEL, _PANEL, image=self.photo, anchor="nw")
         self.path = c.create_line(0, 0, 0, 0, fill="#ffd400", width=3, arrow="last", state="hidden")
         x0 = px + 2 * _PANEL
         self.x0 = x0
-        c.create_text(x0, _PANEL, text="planned chunk (a0 blue, a1 orange)", fill="#cccccc", anchor="nw", font=("TkDefaultFont", 9))
+        c.create_text(
+            x0,
+            _PANEL,
+            text="planned chunk (a0 blue, a1 orange)",
+            fill="#cccccc",
+            anchor="nw",
+            font=("TkDefaultFont", 9),
+        )
         self.plot = (x0, _PANEL + 18, _W, 120)  # action components over the horizon
         c.create_rectangle(x0, self.plot[1], x0 + _W, self.plot[1] + self.plot[3], outline="#555555")
         c.create_line(x0, self.plot[1] + self.plot[3] / 2, x0 + _W, self.plot[1] + self.plot[3] / 2, fill="#444444")
-        self.lines = [c.create_line(0, 0, 0, 0, fill=col, width=2) for col in ("#4fc3f7", "#ff8a65", "#aed581", "#ba68c8")]
+        self.lines = [
+            c.create_line(0, 0, 0, 0, fill=col, width=2) for col in ("#4fc3f7", "#ff8a65", "#aed581", "#ba68c8")
+        ]
         self.cursor = c.create_line(0, 0, 0, 0, fill="#ffffff", dash=(2, 2))
         vy = self.plot[1] + self.plot[3] + 24
         self.value_text = c.create_text(x0, vy, text="value", fill="#cccccc", anchor="nw", font=("TkDefaultFont", 9))
@@ -237,8 +250,23 @@ class _Canvas:
         self.spark = (x0, self.vbar[1] + 24, _W, 60)
         c.create_rectangle(x0, self.spark[1], x0 + _W, self.spark[1] + self.spark[3], outline="#555555")
         self.history = c.create_line(0, 0, 0, 0, fill="#66bb6a", width=2, state="hidden")
-        self.actor = c.create_text(x0, self.spark[1] + self.spark[3] + 8, text="", fill="#ffd400", anchor="nw", font=("TkDefaultFont", 11, "bold"))
-        self.status = c.create_text(_PANEL, px + 2 * _PANEL, text="", fill="#dddddd", anchor="nw", width=px + _W + _PANEL, font=("TkDefaultFont", 9))
+        self.actor = c.create_text(
+            x0,
+            self.spark[1] + self.spark[3] + 8,
+            text="",
+            fill="#ffd400",
+            anchor="nw",
+            font=("TkDefaultFont", 11, "bold"),
+        )
+        self.status = c.create_text(
+            _PANEL,
+            px + 2 * _PANEL,
+            text="",
+            fill="#dddddd",
+            anchor="nw",
+            width=px + _W + _PANEL,
+            font=("TkDefaultFont", 9),
+        )
         self.image_key: str | None = config.image_key
 
     def draw(self, latest: _Latest, values: tuple[float, ...], status: str) -> None:
@@ -276,7 +304,9 @@ class _Canvas:
             at = min(max(latest.step - chunk.step, 0), n - 1)
             c.coords(self.cursor, xs[at], y0, xs[at], y0 + h)
             value = chunk.value
-            c.itemconfigure(self.value_text, text=f"value {value:+.3f}" if math.isfinite(value) else "value (no critic)")
+            c.itemconfigure(
+                self.value_text, text=f"value {value:+.3f}" if math.isfinite(value) else "value (no critic)"
+            )
             x0, y0, w, h = self.vbar
             frac = min(max(value + 1.0, 0.0), 1.0) if math.isfinite(value) else 0.0  # values lie in [-1, 0]
             c.coords(self.bar, x0, y0, x0 + frac * w, y0 + h)
@@ -311,4 +341,3 @@ class _Canvas:
         if image.dtype != np.uint8:
             image = (np.clip(image, 0, 1) * 255).astype(np.uint8) if image.dtype.kind == "f" else image.astype(np.uint8)
         return image[..., :3]
-

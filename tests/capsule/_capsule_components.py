@@ -40,11 +40,17 @@ class TinyPolicy:
             label="tiny.in",
         )
         self.out = BufferSet(
-            [BufferSpec("y", (B, D), torch.float32), BufferSpec("h", (B, H), torch.float32), BufferSpec("value", (), torch.float32)],
+            [
+                BufferSpec("y", (B, D), torch.float32),
+                BufferSpec("h", (B, H), torch.float32),
+                BufferSpec("value", (), torch.float32),
+            ],
             label="tiny.out",
         )
         self.backend = backend
-        self.graph = CapturedGraph(self._fn, self.inp, self.out, backend, modules=[self.lin1, self.lin2], label="tiny").prepare()
+        self.graph = CapturedGraph(
+            self._fn, self.inp, self.out, backend, modules=[self.lin1, self.lin2], label="tiny"
+        ).prepare()
 
     def _fn(self, i: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         z = torch.cat([i["x"] + 0.5 * i["noise"], i["h_prev"]], dim=-1)
@@ -76,8 +82,16 @@ class TinyPolicy:
         self.out.load(outs)
 
     def state_fingerprint(self) -> dict:
-        weights = {k: v for k, v in [*self.lin1.state_dict().items(), *[(f"2.{k}", v) for k, v in self.lin2.state_dict().items()]]}
-        return {"component": "tiny", "backend": self.backend, "weights": tensor_digest(weights), **device_fingerprint("cpu")}
+        weights = {
+            k: v
+            for k, v in [*self.lin1.state_dict().items(), *[(f"2.{k}", v) for k, v in self.lin2.state_dict().items()]]
+        }
+        return {
+            "component": "tiny",
+            "backend": self.backend,
+            "weights": tensor_digest(weights),
+            **device_fingerprint("cpu"),
+        }
 
 
 class ToySim:
@@ -100,7 +114,13 @@ class ToySim:
         return self.qpos.copy()
 
     def live_state(self) -> dict[str, np.ndarray]:
-        return {"qpos": self.qpos, "qvel": self.qvel, "contacts": self.contacts, "tick": self.tick, "pixels": self.pixels}
+        return {
+            "qpos": self.qpos,
+            "qvel": self.qvel,
+            "contacts": self.contacts,
+            "tick": self.tick,
+            "pixels": self.pixels,
+        }
 
     def load_live_state(self, state: Mapping[str, np.ndarray]) -> None:
         live = self.live_state()

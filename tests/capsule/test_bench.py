@@ -17,10 +17,22 @@ def test_bench_reports_every_tier_and_leaves_state(eager_world):
     json.dumps(report)
     assert comps.state_bytes(eager_world) == before
     assert report["bytes"] == sum(len(raw) for bufs in before.values() for _, _, raw in bufs.values())
-    assert report["buffers"] == 14 and report["devices"] == ["cpu", "numpy"] and report["floor_copy_s"] > 0 and report["floor_clone_s"] > 0
+    assert (
+        report["buffers"] == 14
+        and report["devices"] == ["cpu", "numpy"]
+        and report["floor_copy_s"] > 0
+        and report["floor_clone_s"] > 0
+    )
     assert set(report["tiers"]) == {"device", "host", "disk"}
     for entry in report["tiers"].values():
-        assert set(entry) == {"snapshot_s", "restore_s", "snapshot_gbps", "restore_gbps", "snapshot_over_floor", "restore_over_floor"}
+        assert set(entry) == {
+            "snapshot_s",
+            "restore_s",
+            "snapshot_gbps",
+            "restore_gbps",
+            "snapshot_over_floor",
+            "restore_over_floor",
+        }
         assert entry["snapshot_s"] > 0 and entry["restore_s"] > 0
     with pytest.raises(ValueError, match="repeats"):
         bench_capsules(eager_world, repeats=0)

@@ -17,13 +17,19 @@ class CudaPolicy:
     def __init__(self):
         gen = torch.Generator().manual_seed(0)
         self.w = torch.randn(16, 16, generator=gen).cuda()
-        self.inp = BufferSet([BufferSpec("x", (4, 16), torch.float32), BufferSpec("noise", (4, 16), torch.float32)], "cuda", "p.in")
+        self.inp = BufferSet(
+            [BufferSpec("x", (4, 16), torch.float32), BufferSpec("noise", (4, 16), torch.float32)], "cuda", "p.in"
+        )
         self.out = BufferSet([BufferSpec("y", (4, 16), torch.float32)], "cuda", "p.out")
-        self.graph = CapturedGraph(lambda i: {"y": torch.tanh(i["x"] @ self.w) + i["noise"]}, self.inp, self.out, "cuda").prepare()
+        self.graph = CapturedGraph(
+            lambda i: {"y": torch.tanh(i["x"] @ self.w) + i["noise"]}, self.inp, self.out, "cuda"
+        ).prepare()
 
     def step(self, k: int) -> bytes:
         gen = torch.Generator().manual_seed(k)
-        self.inp.write({"x": torch.randn(4, 16, generator=gen).cuda(), "noise": torch.randn(4, 16, generator=gen).cuda()})
+        self.inp.write(
+            {"x": torch.randn(4, 16, generator=gen).cuda(), "noise": torch.randn(4, 16, generator=gen).cuda()}
+        )
         self.graph.replay()
         self.inp.write({"x": self.out["y"]})
         torch.cuda.synchronize()

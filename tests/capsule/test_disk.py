@@ -60,7 +60,10 @@ def test_manifest_contents(eager_world, tmp_path):
     save(cap, tmp_path / "cap")
     m = json.loads((tmp_path / "cap" / "manifest.json").read_text())
     assert m["format_version"] == FORMAT_VERSION and m["digest"] == cap.digest and m["nbytes"] == cap.nbytes
-    assert m["boundary"]["step"] == 5 and m["components"]["policy"]["fingerprint"]["backend"] == eager_world["policy"].backend
+    assert (
+        m["boundary"]["step"] == 5
+        and m["components"]["policy"]["fingerprint"]["backend"] == eager_world["policy"].backend
+    )
     qpos = m["components"]["sim"]["buffers"]["qpos"]
     assert qpos["kind"] == "numpy" and qpos["dtype"] == "float64" and qpos["shape"] == [7] and qpos["nbytes"] == 56
     assert qpos["digest"] == cap.buffer_digests()["sim"]["qpos"]
@@ -133,18 +136,50 @@ def _drop_qvel(m: dict) -> None:
 CORRUPTIONS = {
     "truncated tensors": (_truncate_tensors, CorruptCapsule, "tensors.safetensors is damaged"),
     "flipped data byte": (_flip_data_byte, CorruptCapsule, "do not match their digest"),
-    "manifest edited": (lambda p: _edit_manifest(p, lambda m: m["boundary"].update(label="other")), CorruptCapsule, "does not match its manifest_digest"),
-    "manifest shape edited": (lambda p: _edit_sealed(p, _set_shape), CorruptCapsule, r"in\.x: manifest says float32\[4, 9\], tensors.safetensors holds float32\[4, 8\]"),
-    "manifest truncated": (lambda p: (p / "manifest.json").write_text((p / "manifest.json").read_text()[:200]), CorruptCapsule, "not valid JSON"),
+    "manifest edited": (
+        lambda p: _edit_manifest(p, lambda m: m["boundary"].update(label="other")),
+        CorruptCapsule,
+        "does not match its manifest_digest",
+    ),
+    "manifest shape edited": (
+        lambda p: _edit_sealed(p, _set_shape),
+        CorruptCapsule,
+        r"in\.x: manifest says float32\[4, 9\], tensors.safetensors holds float32\[4, 8\]",
+    ),
+    "manifest truncated": (
+        lambda p: (p / "manifest.json").write_text((p / "manifest.json").read_text()[:200]),
+        CorruptCapsule,
+        "not valid JSON",
+    ),
     "manifest not an object": (lambda p: (p / "manifest.json").write_text("[]"), CorruptCapsule, "malformed"),
-    "manifest field missing": (lambda p: _edit_sealed(p, lambda m: m.pop("digest")), CorruptCapsule, "missing field 'digest'"),
-    "newer format": (lambda p: _edit_sealed(p, lambda m: m.update(format_version=99)), CorruptCapsule, "upgrade rollcap"),
-    "format 1": (lambda p: _edit_sealed(p, lambda m: m.update(format_version=1)), CorruptCapsule, "format_version 1 was written before manifests were sealed"),
+    "manifest field missing": (
+        lambda p: _edit_sealed(p, lambda m: m.pop("digest")),
+        CorruptCapsule,
+        "missing field 'digest'",
+    ),
+    "newer format": (
+        lambda p: _edit_sealed(p, lambda m: m.update(format_version=99)),
+        CorruptCapsule,
+        "upgrade rollcap",
+    ),
+    "format 1": (
+        lambda p: _edit_sealed(p, lambda m: m.update(format_version=1)),
+        CorruptCapsule,
+        "format_version 1 was written before manifests were sealed",
+    ),
     "buffer missing from manifest": (lambda p: _edit_sealed(p, _drop_qvel), CorruptCapsule, "does not list"),
     "buffer missing from tensors": (_drop_from_tensors, CorruptCapsule, r"sim\.qvel .* lacks it"),
-    "tensors file missing": (lambda p: (p / "tensors.safetensors").unlink(), CorruptCapsule, "tensors.safetensors is missing"),
+    "tensors file missing": (
+        lambda p: (p / "tensors.safetensors").unlink(),
+        CorruptCapsule,
+        "tensors.safetensors is missing",
+    ),
     "manifest missing": (lambda p: (p / "manifest.json").unlink(), CorruptCapsule, "manifest.json is missing"),
-    "digest edited": (lambda p: _edit_sealed(p, lambda m: m.update(digest="sha256:" + "0" * 64)), CorruptCapsule, "belongs to capsule"),
+    "digest edited": (
+        lambda p: _edit_sealed(p, lambda m: m.update(digest="sha256:" + "0" * 64)),
+        CorruptCapsule,
+        "belongs to capsule",
+    ),
     "fingerprint edited": (
         lambda p: _edit_manifest(p, lambda m: m["components"]["policy"]["fingerprint"].update(weights="sha256:other")),
         CorruptCapsule,
@@ -179,7 +214,9 @@ def _buffer(m: dict, name: str = "in.x") -> dict:
 
 MANIFEST_EDITS = {
     "fingerprint backend": lambda m: m["components"]["policy"]["fingerprint"].update(backend="cuda"),
-    "fingerprint weights_digest": lambda m: m["components"]["policy"]["fingerprint"].update(weights="sha256:" + "1" * 64),
+    "fingerprint weights_digest": lambda m: m["components"]["policy"]["fingerprint"].update(
+        weights="sha256:" + "1" * 64
+    ),
     "fingerprint field added": lambda m: m["components"]["policy"]["fingerprint"].update(dtype="float16"),
     "fingerprint device": lambda m: m["components"]["policy"]["fingerprint"].update(device_kind="cuda"),
     "buffer dtype": lambda m: _buffer(m).update(dtype="float64"),
@@ -206,7 +243,9 @@ def test_every_manifest_edit_is_refused(eager_world, tmp_path, capsys, edit):
     before = {f.name: f.read_bytes() for f in (tmp_path / "cap").iterdir()}
     assert inspect_main([str(tmp_path / "cap")]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and len(err.strip().splitlines()) == 1 and "manifest_digest" in err and str(tmp_path / "cap") in err
+    assert (
+        out == "" and len(err.strip().splitlines()) == 1 and "manifest_digest" in err and str(tmp_path / "cap") in err
+    )
     live = comps.state_bytes(eager_world)
     with pytest.raises(CorruptCapsule, match="manifest_digest"):
         restore(open_disk(tmp_path / "cap"), eager_world)
@@ -214,11 +253,16 @@ def test_every_manifest_edit_is_refused(eager_world, tmp_path, capsys, edit):
     assert {f.name: f.read_bytes() for f in (tmp_path / "cap").iterdir()} == before
 
 
-@pytest.mark.parametrize("field,value", [("nbytes", 10**30), ("wall_time", -5.0), ("dtype", "float128"), ("device", "warp:9")])
+@pytest.mark.parametrize(
+    "field,value", [("nbytes", 10**30), ("wall_time", -5.0), ("dtype", "float128"), ("device", "warp:9")]
+)
 def test_sealed_but_impossible_manifest_is_refused(eager_world, tmp_path, field, value):
     """A manifest sealed again after an edit still has to make sense: sizes, times, dtypes, devices."""
     save(snapshot(eager_world, "x"), tmp_path / "cap")
-    edit = {"nbytes": lambda m: m.update(nbytes=value), "wall_time": lambda m: m["boundary"].update(wall_time=value)}.get(field, lambda m: _buffer(m).update({field: value}))
+    edit = {
+        "nbytes": lambda m: m.update(nbytes=value),
+        "wall_time": lambda m: m["boundary"].update(wall_time=value),
+    }.get(field, lambda m: _buffer(m).update({field: value}))
     _edit_sealed(tmp_path / "cap", edit)
     with pytest.raises(CorruptCapsule, match=f"{tmp_path / 'cap'}: manifest.json is malformed") as info:
         load(tmp_path / "cap")

@@ -14,9 +14,25 @@ from rollcap.capsule import inspect_main, load, move, restore, save, snapshot
 SHARED_TORCH = [
     name
     for name in (
-        "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-        "float16", "bfloat16", "float32", "float64", "complex64",
-        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+        "bool",
+        "uint8",
+        "int8",
+        "uint16",
+        "int16",
+        "uint32",
+        "int32",
+        "uint64",
+        "int64",
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "complex64",
+        "float8_e4m3fn",
+        "float8_e4m3fnuz",
+        "float8_e5m2",
+        "float8_e5m2fnuz",
+        "float8_e8m0fnu",
         "float4_e2m1fn_x2",
     )
     if isinstance(getattr(torch, name, None), torch.dtype)
@@ -24,8 +40,19 @@ SHARED_TORCH = [
 """torch dtypes that safetensors writes and reads (this torch's subset)."""
 
 SHARED_NUMPY = [
-    "bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
-    "float16", "float32", "float64", "complex64",
+    "bool",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+    "uint64",
+    "int64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
 ]
 """numpy dtypes the disk tier stores (as the torch dtype of the same name)."""
 
@@ -138,11 +165,21 @@ def test_inspect_reads_every_shared_dtype(tmp_path, capsys):
 
 
 UNSTORABLE = [
-    pytest.param(torch.zeros(2, dtype=torch.complex128), r"c\.z is complex128 \(torch\).*disk tier cannot store", id="torch-complex128"),
-    pytest.param(np.zeros(2, dtype=np.complex128), r"c\.z is complex128 \(numpy\).*disk tier cannot store", id="numpy-complex128"),
+    pytest.param(
+        torch.zeros(2, dtype=torch.complex128),
+        r"c\.z is complex128 \(torch\).*disk tier cannot store",
+        id="torch-complex128",
+    ),
+    pytest.param(
+        np.zeros(2, dtype=np.complex128), r"c\.z is complex128 \(numpy\).*disk tier cannot store", id="numpy-complex128"
+    ),
 ]
 if "float4_e2m1fn_x2" in SHARED_TORCH:
-    UNSTORABLE.append(pytest.param(_random_bits(torch.float4_e2m1fn_x2, (), 0), r"c\.z is a 0-d float4_e2m1fn_x2.*shape \(1,\)", id="0d-float4"))
+    UNSTORABLE.append(
+        pytest.param(
+            _random_bits(torch.float4_e2m1fn_x2, (), 0), r"c\.z is a 0-d float4_e2m1fn_x2.*shape \(1,\)", id="0d-float4"
+        )
+    )
 
 
 @pytest.mark.parametrize(("value", "match"), UNSTORABLE)

@@ -35,7 +35,9 @@ def _tiers(reg: CapsuleRegistry) -> dict[str, str]:
 
 @pytest.fixture
 def reg(tmp_path):
-    with CapsuleRegistry(TierBudgets(device=300, host=300, disk=None), RegistryPolicy(disk_dir=str(tmp_path / "reg"))) as r:
+    with CapsuleRegistry(
+        TierBudgets(device=300, host=300, disk=None), RegistryPolicy(disk_dir=str(tmp_path / "reg"))
+    ) as r:
         yield r
 
 
@@ -51,7 +53,15 @@ def test_lru_demotion_order(reg):
     assert reg.tier_of("c") == "host" and reg.tier_of("b") == "device"
     reg.put("f", _cap(5))
     reg.put("g", _cap(6))
-    assert _tiers(reg) == {"a": "disk", "c": "host", "d": "host", "b": "host", "e": "device", "f": "device", "g": "device"}
+    assert _tiers(reg) == {
+        "a": "disk",
+        "c": "host",
+        "d": "host",
+        "b": "host",
+        "e": "device",
+        "f": "device",
+        "g": "device",
+    }
     s = reg.stats()
     assert s.demotions == 5 and s.bytes == {"device": 300, "host": 300, "disk": 100} and s.count["disk"] == 1
 
@@ -101,7 +111,9 @@ def test_over_pin_raises_and_moves_nothing(reg):
     reg.put("a", _cap(1, nbytes=200), pin=True)
     reg.put("b", _cap(2, nbytes=200))
     before = _tiers(reg)
-    with pytest.raises(RegistryFull, match=r"cannot pin 'b' \(200 bytes\) on the device tier: .* 400 bytes, the budget is 300"):
+    with pytest.raises(
+        RegistryFull, match=r"cannot pin 'b' \(200 bytes\) on the device tier: .* 400 bytes, the budget is 300"
+    ):
         reg.pin("b")
     assert _tiers(reg) == before and not reg.is_pinned("b")
     with pytest.raises(RegistryFull, match="budget"):
@@ -141,7 +153,9 @@ def test_disk_budget_drops_or_raises(tmp_path):
 
 def test_no_disk_tier(tmp_path):
     """With TierBudgets.disk=0 nothing is written to disk; capsules past the host budget are dropped."""
-    with CapsuleRegistry(TierBudgets(device=100, host=100, disk=0), RegistryPolicy(disk_dir=str(tmp_path / "r"))) as reg:
+    with CapsuleRegistry(
+        TierBudgets(device=100, host=100, disk=0), RegistryPolicy(disk_dir=str(tmp_path / "r"))
+    ) as reg:
         for i in range(3):
             reg.put(f"c{i}", _cap(i))
         assert _tiers(reg) == {"c1": "host", "c2": "device"} and not (tmp_path / "r").exists()

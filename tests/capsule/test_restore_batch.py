@@ -15,7 +15,14 @@ from rollcap.kernels.runner import GraphRunner
 
 
 def _runner(label: str, lane=None) -> GraphRunner:
-    return GraphRunner(lambda b: {"y": b["x"] * 2}, [BufferSpec("x", (2, 3), torch.float32)], [BufferSpec("y", (2, 3), torch.float32)], label=label, backend="eager", lane=lane)
+    return GraphRunner(
+        lambda b: {"y": b["x"] * 2},
+        [BufferSpec("x", (2, 3), torch.float32)],
+        [BufferSpec("y", (2, 3), torch.float32)],
+        label=label,
+        backend="eager",
+        lane=lane,
+    )
 
 
 class _Logged(GraphRunner):
@@ -31,7 +38,13 @@ class _Logged(GraphRunner):
 def test_batched_restore_puts_every_byte_back():
     """Two runners and an overriding subclass: all restored exactly; the override is called once."""
     a, b = _runner("a"), _runner("b")
-    c = _Logged(lambda x: {"y": x["x"] * 2}, [BufferSpec("x", (2, 3), torch.float32)], [BufferSpec("y", (2, 3), torch.float32)], label="c", backend="eager")
+    c = _Logged(
+        lambda x: {"y": x["x"] * 2},
+        [BufferSpec("x", (2, 3), torch.float32)],
+        [BufferSpec("y", (2, 3), torch.float32)],
+        label="c",
+        backend="eager",
+    )
     comps = {"a": a, "b": b, "c": c}
     assert a.loads_by_copy and not c.loads_by_copy
     for i, r in enumerate(comps.values()):

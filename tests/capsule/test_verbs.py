@@ -149,7 +149,9 @@ def test_fork_copy_on_write(world):
     b2 = b.with_buffers("policy", {"in.noise": new_noise})
     assert b2.state["policy"]["in.noise"] is not b.state["policy"]["in.noise"]
     assert b2.state["policy"]["in.x"] is b.state["policy"]["in.x"]
-    assert torch.equal(b2.state["policy"]["in.noise"], new_noise) and not torch.equal(src.state["policy"]["in.noise"], new_noise)
+    assert torch.equal(b2.state["policy"]["in.noise"], new_noise) and not torch.equal(
+        src.state["policy"]["in.noise"], new_noise
+    )
     assert b2.digest != src.digest == a.digest
     (deep,) = fork(src, 1, copy=True)
     assert deep.state["policy"]["in.x"] is not src.state["policy"]["in.x"] and deep.digest == src.digest

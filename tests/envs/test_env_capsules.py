@@ -37,7 +37,9 @@ def test_env_capsule_through_disk(name, tmp_path, capsys):
     on_disk = save(cap, tmp_path / "cap")
     back = load(on_disk.path)
     assert back.digest == cap.digest
-    assert {k: canonical_bytes(v) for k, v in back.state["env"].items()} == {k: canonical_bytes(v) for k, v in cap.state["env"].items()}
+    assert {k: canonical_bytes(v) for k, v in back.state["env"].items()} == {
+        k: canonical_bytes(v) for k, v in cap.state["env"].items()
+    }
 
     fresh = FACTORIES[name]()
     fresh.reset(seed=99)

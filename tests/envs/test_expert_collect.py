@@ -38,7 +38,9 @@ def test_action_noise_alone_is_tolerated():
     assert _success_rate(ExpertNoise(action_std=0.3), 30) >= 0.8
 
 
-@pytest.mark.parametrize("noise", [ExpertNoise(wrong_block_prob=1.0), ExpertNoise(give_up_prob=1.0, give_up_after=(0, 3))])
+@pytest.mark.parametrize(
+    "noise", [ExpertNoise(wrong_block_prob=1.0), ExpertNoise(give_up_prob=1.0, give_up_after=(0, 3))]
+)
 def test_mistakes_make_failures(noise):
     """Wrong-block and give-up mistakes produce failed episodes."""
     assert _success_rate(noise, 10) <= 0.2

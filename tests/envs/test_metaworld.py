@@ -11,7 +11,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-pytest.importorskip("metaworld", reason="metaworld is not installed (pip install scipy imageio && pip install --no-deps metaworld==3.1.1)")
+pytest.importorskip(
+    "metaworld",
+    reason="metaworld is not installed (pip install scipy imageio && pip install --no-deps metaworld==3.1.1)",
+)
 
 import rollcap.envs as envs  # noqa: E402
 from rollcap.envs.checks import canonical_bytes, check_env_exact  # noqa: E402
@@ -24,9 +27,16 @@ def _make(task: str = "push-v3", **kw) -> gym.Env:
 
 def _gl() -> str | None:
     """A headless GL backend that renders here (checked in a subprocess: MUJOCO_GL is read when mujoco is imported)."""
-    probe = "import mujoco; r = mujoco.Renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8); r.render(); r.close()"
+    probe = (
+        "import mujoco; r = mujoco.Renderer(mujoco.MjModel.from_xml_string('<mujoco/>'), 8, 8); r.render(); r.close()"
+    )
     for gl in ("egl", "osmesa"):
-        if subprocess.run([sys.executable, "-c", probe], env={**os.environ, "MUJOCO_GL": gl}, capture_output=True).returncode == 0:
+        if (
+            subprocess.run(
+                [sys.executable, "-c", probe], env={**os.environ, "MUJOCO_GL": gl}, capture_output=True
+            ).returncode
+            == 0
+        ):
             return gl
     return None
 
@@ -91,7 +101,10 @@ def test_check_env_exact_mt10(task):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("ROLLCAP_METAWORLD_ALL") != "1", reason="all 50 tasks take minutes (env build + restore check each); set ROLLCAP_METAWORLD_ALL=1 (the MT10 tasks run always)")
+@pytest.mark.skipif(
+    os.environ.get("ROLLCAP_METAWORLD_ALL") != "1",
+    reason="all 50 tasks take minutes (env build + restore check each); set ROLLCAP_METAWORLD_ALL=1 (the MT10 tasks run always)",
+)
 def test_probe_all_50_tasks_exact():
     """Every v3 task builds, is repeatable and passes the adapter's restore check."""
     bad = {t: p.reason for t in TASKS if not (p := envs.probe_exactness(_make(t))).ok}
@@ -121,7 +134,13 @@ def test_images_restore_exact():
     gl = _gl()
     if gl is None:
         pytest.skip("no headless GL here (MUJOCO_GL=egl needs libegl1 + libegl-mesa0, osmesa needs libosmesa6)")
-    out = subprocess.run([sys.executable, "-c", _IMAGE_CHECK], env={**os.environ, "MUJOCO_GL": gl}, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", _IMAGE_CHECK],
+        env={**os.environ, "MUJOCO_GL": gl},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
@@ -186,8 +205,12 @@ def test_expert_policy_is_the_tasks_script():
     policy = expert_policy("expert:0.1", env)
     assert policy.chunk_shape == (1, 4)
     fp = policy.state_fingerprint()
-    assert fp["expert"] == "metaworld.policies.sawyer_drawer_open_v3_policy.SawyerDrawerOpenV3Policy" and fp["std"] == 0.1
-    assert expert_policy("expert", env_id="rollcap/MetaWorld-drawer-open-v3").state_fingerprint()["expert"] == fp["expert"]
+    assert (
+        fp["expert"] == "metaworld.policies.sawyer_drawer_open_v3_policy.SawyerDrawerOpenV3Policy" and fp["std"] == 0.1
+    )
+    assert (
+        expert_policy("expert", env_id="rollcap/MetaWorld-drawer-open-v3").state_fingerprint()["expert"] == fp["expert"]
+    )
     obs, _ = env.reset(seed=4)
     noise = np.full((1, 4), 0.5, np.float32)
     clean = expert_policy("expert", env)

@@ -81,7 +81,14 @@ def test_uncaptured_task_state_refused_with_the_key_and_size():
         env.get_state()
 
 
-@pytest.mark.parametrize("make", [lambda: ExactStateWrapper(CountingReacher(), task_attributes=("count", "offset")), lambda: ExactStateWrapper(DeclaringReacher())], ids=["argument", "class-attribute"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: ExactStateWrapper(CountingReacher(), task_attributes=("count", "offset")),
+        lambda: ExactStateWrapper(DeclaringReacher()),
+    ],
+    ids=["argument", "class-attribute"],
+)
 def test_task_attributes_captured_by_value(make):
     """Named task attributes go into the state and come back as the kind they were (int stays int)."""
     env = make()
@@ -91,7 +98,9 @@ def test_task_attributes_captured_by_value(make):
         env.step(a)
     state = env.get_state()
     assert state["task.count"].dtype == np.int64 and state["task.count"].shape == () and int(state["task.count"]) == 3
-    assert state["task.offset"].tolist() == env.unwrapped.offset.tolist() and not np.shares_memory(state["task.offset"], env.unwrapped.offset)
+    assert state["task.offset"].tolist() == env.unwrapped.offset.tolist() and not np.shares_memory(
+        state["task.offset"], env.unwrapped.offset
+    )
     actions = _actions(env, 6, seed=3)
     reference = _steps(env, actions)
     env.reset(seed=9)
@@ -103,7 +112,9 @@ def test_task_attributes_captured_by_value(make):
 
 def test_check_env_exact_with_task_attributes():
     """The full check agrees with the first-use check once the attributes are named."""
-    report = check_env_exact(lambda: ExactStateWrapper(gym.wrappers.TimeLimit(DeclaringReacher(), 50)), restore_at=(0, 7), steps=60)
+    report = check_env_exact(
+        lambda: ExactStateWrapper(gym.wrappers.TimeLimit(DeclaringReacher(), 50)), restore_at=(0, 7), steps=60
+    )
     assert report.steps_compared == 120
 
 
@@ -111,7 +122,9 @@ def test_attribute_that_cannot_be_captured_is_named():
     """A list attribute cannot be captured by value: exactness is refused with its name and type."""
     env = ExactStateWrapper(CountingReacher(), task_attributes=("count", "offset", "history"))
     assert not env.exact_state
-    assert env.exact_state_reason.startswith("task attribute CountingReacher.history is a list, which cannot be captured by value")
+    assert env.exact_state_reason.startswith(
+        "task attribute CountingReacher.history is a list, which cannot be captured by value"
+    )
     missing = ExactStateWrapper(CountingReacher(), task_attributes=("nope",))
     assert not missing.exact_state and "CountingReacher.nope does not exist" in missing.exact_state_reason
 
@@ -134,7 +147,9 @@ def test_first_use_check_leaves_live_env_untouched():
 
     def everything():
         data = {n: getattr(base.data, n) for n in dir(base.data) if isinstance(getattr(base.data, n, None), np.ndarray)}
-        return canonical_bytes([data, base.count, base.offset, repr(base.np_random.bit_generator.state), env.env._elapsed_steps])
+        return canonical_bytes(
+            [data, base.count, base.offset, repr(base.np_random.bit_generator.state), env.env._elapsed_steps]
+        )
 
     before = everything()
     assert env.exact_state

@@ -10,7 +10,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-robotics = pytest.importorskip("gymnasium_robotics", reason="gymnasium-robotics is not installed (pip install rollcap[test])")
+robotics = pytest.importorskip(
+    "gymnasium_robotics", reason="gymnasium-robotics is not installed (pip install rollcap[test])"
+)
 
 import rollcap.envs.adapters as adapters  # noqa: E402
 from rollcap.capsule import inspect_main, load, restore, save, snapshot  # noqa: E402
@@ -168,8 +170,22 @@ def test_cli_fetch_builds_and_says_no_shipped_policy_reads_it(tmp_path):
     """`rollcap run --env gymnasium_robotics:FetchReach-v4` (README's line) builds Fetch in a fresh process and
     refuses the shipped policy in one line naming what it cannot read (it was a 38-line AssertionError, exit 1)."""
     out = tmp_path / "r"
-    res = subprocess.run([*ROLLCAP, "run", "--env", "gymnasium_robotics:FetchReach-v4", "--episodes", "1", "--out", str(out), "--no-progress"],
-                         capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [
+            *ROLLCAP,
+            "run",
+            "--env",
+            "gymnasium_robotics:FetchReach-v4",
+            "--episodes",
+            "1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = _errors(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert lines[0].startswith("rollcap run: error: --env: gymnasium_robotics:FetchReach-v4 does not fit the policy: ")
@@ -178,16 +194,23 @@ def test_cli_fetch_builds_and_says_no_shipped_policy_reads_it(tmp_path):
 
 
 @pytest.mark.slow(seconds=8)
-@pytest.mark.skipif(joint_types_compare(), reason="this MuJoCo compares joint types to numpy ints: gymnasium-robotics builds Fetch unpatched")
+@pytest.mark.skipif(
+    joint_types_compare(),
+    reason="this MuJoCo compares joint types to numpy ints: gymnasium-robotics builds Fetch unpatched",
+)
 def test_an_env_that_fails_to_build_is_one_line(tmp_path):
     """Without the fix, Fetch's own assert fails while it builds: one line naming the env and where, exit 2, nothing created."""
-    code = ("import sys, rollcap.envs.robotics as r; r.fix_joint_types = lambda: False; from rollcap.rollout.cli import main; "
-            f"sys.exit(main(['run', '--env', 'gymnasium_robotics:FetchPush-v4', '--episodes', '1', '--out', {str(tmp_path / 'r')!r}]))")
+    code = (
+        "import sys, rollcap.envs.robotics as r; r.fix_joint_types = lambda: False; from rollcap.rollout.cli import main; "
+        f"sys.exit(main(['run', '--env', 'gymnasium_robotics:FetchPush-v4', '--episodes', '1', '--out', {str(tmp_path / 'r')!r}]))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
     lines = _errors(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
-    assert lines[0] == ("rollcap run: error: --env: 'gymnasium_robotics:FetchPush-v4' failed to build: "
-                        "AssertionError at mujoco_utils.py:142 (set_joint_qpos)")
+    assert lines[0] == (
+        "rollcap run: error: --env: 'gymnasium_robotics:FetchPush-v4' failed to build: "
+        "AssertionError at mujoco_utils.py:142 (set_joint_qpos)"
+    )
     assert not (tmp_path / "r").exists()
 
 
@@ -196,11 +219,20 @@ def test_fetch_example_records_and_replays_exactly(tmp_path):
     """README's Fetch line: examples/fetch_reach.py records FetchReach with its scripted policy; both replays are exact,
     and `rollcap replay RUN --env gymnasium_robotics:FetchReach-v4 --mode env` agrees in a fresh process."""
     out = tmp_path / "fetch"
-    res = subprocess.run([sys.executable, str(ROOT / "examples" / "fetch_reach.py"), "--episodes", "2", "--out", str(out)],
-                         capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "fetch_reach.py"), "--episodes", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("episode")]
     assert len(lines) == 2 and all(ln.endswith("policy replay exact, env replay exact") for ln in lines), res.stdout
     assert "'success': 2" in res.stdout, res.stdout  # the script reaches the goal
-    res = subprocess.run([*ROLLCAP, "replay", str(out), "--env", "gymnasium_robotics:FetchReach-v4", "--mode", "env"], capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [*ROLLCAP, "replay", str(out), "--env", "gymnasium_robotics:FetchReach-v4", "--mode", "env"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0 and "2 exact" in res.stdout, res.stdout + res.stderr[-3000:]

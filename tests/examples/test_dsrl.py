@@ -22,7 +22,9 @@ from rollcap.rollout.gym.envs import NoiseSteeringEnv, instruction_tokens  # noq
 from rollcap.rollout.recording import EpisodeRecorder  # noqa: E402
 from tests.rollout._tiny import make_env, make_runners  # noqa: E402
 
-pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,15 +34,32 @@ def test_dsrl_sac_example_smoke(tmp_path):
     """A few hundred SAC steps and 5 held-out episodes: the model is written and both success rates are printed."""
     from stable_baselines3 import SAC
 
-    cmd = [sys.executable, str(ROOT / "examples" / "dsrl_sac.py"), "--timesteps", "300", "--learning-starts", "100", "--eval-episodes", "5", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "dsrl_sac.py"),
+        "--timesteps",
+        "300",
+        "--learning-starts",
+        "100",
+        "--eval-episodes",
+        "5",
+        "--out",
+        str(tmp_path),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "steered (SAC, deterministic) success: " in res.stdout and "unsteered (frozen policy) success: " in res.stdout, res.stdout
+    assert (
+        "steered (SAC, deterministic) success: " in res.stdout and "unsteered (frozen policy) success: " in res.stdout
+    ), res.stdout
     SAC.load(tmp_path / "dsrl_sac.zip", device="cpu")
     ev = json.loads((tmp_path / "result.json").read_text())["eval"]
     assert ev["episodes"] == 5 and len(ev["steered"]) == len(ev["frozen"]) == 5 and ev["run_seed"] == 2
     agent = json.loads((tmp_path / "result.json").read_text())["agent"]  # the probe saw every steered chunk
-    assert agent["chunks"] >= 5 and np.isfinite([agent["q_mean"], agent["q_p5"], agent["q_p95"]]).all() and 0 <= agent["saturated_fraction"] <= 1
+    assert (
+        agent["chunks"] >= 5
+        and np.isfinite([agent["q_mean"], agent["q_p5"], agent["q_p95"]]).all()
+        and 0 <= agent["saturated_fraction"] <= 1
+    )
     assert f"the agent over {agent['chunks']} steered chunks: Q mean" in res.stdout
 
 
@@ -52,9 +71,21 @@ def test_unsteered_episodes_are_rollcap_runs_episodes(tmp_path):
     ends = frozen_episodes(env, run_seed=5, episodes=2)
     env.close()
     q, c2 = make_runners(seed=2)
-    ref = rollcap.run(2, out=tmp_path / "ref", env=make_env(), policy=q, critic=c2, seed=5, execute_steps=3, formats=("npz",), progress=False).records()
+    ref = rollcap.run(
+        2,
+        out=tmp_path / "ref",
+        env=make_env(),
+        policy=q,
+        critic=c2,
+        seed=5,
+        execute_steps=3,
+        formats=("npz",),
+        progress=False,
+    ).records()
     got = rollcap.load(tmp_path / "mine")
-    assert [(e.seed, e.stop_reason, e.num_steps, e.num_chunks) for e in ends] == [(r.seed, r.stop_reason, r.num_steps, r.num_chunks) for r in ref]
+    assert [(e.seed, e.stop_reason, e.num_steps, e.num_chunks) for e in ends] == [
+        (r.seed, r.stop_reason, r.num_steps, r.num_chunks) for r in ref
+    ]
     for a, b in zip(got, ref):
         assert a.steps["actions"].tobytes() == b.steps["actions"].tobytes()
         assert a.chunks["noise"].tobytes() == b.chunks["noise"].tobytes()
@@ -92,6 +123,11 @@ def test_config_and_statistics():
 @pytest.mark.parametrize("flag, value", [("--target-entropy", "abc"), ("--ent-coef", "x")])
 def test_a_bad_entropy_flag_is_one_line_before_any_env(flag, value, tmp_path):
     """A malformed SAC entropy flag is refused at parse time: exit 2, one line naming the flag, nothing written."""
-    res = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl_sac.py"), flag, value, "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "dsrl_sac.py"), flag, value, "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"error: {flag}: expected a number" in res.stderr.strip().splitlines()[-1] and not (tmp_path / "o").exists()

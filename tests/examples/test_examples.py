@@ -12,14 +12,31 @@ import pytest
 from rollcap.critics import load_critic
 from rollcap.policies import load_policy
 
-pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_train_default_smoke(tmp_path):
     """The training example collects, trains, evaluates and writes loadable checkpoints."""
-    cmd = [sys.executable, str(ROOT / "examples" / "train_default.py"), "--demos", "3", "--policy-steps", "2", "--critic-steps", "2", "--eval-episodes", "2", "--batch", "8", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "train_default.py"),
+        "--demos",
+        "3",
+        "--policy-steps",
+        "2",
+        "--critic-steps",
+        "2",
+        "--eval-episodes",
+        "2",
+        "--batch",
+        "8",
+        "--out",
+        str(tmp_path),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     load_policy(tmp_path / "pushblock_policy.json")

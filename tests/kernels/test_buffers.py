@@ -57,7 +57,10 @@ def test_load_requires_every_buffer():
 
 def test_spec_lists_names_shapes_dtypes():
     """spec() is a JSON-able description."""
-    assert _bs().spec() == [{"name": "a", "shape": [2, 3], "dtype": "float32"}, {"name": "b", "shape": [4], "dtype": "int64"}]
+    assert _bs().spec() == [
+        {"name": "a", "shape": [2, 3], "dtype": "float32"},
+        {"name": "b", "shape": [4], "dtype": "int64"},
+    ]
 
 
 def test_numpy_writes_match_torch_writes_and_refuse_alike():

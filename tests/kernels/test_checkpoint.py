@@ -68,7 +68,9 @@ def test_flipped_weight_bit_is_refused(ckpt):
     raw = bytearray(st.read_bytes())
     raw[-5] ^= 0x01
     st.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointMismatch, match=rf"{st}: weights digest sha256:\w+ differs from the config's weights_digest") as info:
+    with pytest.raises(
+        CheckpointMismatch, match=rf"{st}: weights digest sha256:\w+ differs from the config's weights_digest"
+    ) as info:
         _load(ckpt)
     assert "\n" not in str(info.value)
 
@@ -94,7 +96,10 @@ def test_config_describing_more_than_the_weights_builds_nothing(ckpt):
     """n=10^6 (10^12 weights) in a config without meta_digest: refused from the header, after a meta-device build only."""
     _edit(ckpt, lambda m: m["config"].update(n=10**6))
     builds: list[str] = []
-    with pytest.raises(CheckpointMismatch, match=r"t.safetensors: tensor 'lin.weight' is \(4, 4\) torch.float32, the config needs \(1000000, 1000000\)"):
+    with pytest.raises(
+        CheckpointMismatch,
+        match=r"t.safetensors: tensor 'lin.weight' is \(4, 4\) torch.float32, the config needs \(1000000, 1000000\)",
+    ):
         _load(ckpt, builds)
     assert builds == ["meta"]
 

@@ -42,7 +42,15 @@ def block_runner(backend: str, threads: int = 1) -> GraphRunner:
         return {"y": b["x"] + lin2(torch.nn.functional.gelu(lin1(att))) + b["noise"]}
 
     ins = [BufferSpec("x", (1, 16, 32), torch.float32), BufferSpec("noise", (1, 16, 32), torch.float32)]
-    return GraphRunner(fn, ins, [BufferSpec("y", (1, 16, 32), torch.float32)], backend=backend, modules=[mods], label="block", threads=threads)
+    return GraphRunner(
+        fn,
+        ins,
+        [BufferSpec("y", (1, 16, 32), torch.float32)],
+        backend=backend,
+        modules=[mods],
+        label="block",
+        threads=threads,
+    )
 
 
 def _run(r: GraphRunner, seed: int) -> torch.Tensor:
@@ -90,7 +98,12 @@ def test_compiled_plan_is_exact_across_calls_processes_and_threads(backend, cach
         here = digest(r)
     finally:
         r.close()
-    out = subprocess.run([sys.executable, "-c", _CHILD.format(root=ROOT, backend=backend, threads=2)], capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(root=ROOT, backend=backend, threads=2)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     child, key = out.stdout.split("\n")[:2]
     assert child == here
@@ -165,7 +178,12 @@ def test_compiled_regions_on_cpu_are_exact_across_calls_and_leave_eager_alone(ca
     model = fuse(tiny_policy())
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
-    args = ([torch.randint(0, 256, (1, 32, 32, 3), dtype=torch.uint8, generator=g)], torch.randn(1, cfg.state_dim, generator=g), torch.full((1, cfg.max_tokens), 256), torch.randn(1, cfg.horizon, cfg.action_dim, generator=g))
+    args = (
+        [torch.randint(0, 256, (1, 32, 32, 3), dtype=torch.uint8, generator=g)],
+        torch.randn(1, cfg.state_dim, generator=g),
+        torch.full((1, cfg.max_tokens), 256),
+        torch.randn(1, cfg.horizon, cfg.action_dim, generator=g),
+    )
     fn, context, facts = compiled.compiled_for_capture(lambda a: model.sample(*a), [model], "cpu")
     with torch.no_grad():
         ref = model.sample(*args)

@@ -73,7 +73,10 @@ def test_jit_capture_refuses_what_the_tracer_would_freeze():
     """A torch.tensor constant and a tensor read as a Python number are refused in warm-up, before the tracer sees them."""
     ins = BufferSet([BufferSpec("x", (1, 2), torch.float32)])
     outs = BufferSet([BufferSpec("y", (1, 2), torch.float32)])
-    for fn, op in ((lambda b: {"y": b["x"] * torch.tensor([1.0, 2.0])}, "aten.lift_fresh"), (lambda b: {"y": b["x"] * float(b["x"].sum())}, "float")):
+    for fn, op in (
+        (lambda b: {"y": b["x"] * torch.tensor([1.0, 2.0])}, "aten.lift_fresh"),
+        (lambda b: {"y": b["x"] * float(b["x"].sum())}, "float"),
+    ):
         g = CapturedGraph(fn, ins, outs, "jit", label="w")
         with warnings.catch_warnings():
             warnings.simplefilter("error", torch.jit.TracerWarning)  # nothing reaches the tracer

@@ -81,7 +81,9 @@ def test_eager_backend_is_not_guarded():
 def test_guard_changes_no_bits():
     """The guarded warm-up gives the same outputs as an unguarded call."""
     torch.manual_seed(3)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)).eval()
+    net = torch.nn.Sequential(
+        torch.nn.Linear(4, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    ).eval()
     x = torch.randn(1, 4)
     with torch.no_grad():
         ref = net(x)

@@ -257,7 +257,9 @@ def test_two_cuda_lanes_overlap(work):
         together.append(_round((a, b), together=True))
     assert min(a.last_latency_s, b.last_latency_s) > 1e-3, "each replay must do enough work to measure overlap"
     ser, par = statistics.median(serial), statistics.median(together)
-    assert par < 0.9 * ser, f"{work}: together {par * 1e3:.2f} ms vs serial {ser * 1e3:.2f} ms: the lanes did not overlap"
+    assert par < 0.9 * ser, (
+        f"{work}: together {par * 1e3:.2f} ms vs serial {ser * 1e3:.2f} ms: the lanes did not overlap"
+    )
 
 
 @pytest.mark.cuda

@@ -24,8 +24,18 @@ def features(image: bool = True, instruction_dims: int = 0):
 
     inputs = {"observation.state": PolicyFeature(FeatureType.STATE, (STATE_DIM,))}
     stats = {
-        "observation.state": {"mean": torch.zeros(STATE_DIM), "std": torch.ones(STATE_DIM), "min": -torch.ones(STATE_DIM), "max": torch.ones(STATE_DIM)},
-        "action": {"mean": torch.zeros(ACTION_DIM), "std": torch.full((ACTION_DIM,), 0.5), "min": -torch.ones(ACTION_DIM), "max": torch.ones(ACTION_DIM)},
+        "observation.state": {
+            "mean": torch.zeros(STATE_DIM),
+            "std": torch.ones(STATE_DIM),
+            "min": -torch.ones(STATE_DIM),
+            "max": torch.ones(STATE_DIM),
+        },
+        "action": {
+            "mean": torch.zeros(ACTION_DIM),
+            "std": torch.full((ACTION_DIM,), 0.5),
+            "min": -torch.ones(ACTION_DIM),
+            "max": torch.ones(ACTION_DIM),
+        },
     }
     if image:
         inputs["observation.images.front"] = PolicyFeature(FeatureType.VISUAL, (3, 64, 64))
@@ -33,7 +43,12 @@ def features(image: bool = True, instruction_dims: int = 0):
     if instruction_dims:
         d = instruction_dims
         inputs["observation.environment_state"] = PolicyFeature(FeatureType.ENV, (d,))
-        stats["observation.environment_state"] = {"mean": torch.zeros(d), "std": torch.ones(d), "min": torch.zeros(d), "max": torch.full((d,), 2.0)}
+        stats["observation.environment_state"] = {
+            "mean": torch.zeros(d),
+            "std": torch.ones(d),
+            "min": torch.zeros(d),
+            "max": torch.full((d,), 2.0),
+        }
     return inputs, {"action": PolicyFeature(FeatureType.ACTION, (ACTION_DIM,))}, stats
 
 
@@ -44,8 +59,19 @@ def act(directory, image: bool = True, instruction_dims: int = 0, seed: int = 0)
 
     inputs, outputs, stats = features(image, instruction_dims)
     cfg = ACTConfig(
-        input_features=inputs, output_features=outputs, chunk_size=6, n_action_steps=6, dim_model=32, n_heads=2, dim_feedforward=64,
-        n_encoder_layers=1, n_decoder_layers=1, n_vae_encoder_layers=1, latent_dim=8, pretrained_backbone_weights=None, device="cpu",
+        input_features=inputs,
+        output_features=outputs,
+        chunk_size=6,
+        n_action_steps=6,
+        dim_model=32,
+        n_heads=2,
+        dim_feedforward=64,
+        n_encoder_layers=1,
+        n_decoder_layers=1,
+        n_vae_encoder_layers=1,
+        latent_dim=8,
+        pretrained_backbone_weights=None,
+        device="cpu",
     )
     torch.manual_seed(seed)
     return save(ACTPolicy(cfg), cfg, stats, directory)
@@ -58,9 +84,22 @@ def diffusion(directory, scheduler: str):
 
     inputs, outputs, stats = features()
     cfg = DiffusionConfig(
-        input_features=inputs, output_features=outputs, n_obs_steps=2, horizon=8, n_action_steps=4, crop_shape=None,
-        down_dims=(16, 32), kernel_size=3, n_groups=4, diffusion_step_embed_dim=16, spatial_softmax_num_keypoints=8,
-        noise_scheduler_type=scheduler, num_train_timesteps=10, num_inference_steps=3, pretrained_backbone_weights=None, device="cpu",
+        input_features=inputs,
+        output_features=outputs,
+        n_obs_steps=2,
+        horizon=8,
+        n_action_steps=4,
+        crop_shape=None,
+        down_dims=(16, 32),
+        kernel_size=3,
+        n_groups=4,
+        diffusion_step_embed_dim=16,
+        spatial_softmax_num_keypoints=8,
+        noise_scheduler_type=scheduler,
+        num_train_timesteps=10,
+        num_inference_steps=3,
+        pretrained_backbone_weights=None,
+        device="cpu",
     )
     torch.manual_seed(0)
     return save(DiffusionPolicy(cfg), cfg, stats, directory)

@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)")
+pytest.importorskip(
+    "lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)"
+)
 
 import torch
 from rollcap.policies.lerobot import LeRobotPolicy
@@ -34,7 +36,14 @@ TRACED = pytest.mark.filterwarnings("ignore:lerobot\\.[a-z]+. the (jit|cuda) pla
 
 def rollcap(*args, timeout=600) -> subprocess.CompletedProcess:
     """``rollcap ARGS`` in a fresh process of this venv."""
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +60,11 @@ def ddim_dir(tmp_path_factory):
 def observations(n: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     for _ in range(n):
-        yield {"state": rng.standard_normal(_tiny.STATE_DIM).astype(np.float32), "image_front": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8), "instruction": "push the red block"}
+        yield {
+            "state": rng.standard_normal(_tiny.STATE_DIM).astype(np.float32),
+            "image_front": rng.integers(0, 256, (64, 64, 3), dtype=np.uint8),
+            "instruction": "push the red block",
+        }
 
 
 def chunks(policy, n: int = 6) -> list[np.ndarray]:
@@ -80,7 +93,10 @@ def test_jit_chunk_is_eagers_bit_for_bit(act_dir):
 def test_ddim_is_refused_by_the_capture_guard_and_runs_eager(ddim_dir):
     """DDIM's scheduler builds its timesteps from numpy inside predict_action_chunk (a host-to-device copy that CUDA graph
     capture refuses): asked for jit it runs eager, and the warning names the scheduler's line; its chunks stay eager's."""
-    with pytest.warns(RuntimeWarning, match=r"lerobot\.diffusion: backend 'jit' not possible, it runs eager: .*CaptureHazard.*aten\.lift_fresh.*scheduling_ddim\.py:\d+ in set_timesteps"):
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"lerobot\.diffusion: backend 'jit' not possible, it runs eager: .*CaptureHazard.*aten\.lift_fresh.*scheduling_ddim\.py:\d+ in set_timesteps",
+    ):
         jit = LeRobotPolicy.load(ddim_dir, backend="jit")
     assert jit._graph is None and jit.backend.startswith("eager (jit capture failed: CaptureHazard")
     eager = LeRobotPolicy.load(ddim_dir)
@@ -90,7 +106,10 @@ def test_ddim_is_refused_by_the_capture_guard_and_runs_eager(ddim_dir):
 
 def test_tracer_warnings_are_one_summary(act_dir):
     """The tracer's shape warnings come back as one RuntimeWarning naming where they came from and the probe check."""
-    with pytest.warns(RuntimeWarning, match=r"lerobot\.act: the jit plan was traced through \d+ TracerWarning\(s\) at .*modeling_act\.py:\d+.*\(max \|diff\| 0\)") as seen:
+    with pytest.warns(
+        RuntimeWarning,
+        match=r"lerobot\.act: the jit plan was traced through \d+ TracerWarning\(s\) at .*modeling_act\.py:\d+.*\(max \|diff\| 0\)",
+    ) as seen:
         policy = LeRobotPolicy.load(act_dir, backend="jit")
     assert not [w for w in seen if issubclass(w.category, torch.jit.TracerWarning)]
     assert policy.trace_warnings and all(":" in w for w in policy.trace_warnings)
@@ -101,7 +120,9 @@ def test_ddpm_falls_back_to_eager_and_says_so(tmp_path):
     directory = _tiny.diffusion(tmp_path / "ddpm", "DDPM")
     with pytest.warns(RuntimeWarning, match="backend 'jit' not possible, it runs eager: DDPM draws torch's global RNG"):
         policy = LeRobotPolicy.load(directory, backend="jit")
-    assert policy.backend.startswith("eager (DDPM draws") and policy._graph is None and policy.capture_max_abs_diff is None
+    assert (
+        policy.backend.startswith("eager (DDPM draws") and policy._graph is None and policy.capture_max_abs_diff is None
+    )
     fp = policy.state_fingerprint()
     assert fp["backend"] == policy.backend and fp["noise"] == "not injected"
     assert len(chunks(policy, 2)) == 2
@@ -120,14 +141,32 @@ def test_cli_jit_run_replays_exact_in_a_fresh_process(act_dir, tmp_path):
     process: all exact; `--backend cuda` on CPU is one line naming --backend, and nothing is created."""
     kw = json.dumps({"max_steps": 12})
     out = tmp_path / "run"
-    res = rollcap("run", "--policy", f"lerobot:{act_dir}", "--backend", "jit", "--critic", "none", "--episodes", 2, "--env-kwargs", kw, "--out", out)
+    res = rollcap(
+        "run",
+        "--policy",
+        f"lerobot:{act_dir}",
+        "--backend",
+        "jit",
+        "--critic",
+        "none",
+        "--episodes",
+        2,
+        "--env-kwargs",
+        kw,
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert [r.fingerprints["policy"]["backend"] for r in load_any(out)] == ["jit", "jit"]
     res = rollcap("replay", out, "--policy", f"lerobot:{act_dir}", "--backend", "jit", "--critic", "none")
     assert res.returncode == 0 and "6 exact" in res.stdout.splitlines()[-1], res.stdout[-2000:] + res.stderr[-2000:]
     if not torch.cuda.is_available():
-        res = rollcap("run", "--policy", f"lerobot:{act_dir}", "--backend", "cuda", "--episodes", 1, "--out", tmp_path / "no")
-        assert res.returncode == 2 and res.stderr.strip().splitlines() == [f"rollcap run: error: --backend: 'cuda': a LeRobot policy on cpu runs 'eager' or 'jit' (lerobot:{act_dir})"], res.stderr
+        res = rollcap(
+            "run", "--policy", f"lerobot:{act_dir}", "--backend", "cuda", "--episodes", 1, "--out", tmp_path / "no"
+        )
+        assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+            f"rollcap run: error: --backend: 'cuda': a LeRobot policy on cpu runs 'eager' or 'jit' (lerobot:{act_dir})"
+        ], res.stderr
         assert not (tmp_path / "no").exists()
 
 
@@ -138,7 +177,10 @@ def test_cuda_graph_chunk_against_eager_on_the_gpu(which, act_dir, ddim_dir):
     """On a GPU: the CUDA graph around predict_action_chunk against eager on the same GPU (bit-equal or within
     the probe check's tolerance, and the fingerprint says cuda either way)."""
     directory = act_dir if which == "act" else ddim_dir
-    eager, graph = LeRobotPolicy.load(directory, device="cuda"), LeRobotPolicy.load(directory, device="cuda", backend="cuda")
+    eager, graph = (
+        LeRobotPolicy.load(directory, device="cuda"),
+        LeRobotPolicy.load(directory, device="cuda", backend="cuda"),
+    )
     assert graph.backend == "cuda" and graph.state_fingerprint()["backend"] == "cuda"
     for a, b in zip(chunks(eager), chunks(graph), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)

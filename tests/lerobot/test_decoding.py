@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)")
+pytest.importorskip(
+    "lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)"
+)
 
 import rollcap
 
@@ -26,12 +28,25 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 def run_20hz(tmp_path_factory):
     """Two short episodes of the built-in task at frame_skip 5 (0.05 s a step: 20 Hz), images 32 x 32, its scripted expert."""
     out = tmp_path_factory.mktemp("run") / "run"
-    rollcap.run(2, out=out, policy="expert", critic="none", env_kwargs={"frame_skip": 5, "image_size": 32, "max_steps": 8}, progress=False)
+    rollcap.run(
+        2,
+        out=out,
+        policy="expert",
+        critic="none",
+        env_kwargs={"frame_skip": 5, "image_size": 32, "max_steps": 8},
+        progress=False,
+    )
     return out
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +65,15 @@ def test_a_video_dataset_loads_without_a_traceback(video_dataset):
     Before the venv recipe removed a torchcodec that cannot load this machine's FFmpeg, every LeRobotDataset(...)
     printed about 100 lines of torchcodec's traceback before falling back to PyAV.
     """
-    code = ("from lerobot.datasets.lerobot_dataset import LeRobotDataset; "
-            f"ds = LeRobotDataset('rollcap/ds', root={str(video_dataset)!r}); f = ds[len(ds) - 1]; "
-            "print(ds.meta.fps, tuple(f['observation.images.front'].shape))")
+    code = (
+        "from lerobot.datasets.lerobot_dataset import LeRobotDataset; "
+        f"ds = LeRobotDataset('rollcap/ds', root={str(video_dataset)!r}); f = ds[len(ds) - 1]; "
+        "print(ds.meta.fps, tuple(f['observation.images.front'].shape))"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=ENV)
-    other = [ln for ln in res.stderr.splitlines() if ln.strip() and "falling back to 'pyav'" not in ln]  # LeRobot's own one-line notice may stay
+    other = [
+        ln for ln in res.stderr.splitlines() if ln.strip() and "falling back to 'pyav'" not in ln
+    ]  # LeRobot's own one-line notice may stay
     assert res.returncode == 0 and "Traceback" not in res.stderr and not other, res.stderr[-3000:]
     assert res.stdout.split() == ["20", "(3,", "32,", "32)"], res.stdout
 
@@ -62,8 +81,27 @@ def test_a_video_dataset_loads_without_a_traceback(video_dataset):
 @pytest.mark.slow(seconds=20)
 def test_lerobot_dataset_viz_saves_a_recording(video_dataset, tmp_path):
     """lerobot-dataset-viz (rerun-sdk) reads the export, videos decoded, and saves a .rrd file without a traceback."""
-    res = subprocess.run([str(BIN / "lerobot-dataset-viz"), "--repo-id", "rollcap/ds", "--root", str(video_dataset), "--episode-index", "0",
-                          "--save", "1", "--output-dir", str(tmp_path), "--num-workers", "0"], capture_output=True, text=True, timeout=300, env=ENV)
+    res = subprocess.run(
+        [
+            str(BIN / "lerobot-dataset-viz"),
+            "--repo-id",
+            "rollcap/ds",
+            "--root",
+            str(video_dataset),
+            "--episode-index",
+            "0",
+            "--save",
+            "1",
+            "--output-dir",
+            str(tmp_path),
+            "--num-workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+    )
     assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert list(tmp_path.glob("*.rrd"))
 

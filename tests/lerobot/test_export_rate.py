@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)")
+pytest.importorskip(
+    "lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)"
+)
 
 import rollcap
 
@@ -26,12 +28,25 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 def run_20hz(tmp_path_factory):
     """Two short episodes of the built-in task at frame_skip 5 (0.05 s a step: 20 Hz), no images, its scripted expert."""
     out = tmp_path_factory.mktemp("run") / "run"
-    rollcap.run(2, out=out, policy="expert", critic="none", env_kwargs={"frame_skip": 5, "render_images": False, "max_steps": 8}, progress=False)
+    rollcap.run(
+        2,
+        out=out,
+        policy="expert",
+        critic="none",
+        env_kwargs={"frame_skip": 5, "render_images": False, "max_steps": 8},
+        progress=False,
+    )
     return out
 
 
 def _cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 def test_export_takes_the_recorded_rate(run_20hz, tmp_path):
@@ -58,7 +73,9 @@ def test_export_of_an_unknown_rate_is_one_line(run_20hz, tmp_path):
     (tmp_path / "old").mkdir()
     write_npz(rec, tmp_path / "old" / "episode_00000.npz")
     res = _cli("export", tmp_path / "old", "--to", "lerobot", "--root", tmp_path / "ds")
-    assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("rollcap export: error: --fps: "), res.stderr[-3000:]
+    assert (
+        res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("rollcap export: error: --fps: ")
+    ), res.stderr[-3000:]
     assert "does not record its control rate" in res.stderr and not (tmp_path / "ds").exists()
     res = _cli("export", tmp_path / "old", "--to", "lerobot", "--root", tmp_path / "ds", "--fps", 30)
     assert res.returncode == 0 and "at 30 fps (--fps)" in res.stdout, res.stderr[-3000:]

@@ -12,8 +12,12 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)")
-pytest.importorskip("minari", reason="minari is not installed here (it is in LeRobot's venv: bash scripts/lerobot_env.sh)")
+pytest.importorskip(
+    "lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)"
+)
+pytest.importorskip(
+    "minari", reason="minari is not installed here (it is in LeRobot's venv: bash scripts/lerobot_env.sh)"
+)
 
 import torch
 from rollcap.policies.lerobot import LeRobotPolicy
@@ -51,7 +55,11 @@ def test_export_lerobot_reads_back_exactly(run_dir, tmp_path):
     out = export_lerobot(run_dir, tmp_path / "ds")
     assert (out.episodes, out.frames) == (3, sum(r.num_steps for r in records))
     ds = LeRobotDataset(out.repo_id, root=out.root)
-    assert ds.meta.total_episodes == 3 and len(ds) == out.frames and ds.meta.features["observation.images.front"]["dtype"] == "image"
+    assert (
+        ds.meta.total_episodes == 3
+        and len(ds) == out.frames
+        and ds.meta.features["observation.images.front"]["dtype"] == "image"
+    )
     i = 0
     for e, rec in enumerate(records):
         for t in range(rec.num_steps):
@@ -88,7 +96,14 @@ def test_export_minari_reads_back_exactly(run_dir, tmp_path, monkeypatch):
     import minari
 
     records = load_any(run_dir)
-    out = export_minari(run_dir, "rollcap/pushblock-v0", root=tmp_path / "minari", author="rollcap tests", author_email="tests@rollcap.invalid", code_permalink="tests/lerobot/test_lerobot.py")
+    out = export_minari(
+        run_dir,
+        "rollcap/pushblock-v0",
+        root=tmp_path / "minari",
+        author="rollcap tests",
+        author_email="tests@rollcap.invalid",
+        code_permalink="tests/lerobot/test_lerobot.py",
+    )
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(out.root))
     ds = minari.load_dataset(out.dataset_id)
     assert ds.total_episodes == 3 and ds.total_steps == out.steps
@@ -100,7 +115,9 @@ def test_export_minari_reads_back_exactly(run_dir, tmp_path, monkeypatch):
         assert list(ep.observations["instruction"]) == [rec.instruction] * (rec.num_steps + 1)
         assert ep.actions.tobytes() == rec.steps["actions"].tobytes()
         assert ep.rewards.dtype == np.float64 and ep.rewards.tobytes() == rec.steps["rewards"].tobytes()
-        assert np.array_equal(ep.terminations, rec.steps["terminated"]) and np.array_equal(ep.truncations, rec.steps["truncated"])
+        assert np.array_equal(ep.terminations, rec.steps["terminated"]) and np.array_equal(
+            ep.truncations, rec.steps["truncated"]
+        )
     assert ds.recover_environment().spec.id == records[0].env_id
 
 
@@ -133,7 +150,10 @@ def test_unmappable_feature_is_named(act_dir):
         policy.start(obs, np.zeros(policy.chunk_shape, np.float32))
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"'observation.images.front': expected shape \(3, 64, 64\)"):
-        policy.start({**obs, "state": np.zeros(28, np.float32), "image_front": np.zeros((32, 32, 3), np.uint8)}, np.zeros(policy.chunk_shape, np.float32))
+        policy.start(
+            {**obs, "state": np.zeros(28, np.float32), "image_front": np.zeros((32, 32, 3), np.uint8)},
+            np.zeros(policy.chunk_shape, np.float32),
+        )
 
 
 @pytest.mark.parametrize("scheduler", ["DDIM", "DDPM"])
@@ -166,11 +186,25 @@ def test_record_export_train_load_run(run_dir, tmp_path):
     out = export_lerobot(run_dir, tmp_path / "ds")
     train = tmp_path / "train"
     cmd = [
-        str(Path(sys.executable).with_name("lerobot-train")), f"--dataset.repo_id={out.repo_id}", f"--dataset.root={out.root}",
-        "--policy.type=act", "--policy.pretrained_backbone_weights=null", "--policy.push_to_hub=false", "--policy.device=cpu",
-        "--policy.dim_model=32", "--policy.n_encoder_layers=1", "--policy.n_decoder_layers=1", "--policy.dim_feedforward=64",
-        "--policy.chunk_size=6", "--policy.n_action_steps=6", "--steps=2", "--batch_size=2", "--num_workers=0", "--save_freq=2",
-        "--wandb.enable=false", f"--output_dir={train}",
+        str(Path(sys.executable).with_name("lerobot-train")),
+        f"--dataset.repo_id={out.repo_id}",
+        f"--dataset.root={out.root}",
+        "--policy.type=act",
+        "--policy.pretrained_backbone_weights=null",
+        "--policy.push_to_hub=false",
+        "--policy.device=cpu",
+        "--policy.dim_model=32",
+        "--policy.n_encoder_layers=1",
+        "--policy.n_decoder_layers=1",
+        "--policy.dim_feedforward=64",
+        "--policy.chunk_size=6",
+        "--policy.n_action_steps=6",
+        "--steps=2",
+        "--batch_size=2",
+        "--num_workers=0",
+        "--save_freq=2",
+        "--wandb.enable=false",
+        f"--output_dir={train}",
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)

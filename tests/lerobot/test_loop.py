@@ -17,8 +17,12 @@ import numpy as np
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)")
-pytest.importorskip("minari", reason="minari is not installed here (it is in LeRobot's venv: bash scripts/lerobot_env.sh)")
+pytest.importorskip(
+    "lerobot", reason="lerobot is not installed here; it lives in its own venv (bash scripts/lerobot_env.sh)"
+)
+pytest.importorskip(
+    "minari", reason="minari is not installed here (it is in LeRobot's venv: bash scripts/lerobot_env.sh)"
+)
 
 import torch
 from rollcap.policies.lerobot import (
@@ -40,7 +44,14 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 def rollcap(*args, timeout=600) -> subprocess.CompletedProcess:
     """``rollcap ARGS`` in a fresh process of this venv."""
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=ENV, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+        check=False,
+    )
 
 
 def digests(run_dir) -> list[str]:
@@ -78,7 +89,9 @@ def test_ray_actors_record_the_same_episodes(act_dir, local_run, tmp_path, actor
     """On 1 and 2 Ray actors: the same episode digests as the local run, and each replays exact in a fresh process."""
     pytest.importorskip("ray", reason="ray is not installed in this venv (bash scripts/lerobot_env.sh installs it)")
     out = tmp_path / "ray"
-    res = rollcap("run", "--policy", f"lerobot:{act_dir}", "--episodes", 3, "--env-kwargs", KW, "--actors", actors, "--out", out)
+    res = rollcap(
+        "run", "--policy", f"lerobot:{act_dir}", "--episodes", 3, "--env-kwargs", KW, "--actors", actors, "--out", out
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert digests(out) == digests(local_run)
     res = rollcap("replay", out, "--policy", f"lerobot:{act_dir}", "--mode", "policy,closed")
@@ -100,16 +113,33 @@ def test_export_cli_lerobot_and_minari(local_run, tmp_path):
     """`rollcap export --to lerobot` (state + instruction vector) and `--to minari` write whole datasets that read back."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    res = rollcap("export", local_run, "--to", "lerobot", "--root", tmp_path / "ds", "--obs-keys", "state", "--instruction-dims", 16, "--extras", "reward,success")
+    res = rollcap(
+        "export",
+        local_run,
+        "--to",
+        "lerobot",
+        "--root",
+        tmp_path / "ds",
+        "--obs-keys",
+        "state",
+        "--instruction-dims",
+        16,
+        "--extras",
+        "reward,success",
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     records = load_any(local_run)
     ds = LeRobotDataset("rollcap/ds", root=tmp_path / "ds")
-    assert "observation.images.front" not in ds.meta.features and {"next.reward", "next.success"} <= set(ds.meta.features)
+    assert "observation.images.front" not in ds.meta.features and {"next.reward", "next.success"} <= set(
+        ds.meta.features
+    )
     assert len(ds) == sum(r.num_steps for r in records)
     first = ds[0]
     assert first[INSTRUCTION_FEATURE].numpy().tobytes() == instruction_vector(records[0].instruction, 16).tobytes()
     assert first["observation.state"].numpy().tobytes() == records[0].obs["state"][0].tobytes()
-    res = rollcap("export", local_run, "--to", "minari", "--root", tmp_path / "minari", "--dataset-id", "rollcap/loop-v0")
+    res = rollcap(
+        "export", local_run, "--to", "minari", "--root", tmp_path / "minari", "--dataset-id", "rollcap/loop-v0"
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "minari" / "rollcap" / "loop-v0" / "data" / "main_data.hdf5").is_file()
 
@@ -146,7 +176,9 @@ def test_rollcap_export_in_python(local_run, tmp_path):
         rc.export(local_run, "minari", tmp_path / "m", videos=True)
 
 
-@pytest.mark.skipif(not (SHIPPED_ACT / "config.json").is_file(), reason="no shipped ACT checkpoint in examples/lerobot_act")
+@pytest.mark.skipif(
+    not (SHIPPED_ACT / "config.json").is_file(), reason="no shipped ACT checkpoint in examples/lerobot_act"
+)
 def test_shipped_act_runs_with_the_critic_and_replays(tmp_path):
     """examples/lerobot_act (trained by examples/lerobot_loop.py): two episodes with the shipped critic, replayed exact."""
     policy = LeRobotPolicy.load(SHIPPED_ACT)
@@ -161,7 +193,18 @@ def test_shipped_act_runs_with_the_critic_and_replays(tmp_path):
 @pytest.mark.slow
 def test_loop_example_smoke(tmp_path):
     """examples/lerobot_loop.py with a tiny budget: demos, export, lerobot-train, run, replay exact, inspect --plot."""
-    cmd = [sys.executable, str(ROOT / "examples" / "lerobot_loop.py"), "--out", str(tmp_path), "--demos", "4", "--steps", "2", "--episodes", "2"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "examples" / "lerobot_loop.py"),
+        "--out",
+        str(tmp_path),
+        "--demos",
+        "4",
+        "--steps",
+        "2",
+        "--episodes",
+        "2",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV, check=False)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     assert "6 exact" in res.stdout and list((tmp_path / "eval" / "plots").glob("*.png")), res.stdout[-3000:]

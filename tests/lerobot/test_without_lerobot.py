@@ -34,13 +34,23 @@ def test_load_names_a_directory_without_config(tmp_path):
 
 def test_map_features_defaults_and_missing_feature():
     """state / image_X / the one image map by default; an unmappable feature is a one-line ValueError naming it."""
-    feats = {"observation.state": SimpleNamespace(shape=(28,)), "observation.images.front": SimpleNamespace(shape=(3, 64, 64)), "observation.image": SimpleNamespace(shape=(3, 64, 64))}
+    feats = {
+        "observation.state": SimpleNamespace(shape=(28,)),
+        "observation.images.front": SimpleNamespace(shape=(3, 64, 64)),
+        "observation.image": SimpleNamespace(shape=(3, 64, 64)),
+    }
     keys = ["state", "image_front", "instruction"]
-    assert map_features(feats, keys) == {"observation.state": "state", "observation.images.front": "image_front", "observation.image": "image_front"}
+    assert map_features(feats, keys) == {
+        "observation.state": "state",
+        "observation.images.front": "image_front",
+        "observation.image": "image_front",
+    }
     with pytest.raises(ValueError, match="'observation.images.wrist'") as err:
         map_features({"observation.images.wrist": SimpleNamespace(shape=(3, 8, 8))}, keys)
     assert "\n" not in str(err.value)
-    assert map_features({"observation.images.wrist": SimpleNamespace(shape=())}, keys, {"observation.images.wrist": "image_front"}) == {"observation.images.wrist": "image_front"}
+    assert map_features(
+        {"observation.images.wrist": SimpleNamespace(shape=())}, keys, {"observation.images.wrist": "image_front"}
+    ) == {"observation.images.wrist": "image_front"}
     with pytest.raises(ValueError, match="keys: 'observation.nope'"):
         map_features(feats, keys, {"observation.nope": "state"})
 
@@ -48,7 +58,11 @@ def test_map_features_defaults_and_missing_feature():
 @pytest.mark.parametrize("to", ["lerobot", "minari"])
 def test_exporters_refuse_bad_input_before_importing(tmp_path, to):
     """Not a run dir, an unknown extra, an existing non-empty target: one-line ValueErrors naming the argument; nothing written."""
-    export = (lambda run, out, **kw: export_lerobot(run, out, **kw)) if to == "lerobot" else (lambda run, out, **kw: export_minari(run, "ns/d-v0", root=out, **kw))
+    export = (
+        (lambda run, out, **kw: export_lerobot(run, out, **kw))
+        if to == "lerobot"
+        else (lambda run, out, **kw: export_minari(run, "ns/d-v0", root=out, **kw))
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ValueError, match=r"run_dir: .*empty.* is not a rollcap recording"):
@@ -67,7 +81,13 @@ def test_exporters_refuse_bad_input_before_importing(tmp_path, to):
 
 
 def _cli(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -77,9 +97,13 @@ def test_cli_refuses_lerobot_doors_in_one_line(tmp_path):
     (tmp_path / "policy").mkdir()
     (tmp_path / "policy" / "config.json").write_text('{"type": "act"}')
     res = _cli("run", "--policy", f"lerobot:{tmp_path / 'policy'}", "--episodes", 1, "--out", tmp_path / "out")
-    assert res.returncode == 2 and "scripts/lerobot_env.sh" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert (
+        res.returncode == 2 and "scripts/lerobot_env.sh" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    ), res.stderr
     res = _cli("export", tmp_path, "--to", "lerobot", "--root", tmp_path / "ds")
-    assert res.returncode == 2 and "scripts/lerobot_env.sh" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert (
+        res.returncode == 2 and "scripts/lerobot_env.sh" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    ), res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy"]
 
 
@@ -87,14 +111,30 @@ def test_cli_refuses_lerobot_doors_in_one_line(tmp_path):
 def test_expert_policy_records_and_replays_exactly(tmp_path):
     """`--policy expert:0.2` (the scripted expert, noise from the host) records demonstrations that replay exact."""
     out = tmp_path / "demos"
-    res = _cli("run", "--policy", "expert:0.2", "--critic", "none", "--episodes", 2, "--env-kwargs", '{"max_steps": 20}', "--out", out)
+    res = _cli(
+        "run",
+        "--policy",
+        "expert:0.2",
+        "--critic",
+        "none",
+        "--episodes",
+        2,
+        "--env-kwargs",
+        '{"max_steps": 20}',
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     res = _cli("replay", out, "--policy", "expert:0.2", "--critic", "none")
     assert res.returncode == 0 and res.stdout.splitlines()[-1].endswith("all exact"), res.stdout[-2000:]
     res = _cli("replay", out, "--policy", "expert", "--critic", "none", "--mode", "policy")
     assert res.returncode == 1 and "not comparable" in res.stdout, res.stdout[-2000:]
     res = _cli("run", "--policy", "expert:2", "--episodes", 1, "--out", tmp_path / "bad")
-    assert res.returncode == 2 and "--policy: expert:2: expected expert or expert:STD" in res.stderr and not (tmp_path / "bad").exists()
+    assert (
+        res.returncode == 2
+        and "--policy: expert:2: expected expert or expert:STD" in res.stderr
+        and not (tmp_path / "bad").exists()
+    )
 
 
 def test_instruction_vector_tells_the_tasks_apart():
@@ -102,7 +142,11 @@ def test_instruction_vector_tells_the_tasks_apart():
     from rollcap.envs.scene import BLOCKS, TARGETS, make_instruction
     from rollcap.policies.lerobot import instruction_vector
 
-    vecs = {instruction_vector(make_instruction(b, t), 32).tobytes() for b in range(len(BLOCKS)) for t in range(len(TARGETS))}
+    vecs = {
+        instruction_vector(make_instruction(b, t), 32).tobytes()
+        for b in range(len(BLOCKS))
+        for t in range(len(TARGETS))
+    }
     assert len(vecs) == 9
     with pytest.raises(ValueError, match="instruction_dims: expected an integer >= 1"):
         instruction_vector("push", 0)

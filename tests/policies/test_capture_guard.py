@@ -39,8 +39,13 @@ def test_the_sampler_that_failed_cuda_capture_is_refused_on_cpu(monkeypatch):
 
     def host_built_prefix(self, images, state, tokens):
         adv = torch.tensor([ADV_POSITIVE, ADV_DROPPED], device=state.device)
-        return self._prefix([img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), adv)
+        return self._prefix(
+            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), adv
+        )
 
     monkeypatch.setattr(FlowVLA, "cfg_prefix", host_built_prefix)
-    with pytest.raises(CaptureHazard, match=r"policy: cannot capture: aten\.lift_fresh .* at policies/test_capture_guard\.py:\d+ in host_built_prefix"):
+    with pytest.raises(
+        CaptureHazard,
+        match=r"policy: cannot capture: aten\.lift_fresh .* at policies/test_capture_guard\.py:\d+ in host_built_prefix",
+    ):
         PolicyRunner(load_policy(), backend="jit")

@@ -47,7 +47,9 @@ def test_config_within_bounds_but_not_these_weights(tmp_path):
     meta["config"]["depth"] = 2
     del meta["meta_digest"]
     js.write_text(json.dumps(meta))
-    with pytest.raises(CheckpointMismatch, match=r"p.safetensors: tensors do not match the config: missing \['encoder.blocks.1"):
+    with pytest.raises(
+        CheckpointMismatch, match=r"p.safetensors: tensors do not match the config: missing \['encoder.blocks.1"
+    ):
         load_policy(js)
 
 

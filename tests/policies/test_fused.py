@@ -14,14 +14,22 @@ from rollcap.policies.observation import tokenize
 from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
 from tests.helpers import TINY_POLICY, make_noise, make_obs, tiny_policy
 
-CHECKPOINTS = [DEFAULT_CHECKPOINT, MT10_CHECKPOINT, DEFAULT_CHECKPOINT.with_name("pushblock_policy_prefix.json"), MT10_CHECKPOINT.with_name("mt10_policy_prefix.json")]
+CHECKPOINTS = [
+    DEFAULT_CHECKPOINT,
+    MT10_CHECKPOINT,
+    DEFAULT_CHECKPOINT.with_name("pushblock_policy_prefix.json"),
+    MT10_CHECKPOINT.with_name("mt10_policy_prefix.json"),
+]
 TOL = 1e-5
 """Largest |fused - plain| accepted on a chunk in fp32 (measured: at most 6e-7 on the shipped checkpoints, actions ~1)."""
 
 
 def _inputs(cfg, seed: int, n: int = 1):
     g = torch.Generator().manual_seed(seed)
-    imgs = [torch.randint(0, 256, (n, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8, generator=g) for _ in cfg.image_keys]
+    imgs = [
+        torch.randint(0, 256, (n, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8, generator=g)
+        for _ in cfg.image_keys
+    ]
     state = torch.randn(n, cfg.state_dim, generator=g)
     toks = torch.from_numpy(tokenize("push the red block to the left", cfg.max_tokens))[None].expand(n, -1)
     noise = torch.randn(n, cfg.horizon, cfg.action_dim, generator=g)
@@ -46,7 +54,10 @@ def test_fused_equals_plain_on_shipped_checkpoints(path):
             w = torch.zeros(1, cfg.horizon, 1)
             w[:, :3] = 1.0
             carried = torch.randn(1, cfg.horizon, cfg.action_dim)
-            a, b = plain.inpaint_sample(imgs, state, toks, noise, carried, w), fused.inpaint_sample(imgs, state, toks, noise, carried, w)
+            a, b = (
+                plain.inpaint_sample(imgs, state, toks, noise, carried, w),
+                fused.inpaint_sample(imgs, state, toks, noise, carried, w),
+            )
             assert (a - b).abs().max() < TOL
             assert torch.equal(b[:, :3], carried[:, :3])  # the pinned prefix is the carried actions exactly
 

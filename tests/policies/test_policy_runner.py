@@ -65,7 +65,12 @@ def test_second_process_and_thread_counts_give_identical_bytes(runner):
     root = str(pathlib.Path(__file__).resolve().parents[2])
     here = hashlib.sha256(b"".join(runner.act(make_obs(s), make_noise(s)).tobytes() for s in range(3))).hexdigest()
     for threads in (1, 2):
-        out = subprocess.run([sys.executable, "-c", _CHILD.format(root=root, threads=threads)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD.format(root=root, threads=threads)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         assert out.stdout.strip() == here
 
@@ -87,7 +92,10 @@ def test_replays_never_recapture(runner):
         (lambda o, n: (dict(o, state=np.full(5, np.inf, np.float32)), n), "state.*NaN or Inf"),
         (lambda o, n: (o, np.full_like(n, np.nan)), "noise: contains NaN"),
         (lambda o, n: (o, n[:2]), "noise: expected float32"),
-        (lambda o, n: (dict(o, instruction="x" * 40), n), "instruction: 40 bytes needs 42 tokens, the model's budget is 32"),
+        (
+            lambda o, n: (dict(o, instruction="x" * 40), n),
+            "instruction: 40 bytes needs 42 tokens, the model's budget is 32",
+        ),
         (lambda o, n: ({k: v for k, v in o.items() if k != "state"}, n), "missing \\['state'\\]"),
     ],
 )
@@ -120,7 +128,9 @@ def test_checkpoint_roundtrip_and_mismatch(tmp_path):
         load_policy(tmp_path / "p.json")
     del meta["meta_digest"]  # as a checkpoint written before meta_digest: the weights refuse it
     (tmp_path / "p.json").write_text(json.dumps(meta))
-    with pytest.raises(CheckpointMismatch, match="tensor .encoder.cam_pos. is \\(1, 4, 32\\).*config needs \\(1, 4, 64\\)"):
+    with pytest.raises(
+        CheckpointMismatch, match="tensor .encoder.cam_pos. is \\(1, 4, 32\\).*config needs \\(1, 4, 64\\)"
+    ):
         load_policy(tmp_path / "p.json")
     meta["config"]["bogus"] = 1
     (tmp_path / "p.json").write_text(json.dumps(meta))

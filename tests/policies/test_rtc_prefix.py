@@ -48,7 +48,9 @@ def test_per_token_time_of_equal_values_is_the_per_chunk_time(model):
     torch.manual_seed(1)
     obs = make_env().reset(seed=1)[0]
     spec = POLICY.obs_spec.to_inputs(obs)
-    kv, valid = model.cfg_prefix([torch.from_numpy(spec["image_front"])], torch.from_numpy(spec["state"]), torch.from_numpy(spec["tokens"]))
+    kv, valid = model.cfg_prefix(
+        [torch.from_numpy(spec["image_front"])], torch.from_numpy(spec["state"]), torch.from_numpy(spec["tokens"])
+    )
     x = torch.randn(2, POLICY.horizon, POLICY.action_dim)
     t = torch.tensor([0.7, 0.3])
     a = model.expert(x, t, kv, valid)
@@ -94,7 +96,9 @@ def test_the_prefix_sampler_is_refused_where_it_does_not_apply(model, pair):
     with pytest.raises(ValueError, match="hard"):
         rtc.configure(1, 2, "rtc", "soft")
     with pytest.raises(ConfigError, match="rtc_mask"):
-        RolloutHost(make_env(), rtc, None, HostConfig(chunking="rtc", inference_delay=1, execute_steps=2, rtc_mask="soft"))
+        RolloutHost(
+            make_env(), rtc, None, HostConfig(chunking="rtc", inference_delay=1, execute_steps=2, rtc_mask="soft")
+        )
 
 
 def test_prefix_loss_feeds_the_clean_prefix_at_time_zero_and_masks_it(model):

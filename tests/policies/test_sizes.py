@@ -45,7 +45,9 @@ def test_weight_floor_arithmetic():
     assert f["bytes_per_chunk"] == 2 * (c["prefix"] + cfg.num_steps * c["expert_step"])
     assert f["chunk_floor_ms"] == pytest.approx(f["bytes_per_chunk"] / 4.8e12 * 1e3)
     assert 0.18e9 < f["bytes_per_step"] < 0.22e9 and 0.4 < f["chunk_floor_ms"] < 0.6
-    assert weight_floor(cfg, "fp32", HBM_BYTES_PER_S["H100 SXM"])["chunk_floor_ms"] == pytest.approx(f["chunk_floor_ms"] * 2 * 4.8 / 3.35)
+    assert weight_floor(cfg, "fp32", HBM_BYTES_PER_S["H100 SXM"])["chunk_floor_ms"] == pytest.approx(
+        f["chunk_floor_ms"] * 2 * 4.8 / 3.35
+    )
 
 
 def test_size_lookup_suggests_and_reads_config_files(tmp_path):

@@ -19,7 +19,9 @@ class LinearPolicy:
         self.chunk = None
 
     def start(self, obs, noise) -> None:
-        self.chunk = (np.tanh(self.w @ np.asarray(obs, np.float32)).reshape(self.chunk_shape) + 0.05 * noise).astype(np.float32)
+        self.chunk = (np.tanh(self.w @ np.asarray(obs, np.float32)).reshape(self.chunk_shape) + 0.05 * noise).astype(
+            np.float32
+        )
 
     def result(self):
         return self.chunk
@@ -34,7 +36,14 @@ def record_inverted_pendulum(out: Path, episodes: int = 2) -> Path:
 
     env = rollcap.make_env("InvertedPendulum-v5")
     try:
-        rollcap.run(episodes, out=out, env=env, policy=LinearPolicy(env.observation_space.shape[0], env.action_space.shape[0]), progress=False, max_chunks=3)
+        rollcap.run(
+            episodes,
+            out=out,
+            env=env,
+            policy=LinearPolicy(env.observation_space.shape[0], env.action_space.shape[0]),
+            progress=False,
+            max_chunks=3,
+        )
     finally:
         env.close()
     return Path(out)

@@ -158,14 +158,19 @@ def test_run_envs_repeats_and_replays(tmp_path):
 def test_make_batched_runners_checks_the_env():
     """Batched runners are checked against the env's observations like batch 1's (a misfit is a ConfigError)."""
     with pytest.raises(ConfigError):
-        make_batched_runners(Parts(critic=None), 2, make_env())  # the shipped policy reads 64 px images, this env renders 32
+        make_batched_runners(
+            Parts(critic=None), 2, make_env()
+        )  # the shipped policy reads 64 px images, this env renders 32
 
 
 @pytest.mark.cuda
 def test_cuda_batched_rows_never_mix_and_replay_exactly():
     """On CUDA: the batch-4 graph captures, a row is the same bytes whatever the other rows hold, and replays exactly."""
     torch.manual_seed(0)
-    p, c = PolicyRunner(FlowVLA(POLICY).eval(), device="cuda", batch=4), CriticRunner(ValueCritic(CRITIC).eval(), device="cuda", batch=4)
+    p, c = (
+        PolicyRunner(FlowVLA(POLICY).eval(), device="cuda", batch=4),
+        CriticRunner(ValueCritic(CRITIC).eval(), device="cuda", batch=4),
+    )
     obs, noise = first_obs(0), flow_noise(0)
     got = []
     for other in (1, 2):
@@ -205,8 +210,26 @@ def test_branch_of_a_batched_episode_has_an_exact_control(tmp_path):
 
     p, c = _models(2)
     pol, cri = save_policy(p, tmp_path / "p"), save_critic(c, tmp_path / "c")
-    run = rollcap.run(3, out=tmp_path / "r", env_kwargs=ENV_KW, policy=pol, critic=cri, envs=3, max_chunks=5, progress=False, formats=("npz",))
+    run = rollcap.run(
+        3,
+        out=tmp_path / "r",
+        env_kwargs=ENV_KW,
+        policy=pol,
+        critic=cri,
+        envs=3,
+        max_chunks=5,
+        progress=False,
+        formats=("npz",),
+    )
     longest = max(range(3), key=lambda i: len(next(iter(run.records()[i].chunks.values()))))
-    result, summary = branch_episode(tmp_path / "r", longest, 1, 2, out=tmp_path / "b", formats=("npz",), parts=Parts(env_kwargs=ENV_KW, policy=pol, critic=cri))
+    result, summary = branch_episode(
+        tmp_path / "r",
+        longest,
+        1,
+        2,
+        out=tmp_path / "b",
+        formats=("npz",),
+        parts=Parts(env_kwargs=ENV_KW, policy=pol, critic=cri),
+    )
     assert result.fingerprint_diff == [] and result.control_diff is None, summary["control"]
     assert result.control is not None and len(result.records) == 3

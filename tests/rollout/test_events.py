@@ -62,6 +62,7 @@ def test_discard_drops_the_episode_and_quit_is_seen_between_episodes(runners, tm
     """discard(): no record reaches the recorder; quit() is readable by the driver; the next episode is recorded."""
     from rollcap.rollout.recording import EpisodeRecorder
     from rollcap.rollout.recording import load_any
+
     bus = EventBus()
     rec = EpisodeRecorder(tmp_path / "r")
     sub = At(lambda step: bus.discard() if step == 3 else None)
@@ -115,7 +116,11 @@ def test_wait_for_go_is_released_by_go_or_quit():
 def test_intervened_steps_keep_the_policy_s_would_be_action(runners):
     """record.intervention marks the human steps; record.policy_actions() gives the planned action at every step."""
     bus = EventBus()
-    rec = RolloutHost(make_env(), *runners, HostConfig(seed=2, max_chunks=4), [takeover(bus, 0, 6)], events=bus).run_episode(0).record
+    rec = (
+        RolloutHost(make_env(), *runners, HostConfig(seed=2, max_chunks=4), [takeover(bus, 0, 6)], events=bus)
+        .run_episode(0)
+        .record
+    )
     assert rec.intervention.tolist()[:8] == [False, True, True, True, True, True, True, False]
     planned = rec.policy_actions()
     assert planned.shape == rec.steps["actions"].shape

@@ -78,7 +78,15 @@ def _record_runs():
             host = RolloutHost(env, policy, critic, HostConfig(seed=seed, **kw))
             for end in host.run(n):
                 rec = end.record
-                out.append({"run_seed": seed, "index": rec.index, "stop_reason": rec.stop_reason, "steps": rec.num_steps, "digests": content_digests(rec)})
+                out.append(
+                    {
+                        "run_seed": seed,
+                        "index": rec.index,
+                        "stop_reason": rec.stop_reason,
+                        "steps": rec.num_steps,
+                        "digests": content_digests(rec),
+                    }
+                )
         return policy.state_fingerprint(), out
     finally:
         policy.close()
@@ -95,15 +103,27 @@ def test_builtin_task_recordings_are_byte_identical_to_the_golden():
     fp, episodes = _record_runs()
     if os.environ.get("ROLLCAP_WRITE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(json.dumps({"fingerprint": _comparable(fp), "episodes": episodes}, indent=1, sort_keys=True) + "\n")
+        GOLDEN.write_text(
+            json.dumps({"fingerprint": _comparable(fp), "episodes": episodes}, indent=1, sort_keys=True) + "\n"
+        )
         pytest.skip(f"wrote {GOLDEN}")
     golden = json.loads(GOLDEN.read_text())
     if _comparable(fp) != golden["fingerprint"]:
-        differ = sorted(k for k in set(golden["fingerprint"]) | set(_comparable(fp)) if golden["fingerprint"].get(k) != _comparable(fp).get(k))
+        differ = sorted(
+            k
+            for k in set(golden["fingerprint"]) | set(_comparable(fp))
+            if golden["fingerprint"].get(k) != _comparable(fp).get(k)
+        )
         pytest.skip(f"golden digests were taken on another deployment fingerprint (differs in {differ})")
     assert [(e["run_seed"], e["index"]) for e in episodes] == [(e["run_seed"], e["index"]) for e in golden["episodes"]]
-    assert {e["stop_reason"] for e in golden["episodes"]} >= {"critic", "success"}, "golden must cover a critic stop and a success"
-    assert any(e["steps"] == 0 for e in golden["episodes"]) and any(e["stop_reason"] == "critic" and e["steps"] for e in golden["episodes"])
+    assert {e["stop_reason"] for e in golden["episodes"]} >= {"critic", "success"}, (
+        "golden must cover a critic stop and a success"
+    )
+    assert any(e["steps"] == 0 for e in golden["episodes"]) and any(
+        e["stop_reason"] == "critic" and e["steps"] for e in golden["episodes"]
+    )
     for got, want in zip(episodes, golden["episodes"]):
         for table, digest in want["digests"].items():
-            assert got["digests"][table] == digest, f"run seed {want['run_seed']} episode {want['index']}: {table} changed"
+            assert got["digests"][table] == digest, (
+                f"run seed {want['run_seed']} episode {want['index']}: {table} changed"
+            )

@@ -20,7 +20,16 @@ def parts():
 
 def _run(parts, out, episodes, resume=False, **kw):
     policy, critic = parts
-    return rollcap.run(episodes, out=out, env=make_env(), policy=policy, critic=critic, progress=False, resume=resume, **{"seed": 5, "max_chunks": 3, **kw})
+    return rollcap.run(
+        episodes,
+        out=out,
+        env=make_env(),
+        policy=policy,
+        critic=critic,
+        progress=False,
+        resume=resume,
+        **{"seed": 5, "max_chunks": 3, **kw},
+    )
 
 
 def _digests(run_dir):
@@ -41,7 +50,10 @@ def test_identical_runs_and_a_resumed_run_have_identical_episode_digests(parts, 
     assert c.summary["episodes"] == 4  # the summary covers the whole run
 
 
-@pytest.mark.parametrize("change, field", [({"seed": 6}, "seed"), ({"max_chunks": 4}, "max_chunks"), ({"critic_threshold": -0.5}, "critic_threshold")])
+@pytest.mark.parametrize(
+    "change, field",
+    [({"seed": 6}, "seed"), ({"max_chunks": 4}, "max_chunks"), ({"critic_threshold": -0.5}, "critic_threshold")],
+)
 def test_resume_with_another_config_is_refused_naming_the_field(parts, tmp_path, change, field):
     """A resume whose config differs from the recorded one is refused before anything runs."""
     _run(parts, tmp_path / "r", 2)
@@ -67,7 +79,17 @@ def test_resume_with_other_weights_is_refused(parts, tmp_path):
     other, critic = make_runners(seed=4)
     try:
         with pytest.raises(ConfigError, match="policy weights") as info:
-            rollcap.run(2, out=tmp_path / "r", env=make_env(), policy=other, critic=parts[1], progress=False, resume=True, seed=5, max_chunks=3)
+            rollcap.run(
+                2,
+                out=tmp_path / "r",
+                env=make_env(),
+                policy=other,
+                critic=parts[1],
+                progress=False,
+                resume=True,
+                seed=5,
+                max_chunks=3,
+            )
         assert info.value.field == "policy"
     finally:
         other.close()
@@ -82,7 +104,11 @@ def test_a_run_directory_of_the_wrong_shape_is_refused(parts, tmp_path, make_bad
         out.write_text("x")
     else:
         _run(parts, out, 1)
-        target = {"episodes_file": out / "episodes", "h5_dir": out / "episodes.hdf5", "summary_dir": out / "summary.json"}[make_bad]
+        target = {
+            "episodes_file": out / "episodes",
+            "h5_dir": out / "episodes.hdf5",
+            "summary_dir": out / "summary.json",
+        }[make_bad]
         import shutil
 
         shutil.rmtree(target) if target.is_dir() else target.unlink()
@@ -103,5 +129,8 @@ def test_recordings_follow_the_umask(parts, tmp_path):
         res = _run(parts, tmp_path / "r", 1)
     finally:
         os.umask(old)
-    modes = {p.name: p.stat().st_mode & 0o777 for p in [*res.run_dir.glob("episodes/*.npz"), res.run_dir / "episodes.hdf5", res.run_dir / "summary.json"]}
+    modes = {
+        p.name: p.stat().st_mode & 0o777
+        for p in [*res.run_dir.glob("episodes/*.npz"), res.run_dir / "episodes.hdf5", res.run_dir / "summary.json"]
+    }
     assert set(modes.values()) == {0o644}, modes

@@ -69,9 +69,17 @@ def test_naive_with_no_delay_is_the_synchronous_episode(runners, rtc_policy):
     plain, _ = runners
     torch.manual_seed(0)
     env = make_env()
-    sync = RolloutHost(env, plain.__class__(rtc_policy.model), None, HostConfig(seed=2, execute_steps=2)).run_episode(0).record
-    naive = RolloutHost(env, rtc_policy, None, HostConfig(seed=2, execute_steps=2, chunking="naive")).run_episode(0).record
-    as_sync = RolloutHost(env, rtc_policy, None, HostConfig(seed=2, execute_steps=2)).run_episode(0).record  # after an RTC schedule
+    sync = (
+        RolloutHost(env, plain.__class__(rtc_policy.model), None, HostConfig(seed=2, execute_steps=2))
+        .run_episode(0)
+        .record
+    )
+    naive = (
+        RolloutHost(env, rtc_policy, None, HostConfig(seed=2, execute_steps=2, chunking="naive")).run_episode(0).record
+    )
+    as_sync = (
+        RolloutHost(env, rtc_policy, None, HostConfig(seed=2, execute_steps=2)).run_episode(0).record
+    )  # after an RTC schedule
     for k in sync.steps:
         assert sync.steps[k].tobytes() == naive.steps[k].tobytes() == as_sync.steps[k].tobytes(), k
     assert "rtc_carried" not in sync.chunks and "rtc_carried" in naive.chunks
@@ -81,7 +89,9 @@ def test_synchronous_chunking_replays_the_policy_on_the_host_s_thread_and_rtc_on
     """sync: the replay runs inside result() on the host's thread (one hand-off fewer); rtc: on the lane, while the carried queue executes."""
     seen: list[int] = []
     replay = rtc_policy.graph.replay
-    rtc_policy.graph.replay = lambda: (seen.append(threading.get_ident()), replay())[1]  # launch() looks it up each time
+    rtc_policy.graph.replay = lambda: (seen.append(threading.get_ident()), replay())[
+        1
+    ]  # launch() looks it up each time
     try:
         for cfg, on_host in (({"execute_steps": 2}, True), (RTC, False), ({"execute_steps": 2}, True)):
             seen.clear()
@@ -130,7 +140,12 @@ def test_rtc_episodes_replay_exactly_in_all_three_modes_in_a_fresh_process(ckpt,
     """rollcap run --chunking rtc records; rollcap replay in another process proves policy, env and closed exact."""
     out = tmp_path / "run"
     flags = ["--chunking", "rtc", "--inference-delay", "1", "--execute-steps", "2", "--max-chunks", "12"]
-    run = subprocess.run(["rollcap", "run", "--episodes", "2", "--seed", "3", "--out", str(out), *flags, *ckpt], capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        ["rollcap", "run", "--episodes", "2", "--seed", "3", "--out", str(out), *flags, *ckpt],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     policy_flags = ckpt[: ckpt.index("--env-kwargs")]
     for target in (out / "episodes", out / "episodes.hdf5"):  # npz and HDF5
@@ -179,9 +194,31 @@ def test_bench_rtc_smoke(tmp_path):
     from rollcap.rollout.stats import wilson
 
     out = tmp_path / "rtc.json"
-    assert main(["--episodes", "1", "--stall-episodes", "1", "--delays", "2", "--modes", "rtc-soft", "--period-ms", "2", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--episodes",
+                "1",
+                "--stall-episodes",
+                "1",
+                "--delays",
+                "2",
+                "--modes",
+                "rtc-soft",
+                "--period-ms",
+                "2",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads(out.read_text())
-    assert set(res["stall"]) == {"sync/d0", "rtc/d2"} and set(res["success"]) == {"sync/d0", "rtc-soft/d2"} and res["graph"]["ratio"] > 0
+    assert (
+        set(res["stall"]) == {"sync/d0", "rtc/d2"}
+        and set(res["success"]) == {"sync/d0", "rtc-soft/d2"}
+        and res["graph"]["ratio"] > 0
+    )
     assert res["success"]["rtc-soft/d2"]["episodes"] == 1 and "minus_sync" in res["success"]["rtc-soft/d2"]
     _, lo, hi = wilson(172, 200)
     assert 0.80 < lo < 0.86 < hi < 0.91 and paired_diff(np.array([1, 1, 0]), np.array([1, 1, 0]))[0] == 0.0

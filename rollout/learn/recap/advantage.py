@@ -55,6 +55,13 @@ def binarise(steps: Steps, adv: np.ndarray, percentile: float) -> tuple[np.ndarr
         "positive_fraction_in_successes": float(pos[success].mean()) if success.any() else float("nan"),
         "positive_fraction_in_failures": float(pos[~success].mean()) if (~success).any() else float("nan"),
         "human_steps": int(steps.human.sum()),
-        "advantage": {"mean": float(adv.mean()), "p10": float(np.percentile(adv, 10)), "p50": float(np.percentile(adv, 50)), "p90": float(np.percentile(adv, 90))} if len(adv) else {},
+        "advantage": {
+            "mean": float(adv.mean()),
+            "p10": float(np.percentile(adv, 10)),
+            "p50": float(np.percentile(adv, 50)),
+            "p90": float(np.percentile(adv, 90)),
+        }
+        if len(adv)
+        else {},
     }
     return labels, stats

@@ -43,7 +43,9 @@ from rollcap.rollout.recording.codec import episode_digest
 class Steps:
     """Flat per-step arrays over a set of episodes (rollouts or demonstrations)."""
 
-    images: np.ndarray  # [N, S, S, 3] uint8, observation before step t ([N, 0] for a state-only model: see value.image_inputs)
+    images: (
+        np.ndarray
+    )  # [N, S, S, 3] uint8, observation before step t ([N, 0] for a state-only model: see value.image_inputs)
     state: np.ndarray  # [N, D] float32
     tokens: np.ndarray  # [N, L] int64
     chunks: np.ndarray  # [N, H, A] float32, actions t .. t+H-1 (zero padded after a success)
@@ -57,7 +59,9 @@ class Steps:
     final_state: np.ndarray | None = None  # [E, D]
     final_tokens: np.ndarray | None = None  # [E, L]
     boundary: np.ndarray | None = None  # [N] bool, a chunk began at step t
-    plan: np.ndarray | None = None  # [N, H, A] at a boundary: the chunk run from it (its executed actions as the env got them, then the rest as planned)
+    plan: np.ndarray | None = (
+        None  # [N, H, A] at a boundary: the chunk run from it (its executed actions as the env got them, then the rest as planned)
+    )
 
     def __len__(self) -> int:
         return len(self.t)
@@ -110,7 +114,11 @@ def episode_steps(rec, horizon: int, image_key: str | None, max_tokens: int, sou
     t_len = rec.num_steps
     acts = rec.steps["actions"].astype(np.float32)
     pad = np.concatenate([acts, np.zeros((horizon, acts.shape[1]), np.float32)])
-    chunks = np.stack([pad[t : t + horizon] for t in range(t_len)]) if t_len else np.zeros((0, horizon, acts.shape[1]), np.float32)
+    chunks = (
+        np.stack([pad[t : t + horizon] for t in range(t_len)])
+        if t_len
+        else np.zeros((0, horizon, acts.shape[1]), np.float32)
+    )
     label_ok = np.ones(t_len, bool) if rec.success else (np.arange(t_len) + horizon <= t_len)
     starts = rec.chunks["chunk_start"].astype(np.int64)
     boundary = np.zeros(t_len, bool)
@@ -156,10 +164,16 @@ def _branch_of(rec) -> dict | None:
     o = rec.origin
     if not o:
         return None
-    return {"parent": str(o.get("parent", o.get("file", ""))), "episode": int(o.get("episode", -1)), "chunk": int(o.get("chunk", -1))}
+    return {
+        "parent": str(o.get("parent", o.get("file", ""))),
+        "episode": int(o.get("episode", -1)),
+        "chunk": int(o.get("chunk", -1)),
+    }
 
 
-def read_runs(paths, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, spec=None) -> tuple[Steps, list[dict]]:
+def read_runs(
+    paths, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, spec=None
+) -> tuple[Steps, list[dict]]:
     """Every episode of the run directories (or recording files) ``paths``, streamed, as :class:`Steps`.
 
     ``image_key``: the camera a model reads (None: a state-only model's steps, ``images`` ``[N, 0]``).
@@ -182,7 +196,9 @@ def read_runs(paths, horizon: int = 8, image_key: str | None = "image_front", ma
             acc.add(rec, str(path))
             seeds.append(int(rec.seed))
             digests.append(episode_digest(rec))
-            made = {p: (rec.fingerprints.get(p) or {}).get("weights_digest") for p in ("policy", "critic")} | {"config": rec.config}
+            made = {p: (rec.fingerprints.get(p) or {}).get("weights_digest") for p in ("policy", "critic")} | {
+                "config": rec.config
+            }
             fps.add(json.dumps(plain_json(made), sort_keys=True))
         if len(acc.rows) == n0:
             raise ValueError(f"{path}: no episodes to learn from")
@@ -302,10 +318,14 @@ def demonstrations(env_ids: set[str], demos: int, seed: int, policy_cfg=None) ->
 def collect(paths, *, demos: int = 200, seed: int = 0, policy_cfg=None, log=lambda line: None) -> Collected:
     """Stage 1: the runs' episodes (:func:`read_runs`) and ``demos`` expert demonstrations of their envs (:func:`demonstrations`)."""
     pc = policy_cfg or demo_config(seed, demos).policy
-    steps, runs = read_runs([Path(p) for p in paths], pc.horizon, pc.image_keys[0] if pc.image_keys else None, pc.max_tokens, pc.obs_spec)
+    steps, runs = read_runs(
+        [Path(p) for p in paths], pc.horizon, pc.image_keys[0] if pc.image_keys else None, pc.max_tokens, pc.obs_spec
+    )
     log(f"collect: {len(steps.episodes)} episodes, {len(steps)} steps from {len(runs)} run(s); "
         f"{sum(r['success'] for r in steps.episodes)} successes, {sum(r['censored'] for r in steps.episodes)} censored, {int(steps.human.sum())} human steps")  # fmt: skip
     shown = demonstrations({r["task"] for r in steps.episodes}, demos, seed, pc)
     if shown.demos is not None:
-        log(f"collect: {demos} demonstrations, {len(shown.demos.value)} steps, {shown.demos.episode_success.mean():.0%} successful")
+        log(
+            f"collect: {demos} demonstrations, {len(shown.demos.value)} steps, {shown.demos.episode_success.mean():.0%} successful"
+        )
     return Collected(steps, shown.demos, runs, shown)

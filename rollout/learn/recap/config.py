@@ -62,7 +62,11 @@ class RecapConfig:
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < 1:
                 raise ConfigError(name, f"expected a learning rate in (0, 1), got {v!r}")
-        if not isinstance(self.percentile, (int, float)) or isinstance(self.percentile, bool) or not 0 <= self.percentile < 100:
+        if (
+            not isinstance(self.percentile, (int, float))
+            or isinstance(self.percentile, bool)
+            or not 0 <= self.percentile < 100
+        ):
             raise ConfigError("percentile", f"expected a number in [0, 100), got {self.percentile!r}")
         if self.windows not in ("steps", "boundaries"):
             raise ConfigError("windows", f"expected steps or boundaries, got {self.windows!r}")
@@ -79,11 +83,22 @@ def _int(v) -> bool:
 
 def _numbers(name: str, values, kind, low) -> tuple:
     """A comma list (from the CLI) or a tuple of numbers -> a tuple of ``kind`` >= ``low``, at least one, no repeats."""
-    items = tuple(x for x in values.split(",") if x) if isinstance(values, str) else (values,) if isinstance(values, (int, float)) else tuple(values)
+    items = (
+        tuple(x for x in values.split(",") if x)
+        if isinstance(values, str)
+        else (values,)
+        if isinstance(values, (int, float))
+        else tuple(values)
+    )
     try:
         out = tuple(kind(float(v)) if kind is int and float(v) == int(float(v)) else kind(v) for v in items)
     except (TypeError, ValueError):
-        raise ConfigError(name, f"expected a comma list of {kind.__name__}s, got {','.join(map(str, items))!r}") from None
+        raise ConfigError(
+            name, f"expected a comma list of {kind.__name__}s, got {','.join(map(str, items))!r}"
+        ) from None
     if not out or len(set(out)) != len(out) or any(not v >= low for v in out):
-        raise ConfigError(name, f"expected one or more distinct {kind.__name__}s >= {low}, got {','.join(map(str, items)) or 'nothing'!r}")
+        raise ConfigError(
+            name,
+            f"expected one or more distinct {kind.__name__}s >= {low}, got {','.join(map(str, items)) or 'nothing'!r}",
+        )
     return out

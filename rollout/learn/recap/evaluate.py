@@ -47,7 +47,9 @@ def check_disjoint(seeds: list[int], used: set[int], what: str) -> None:
 
     both = sorted(set(seeds) & used)
     if both:
-        raise ConfigError("seed", f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another `seed`")
+        raise ConfigError(
+            "seed", f"{what} seeds overlap the collected episodes ({len(both)}, e.g. {both[0]}); use another `seed`"
+        )
 
 
 def env_list(env) -> list[tuple[str, dict]]:
@@ -76,7 +78,9 @@ def successes(model, seeds: list[int], execute_steps: int, env=None, threads: in
     out: list[bool] = []
     for env_id, kwargs in env_list(env):
         runner = PolicyRunner(model, lane=make_lane("policy", "cpu", threads))
-        host = RolloutHost(make_env(env_id, kwargs), runner, None, HostConfig(execute_steps=execute_steps), records=False)
+        host = RolloutHost(
+            make_env(env_id, kwargs), runner, None, HostConfig(execute_steps=execute_steps), records=False
+        )
         try:
             out += [host.run_episode(i, s).success for i, s in enumerate(seeds)]
         finally:
@@ -103,7 +107,9 @@ def paired(before: np.ndarray, after: np.ndarray) -> dict:
     }
 
 
-def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], env=None, threads: int = 1, log=lambda line: None) -> dict:
+def evaluate(
+    before, after, seeds: list[int], execute_steps: tuple[int, ...], env=None, threads: int = 1, log=lambda line: None
+) -> dict:
     """Stage 5: ``before`` and ``after`` (FlowVLA models) on ``seeds`` at each ``execute_steps`` in each env of ``env``
     (:func:`env_list`); :func:`paired` per setting over every (env, seed), and per env when there are several."""
     envs = env_list(env)
@@ -115,7 +121,10 @@ def evaluate(before, after, seeds: list[int], execute_steps: tuple[int, ...], en
         res["outcomes"] = {"before": b.astype(int).tolist(), "after": a.astype(int).tolist()}
         if len(envs) > 1:
             n = len(seeds)
-            res["per_env"] = {e: {k: v for k, v in paired(b[i * n : (i + 1) * n], a[i * n : (i + 1) * n]).items()} for i, (e, _) in enumerate(envs)}
+            res["per_env"] = {
+                e: {k: v for k, v in paired(b[i * n : (i + 1) * n], a[i * n : (i + 1) * n]).items()}
+                for i, (e, _) in enumerate(envs)
+            }
         out[str(s)] = res
         log(f"evaluate: execute_steps {s}: before {b.mean():.1%}, after {a.mean():.1%} over {len(seeds)} held-out seeds x {len(envs)} env(s); "
             f"fixed {res['fixed']}, broken {res['broken']}, McNemar p {res['mcnemar_p']:.3g}")  # fmt: skip

@@ -33,7 +33,19 @@ def with_beta(model, beta: float):
     return out.eval()
 
 
-def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, windows: str = "boundaries", log=lambda line: None) -> list[float]:
+def fine_tune(
+    policy,
+    steps: Steps,
+    labels: np.ndarray,
+    demos,
+    *,
+    n_steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    windows: str = "boundaries",
+    log=lambda line: None,
+) -> list[float]:
     """Stage 4a: train ``policy`` in place on the labelled rollouts and the demonstrations; returns the losses.
 
     ``windows``: ``"steps"`` labels every step with the actions executed from it;
@@ -46,21 +58,47 @@ def fine_tune(policy, steps: Steps, labels: np.ndarray, demos, *, n_steps: int, 
         ok, chunks = steps.label_ok, steps.chunks
     else:
         raise ValueError(f"windows: expected steps or boundaries, got {windows!r}")
-    sources = [{"images": steps.images[ok], "state": steps.state[ok], "tokens": steps.tokens[ok], "chunks": chunks[ok], "adv": labels[ok]}]
+    sources = [
+        {
+            "images": steps.images[ok],
+            "state": steps.state[ok],
+            "tokens": steps.tokens[ok],
+            "chunks": chunks[ok],
+            "adv": labels[ok],
+        }
+    ]
     if demos is not None:
-        sources.append({"images": demos.images, "state": demos.state, "tokens": demos.tokens, "chunks": demos.chunks, "adv": demos.adv})
+        sources.append(
+            {
+                "images": demos.images,
+                "state": demos.state,
+                "tokens": demos.tokens,
+                "chunks": demos.chunks,
+                "adv": demos.adv,
+            }
+        )
     sizes = tuple(len(s["adv"]) for s in sources)
     log(f"improve: fine-tune the policy {n_steps} steps on {sizes[0]} rollout + {sum(sizes[1:])} demonstration steps "
         f"({float(np.mean(labels[ok] == 1)) if ok.any() else float('nan'):.0%} of rollout steps positive)")  # fmt: skip
 
     def loss(parts, gen):
         b = gather(sources, parts, ("images", "state", "tokens", "chunks", "adv"))
-        return policy.loss(image_inputs(b["images"]), b["state"], b["tokens"].long(), b["adv"].long(), b["chunks"].float(), gen)
+        return policy.loss(
+            image_inputs(b["images"]), b["state"], b["tokens"].long(), b["adv"].long(), b["chunks"].float(), gen
+        )
 
     return fit(policy, loss, sizes, n_steps, batch, lr, seed, log)
 
 
-def choose_beta(policy, betas: tuple[float, ...], seeds: list[int], execute_steps: int, env=None, threads: int = 1, log=lambda line: None) -> tuple[float, dict]:
+def choose_beta(
+    policy,
+    betas: tuple[float, ...],
+    seeds: list[int],
+    execute_steps: int,
+    env=None,
+    threads: int = 1,
+    log=lambda line: None,
+) -> tuple[float, dict]:
     """Stage 4b: the guidance weight with the most successes on the validation ``seeds`` (ties: the earlier in ``betas``)."""
     from rollcap.rollout.learn.recap.evaluate import env_list, successes
 

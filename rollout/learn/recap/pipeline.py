@@ -41,7 +41,12 @@ def _digest_of(seeds: list[int]) -> str:
 
 
 def _seed_block(seeds: list[int], stream: int, seed: int) -> dict:
-    return {"rule": f"evaluate.stream_seeds({seed}, {stream}, n)", "n": len(seeds), "first": seeds[:3], "digest": _digest_of(seeds)}
+    return {
+        "rule": f"evaluate.stream_seeds({seed}, {stream}, n)",
+        "n": len(seeds),
+        "first": seeds[:3],
+        "digest": _digest_of(seeds),
+    }
 
 
 def _check_out(out: Path) -> None:
@@ -63,6 +68,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
     from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC, load_critic, save_critic
     from rollcap.policies import DEFAULT_CHECKPOINT as POLICY, load_policy, save_policy
     from rollcap.rollout.learn.recap import advantage, collect, evaluate, improve, value
+
     cfg = cfg or RecapConfig()
     out = Path(out)
     _check_out(out)
@@ -84,12 +90,16 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         policy_path, critic_path = Path(cfg.policy or POLICY), Path(cfg.critic or CRITIC)
         shipped, critic0 = load_policy(policy_path), load_critic(critic_path)
         if max(cfg.execute_steps) > shipped.cfg.horizon:  # found now, not after the fine-tune
-            raise ConfigError("execute_steps", f"the policy's chunks hold {shipped.cfg.horizon} actions, got {max(cfg.execute_steps)}")
+            raise ConfigError(
+                "execute_steps", f"the policy's chunks hold {shipped.cfg.horizon} actions, got {max(cfg.execute_steps)}"
+            )
         tic = time.perf_counter()
         got = collect.collect(runs, demos=cfg.demos, seed=cfg.seed, policy_cfg=shipped.cfg, log=log)
         steps = got.rollouts
         if len(steps) == 0:
-            raise ValueError(f"{', '.join(map(str, runs))}: no executed steps to learn from (every episode stopped at its first boundary)")
+            raise ValueError(
+                f"{', '.join(map(str, runs))}: no executed steps to learn from (every episode stopped at its first boundary)"
+            )
         env = _envs_of(steps)  # validation and evaluation run in every env the runs were recorded in
         val_seeds = evaluate.stream_seeds(cfg.seed, evaluate.VALIDATION, cfg.val_episodes)
         test_seeds = evaluate.stream_seeds(cfg.seed, evaluate.TEST, cfg.eval_episodes)
@@ -104,11 +114,23 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         targets = value.value_targets(steps, v_final0)
         hold = value.holdout_mask(steps)
         before_q = value.critic_quality(_values_on(critic0, steps, hold), targets, steps, hold)
-        critic_losses = value.refit_critic(critic, steps, targets, got.demos, n_steps=cfg.critic_steps, batch=cfg.batch, lr=cfg.critic_lr, seed=cfg.seed + 21, log=log)
+        critic_losses = value.refit_critic(
+            critic,
+            steps,
+            targets,
+            got.demos,
+            n_steps=cfg.critic_steps,
+            batch=cfg.batch,
+            lr=cfg.critic_lr,
+            seed=cfg.seed + 21,
+            log=log,
+        )
         values = value.predict(critic, steps.images, steps.state, steps.tokens)
         after_q = value.critic_quality(values, targets, steps, hold)
         calib = value.branch_calibration({"shipped": critic0, "refit": critic}, steps)
-        log(f"value: held-out episodes: MAE {before_q['mae']:.3f} -> {after_q['mae']:.3f}, mid-episode AUROC {before_q['auroc_mid']:.3f} -> {after_q['auroc_mid']:.3f}")
+        log(
+            f"value: held-out episodes: MAE {before_q['mae']:.3f} -> {after_q['mae']:.3f}, mid-episode AUROC {before_q['auroc_mid']:.3f} -> {after_q['auroc_mid']:.3f}"
+        )
         tic = lap("value", tic)
 
         v_final = value.final_values(critic, steps)
@@ -119,9 +141,22 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
         tic = lap("advantage", tic)
 
         policy = copy.deepcopy(shipped)
-        policy_losses = improve.fine_tune(policy, steps, labels, got.demos, n_steps=cfg.policy_steps, batch=cfg.batch, lr=cfg.policy_lr, seed=cfg.seed + 22, windows=cfg.windows, log=log)
+        policy_losses = improve.fine_tune(
+            policy,
+            steps,
+            labels,
+            got.demos,
+            n_steps=cfg.policy_steps,
+            batch=cfg.batch,
+            lr=cfg.policy_lr,
+            seed=cfg.seed + 22,
+            windows=cfg.windows,
+            log=log,
+        )
         tic = lap("improve_fit", tic)
-        beta, beta_report = improve.choose_beta(policy, cfg.betas, val_seeds, max(cfg.execute_steps), env, cfg.threads, log)
+        beta, beta_report = improve.choose_beta(
+            policy, cfg.betas, val_seeds, max(cfg.execute_steps), env, cfg.threads, log
+        )
         stage = _staging(out)
         save_policy(improve.with_beta(policy, beta), stage / "policy")
         save_critic(critic, stage / "critic")

@@ -44,7 +44,13 @@ def predict(critic, images: np.ndarray, state: np.ndarray, tokens: np.ndarray, b
     out = []
     for i in range(0, len(state), batch):
         sl = slice(i, i + batch)
-        out.append(critic.value(image_inputs(np.ascontiguousarray(images[sl])), torch.from_numpy(state[sl]), torch.from_numpy(tokens[sl])).numpy())
+        out.append(
+            critic.value(
+                image_inputs(np.ascontiguousarray(images[sl])),
+                torch.from_numpy(state[sl]),
+                torch.from_numpy(tokens[sl]),
+            ).numpy()
+        )
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 
 
@@ -71,7 +77,9 @@ def holdout_mask(steps: Steps) -> np.ndarray:
     return steps.episode % HOLDOUT_EVERY == 0
 
 
-def fit(model, loss_fn, sizes: tuple[int, ...], steps: int, batch: int, lr: float, seed: int, log=lambda line: None) -> list[float]:
+def fit(
+    model, loss_fn, sizes: tuple[int, ...], steps: int, batch: int, lr: float, seed: int, log=lambda line: None
+) -> list[float]:
     """AdamW with one-cycle cosine decay on batches drawn uniformly over the concatenation of sources of ``sizes``.
 
     ``loss_fn(parts, generator)`` gets one index array per source (a sample's
@@ -94,13 +102,32 @@ def fit(model, loss_fn, sizes: tuple[int, ...], steps: int, batch: int, lr: floa
 
 def gather(sources: list[dict], parts: list[np.ndarray], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """One batch from several sources of arrays (dicts of ``key -> [N, ...]``), rows ``parts[j]`` of source ``j``."""
-    return {k: torch.from_numpy(np.concatenate([np.asarray(s[k][p]) for s, p in zip(sources, parts, strict=True)])) for k in keys}
+    return {
+        k: torch.from_numpy(np.concatenate([np.asarray(s[k][p]) for s, p in zip(sources, parts, strict=True)]))
+        for k in keys
+    }
 
 
-def refit_critic(critic, steps: Steps, targets: np.ndarray, demos, *, n_steps: int, batch: int, lr: float, seed: int, log=lambda line: None):
+def refit_critic(
+    critic,
+    steps: Steps,
+    targets: np.ndarray,
+    demos,
+    *,
+    n_steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+    log=lambda line: None,
+):
     """Stage 2: fine-tune ``critic`` (in place, from its weights) on the non-held-out rollout steps and the demonstrations."""
     train = ~holdout_mask(steps)
-    roll = {"images": steps.images[train], "state": steps.state[train], "tokens": steps.tokens[train], "value": targets[train]}
+    roll = {
+        "images": steps.images[train],
+        "state": steps.state[train],
+        "tokens": steps.tokens[train],
+        "value": targets[train],
+    }
     sources = [roll]
     if demos is not None:
         sources.append({"images": demos.images, "state": demos.state, "tokens": demos.tokens, "value": demos.value})
@@ -157,12 +184,26 @@ def branch_calibration(critics: dict, steps: Steps) -> dict | None:
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(steps.episodes):
         if r["branch_of"] is not None and r["steps"] > 0:
-            groups.setdefault((r["branch_of"]["parent"], r["branch_of"]["episode"], r["branch_of"]["chunk"]), []).append(i)
+            groups.setdefault(
+                (r["branch_of"]["parent"], r["branch_of"]["episode"], r["branch_of"]["chunk"]), []
+            ).append(i)
     groups = {k: v for k, v in groups.items() if len(v) >= 2}
     if not groups:
         return None
     first = {e: int(np.flatnonzero((steps.episode == e) & (steps.t == 0))[0]) for v in groups.values() for e in v}
-    mc = np.array([np.mean([(-steps.episodes[e]["steps"] / steps.episodes[e]["max_steps"]) if steps.episodes[e]["success"] else -1.0 for e in v]) for v in groups.values()])
+    mc = np.array(
+        [
+            np.mean(
+                [
+                    (-steps.episodes[e]["steps"] / steps.episodes[e]["max_steps"])
+                    if steps.episodes[e]["success"]
+                    else -1.0
+                    for e in v
+                ]
+            )
+            for v in groups.values()
+        ]
+    )
     rows = [first[v[0]] for v in groups.values()]
     out = {"boundaries": len(groups), "branches": int(sum(len(v) for v in groups.values()))}
     for name, critic in critics.items():

@@ -8,6 +8,8 @@ import pytest
 
 from rollcap.rollout.bench.growth import h5_append_growth, main, peak_rss_mb
 from rollcap.rollout.recording import iter_any
+
+
 def test_h5_append_growth_reports_each_mark(tmp_path):
     """12 appends: rows at episode 1 (the first ten appends), journaled pages counted, the copies readable."""
     report = h5_append_growth(12, tmp_path, copies_at=(10,))

@@ -33,7 +33,9 @@ def test_bad_size_is_one_line(capsys):
     assert main(["--device", "cpu", "--sizes", "3B"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--policy-size: unknown size '3B'" in err and "'3b'" in err
-    assert SizeSweep().resolved("cpu").sizes == ("shipped", "26m") and SizeSweep().resolved("cpu", quick=True).sizes == ("shipped",)
+    assert SizeSweep().resolved("cpu").sizes == ("shipped", "26m") and SizeSweep().resolved(
+        "cpu", quick=True
+    ).sizes == ("shipped",)
     assert SizeSweep().resolved("cpu").backends == ("jit",)
 
 
@@ -48,7 +50,10 @@ def test_a_size_that_fails_is_one_line_and_the_next_still_runs(monkeypatch):
 
     monkeypatch.setattr(model_sizes, "bench_size", fake)
     r = model_sizes.bench_sizes("cpu", SizeSweep(sizes=("3b", "shipped")).resolved("cpu"))
-    assert r["sizes"]["3b"]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 11.3 GiB" and r["sizes"]["shipped"]["params"] == 1
+    assert (
+        r["sizes"]["3b"]["error"] == "RuntimeError: CUDA out of memory. Tried to allocate 11.3 GiB"
+        and r["sizes"]["shipped"]["params"] == 1
+    )
     rows = []
     model_sizes.format_sizes({"sizes": {"3b": r["sizes"]["3b"]}}, lambda name, val=None: rows.append((name, val)))
     assert rows == [("3b", "RuntimeError: CUDA out of memory. Tried to allocate 11.3 GiB")]

@@ -29,7 +29,9 @@ def _int_joint_types(module) -> None:
     slide = mujoco.mjtJoint.mjJNT_SLIDE
     if np.int32(int(slide)) in (slide,):
         return  # this MuJoCo compares its enums with numpy integers: nothing to work around
-    joints = types.SimpleNamespace(**{n: int(getattr(mujoco.mjtJoint, n)) for n in dir(mujoco.mjtJoint) if n.startswith("mjJNT_")})
+    joints = types.SimpleNamespace(
+        **{n: int(getattr(mujoco.mjtJoint, n)) for n in dir(mujoco.mjtJoint) if n.startswith("mjJNT_")}
+    )
 
     class _MuJoCo(types.ModuleType):
         def __getattr__(self, name):

@@ -34,7 +34,9 @@ def _rewrite_member(src: Path, dst: Path, name: str, raw: bytes, compress_type: 
         assert name in zin.namelist()
         for info in zin.infolist():
             data = raw if info.filename == name else zin.read(info)
-            zout.writestr(info.filename, data, compress_type=info.compress_type if compress_type is None else compress_type)
+            zout.writestr(
+                info.filename, data, compress_type=info.compress_type if compress_type is None else compress_type
+            )
 
 
 def _npy(header: dict, payload: bytes) -> bytes:
@@ -44,7 +46,9 @@ def _npy(header: dict, payload: bytes) -> bytes:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def _assert_one_line_exit_2(proc: subprocess.CompletedProcess, names: str) -> None:
@@ -56,8 +60,13 @@ def test_npz_header_declaring_1e12_elements_is_corrupt_not_memoryerror(run_dir, 
     """An .npy header claiming 10^12 float32 is checked against the member's size before anything is allocated."""
     src = run_dir / "episodes" / "episode_00000.npz"
     bad = tmp_path / "huge.npz"
-    _rewrite_member(src, bad, "steps/rewards.npy", _npy({"descr": "<f4", "fortran_order": False, "shape": (10**12,)}, b"\0" * 24))
-    with pytest.raises(CorruptEpisode, match=r"huge.npz: steps/rewards.npy: header declares <f4 \(1000000000000,\) \(4000000000000 bytes\), the archive holds 24") as info:
+    _rewrite_member(
+        src, bad, "steps/rewards.npy", _npy({"descr": "<f4", "fortran_order": False, "shape": (10**12,)}, b"\0" * 24)
+    )
+    with pytest.raises(
+        CorruptEpisode,
+        match=r"huge.npz: steps/rewards.npy: header declares <f4 \(1000000000000,\) \(4000000000000 bytes\), the archive holds 24",
+    ) as info:
         read_npz(bad)
     assert "\n" not in str(info.value)
     _assert_one_line_exit_2(_cli("inspect", str(bad)), str(bad))
@@ -70,7 +79,9 @@ def test_npz_unknown_compression_method_is_corrupt(run_dir, tmp_path):
     central = raw.find(b"PK\x01\x02")
     raw[central + 10 : central + 12] = (99).to_bytes(2, "little")  # the central directory's method of the first member
     bad.write_bytes(bytes(raw))
-    with pytest.raises(CorruptEpisode, match=r"method.npz: .*zip compression method 99, expected stored \(0\) or deflate \(8\)"):
+    with pytest.raises(
+        CorruptEpisode, match=r"method.npz: .*zip compression method 99, expected stored \(0\) or deflate \(8\)"
+    ):
         read_npz(bad)
     _assert_one_line_exit_2(_cli("inspect", str(bad)), str(bad))
 
@@ -80,7 +91,11 @@ def test_npz_unknown_compression_method_is_corrupt(run_dir, tmp_path):
     [
         ({"descr": "|O", "fortran_order": False, "shape": (2,)}, b"\0" * 16, "dtype |O, expected numbers or bool"),
         ({"descr": "<f4", "fortran_order": False, "shape": (-2, -3)}, b"\0" * 24, r"negative shape"),
-        ({"descr": "<f4", "fortran_order": False, "shape": (2,)}, b"\0" * 12, "header declares <f4 \\(2,\\) \\(8 bytes\\), the archive holds 12"),
+        (
+            {"descr": "<f4", "fortran_order": False, "shape": (2,)},
+            b"\0" * 12,
+            "header declares <f4 \\(2,\\) \\(8 bytes\\), the archive holds 12",
+        ),
     ],
 )
 def test_npz_impossible_array_headers_are_corrupt(run_dir, tmp_path, header, payload, match):
@@ -126,7 +141,10 @@ def test_plot_dir_that_is_a_file_is_one_line(run_dir, tmp_path):
     """--plot naming a file, or a path under a file, is a ValueError naming it; nothing is written."""
     afile = tmp_path / "afile"
     afile.write_text("keep me")
-    for bad, match in ((afile, "plot directory .*afile is a file"), (afile / "sub", "cannot be made: .*afile is a file")):
+    for bad, match in (
+        (afile, "plot directory .*afile is a file"),
+        (afile / "sub", "cannot be made: .*afile is a file"),
+    ):
         with pytest.raises(ValueError, match=match) as info:
             check_plot_dir(bad)
         assert "\n" not in str(info.value)

@@ -15,7 +15,9 @@ from rollcap.policies import save_policy
 from rollcap.rollout.recording import load_any
 from tests.rollout._tiny import make_runners
 
-pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
 
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
@@ -55,7 +57,16 @@ def test_replay_with_other_weights_reports_fingerprint_and_deviation(run_dir, tm
     p, c = make_runners(seed=2, backend="eager")
     save_policy(p.model, tmp_path / "p2")
     save_critic(c.model, tmp_path / "c2")
-    args = ["replay", run_dir / "episodes" / "episode_00000.npz", "--mode", "policy", "--policy", tmp_path / "p2.json", "--critic", tmp_path / "c2.json"]
+    args = [
+        "replay",
+        run_dir / "episodes" / "episode_00000.npz",
+        "--mode",
+        "policy",
+        "--policy",
+        tmp_path / "p2.json",
+        "--critic",
+        tmp_path / "c2.json",
+    ]
     res = rollcap(*args)
     assert res.returncode == 1, res.stderr  # not proven exact: never a pass by default
     assert "fingerprint differs: weights_digest" in res.stdout and "max|diff|" in res.stdout
@@ -109,7 +120,12 @@ def test_user_mistakes_are_one_line_exit_2(args, needle, tmp_path):
 def test_sigint_keeps_whole_episodes_and_exits_130(ckpt, tmp_path):
     """SIGINT mid-run: exit 130, every finished episode readable in both formats, none partial."""
     out = tmp_path / "r"
-    proc = subprocess.Popen([*ROLLCAP, "run", "--episodes", "500", "--out", str(out), "--no-progress", *ckpt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*ROLLCAP, "run", "--episodes", "500", "--out", str(out), "--no-progress", *ckpt],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and len(list((out / "episodes").glob("episode_*.npz"))) < 2:
         time.sleep(0.05)
@@ -122,7 +138,9 @@ def test_sigint_keeps_whole_episodes_and_exits_130(ckpt, tmp_path):
     assert len(npz) >= 2 and [r.index for r in npz] == list(range(len(npz)))
     assert [r.index for r in h5] == [r.index for r in npz]
     assert not [p for p in (out / "episodes").iterdir() if not p.name.endswith(".npz")]
-    res = rollcap("run", "--episodes", len(npz) + 1, "--out", out, "--resume", "--no-progress", *ckpt)  # --episodes is the run's total
+    res = rollcap(
+        "run", "--episodes", len(npz) + 1, "--out", out, "--resume", "--no-progress", *ckpt
+    )  # --episodes is the run's total
     assert res.returncode == 0, res.stderr[-2000:]
     assert [r.index for r in load_any(out / "episodes.hdf5")] == list(range(len(npz) + 1))
 
@@ -138,7 +156,9 @@ def test_help_everywhere():
 def test_episodes_stopped_at_chunk_0_replay_exactly(ckpt, tmp_path):
     """A critic stop at the first boundary records that boundary's observation; every mode replays it exactly."""
     out = tmp_path / "r0"
-    res = rollcap("run", "--episodes", 2, "--out", out, "--critic-threshold", 0, "--critic-patience", 1, "--no-progress", *ckpt)
+    res = rollcap(
+        "run", "--episodes", 2, "--out", out, "--critic-threshold", 0, "--critic-patience", 1, "--no-progress", *ckpt
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     recs = load_any(out)
     assert [r.num_steps for r in recs] == [0, 0] and all(r.stop_reason == "critic" for r in recs)
@@ -176,7 +196,10 @@ def test_replay_refuses_a_different_env_override(run_dir, ckpt):
         (["--env", "HalfCheetah-v5"], "--env: HalfCheetah-v5 observations are a Box space"),
         (["--env-kwargs", '{"image_size": 48}'], "--env-kwargs: rollcap/PushBlock-v0 does not fit the policy"),
         (["--env", "nosuchmodule:Foo-v0"], "--env"),
-        (["--env-kwargs", '{"image_size": 100000}'], "--env-kwargs: rollcap/PushBlock-v0: image_size must be an int in 8..1024"),
+        (
+            ["--env-kwargs", '{"image_size": 100000}'],
+            "--env-kwargs: rollcap/PushBlock-v0: image_size must be an int in 8..1024",
+        ),
         (["--device", "tpu"], "--device"),
         (["--device", "cuda:99"], "--device"),
         (["--max-seconds", "nan"], "--max-seconds"),
@@ -194,7 +217,12 @@ def test_runs_that_cannot_work_are_refused_before_anything_is_created(args, need
 
 
 def _start_run(out, ckpt, episodes=500):
-    return subprocess.Popen([*ROLLCAP, "run", "--episodes", str(episodes), "--out", str(out), "--no-progress", *ckpt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*ROLLCAP, "run", "--episodes", str(episodes), "--out", str(out), "--no-progress", *ckpt],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_episodes(out, n, timeout=120):
@@ -245,7 +273,9 @@ def small_disk(tmp_path):
     """A 1.5 MB tmpfs (needs root, as in CI); skipped where it cannot be mounted."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1536k", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     yield mnt
@@ -322,7 +352,9 @@ def test_teleop_scripted_run_labels_discards_takes_over_and_quits(ckpt, tmp_path
     """rollcap run --teleop scripted:FILE: a takeover and a success label are recorded, a discarded episode is
     re-recorded under its index, quit ends the run; every episode replays exactly (closed loop re-issues the inputs)."""
     keys = tmp_path / "keys.txt"
-    keys.write_text("step=2 t\nstep=2 right down\nstep=5 right up\nstep=5 t\nstep=8 y\nstep=9 e\n0.05 g\nstep=3 r\n0.05 g\nstep=4 q\n")
+    keys.write_text(
+        "step=2 t\nstep=2 right down\nstep=5 right up\nstep=5 t\nstep=8 y\nstep=9 e\n0.05 g\nstep=3 r\n0.05 g\nstep=4 q\n"
+    )
     out = tmp_path / "r"
     res = rollcap("run", "--episodes", 5, "--out", out, "--teleop", f"scripted:{keys}", "--no-progress", *ckpt)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]

@@ -11,7 +11,9 @@ import pytest
 
 from rollcap.rollout.cli.options import Options
 
-pytestmark = pytest.mark.slow  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
 
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
@@ -40,8 +42,14 @@ def test_spell_writes_quoted_fields_as_this_commands_flags():
     opts = Options(p)
     opts.add(Toy, flags={"env_id": "--env"})
     assert opts.spell("pass `resume=True`; or `resume=False`") == "pass --resume; or --no-resume"
-    assert opts.spell("needs actors (`actors=N`, N >= 1); drop `actors`") == "needs actors (--actors N, N >= 1); drop --actors"
-    assert opts.spell("`env_id` and `chunk=3` but not `episodes=5` nor `FetchReach`") == "--env and --chunk 3 but not `episodes=5` nor `FetchReach`"
+    assert (
+        opts.spell("needs actors (`actors=N`, N >= 1); drop `actors`")
+        == "needs actors (--actors N, N >= 1); drop --actors"
+    )
+    assert (
+        opts.spell("`env_id` and `chunk=3` but not `episodes=5` nor `FetchReach`")
+        == "--env and --chunk 3 but not `episodes=5` nor `FetchReach`"
+    )
     assert opts.flag("chunk") == "--chunk" and opts.flag("resume") == "--resume" and opts.flag("file") is None
 
 
@@ -89,12 +97,20 @@ def test_quick_refusals_name_flags(run_dir, ckpt, tmp_path, args, needles):
 def test_a_non_empty_out_names_resume(run_dir, ckpt):
     """run --out DIR holding a run, without --resume: the message names --resume and --out."""
     line = _line(rollcap("run", "--episodes", 1, "--out", run_dir, "--no-progress", *ckpt))
-    assert line.startswith("rollcap run: error: --out: ") and "--resume continues that run" in line and "choose another --out" in line
+    assert (
+        line.startswith("rollcap run: error: --out: ")
+        and "--resume continues that run" in line
+        and "choose another --out" in line
+    )
 
 
 def test_resuming_with_another_seed_names_both_flags(run_dir, ckpt):
     """run --resume with another --seed: the message names --seed and --resume."""
-    line = _line(rollcap("run", "--episodes", 2, "--out", run_dir, "--resume", "--seed", 9, "--max-chunks", 2, "--no-progress", *ckpt))
+    line = _line(
+        rollcap(
+            "run", "--episodes", 2, "--out", run_dir, "--resume", "--seed", 9, "--max-chunks", 2, "--no-progress", *ckpt
+        )
+    )
     assert line.startswith("rollcap run: error: --seed: ") and "--resume needs the same" in line
 
 

@@ -16,12 +16,17 @@ QUALIFIED = "gymnasium_robotics:FetchReach-v4"
 
 pytestmark = [
     pytest.mark.slow,  # the rollcap command in subprocesses: the fast tier leaves them to the full suite
-    pytest.mark.skipif(importlib.util.find_spec("gymnasium_robotics") is None, reason="gymnasium_robotics is not installed (pip install gymnasium-robotics): no env of another package to record"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("gymnasium_robotics") is None,
+        reason="gymnasium_robotics is not installed (pip install gymnasium-robotics): no env of another package to record",
+    ),
 ]
 
 
 def helper(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(HELPER), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(HELPER), *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _ours(stderr: str) -> list[str]:
@@ -64,7 +69,11 @@ def test_replay_with_the_plain_id_names_the_qualified_one(runs):
     res = helper("cli", "replay", runs / "qualified", "--mode", "env", "--env", "FetchReach-v4")
     assert res.returncode == 2, res.stdout + res.stderr
     lines = _ours(res.stderr)
-    assert len(lines) == 2 and lines[0].startswith("rollcap replay: error: --env: FetchReach-v4: ") and f"--env {QUALIFIED}" in lines[0], lines
+    assert (
+        len(lines) == 2
+        and lines[0].startswith("rollcap replay: error: --env: FetchReach-v4: ")
+        and f"--env {QUALIFIED}" in lines[0]
+    ), lines
     assert lines[1] == "imported gymnasium_robotics: no"
 
 

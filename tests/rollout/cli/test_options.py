@@ -42,8 +42,30 @@ def _parse(*argv):
 def test_defaults_types_and_names_come_from_the_dataclass():
     """Every field is a flag with the field's default; values convert to the field's type."""
     opts, v, _ = _parse()
-    assert v == {"max_chunks": None, "beta": 1.5, "out": Path("runs"), "backend": None, "formats": ("npz", "h5"), "kwargs": None, "progress": True}
-    _, v, _ = _parse("--max-chunks", "3", "--beta", "2", "--out", "x", "--backend", "jit", "--format", "npz", "--kwargs", '{"a": 1}', "--no-progress")
+    assert v == {
+        "max_chunks": None,
+        "beta": 1.5,
+        "out": Path("runs"),
+        "backend": None,
+        "formats": ("npz", "h5"),
+        "kwargs": None,
+        "progress": True,
+    }
+    _, v, _ = _parse(
+        "--max-chunks",
+        "3",
+        "--beta",
+        "2",
+        "--out",
+        "x",
+        "--backend",
+        "jit",
+        "--format",
+        "npz",
+        "--kwargs",
+        '{"a": 1}',
+        "--no-progress",
+    )
     assert Toy(**v) == Toy(3, 2.0, Path("x"), "jit", ("npz",), {"a": 1}, False)
     assert opts.flag("formats") == "--format" and opts.flag("max_chunks") == "--max-chunks"
 

@@ -47,7 +47,9 @@ class SignalAtLastEpisode(Subscriber):
 
 @pytest.fixture
 def parts():
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran before (conftest restores it after)
+    signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # Python's own, whatever ran before (conftest restores it after)
     env = make_env()
     policy, critic = make_runners()
     yield env, policy, critic
@@ -57,7 +59,17 @@ def parts():
 
 def _run(parts, out, subscriber):
     env, policy, critic = parts
-    return rollcap.run(3, out=out, env=env, policy=policy, critic=critic, subscribers=(subscriber,), progress=False, max_chunks=3, seed=5)
+    return rollcap.run(
+        3,
+        out=out,
+        env=env,
+        policy=policy,
+        critic=critic,
+        subscribers=(subscriber,),
+        progress=False,
+        max_chunks=3,
+        seed=5,
+    )
 
 
 @pytest.mark.parametrize("times", [1, 2])
@@ -68,7 +80,9 @@ def test_signal_in_teardown_keeps_every_episode_and_the_summary(parts, tmp_path,
     out = tmp_path / "run"
     assert stop.value.result.summary["episodes"] == 3
     assert json.loads((out / "summary.json").read_text())["episodes"] == 3
-    assert [r.index for r in load_any(out / "episodes")] == [r.index for r in load_any(out / "episodes.hdf5")] == [0, 1, 2]
+    assert (
+        [r.index for r in load_any(out / "episodes")] == [r.index for r in load_any(out / "episodes.hdf5")] == [0, 1, 2]
+    )
     assert not [p for p in out.rglob("*") if p.name.endswith(("-journal", ".tmp"))]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the caller's handler is back
 

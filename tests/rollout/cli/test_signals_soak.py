@@ -17,6 +17,7 @@ import time
 import pytest
 
 from rollcap.rollout.recording import load_any
+
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
 
@@ -26,7 +27,12 @@ def test_sigint_at_random_times_exits_cleanly(ckpt, tmp_path):
     rng = random.Random(20261121)
     for k in range(int(os.environ.get("ROLLCAP_SOAK", "6"))):
         out = tmp_path / f"r{k}"
-        proc = subprocess.Popen([*ROLLCAP, "run", "--episodes", "6", "--out", str(out), "--no-progress", *ckpt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*ROLLCAP, "run", "--episodes", "6", "--out", str(out), "--no-progress", *ckpt],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(rng.uniform(1.5, 6.0))
         for _ in range(rng.choice((1, 1, 2))):
             proc.send_signal(signal.SIGINT)
@@ -35,5 +41,7 @@ def test_sigint_at_random_times_exits_cleanly(ckpt, tmp_path):
         assert proc.returncode in (0, 130), (k, proc.returncode, err[-2000:])
         assert "Traceback" not in err, (k, err[-2000:])
         if (out / "episodes.hdf5").exists():
-            assert [r.index for r in load_any(out / "episodes")] == [r.index for r in load_any(out / "episodes.hdf5")], k
+            assert [r.index for r in load_any(out / "episodes")] == [
+                r.index for r in load_any(out / "episodes.hdf5")
+            ], k
         assert not [p for p in out.rglob("*") if p.name.endswith(("-journal", ".tmp"))], k

@@ -42,7 +42,9 @@ def landed_before_rollcap(stderr: str) -> bool:
         return True
     # Inside the stdlib's own ``import signal`` (it builds its enums for some ms): the module rollcap needs before it can
     # hold a signal at all. Seen once in 8 clean-clone runs at the 0.0 s moment.
-    stdlib_signal = [f for f in frames if f.startswith('File "') and f.split('"')[1].endswith(("/signal.py", "/enum.py"))]
+    stdlib_signal = [
+        f for f in frames if f.startswith('File "') and f.split('"')[1].endswith(("/signal.py", "/enum.py"))
+    ]
     return bool(stdlib_signal) and "import signal" in stderr and frames[-1] in stdlib_signal
 
 
@@ -60,13 +62,24 @@ def interpreter_start_s():
 
 @pytest.mark.slow
 def test_import_rollcap_imports_nothing_heavy():
-    out = subprocess.run([sys.executable, "-c", "import sys, rollcap.rollout.cli; print(sorted(m for m in ('gymnasium', 'numpy', 'torch', 'mujoco') if m in sys.modules))"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, rollcap.rollout.cli; print(sorted(m for m in ('gymnasium', 'numpy', 'torch', 'mujoco') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"
 
 
 @pytest.mark.slow
 def test_gym_ids_register_when_gymnasium_is_imported_after_rollcap():
-    code = "import rollcap, gymnasium as gym; e = gym.make('rollcap/ChunkPushBlock-v0'); print(type(e.unwrapped).__name__)"
+    code = (
+        "import rollcap, gymnasium as gym; e = gym.make('rollcap/ChunkPushBlock-v0'); print(type(e.unwrapped).__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ChunkEnv"
@@ -78,7 +91,23 @@ def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, at, interprete
     assert SCRIPT.exists(), f"the rollcap console script is not installed at {SCRIPT}"
     for attempt in range(3):
         out = tmp_path / f"run{attempt}"
-        proc = subprocess.Popen([sys.executable, str(SCRIPT), "run", "--episodes", "50", "--out", str(out), "--no-progress", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(SCRIPT),
+                "run",
+                "--episodes",
+                "50",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--threads",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(interpreter_start_s + at)
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
@@ -87,11 +116,17 @@ def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, at, interprete
         # This start-up was slower than the measured ones and the signal landed before rollcap's first line (Python's
         # site initialisation, or the console script still finding the package): that sample says nothing about
         # rollcap; take another. Seen on a busy box (load 6): a traceback of importlib frames only.
-    assert proc.returncode in (130, 0), f"at {at}s: exit {proc.returncode} (a negative code is a death by signal)\n{stderr}"
+    assert proc.returncode in (130, 0), (
+        f"at {at}s: exit {proc.returncode} (a negative code is a death by signal)\n{stderr}"
+    )
     assert "Traceback" not in stderr, f"at {at}s:\n{stderr}"
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) <= 2, f"at {at}s, more than the interrupted line:\n{stderr}"
     if proc.returncode == 130:
         assert any("interrupted" in line for line in lines), stderr
-    partial = [p for p in out.rglob("*") if p.is_file() and (".tmp" in p.name or p.name.startswith("."))] if out.exists() else []
+    partial = (
+        [p for p in out.rglob("*") if p.is_file() and (".tmp" in p.name or p.name.startswith("."))]
+        if out.exists()
+        else []
+    )
     assert not partial, f"partial files left: {partial}"

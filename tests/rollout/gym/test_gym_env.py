@@ -68,7 +68,9 @@ def test_sb3_env_checker_passes(make):
         warnings.simplefilter("always")
         sb3_checker.check_env(env, warn=True, skip_render_check=True)
     env.close()
-    expected = ("minimal resolution for an image is 36x36",) + (("symmetric and normalized Box action space",) if make is tiny_noise_env else ())
+    expected = ("minimal resolution for an image is 36x36",) + (
+        ("symmetric and normalized Box action space",) if make is tiny_noise_env else ()
+    )
     messages = [str(w.message) for w in caught]
     assert all(any(e in m for e in expected) for m in messages), messages
     assert all(any(e in m for m in messages) for e in expected), messages

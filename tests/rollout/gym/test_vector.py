@@ -79,7 +79,9 @@ def test_noise_steering_vector_env_is_deterministic_and_captures_once():
         assert data_equivalence(ra, rb, exact=True)
         assert ra[1][0]["state"] is not ra[2][0]["state"]
         values = [info["value"][info["_value"]] for *_, info in ra[1:] if "value" in info]
-        assert values and all(np.isfinite(v).all() and (v <= 0).all() for v in values)  # the critic's row of each sub-env
+        assert values and all(
+            np.isfinite(v).all() and (v <= 0).all() for v in values
+        )  # the critic's row of each sub-env
     finally:
         a.close()
         b.close()

@@ -47,7 +47,9 @@ def _bandit(algorithm: str) -> None:
         noise = rng.uniform(-1.5, 1.5, (8, 2)).astype(np.float32) if it < 100 else agent.act(obs, deterministic=False)
         action, reward = step(obs, noise)
         for i in range(8):
-            buf.add(obs=obs[i], noise=noise[i], action=action[i], reward=reward[i], done=1.0, next_obs=obs[i], ready=1.0)
+            buf.add(
+                obs=obs[i], noise=noise[i], action=action[i], reward=reward[i], done=1.0, next_obs=obs[i], ready=1.0
+            )
         if it >= 20:
             agent.critic_step(buf.sample(rng, 64))
             if algorithm == "na":
@@ -106,7 +108,9 @@ def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert not all(torch.equal(s1[k], s3[k]) for k in s1)
     b = info1["budget"]
-    assert b["transitions"] == 48 and b["vector_steps"] == 24 and b["env_steps"] == 48 * TASKS["pushblock"].execute_steps
+    assert (
+        b["transitions"] == 48 and b["vector_steps"] == 24 and b["env_steps"] == 48 * TASKS["pushblock"].execute_steps
+    )
     assert b["critic_updates"] == b["distill_updates"] == b["actor_updates"] == 24 - 16 // 2 + 1
 
 
@@ -136,8 +140,18 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert (tmp_path / "run" / "agent.safetensors").exists()
     assert (tmp_path / "baseline-pushblock-2-2.json").exists()
     for flags, word in ((["--algorithm", "ppo"], "algorithm"), (["--eval-seed", "500001"], "training run seed")):
-        bad = subprocess.run([sys.executable, str(ROOT / "examples" / "dsrl.py"), *flags, "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr and not (tmp_path / "bad").exists(), bad.stderr
+        bad = subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "dsrl.py"), *flags, "--out", str(tmp_path / "bad")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert (
+            bad.returncode == 2
+            and word in bad.stderr
+            and "Traceback" not in bad.stderr
+            and not (tmp_path / "bad").exists()
+        ), bad.stderr
 
 
 def test_vector_env_over_a_metaworld_task_and_the_agents_view_of_it():

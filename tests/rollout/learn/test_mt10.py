@@ -7,7 +7,10 @@ import json
 import numpy as np
 import pytest
 
-pytest.importorskip("metaworld", reason="metaworld is not installed (pip install scipy imageio && pip install --no-deps metaworld==3.1.1)")
+pytest.importorskip(
+    "metaworld",
+    reason="metaworld is not installed (pip install scipy imageio && pip install --no-deps metaworld==3.1.1)",
+)
 
 from rollcap.envs.experts import MetaWorldScript  # noqa: E402
 from rollcap.envs.metaworld import make_metaworld_env  # noqa: E402
@@ -19,7 +22,9 @@ from rollcap.rollout.seeding import episode_seed  # noqa: E402
 def test_mt10_smallest_setting_writes_a_loadable_policy_that_acts_on_metaworld(tmp_path, capsys):
     """One demo per task, 40 steps: a checkpoint that loads and gives a (horizon, 4) chunk on a state-only observation."""
     out = tmp_path / "mt10_policy"
-    main(["--demos-per-task", "1", "--steps", "40", "--tasks", "reach-v3", "button-press-topdown-v3", "--out", str(out)])
+    main(
+        ["--demos-per-task", "1", "--steps", "40", "--tasks", "reach-v3", "button-press-topdown-v3", "--out", str(out)]
+    )
     report = json.loads((tmp_path / "mt10_training_report.json").read_text())
     assert report["steps"] == 40 and report["samples"] == sum(v["steps"] for v in report["demos"].values()) > 0
     assert set(report["demos"]) == {"reach-v3", "button-press-topdown-v3"}
@@ -44,7 +49,9 @@ def test_mt10_labels_are_the_clean_expert_on_the_noisy_path():
     assert not np.array_equal(d.state[1], obs["state"])
     np.testing.assert_array_equal(d.chunks[1, 0], expert.act({"state": d.state[1]}))
     np.testing.assert_array_equal(d.chunks[0, 1:], d.chunks[1, :-1])  # shifted by one step
-    np.testing.assert_array_equal(d.chunks[-1, 1:], np.repeat(d.chunks[-1, :1], len(d.chunks[-1]) - 1, 0))  # padded at the end
+    np.testing.assert_array_equal(
+        d.chunks[-1, 1:], np.repeat(d.chunks[-1, :1], len(d.chunks[-1]) - 1, 0)
+    )  # padded at the end
 
 
 def test_mt10_refuses_the_held_out_seed_and_bad_settings():

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("metaworld", reason="metaworld is not installed (pip install scipy imageio && pip install --no-deps metaworld==3.1.1)")
+pytest.importorskip(
+    "metaworld",
+    reason="metaworld is not installed (pip install scipy imageio && pip install --no-deps metaworld==3.1.1)",
+)
 
 from rollcap.envs.metaworld import ID_PREFIX, INSTRUCTIONS, MT10  # noqa: E402
 from rollcap.policies import ADV_POSITIVE, load_policy  # noqa: E402
@@ -75,7 +78,9 @@ def test_recap_stages_run_on_a_state_only_policy(tiny_mt10_run):
     targets = value.value_targets(steps, value.final_values(critic, steps))
     value.refit_critic(critic, steps, targets, got.demos, n_steps=2, batch=4, lr=1e-4, seed=1)
     values = value.predict(critic, steps.images, steps.state, steps.tokens)
-    labels, _ = advantage.binarise(steps, advantage.advantages(steps, values, value.final_values(critic, steps), targets, 4), 60)
+    labels, _ = advantage.binarise(
+        steps, advantage.advantages(steps, values, value.final_values(critic, steps), targets, 4), 60
+    )
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     losses = improve.fine_tune(policy, steps, labels, got.demos, n_steps=2, batch=4, lr=1e-4, seed=2)
     assert len(losses) == 2 and np.isfinite(losses).all()
@@ -87,7 +92,10 @@ def test_recap_evaluates_in_every_env_of_the_runs():
     """successes() runs every seed in every env, env by env; evaluate() adds a per-env breakdown."""
     from rollcap.rollout.learn.recap.evaluate import env_list, evaluate
 
-    envs = [(ID_PREFIX + "reach-v3", {"render_images": False, "max_steps": 8}), (ID_PREFIX + "window-open-v3", {"render_images": False, "max_steps": 8})]
+    envs = [
+        (ID_PREFIX + "reach-v3", {"render_images": False, "max_steps": 8}),
+        (ID_PREFIX + "window-open-v3", {"render_images": False, "max_steps": 8}),
+    ]
     assert env_list(envs[0]) == [envs[0]] and env_list(None)[0][0] == "rollcap/PushBlock-v0"
     policy = load_policy(SHIPPED)
     res = evaluate(policy, policy, [1, 2], (4,), envs)["4"]
@@ -105,8 +113,17 @@ def test_mt10_critic_trainer_smallest_setting(tmp_path, tiny_mt10_run):
     main(["--runs", str(tiny_mt10_run / "run"), "--steps", "40", "--batch", "8", "--out", str(out)])
     report = json.loads((tmp_path / "mt10_critic_report.json").read_text())
     assert report["rollouts"]["episodes"] == 2 and report["held_out"]["every"] == 5
-    assert [(r["threshold"], r["patience"]) for r in report["early_stop_held_out"][:6]] == [(-0.8, 2), (-0.9, 2), (-0.95, 2), (-0.97, 2), (-0.99, 2), (-0.8, 4)]
-    assert report["suggested_stop"] is None or report["suggested_stop"]["stopped_would_succeed"] == 0  # at most 0.5% of 2 successes
+    assert [(r["threshold"], r["patience"]) for r in report["early_stop_held_out"][:6]] == [
+        (-0.8, 2),
+        (-0.9, 2),
+        (-0.95, 2),
+        (-0.97, 2),
+        (-0.99, 2),
+        (-0.8, 4),
+    ]
+    assert (
+        report["suggested_stop"] is None or report["suggested_stop"]["stopped_would_succeed"] == 0
+    )  # at most 0.5% of 2 successes
     assert load_critic(tmp_path / "critic.json").cfg.image_keys == ()
     with pytest.raises(ValueError, match="--episodes"):
         CriticTrainConfig(episodes=0)
@@ -143,7 +160,9 @@ def test_dsrl_task_code_for_mt10():
     from rollcap.rollout.learn.dsrl import mt10_one_hot, task_code_for
 
     code = task_code_for(ID_PREFIX + "peg-insert-side-v3")
-    assert code.width == 10 and code.encode(instruction_tokens(INSTRUCTIONS["peg-insert-side-v3"])).argmax() == MT10.index("peg-insert-side-v3")
+    assert code.width == 10 and code.encode(
+        instruction_tokens(INSTRUCTIONS["peg-insert-side-v3"])
+    ).argmax() == MT10.index("peg-insert-side-v3")
     assert task_code_for(ID_PREFIX + "assembly-v3") is None and task_code_for("rollcap/PushBlock-v0").width == 6
     with pytest.raises(ValueError, match="not an MT10"):
         mt10_one_hot(instruction_tokens("put the ring on the peg"))
@@ -180,7 +199,11 @@ def test_bench_rtc_over_metaworld(tmp_path):
             "--episodes", "1", "--stall-episodes", "1", "--delays", "0,1", "--modes", "naive,rtc", "--period-ms", "12.5", "--out", str(out)]  # fmt: skip
     assert main(args) == 0
     res = json.loads(out.read_text())
-    assert set(res["success"]) == {"sync/d0", "naive/d1", "rtc/d1"} and set(res["stall"]) == {"sync/d0", "rtc/d1"} and "prefix_ms_p50" not in res["graph"]
+    assert (
+        set(res["success"]) == {"sync/d0", "naive/d1", "rtc/d1"}
+        and set(res["stall"]) == {"sync/d0", "rtc/d1"}
+        and "prefix_ms_p50" not in res["graph"]
+    )
 
 
 def test_the_shipped_models_follow_the_env():
@@ -191,7 +214,10 @@ def test_the_shipped_models_follow_the_env():
     from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
     from rollcap.rollout.build import Parts
 
-    assert (Parts(env_id=ID_PREFIX + "push-v3").policy, Parts(env_id=ID_PREFIX + "push-v3").critic) == (MT10_POLICY, MT10_CRITIC)
+    assert (Parts(env_id=ID_PREFIX + "push-v3").policy, Parts(env_id=ID_PREFIX + "push-v3").critic) == (
+        MT10_POLICY,
+        MT10_CRITIC,
+    )
     assert (Parts(env_id=ID_PREFIX + "assembly-v3").policy, Parts().critic) == (PUSH_POLICY, PUSH_CRITIC)
     named = Parts(env_id=ID_PREFIX + "push-v3", policy="expert:0.1", critic="none")
     assert (named.policy, named.critic) == ("expert:0.1", None)
@@ -210,6 +236,16 @@ def test_run_and_replay_a_metaworld_task_with_the_defaults(tmp_path):
     from rollcap.rollout.recording import load_any
 
     rec = load_any(tmp_path / "r")[0]
-    assert rec.fingerprints["critic"]["config"]["state_dim"] == 39 and rec.fingerprints["policy"]["config"]["state_dim"] == 39
-    rep = subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", "replay", str(tmp_path / "r")], capture_output=True, text=True, timeout=300)
-    assert rep.returncode == 0 and "1 episode(s), 3 mode(s): 3 exact" in rep.stdout and "all exact" in rep.stdout, rep.stdout + rep.stderr[-2000:]
+    assert (
+        rec.fingerprints["critic"]["config"]["state_dim"] == 39
+        and rec.fingerprints["policy"]["config"]["state_dim"] == 39
+    )
+    rep = subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", "replay", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert rep.returncode == 0 and "1 episode(s), 3 mode(s): 3 exact" in rep.stdout and "all exact" in rep.stdout, (
+        rep.stdout + rep.stderr[-2000:]
+    )

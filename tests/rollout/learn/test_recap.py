@@ -47,13 +47,24 @@ def tiny_run(tmp_path_factory, ckpt):
 
     out = tmp_path_factory.mktemp("recap") / "run"
     policy, critic = ckpt[1], ckpt[3]
-    rollcap.run(2, out=out, policy=policy, critic=critic, env_kwargs=ENV_KW, max_chunks=3, progress=False, formats=("npz",), seed=5)
+    rollcap.run(
+        2,
+        out=out,
+        policy=policy,
+        critic=critic,
+        env_kwargs=ENV_KW,
+        max_chunks=3,
+        progress=False,
+        formats=("npz",),
+        seed=5,
+    )
     return out
 
 
 def test_collect_reads_every_step_of_a_run(tiny_run):
     """read_runs: one row per step, the executed actions as chunk labels, censored episodes flagged, the run's digests kept."""
     from rollcap.rollout.recording import load_any
+
     recs = load_any(tiny_run)
     steps, runs = collect.read_runs([tiny_run], horizon=4, image_key="image_front", max_tokens=48)
     assert len(steps) == sum(r.num_steps for r in recs) == 2 * 3 * 4
@@ -65,11 +76,16 @@ def test_collect_reads_every_step_of_a_run(tiny_run):
     assert [r["stop_reason"] for r in steps.episodes] == ["timeout_chunks"] * 2
     assert all(r["censored"] and not r["success"] for r in steps.episodes)
     assert not steps.label_ok[e0][-3:].any() and steps.label_ok[e0][:-3].all()  # unknown actions past a failed end
-    b = np.flatnonzero(steps.boundary[e0])  # chunk boundaries: the chunk run from there, executed part as the env got it
+    b = np.flatnonzero(
+        steps.boundary[e0]
+    )  # chunk boundaries: the chunk run from there, executed part as the env got it
     np.testing.assert_array_equal(b, recs[0].chunks["chunk_start"][:3])
     np.testing.assert_array_equal(steps.plan[e0][b[1]], recs[0].steps["actions"][4:8])
     np.testing.assert_array_equal(steps.plan[e0][b[2]], recs[0].chunks["policy_chunk"][2])
-    assert runs[0]["episodes"] == 2 and runs[0]["made_with"][0]["policy"] == recs[0].fingerprints["policy"]["weights_digest"]
+    assert (
+        runs[0]["episodes"] == 2
+        and runs[0]["made_with"][0]["policy"] == recs[0].fingerprints["policy"]["weights_digest"]
+    )
     from rollcap.rollout.recording.codec import episode_digest
 
     assert runs[0]["episodes_digest"] == collect._episodes_digest([episode_digest(r) for r in recs])
@@ -80,7 +96,17 @@ def test_collect_keeps_critic_stopped_episodes_as_censored(tmp_path, ckpt):
     """An episode the critic stopped at its first boundary is censored, has no steps, and breaks no stage."""
     import rollcap
 
-    rollcap.run(1, out=tmp_path / "r", policy=ckpt[1], critic=ckpt[3], env_kwargs=ENV_KW, critic_threshold=0.0, critic_patience=1, progress=False, formats=("npz",))
+    rollcap.run(
+        1,
+        out=tmp_path / "r",
+        policy=ckpt[1],
+        critic=ckpt[3],
+        env_kwargs=ENV_KW,
+        critic_threshold=0.0,
+        critic_patience=1,
+        progress=False,
+        formats=("npz",),
+    )
     steps, _ = collect.read_runs([tmp_path / "r"], horizon=4)
     assert len(steps) == 0 and steps.episodes[0]["stop_reason"] == "critic" and steps.episodes[0]["censored"]
     assert value.value_targets(steps, np.zeros(1, np.float32)).shape == (0,)
@@ -97,7 +123,13 @@ def test_collect_refuses_an_empty_run(tmp_path):
 # -------------------------------------------------------------------- value
 def test_value_targets_success_failure_and_censored():
     """Success: -(T-t)/max_steps; natural failure: -1; censored: bootstrapped from the critic at the stop."""
-    s = synthetic([{"steps": 3, "success": True, "censored": False}, {"steps": 2, "success": False, "censored": False}, {"steps": 2, "success": False, "censored": True}])
+    s = synthetic(
+        [
+            {"steps": 3, "success": True, "censored": False},
+            {"steps": 2, "success": False, "censored": False},
+            {"steps": 2, "success": False, "censored": True},
+        ]
+    )
     v_final = np.array([0.0, -1.0, -0.3], np.float32)
     got = value.value_targets(s, v_final)
     np.testing.assert_allclose(got, [-0.3, -0.2, -0.1, -1, -1, -0.5, -0.4], atol=1e-6)
@@ -128,7 +160,10 @@ def test_branch_calibration_groups_branches_by_boundary():
     from rollcap.critics import ValueCritic
 
     origin = {"parent": "p", "episode": 0, "chunk": 2}
-    rows = [{"steps": 2, "success": True, "censored": False, "branch_of": origin}, {"steps": 3, "success": False, "censored": False, "branch_of": origin}]
+    rows = [
+        {"steps": 2, "success": True, "censored": False, "branch_of": origin},
+        {"steps": 3, "success": False, "censored": False, "branch_of": origin},
+    ]
     s = synthetic(rows)
     c = ValueCritic(CRITIC).eval()
     rep = value.branch_calibration({"refit": c}, s)
@@ -209,7 +244,14 @@ def test_config_errors_name_the_field():
     """A bad value is a ConfigError naming its field; comma lists become numbers."""
     assert RecapConfig(betas="1,2.5", execute_steps="4,8").betas == (1.0, 2.5)
     assert RecapConfig(execute_steps=("4", "8")).execute_steps == (4, 8)
-    for kw, field in (({"percentile": 100}, "percentile"), ({"betas": "1,1"}, "betas"), ({"execute_steps": "0"}, "execute_steps"), ({"policy_steps": 0}, "policy_steps"), ({"policy_lr": 2}, "policy_lr"), ({"windows": "chunks"}, "windows")):
+    for kw, field in (
+        ({"percentile": 100}, "percentile"),
+        ({"betas": "1,1"}, "betas"),
+        ({"execute_steps": "0"}, "execute_steps"),
+        ({"policy_steps": 0}, "policy_steps"),
+        ({"policy_lr": 2}, "policy_lr"),
+        ({"windows": "chunks"}, "windows"),
+    ):
         with pytest.raises(ConfigError) as err:
             RecapConfig(**kw)
         assert err.value.field == field
@@ -217,7 +259,9 @@ def test_config_errors_name_the_field():
 
 # ---------------------------------------------------------------- end to end
 def _rollcap(*args):
-    return subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow
@@ -234,16 +278,31 @@ def test_recap_cli_end_to_end(tiny_run, ckpt, tmp_path):
     assert m["collect"]["censored"] == 2 and m["inputs"]["runs"][0]["path"] == str(tiny_run)
     assert m["policy"]["to_digest"] != m["policy"]["from_digest"] and m["improve"]["beta"] in (1.0, 2.0)
     assert m["advantage"]["percentile"] == 60.0 and m["config"]["policy_steps"] == 2
-    assert sorted(p.name for p in out.iterdir()) == ["critic.json", "critic.safetensors", "policy.json", "policy.safetensors", "recap.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "critic.json",
+        "critic.safetensors",
+        "policy.json",
+        "policy.safetensors",
+        "recap.json",
+    ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # the staging directory became out
 
     import rollcap
     from rollcap.rollout.recording import load_any
-    rollcap.run(1, out=tmp_path / "after", policy=out / "policy.json", critic="none", env_kwargs=ENV_KW, max_chunks=2, progress=False, formats=("npz",))
+
+    rollcap.run(
+        1,
+        out=tmp_path / "after",
+        policy=out / "policy.json",
+        critic="none",
+        env_kwargs=ENV_KW,
+        max_chunks=2,
+        progress=False,
+        formats=("npz",),
+    )
     rec = load_any(tmp_path / "after")[0]
     assert rec.fingerprints["policy"]["weights_digest"] == m["policy"]["to_digest"]
     assert rec.fingerprints["policy"]["config"]["cfg_beta"] == m["improve"]["beta"]
-
 
 
 def test_recap_cli_refuses_bad_input_in_one_line(tiny_run, ckpt, tmp_path, capsys):
@@ -252,7 +311,24 @@ def test_recap_cli_refuses_bad_input_in_one_line(tiny_run, ckpt, tmp_path, capsy
 
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
-    tiny = ["--policy", ckpt[1], "--critic", ckpt[3], "--demos", "0", "--critic-steps", "0", "--policy-steps", "1", "--val-episodes", "0", "--eval-episodes", "1", "--execute-steps", "2,4"]
+    tiny = [
+        "--policy",
+        ckpt[1],
+        "--critic",
+        ckpt[3],
+        "--demos",
+        "0",
+        "--critic-steps",
+        "0",
+        "--policy-steps",
+        "1",
+        "--val-episodes",
+        "0",
+        "--eval-episodes",
+        "1",
+        "--execute-steps",
+        "2,4",
+    ]
     for argv, needle in (([str(tiny_run), "--out", str(tmp_path / "full")], "--out"), ([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")], "nothing"),
                          ([str(tiny_run), "--out", str(tmp_path / "x"), "--betas", "1,a"], "--betas"),
                          ([str(tiny_run), "--out", str(tmp_path / "x"), "--execute-steps", "4,9"], "--execute-steps: the policy's chunks hold 4")):  # fmt: skip

@@ -14,7 +14,9 @@ from rollcap.rollout.offline.branch import max_steps_of
 from rollcap.rollout.recording import load_any, synthetic_record
 from tests.rollout._other_env import record_inverted_pendulum
 
-pytestmark = pytest.mark.slow  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +27,19 @@ def ip_run(tmp_path_factory):
 def test_recap_of_a_run_the_policy_cannot_read_says_so_in_one_line(ip_run, tmp_path):
     """`rollcap recap` on InvertedPendulum-v5: exit 2, one line naming the run and why the env cannot be used; nothing written."""
     out = tmp_path / "recap"
-    res = subprocess.run([sys.executable, "-m", "rollcap.rollout.cli", "recap", str(ip_run), "--out", str(out), "--demos", "0"], capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", "recap", str(ip_run), "--out", str(out), "--demos", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 2, res.stdout + res.stderr
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     line = lines[0]
-    assert str(ip_run) in line and "InvertedPendulum-v5" in line and "cannot read" in line and "observation (4,)" in line, line
+    assert (
+        str(ip_run) in line and "InvertedPendulum-v5" in line and "cannot read" in line and "observation (4,)" in line
+    ), line
     assert "env_id:" not in line and "no step limit" not in line
     assert not out.exists() and not list(tmp_path.glob(".recap*"))
 

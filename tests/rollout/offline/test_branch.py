@@ -49,7 +49,9 @@ def test_control_branch_reproduces_the_parent_continuation_byte_for_byte(parent,
     """From a file of either format, the control branch equals the parent from chunk K on, stop by the warmed-up critic predicate included."""
     out, rec = parent
     assert rec.stop_reason == "critic" and rec.num_chunks == 4  # patience 4: the predicate's counter matters
-    loaded = read_npz(out / "episodes" / "episode_00000.npz") if fmt == "npz" else read_h5_episode(out / "episodes.hdf5", 0)
+    loaded = (
+        read_npz(out / "episodes" / "episode_00000.npz") if fmt == "npz" else read_h5_episode(out / "episodes.hdf5", 0)
+    )
     host = _host(loaded, runners)
     for k in (0, 2, 3):
         rec_out = EpisodeRecorder(tmp_path / f"b{k}", (fmt,))
@@ -59,7 +61,11 @@ def test_control_branch_reproduces_the_parent_continuation_byte_for_byte(parent,
         control = res.control
         assert control.origin == {**control.origin, "episode": 0, "chunk": k, "branch": 0, "noise": "parent"}
         assert control.stop_reason == "critic" and control.num_chunks == 4 - k
-        back = read_npz(tmp_path / f"b{k}" / "episodes" / "episode_00000.npz") if fmt == "npz" else read_h5_episode(tmp_path / f"b{k}" / "episodes.hdf5", 0)
+        back = (
+            read_npz(tmp_path / f"b{k}" / "episodes" / "episode_00000.npz")
+            if fmt == "npz"
+            else read_h5_episode(tmp_path / f"b{k}" / "episodes.hdf5", 0)
+        )
         assert records_equal(back, control) is None
 
 
@@ -142,7 +148,9 @@ def test_cli_branch_then_replay_in_a_fresh_process(ckpt, tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     assert (tmp_path / "plots" / "branches_00000_chunk002.png").stat().st_size > 1000  # the fan
     bad = rollcap("branch", run / "episodes.hdf5", "--chunk", 99, "--out", tmp_path / "x", *ckpt[:4])
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, (
+        bad.stderr
+    )
     assert "--chunk" in bad.stderr and not (tmp_path / "x").exists()
 
 

@@ -16,7 +16,9 @@ from rollcap.rollout.recording import EpisodeRecorder, load_any
 from tests.rollout._other_env import record_inverted_pendulum
 from tests.rollout._tiny import make_env
 
-pytestmark = pytest.mark.slow  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # the rollcap command in subprocesses: the fast tier (-m "not slow") leaves them to the full suite
 
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
@@ -35,14 +37,22 @@ def runs(runners, tmp_path_factory):
     with EpisodeRecorder(root / "run", ("npz",)) as rec:
         for r in recs:
             rec.write(r)
-    with EpisodeRecorder(root / "nolimit", ("npz",)) as rec:  # an env that records no step limit (and PushBlock has no TimeLimit)
+    with EpisodeRecorder(
+        root / "nolimit", ("npz",)
+    ) as rec:  # an env that records no step limit (and PushBlock has no TimeLimit)
         for r in recs:
             fp = copy.deepcopy(r.fingerprints)
             del fp["env"]["dynamics"]["max_steps"]
             rec.write(dataclasses.replace(r, fingerprints=fp))
     (root / "empty").mkdir()
     (root / "a-file").write_text("not a directory")
-    return {"run": root / "run", "nolimit": root / "nolimit", "ip": record_inverted_pendulum(root / "ip"), "empty": root / "empty", "file": root / "a-file"}
+    return {
+        "run": root / "run",
+        "nolimit": root / "nolimit",
+        "ip": record_inverted_pendulum(root / "ip"),
+        "empty": root / "empty",
+        "file": root / "a-file",
+    }
 
 
 def _refused(res, *needles) -> str:
@@ -62,7 +72,11 @@ def _refused(res, *needles) -> str:
         ("another env", ["{ip}", "--calibrate"], ["--policy", "InvertedPendulum-v5"]),
         ("no such episode", ["{run}", "--calibrate", "--episode", "9"], ["--episode", "episode 9"]),
         ("no such episode, branch", ["{run}", "--episode", "9"], ["--episode", "no episode 9"]),
-        ("no step limit", ["{nolimit}", "--episode", "0", "--chunk", "1", "--n", "2"], ["{nolimit}", "no step limit", "cannot be used"]),
+        (
+            "no step limit",
+            ["{nolimit}", "--episode", "0", "--chunk", "1", "--n", "2"],
+            ["{nolimit}", "no step limit", "cannot be used"],
+        ),
         ("no step limit, calibrate", ["{nolimit}", "--calibrate", "--n", "2"], ["{nolimit}", "no step limit"]),
         ("calibrate n", ["{run}", "--calibrate", "--n", "1"], ["--n: "]),
     ],
@@ -79,7 +93,20 @@ def test_a_refused_branch_creates_no_out_directory(runs, ckpt, tmp_path, case, a
 @pytest.mark.parametrize("calibrate", [False, True])
 def test_an_out_that_is_a_file_is_refused_before_anything_runs(runs, ckpt, calibrate):
     """--out naming a file: one line naming --out, before a branch runs (not an errno after all of them)."""
-    res = rollcap("branch", runs["run"], "--episode", "0", "--chunk", "1", "--n", "2", *(["--calibrate", "--every", "2"] if calibrate else []), "--out", runs["file"], *ckpt[:4])
+    res = rollcap(
+        "branch",
+        runs["run"],
+        "--episode",
+        "0",
+        "--chunk",
+        "1",
+        "--n",
+        "2",
+        *(["--calibrate", "--every", "2"] if calibrate else []),
+        "--out",
+        runs["file"],
+        *ckpt[:4],
+    )
     _refused(res, "--out", str(runs["file"]), "not a directory")
     assert runs["file"].read_text() == "not a directory"
 

@@ -38,9 +38,22 @@ UNSET = {"device": None, "backend": None, "precision": None, "policy": None, "cr
 def test_a_cuda_recording_on_a_cpu_machine_is_one_line_and_runs_on_cpu(monkeypatch):
     """A CUDA recording without CUDA here: replayed on cpu, and one line says what it needs and what follows."""
     monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 0)
-    rec = _rec({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda", "precision": "bf16", "weights_digest": _digest(DEFAULT_CHECKPOINT)})
+    rec = _rec(
+        {
+            "device_kind": "cuda",
+            "cuda_device": "NVIDIA H200",
+            "backend": "cuda",
+            "precision": "bf16",
+            "weights_digest": _digest(DEFAULT_CHECKPOINT),
+        }
+    )
     parts, said = recorded_parts(dict(UNSET), rec, "runs/x")
-    assert parts["device"] == "cpu" and "backend" not in parts and parts["precision"] == "bf16" and parts["policy"] == DEFAULT_CHECKPOINT
+    assert (
+        parts["device"] == "cpu"
+        and "backend" not in parts
+        and parts["precision"] == "bf16"
+        and parts["policy"] == DEFAULT_CHECKPOINT
+    )
     assert said[0] == (
         "runs/x: recorded on cuda (NVIDIA H200, backend cuda); this machine has no CUDA device, so it runs on cpu, where its "
         "episodes are compared but not proven exact (exit 1 unless --accept-not-comparable)"
@@ -53,7 +66,10 @@ def test_a_cuda_recording_with_cuda_here_replays_there(monkeypatch):
     rec = _rec({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda", "precision": "tf32"})
     parts, said = recorded_parts(dict(UNSET), rec, "r")
     assert (parts["device"], parts["backend"], parts["precision"]) == ("cuda", "cuda", "tf32")
-    assert said == ["r: recorded on cuda (NVIDIA H200): replaying on cuda", "r: recorded at precision tf32: replaying at it"]
+    assert said == [
+        "r: recorded on cuda (NVIDIA H200): replaying on cuda",
+        "r: recorded at precision tf32: replaying at it",
+    ]
 
 
 def test_flags_win_over_the_recording():
@@ -70,11 +86,25 @@ def test_models_are_found_by_weights_digest_and_a_missing_one_names_its_flag():
     assert parts["policy"] == PREFIX and parts["critic"] is None  # recorded without a critic
     parts, _ = recorded_parts(dict(UNSET), _rec({"kind": "rollcap.expert", "std": 0.3}), "r")
     assert parts["policy"] == "expert:0.3"
-    with pytest.raises(ConfigError, match=r"^policy: r was recorded with a LeRobot policy \(lerobot\.act, weights sha256:0123456789ab\.\.\.\): pass --policy lerobot:DIR"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^policy: r was recorded with a LeRobot policy \(lerobot\.act, weights sha256:0123456789ab\.\.\.\): pass --policy lerobot:DIR",
+    ):
         recorded_parts(dict(UNSET), _rec({"kind": "lerobot.act", "weights_digest": "sha256:0123456789abcdef0123"}), "r")
-    with pytest.raises(ConfigError, match=r"critic: r was recorded with a rollcap.ValueCritic whose weights .* no shipped checkpoint has: pass --critic PATH"):
-        recorded_parts(dict(UNSET), _rec({"weights_digest": _digest(PREFIX)}, {"model": "rollcap.ValueCritic", "weights_digest": "sha256:feed"}), "r")
-    parts, _ = recorded_parts(dict(UNSET), _rec({"kind": "lerobot.act"}), "r", needs_models=False)  # --mode env: no models run
+    with pytest.raises(
+        ConfigError,
+        match=r"critic: r was recorded with a rollcap.ValueCritic whose weights .* no shipped checkpoint has: pass --critic PATH",
+    ):
+        recorded_parts(
+            dict(UNSET),
+            _rec(
+                {"weights_digest": _digest(PREFIX)}, {"model": "rollcap.ValueCritic", "weights_digest": "sha256:feed"}
+            ),
+            "r",
+        )
+    parts, _ = recorded_parts(
+        dict(UNSET), _rec({"kind": "lerobot.act"}), "r", needs_models=False
+    )  # --mode env: no models run
     assert "policy" not in parts
 
 
@@ -98,11 +128,16 @@ def test_bf16_runs_records_and_replays_exact_on_cpu(tmp_path):
 def test_cuda_recording_replayed_on_cpu_prints_the_line(tmp_path):
     """A recording whose fingerprints name CUDA, replayed here: the one line, the CPU comparison, exit 1."""
     src = tmp_path / "cpu"
-    assert rollcap("run", "--episodes", 1, "--max-chunks", 2, "--no-progress", "--format", "npz", "--out", src).returncode == 0
+    assert (
+        rollcap("run", "--episodes", 1, "--max-chunks", 2, "--no-progress", "--format", "npz", "--out", src).returncode
+        == 0
+    )
     rec = copy.deepcopy(next(iter_episodes(src))[1])
     for fp in (rec.fingerprints["policy"], rec.fingerprints["critic"]):
         fp.update({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda"})
-    rec.chunks["policy_chunk"] = rec.chunks["policy_chunk"] + 1e-6  # a GPU's chunks differ from the CPU's in the last bits
+    rec.chunks["policy_chunk"] = (
+        rec.chunks["policy_chunk"] + 1e-6
+    )  # a GPU's chunks differ from the CPU's in the last bits
     with EpisodeRecorder(tmp_path / "gpu", ("npz",)) as recorder:
         recorder.write(rec)
     res = rollcap("replay", tmp_path / "gpu", "--mode", "policy")
@@ -116,7 +151,22 @@ def test_cuda_recording_replayed_on_cpu_prints_the_line(tmp_path):
 def test_a_run_with_a_shipped_checkpoint_replays_with_it_by_default(tmp_path):
     """A run made with the shipped hard-prefix checkpoint and no critic replays exact with no model flags."""
     out = tmp_path / "prefix"
-    res = rollcap("run", "--episodes", 1, "--max-chunks", 3, "--policy", PREFIX, "--critic", "none", "--no-progress", "--format", "npz", "--out", out)
+    res = rollcap(
+        "run",
+        "--episodes",
+        1,
+        "--max-chunks",
+        3,
+        "--policy",
+        PREFIX,
+        "--critic",
+        "none",
+        "--no-progress",
+        "--format",
+        "npz",
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     res = rollcap("replay", out)
     assert res.returncode == 0 and "3 exact, 0 diverged" in res.stdout, res.stdout + res.stderr[-2000:]
@@ -126,14 +176,25 @@ def test_a_run_with_a_shipped_checkpoint_replays_with_it_by_default(tmp_path):
 def test_a_lerobot_recording_names_the_flag_it_needs(tmp_path):
     """A recording made with --policy lerobot:DIR, replayed without it: one line naming the policy and the flag, exit 2."""
     src = tmp_path / "cpu"
-    assert rollcap("run", "--episodes", 1, "--max-chunks", 1, "--no-progress", "--format", "npz", "--out", src).returncode == 0
+    assert (
+        rollcap("run", "--episodes", 1, "--max-chunks", 1, "--no-progress", "--format", "npz", "--out", src).returncode
+        == 0
+    )
     rec = copy.deepcopy(next(iter_episodes(src))[1])
-    rec.fingerprints["policy"] = {"kind": "lerobot.act", "lerobot": "0.6.1", "weights_digest": "sha256:" + "ab" * 32, "device_kind": "cpu"}
+    rec.fingerprints["policy"] = {
+        "kind": "lerobot.act",
+        "lerobot": "0.6.1",
+        "weights_digest": "sha256:" + "ab" * 32,
+        "device_kind": "cpu",
+    }
     with EpisodeRecorder(tmp_path / "lerobot", ("npz",)) as recorder:
         recorder.write(rec)
     res = rollcap("replay", tmp_path / "lerobot")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert "was recorded with a LeRobot policy (lerobot.act, weights sha256:abababababab...): pass --policy lerobot:DIR" in res.stderr
+    assert (
+        "was recorded with a LeRobot policy (lerobot.act, weights sha256:abababababab...): pass --policy lerobot:DIR"
+        in res.stderr
+    )
     assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "lerobot" / "replay").exists()
     res = rollcap("replay", tmp_path / "lerobot", "--mode", "env")  # no model runs in env mode: it replays
     assert res.returncode == 0 and "1 exact" in res.stdout, res.stdout + res.stderr
@@ -143,7 +204,22 @@ def test_a_lerobot_recording_names_the_flag_it_needs(tmp_path):
 def test_a_batched_bf16_run_records_both_and_replays_exact(tmp_path):
     """--envs 2 --precision bf16: the batch and the precision are in the fingerprint, and replay with no flags is exact."""
     out = tmp_path / "b"
-    res = rollcap("run", "--envs", 2, "--episodes", 2, "--max-chunks", 3, "--precision", "bf16", "--no-progress", "--format", "npz", "--out", out)
+    res = rollcap(
+        "run",
+        "--envs",
+        2,
+        "--episodes",
+        2,
+        "--max-chunks",
+        3,
+        "--precision",
+        "bf16",
+        "--no-progress",
+        "--format",
+        "npz",
+        "--out",
+        out,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     fp = next(iter_episodes(out))[1].fingerprints
     assert (fp["policy"]["precision"], fp["policy"]["batch"], fp["critic"]["precision"]) == ("bf16", 2, "bf16")
@@ -169,7 +245,9 @@ def test_settings_of_rollcaps_graphs_are_refused_with_a_policy_object(tmp_path):
             return {"policy": "Mine"}
 
     for field, value in (("sampler", "fused"), ("precision", "bf16")):
-        with pytest.raises(ConfigError, match=rf"^{field}: '{value}' applies to rollcap's checkpoints; a policy object runs as it is"):
+        with pytest.raises(
+            ConfigError, match=rf"^{field}: '{value}' applies to rollcap's checkpoints; a policy object runs as it is"
+        ):
             rollcap.run(episodes=1, out=tmp_path / field, policy=Mine(), progress=False, **{field: value})
         assert not (tmp_path / field).exists()
 

@@ -29,7 +29,10 @@ def test_fused_guided_rtc_sampling_equals_the_plain_one():
     w[:, :2] = 1.0
     carried = torch.randn(1, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
-        a, b = guided_sample(plain, imgs, state, toks, noise, carried, w), guided_sample(fused, imgs, state, toks, noise, carried, w)
+        a, b = (
+            guided_sample(plain, imgs, state, toks, noise, carried, w),
+            guided_sample(fused, imgs, state, toks, noise, carried, w),
+        )
         free = fused.sample(imgs, state, toks, noise)
     assert (a - b).abs().max() < TOL and (b - free).abs().max() > 1e-3  # close to plain's, and the guidance moved it
 
@@ -37,13 +40,21 @@ def test_fused_guided_rtc_sampling_equals_the_plain_one():
 def test_fused_config_names_the_checkpoint_it_was_fused_from():
     """fuse(model, digest): the config JSON says variant fused and fused_from; without a digest, no fused_from."""
     plain = load_policy(PREFIX)
-    assert fuse(plain, _digest(PREFIX)).cfg.to_json() == {**plain.cfg.to_json(), "variant": "fused", "fused_from": _digest(PREFIX)}
+    assert fuse(plain, _digest(PREFIX)).cfg.to_json() == {
+        **plain.cfg.to_json(),
+        "variant": "fused",
+        "fused_from": _digest(PREFIX),
+    }
     assert "fused_from" not in fuse(plain).cfg.to_json()
 
 
 def test_recorded_parts_takes_the_fused_sampler_back():
     """A fused recording: sampler fused, the checkpoint found by fused_from (its own weights_digest is the fused weights'), said once."""
-    fp = {"device_kind": "cpu", "weights_digest": "sha256:fused", "config": {"variant": "fused", "fused_from": _digest(PREFIX)}}
+    fp = {
+        "device_kind": "cpu",
+        "weights_digest": "sha256:fused",
+        "config": {"variant": "fused", "fused_from": _digest(PREFIX)},
+    }
     parts, said = recorded_parts(dict(UNSET_S), _rec(fp), "r")
     assert parts["sampler"] == "fused" and parts["policy"] == PREFIX
     assert said == ["r: recorded with the fused sampler: replaying with it"]
@@ -51,18 +62,28 @@ def test_recorded_parts_takes_the_fused_sampler_back():
     assert parts["sampler"] == "plain" and said == []
     parts, _ = recorded_parts(UNSET_S | {"policy": "expert"}, _rec(fp), "r")  # a named policy has no fused variant
     assert parts["sampler"] == "plain"
-    parts, said = recorded_parts(dict(UNSET_S), _rec({"device_kind": "cpu", "weights_digest": _digest(PREFIX), "config": {}}), "r")
+    parts, said = recorded_parts(
+        dict(UNSET_S), _rec({"device_kind": "cpu", "weights_digest": _digest(PREFIX), "config": {}}), "r"
+    )
     assert parts["sampler"] == "plain" and said == []  # a plain recording says nothing
 
 
 def test_fused_is_refused_for_named_policies():
     """lerobot:DIR and expert have no fused variant: a ConfigError naming sampler; an unknown sampler likewise."""
-    with pytest.raises(ConfigError, match=r"^sampler: fused is a FlowVLA checkpoint's sampler; expert:0.1 has no fused variant"):
+    with pytest.raises(
+        ConfigError, match=r"^sampler: fused is a FlowVLA checkpoint's sampler; expert:0.1 has no fused variant"
+    ):
         Parts(policy="expert:0.1", sampler="fused")
     with pytest.raises(ConfigError, match=r"^sampler: expected plain or fused, got 'fast'"):
         Parts(sampler="fast")
-    res = rollcap("run", "--policy", "expert", "--sampler", "fused", "--episodes", 1, "--no-progress", "--out", "/nonexistent/x")
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "--sampler: fused is a FlowVLA checkpoint's sampler" in res.stderr, res.stderr
+    res = rollcap(
+        "run", "--policy", "expert", "--sampler", "fused", "--episodes", 1, "--no-progress", "--out", "/nonexistent/x"
+    )
+    assert (
+        res.returncode == 2
+        and len(res.stderr.strip().splitlines()) == 1
+        and "--sampler: fused is a FlowVLA checkpoint's sampler" in res.stderr
+    ), res.stderr
 
 
 def _fp(out):
@@ -74,15 +95,21 @@ def test_a_fused_run_records_and_replays_exact_with_no_flags(tmp_path):
     """--sampler fused: the fingerprint says so and differs from plain's; replay (all modes) and branch take it back, exact."""
     fused, plain = tmp_path / "fused", tmp_path / "plain"
     for out, extra in ((fused, ["--sampler", "fused"]), (plain, [])):
-        res = rollcap("run", "--episodes", 2, "--max-chunks", 3, "--no-progress", "--format", "npz", "--out", out, *extra)
+        res = rollcap(
+            "run", "--episodes", 2, "--max-chunks", 3, "--no-progress", "--format", "npz", "--out", out, *extra
+        )
         assert res.returncode == 0, res.stderr[-2000:]
     f, p = _fp(fused), _fp(plain)
     assert f["config"]["variant"] == "fused" and "variant" not in p["config"]
     assert f["config"]["fused_from"] == p["weights_digest"] == _digest(DEFAULT_CHECKPOINT) != f["weights_digest"]
     res = rollcap("replay", fused)
-    assert res.returncode == 0 and "6 exact, 0 diverged, 0 not comparable, 0 failed" in res.stdout, res.stdout + res.stderr[-2000:]
+    assert res.returncode == 0 and "6 exact, 0 diverged, 0 not comparable, 0 failed" in res.stdout, (
+        res.stdout + res.stderr[-2000:]
+    )
     assert "recorded with the fused sampler: replaying with it" in res.stderr
-    res = rollcap("replay", fused, "--sampler", "plain", "--mode", "policy")  # plain's chunks are close, not the recorded bits
+    res = rollcap(
+        "replay", fused, "--sampler", "plain", "--mode", "policy"
+    )  # plain's chunks are close, not the recorded bits
     assert res.returncode == 1 and "2 not comparable" in res.stdout and "config.variant" in res.stdout, res.stdout
     res = rollcap("replay", plain, "--mode", "policy")  # the plain default path: unchanged, no word about a sampler
     assert res.returncode == 0 and "2 exact" in res.stdout and "sampler" not in res.stderr, res.stdout + res.stderr
@@ -100,10 +127,28 @@ def test_fused_rtc_and_batched_runs_replay_exact(tmp_path):
     }
     for name, extra in runs.items():
         out = tmp_path / name
-        res = rollcap("run", "--episodes", 1, "--max-chunks", 3, "--sampler", "fused", "--no-progress", "--format", "npz", "--out", out, *extra)
+        res = rollcap(
+            "run",
+            "--episodes",
+            1,
+            "--max-chunks",
+            3,
+            "--sampler",
+            "fused",
+            "--no-progress",
+            "--format",
+            "npz",
+            "--out",
+            out,
+            *extra,
+        )
         assert res.returncode == 0, name + res.stderr[-2000:]
         fp = _fp(out)
         assert fp["config"]["variant"] == "fused", name
-        assert fp.get("rtc_sampler") == {"rtc": "identity", "prefix": "prefix"}.get(name) and fp.get("batch", 1) == (2 if name == "batch" else 1), json.dumps(fp)[:500]
+        assert fp.get("rtc_sampler") == {"rtc": "identity", "prefix": "prefix"}.get(name) and fp.get("batch", 1) == (
+            2 if name == "batch" else 1
+        ), json.dumps(fp)[:500]
         res = rollcap("replay", out)
-        assert res.returncode == 0 and "0 diverged, 0 not comparable, 0 failed -- all exact" in res.stdout, name + res.stdout + res.stderr[-2000:]
+        assert res.returncode == 0 and "0 diverged, 0 not comparable, 0 failed -- all exact" in res.stdout, (
+            name + res.stdout + res.stderr[-2000:]
+        )

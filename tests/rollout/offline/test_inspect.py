@@ -59,7 +59,18 @@ def test_episode_table_has_a_row_per_episode():
     recs = records()
     table = episode_table(recs)
     lines = table.splitlines()
-    assert lines[0].split() == ["index", "seed", "steps", "chunks", "human", "stop", "success", "v_mean", "v_min", "instruction"]
+    assert lines[0].split() == [
+        "index",
+        "seed",
+        "steps",
+        "chunks",
+        "human",
+        "stop",
+        "success",
+        "v_mean",
+        "v_min",
+        "instruction",
+    ]
     assert len(lines) == 2 + len(recs) + 1 and lines[-1].startswith("3 episode(s), 1 successful")
     row = lines[3].split()
     r = recs[1]

@@ -35,7 +35,9 @@ def test_a_live_rewind_then_the_retry_replay_exactly(runners):
     rewound, retry = (e.record for e in ends)
     assert rewound.stop_reason == REWIND and rewound.num_steps == 10 and len(ends) == 2
     assert retry.index == 1 and retry.origin["rewind"] == 1 and retry.origin["chunk"] == 1 and retry.origin["step"] == 4
-    assert retry.stop_reason == "timeout_chunks" and retry.num_chunks == 7  # boundaries 1..7: the budget counts the kept prefix
+    assert (
+        retry.stop_reason == "timeout_chunks" and retry.num_chunks == 7
+    )  # boundaries 1..7: the budget counts the kept prefix
     assert physics_row(retry.initial_state).tobytes() == rewound.steps["states"][4].tobytes()
     assert retry.steps["actions"][:4].tobytes() != rewound.steps["actions"][4:8].tobytes()  # new noise
     env = make_env()
@@ -69,11 +71,24 @@ def test_rewind_key_in_a_teleop_run_then_replay(ckpt, tmp_path):
     import sys
 
     from rollcap.rollout.recording import load_any
+
     keys = tmp_path / "keys.txt"
     keys.write_text("step=9 b\n0.05 g\nstep=3 q\n")
     out = tmp_path / "r"
     cmd = [sys.executable, "-m", "rollcap.rollout.cli"]
-    args = ["run", "--episodes", 2, "--max-chunks", 6, "--out", out, "--teleop", f"scripted:{keys}", "--no-progress", *ckpt]
+    args = [
+        "run",
+        "--episodes",
+        2,
+        "--max-chunks",
+        6,
+        "--out",
+        out,
+        "--teleop",
+        f"scripted:{keys}",
+        "--no-progress",
+        *ckpt,
+    ]
     res = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr[-2000:]
     recs = load_any(out)

@@ -20,7 +20,9 @@ def two_node_cluster(env: dict | None = None, **head_node_args):
 
     from rollcap.rollout.ray.connect import FORK_SAFE_ENV
 
-    if ray.is_initialized():  # a connection left by an earlier module would be reused (connect() keeps one) and point at a dead cluster
+    if (
+        ray.is_initialized()
+    ):  # a connection left by an earlier module would be reused (connect() keeps one) and point at a dead cluster
         ray.shutdown()
 
     mp = pytest.MonkeyPatch()

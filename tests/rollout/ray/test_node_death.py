@@ -26,6 +26,13 @@ def test_a_raylet_killed_mid_run_loses_nothing_and_the_run_finishes_without_a_ne
     pytest.importorskip("ray")
     case = Path(__file__).with_name("node_death_case.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(case)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert "1 passed" in out.stdout, out.stdout[-2000:]

@@ -22,7 +22,9 @@ from rollcap.rollout.ray.replay import ReplayActor
 from rollcap.rollout.subscribers import Metrics
 from tests.rollout._tiny import ENV_KW
 
-pytestmark = pytest.mark.slow  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
+pytestmark = (
+    pytest.mark.slow
+)  # subprocesses, Ray or trained examples: the fast tier (-m "not slow") leaves them to the full suite
 
 EPISODES = 16
 CFG = {"seed": 11, "max_chunks": 6}
@@ -31,7 +33,9 @@ CFG = {"seed": 11, "max_chunks": 6}
 @pytest.fixture(scope="module")
 def parts(ckpt) -> Parts:
     """The tiny checkpoints of the ``ckpt`` fixture as Parts."""
-    return Parts(env_kwargs=ENV_KW, policy=Path(ckpt[ckpt.index("--policy") + 1]), critic=Path(ckpt[ckpt.index("--critic") + 1]))
+    return Parts(
+        env_kwargs=ENV_KW, policy=Path(ckpt[ckpt.index("--policy") + 1]), critic=Path(ckpt[ckpt.index("--critic") + 1])
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,17 @@ def ray_local():
 
 
 def _run(parts: Parts, out: Path, **kw):
-    return rollcap.run(EPISODES, out=out, env=parts.env_id, policy=parts.policy, critic=parts.critic, env_kwargs=parts.env_kwargs, progress=False, **CFG, **kw)
+    return rollcap.run(
+        EPISODES,
+        out=out,
+        env=parts.env_id,
+        policy=parts.policy,
+        critic=parts.critic,
+        env_kwargs=parts.env_kwargs,
+        progress=False,
+        **CFG,
+        **kw,
+    )
 
 
 def _committed(run_dir: Path) -> int:
@@ -72,7 +86,9 @@ def _once_in_both_formats(run_dir: Path, n: int) -> None:
     """Episodes 0..n-1 recorded once each, in both formats, which agree (a sharded run: in its shards, as its manifest says)."""
     if is_sharded(run_dir):
         with ManifestWriter(run_dir, resume=True) as m:
-            assert [r.index for r in m.verify()] == list(range(n))  # every format of every shard read back, digests checked against the manifest
+            assert [r.index for r in m.verify()] == list(
+                range(n)
+            )  # every format of every shard read back, digests checked against the manifest
         return
     npz = sorted(p.name for p in (run_dir / "episodes").glob("*.npz"))
     assert npz == [f"episode_{i:05d}.npz" for i in range(n)]
@@ -171,7 +187,16 @@ def test_the_recorder_takes_episodes_in_any_index_order(tmp_path):
     assert h5_indices(tmp_path / "episodes.hdf5") == [0, 2, 5, 9]
 
 
-@pytest.mark.parametrize("bad, field", [({"actors": -1}, "actors"), ({"actors": 1.5}, "actors"), ({"address": "auto"}, "address"), ({"actors": 2, "actor_cpus": 0}, "actor_cpus"), ({"actors": 2, "actor_gpus": float("nan")}, "actor_gpus")])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"actors": -1}, "actors"),
+        ({"actors": 1.5}, "actors"),
+        ({"address": "auto"}, "address"),
+        ({"actors": 2, "actor_cpus": 0}, "actor_cpus"),
+        ({"actors": 2, "actor_gpus": float("nan")}, "actor_gpus"),
+    ],
+)
 def test_bad_actor_options_name_their_field(bad, field):
     """RunConfig refuses a bad actor option naming it (the CLI maps the field to its flag)."""
     from rollcap.rollout.api import RunConfig
@@ -200,13 +225,20 @@ def test_actors_get_absolute_checkpoint_paths_and_their_own_shipped_checkpoints(
 
 
 # --------------------------------------------------------------- with Ray
-def test_one_and_two_actors_record_the_local_run_s_episodes_listening_on_loopback_only(ray_local, parts, local, tmp_path):
+def test_one_and_two_actors_record_the_local_run_s_episodes_listening_on_loopback_only(
+    ray_local, parts, local, tmp_path
+):
     """16 episodes on 1 and on 2 actors (sharded): per-episode digests equal the in-process run's; no Ray socket listens off loopback."""
     one = _run(parts, tmp_path / "one", actors=1)
     probe = _Probe()
     two = _run(parts, tmp_path / "two", actors=2, subscribers=(probe,))
     assert _digests(one.run_dir) == _digests(two.run_dir) == local[1]
-    assert (one.summary["actors"], two.summary["actors"], two.summary["retries"], two.summary["failed"]) == (1, 2, 0, {})
+    assert (one.summary["actors"], two.summary["actors"], two.summary["retries"], two.summary["failed"]) == (
+        1,
+        2,
+        0,
+        {},
+    )
     assert two.summary["episodes"] == EPISODES and two.summary["stop_reasons"] == local[0].summary["stop_reasons"]
     assert (one.summary["shards"], two.summary["shards"]) == (1, 2) and is_sharded(two.run_dir)
     _once_in_both_formats(two.run_dir, EPISODES)
@@ -214,14 +246,20 @@ def test_one_and_two_actors_record_the_local_run_s_episodes_listening_on_loopbac
 
 
 @pytest.mark.slow
-def test_sharded_and_unsharded_runs_on_2_and_3_actors_give_the_local_digests_and_merge_to_one_file(ray_local, parts, local, tmp_path):
+def test_sharded_and_unsharded_runs_on_2_and_3_actors_give_the_local_digests_and_merge_to_one_file(
+    ray_local, parts, local, tmp_path
+):
     """shards=False (the driver records) and sharded on 2 and 3 actors: the same digests; the manifest names each shard's episodes; merge gives one file."""
     driver = _run(parts, tmp_path / "driver", actors=2, shards=False)
     three = _run(parts, tmp_path / "three", actors=3, actor_cpus=0.5)
     assert not is_sharded(driver.run_dir) and "shards" not in driver.summary
     assert _digests(driver.run_dir) == _digests(three.run_dir) == local[1]
     entries = read_manifest(three.run_dir)[1]
-    assert three.summary["shards"] == 3 and {e.shard for e in entries.values()} == {"shards/s000", "shards/s001", "shards/s002"}
+    assert three.summary["shards"] == 3 and {e.shard for e in entries.values()} == {
+        "shards/s000",
+        "shards/s001",
+        "shards/s002",
+    }
     _once_in_both_formats(three.run_dir, EPISODES)
     assert merge(three.run_dir) == EPISODES
     _once_in_both_formats(three.run_dir, EPISODES)  # now the single-file layout
@@ -230,11 +268,22 @@ def test_sharded_and_unsharded_runs_on_2_and_3_actors_give_the_local_digests_and
 
 def test_a_killed_actor_s_episode_runs_again_and_every_episode_is_recorded_once(ray_local, parts, local, tmp_path):
     """A local run resumed on 2 actors (sharded), one SIGKILLed mid-run: its episode runs again; 16 episodes, once each, in both formats; the summary counts the retry."""
-    rollcap.run(5, out=tmp_path / "kill", env=parts.env_id, policy=parts.policy, critic=parts.critic, env_kwargs=parts.env_kwargs, progress=False, **CFG)
+    rollcap.run(
+        5,
+        out=tmp_path / "kill",
+        env=parts.env_id,
+        policy=parts.policy,
+        critic=parts.critic,
+        env_kwargs=parts.env_kwargs,
+        progress=False,
+        **CFG,
+    )
     probe = _Probe(kill=True)
     result = _run(parts, tmp_path / "kill", actors=2, subscribers=(probe,), resume=True)
     assert probe.killed is not None
-    assert sorted(e.index for e in result.episodes) == list(range(5, EPISODES)) and result.summary["episodes"] == EPISODES
+    assert (
+        sorted(e.index for e in result.episodes) == list(range(5, EPISODES)) and result.summary["episodes"] == EPISODES
+    )
     assert result.summary["retries"] >= 1 and result.summary["actors_replaced"] >= 1 and result.summary["failed"] == {}
     _once_in_both_formats(result.run_dir, EPISODES)
     assert _digests(result.run_dir) == local[1]
@@ -275,15 +324,34 @@ def test_an_actor_that_cannot_build_its_parts_is_one_config_error(ray_local, par
 def test_ctrl_c_on_the_driver_stops_the_actors_and_keeps_finished_episodes(ray_local, ckpt, tmp_path):
     """SIGINT to `rollcap run --actors 2` once episodes exist: exit 130, whole episodes only, the actors are gone."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rollcap.rollout.cli", "run", "--actors", "2", "--episodes", "400", "--out", str(out), "--no-progress", "--max-chunks", "6", *ckpt]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollcap.rollout.cli",
+        "run",
+        "--actors",
+        "2",
+        "--episodes",
+        "400",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--max-chunks",
+        "6",
+        *ckpt,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while _committed(out) < 3 and time.monotonic() < deadline and proc.poll() is None:  # named in the manifest, not only written
+        while (
+            _committed(out) < 3 and time.monotonic() < deadline and proc.poll() is None
+        ):  # named in the manifest, not only written
             time.sleep(0.1)
         import psutil
 
-        actors = [p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "RolloutActor" in " ".join(p.cmdline())]
+        actors = [
+            p.pid for p in psutil.Process(proc.pid).children(recursive=True) if "RolloutActor" in " ".join(p.cmdline())
+        ]
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
@@ -292,9 +360,13 @@ def test_ctrl_c_on_the_driver_stops_the_actors_and_keeps_finished_episodes(ray_l
     assert "Traceback" not in stderr and "interrupted" in stderr
     kept = _digests(out)
     assert 3 <= len(kept) < 400
-    with ManifestWriter(out, resume=True) as m:  # shards repaired and checked; an episode written but never named is adopted
+    with ManifestWriter(
+        out, resume=True
+    ) as m:  # shards repaired and checked; an episode written but never named is adopted
         assert set(kept) <= set(m.indices) and [r.index for r in m.verify()] == m.indices
-    assert actors and not [p for p in actors if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert actors and not [
+        p for p in actors if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 # ------------------------------------------------------- replay on actors
@@ -329,18 +401,25 @@ def _dies_at_episode_3(marker: Path | None) -> type:
     return Dies
 
 
-def test_a_replay_actor_killed_mid_episode_is_replaced_and_an_episode_that_keeps_killing_is_failed(ray_local, parts, local, tmp_path):
+def test_a_replay_actor_killed_mid_episode_is_replaced_and_an_episode_that_keeps_killing_is_failed(
+    ray_local, parts, local, tmp_path
+):
     """Killed once: the episode is checked again and is exact. Killed every try: FAILED after max_tries, never exact; the rest still exact."""
     from rollcap.rollout.ray import replay as ray_replay
     from rollcap.rollout.offline.replay import summary_line
     from rollcap.rollout.recording import episodes_of
+
     items = [it for it in episodes_of(local[0].run_dir) if it[1].index < 6]
     for marker, tries in ((tmp_path / "died", 3), (None, 2)):
         summary: dict = {}
-        batches = ray_replay.replay_on_actors(items, ("policy", "env"), parts, 2, max_tries=tries, summary=summary, actor_cls=_dies_at_episode_3(marker))
+        batches = ray_replay.replay_on_actors(
+            items, ("policy", "env"), parts, 2, max_tries=tries, summary=summary, actor_cls=_dies_at_episode_3(marker)
+        )
         results = [r for batch in batches for r in batch]
         by = {(r.episode, r.mode): r.status for r in results}
-        assert {k: v for k, v in by.items() if k[0] != 3} == {(i, m): "exact" for i in (0, 1, 2, 4, 5) for m in ("policy", "env")}
+        assert {k: v for k, v in by.items() if k[0] != 3} == {
+            (i, m): "exact" for i in (0, 1, 2, 4, 5) for m in ("policy", "env")
+        }
         assert summary["retries"] >= 1 and summary["actors_replaced"] >= 1
         if marker is not None:
             assert (tmp_path / "died").exists() and by[(3, "policy")] == by[(3, "env")] == "exact"
@@ -379,12 +458,16 @@ def _first_actor_only(marker: Path) -> type:
 
 def test_with_no_live_actor_left_the_rest_fails_with_one_line(ray_local, parts, local, tmp_path, capfd):
     """The only actor dies and its replacement cannot start: it is dropped (one line), the items left fail (one line), nothing hangs."""
-    result = batch_rollout(episode_specs(range(4), HostConfig(**CFG)), 1, parts=parts, actor_cls=_first_actor_only(tmp_path / "dead"))
+    result = batch_rollout(
+        episode_specs(range(4), HostConfig(**CFG)), 1, parts=parts, actor_cls=_first_actor_only(tmp_path / "dead")
+    )
     err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("rollcap:")]
     assert [e.index for e in result.ends] == [0] and episode_digest(result.ends[0].record) == local[1][0]
     assert result.summary["failed"] == {str(i): "no live actor left (1 dropped)" for i in (1, 2, 3)}
     assert result.summary["actors_dropped"] == 1 and len(err) == 2
-    assert err[0].startswith("rollcap: a replacement actor could not start (") and err[0].endswith("going on with 0 actor(s)")
+    assert err[0].startswith("rollcap: a replacement actor could not start (") and err[0].endswith(
+        "going on with 0 actor(s)"
+    )
     assert err[1] == "rollcap: no live actor left (1 dropped): 3 item(s) not run"
 
 
@@ -394,7 +477,9 @@ def test_an_address_nothing_answers_at_is_refused_before_anything_is_built(parts
 
     import rollcap.rollout.api as api
 
-    monkeypatch.setattr(api, "make_env", lambda *a, **k: pytest.fail("the env was built before the address was checked"))
+    monkeypatch.setattr(
+        api, "make_env", lambda *a, **k: pytest.fail("the env was built before the address was checked")
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -421,7 +506,22 @@ def test_ctrl_c_during_start_up_stops_at_once(ckpt, tmp_path, when):
     import psutil
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "rollcap.rollout.cli", "run", "--actors", "2", "--episodes", "4", "--out", str(out), "--no-progress", "--max-chunks", "6", *ckpt]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollcap.rollout.cli",
+        "run",
+        "--actors",
+        "2",
+        "--episodes",
+        "4",
+        "--out",
+        str(out),
+        "--no-progress",
+        "--max-chunks",
+        "6",
+        *ckpt,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen: set[str] = set()
     try:

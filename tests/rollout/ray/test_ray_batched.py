@@ -27,11 +27,24 @@ CFG = {"seed": 11, "max_chunks": 6}
 
 @pytest.fixture(scope="module")
 def parts(ckpt) -> Parts:
-    return Parts(env_kwargs=ENV_KW, policy=Path(ckpt[ckpt.index("--policy") + 1]), critic=Path(ckpt[ckpt.index("--critic") + 1]))
+    return Parts(
+        env_kwargs=ENV_KW, policy=Path(ckpt[ckpt.index("--policy") + 1]), critic=Path(ckpt[ckpt.index("--critic") + 1])
+    )
 
 
 def _run(parts: Parts, out: Path, episodes: int = EPISODES, **kw):
-    return rollcap.run(episodes, out=out, env=parts.env_id, policy=parts.policy, critic=parts.critic, env_kwargs=parts.env_kwargs, progress=False, envs=ENVS, **CFG, **kw)
+    return rollcap.run(
+        episodes,
+        out=out,
+        env=parts.env_id,
+        policy=parts.policy,
+        critic=parts.critic,
+        env_kwargs=parts.env_kwargs,
+        progress=False,
+        envs=ENVS,
+        **CFG,
+        **kw,
+    )
 
 
 def _digests(run_dir) -> dict[int, str]:
@@ -107,7 +120,9 @@ def test_the_batched_actor_class_runs_the_in_process_batched_episodes(parts, loc
 
 # --------------------------------------------------------------- with Ray
 @pytest.mark.slow(seconds=15)
-def test_two_actors_with_two_envs_record_each_episode_once_as_the_in_process_run_and_replay_exact(ray_local, parts, local, ckpt, tmp_path, capsys):
+def test_two_actors_with_two_envs_record_each_episode_once_as_the_in_process_run_and_replay_exact(
+    ray_local, parts, local, ckpt, tmp_path, capsys
+):
     """actors=2, envs=2, sharded and driver-recorded: the in-process envs=2 digests, every episode once; `rollcap replay` finds all exact."""
     from rollcap.rollout.cli import main
 
@@ -115,7 +130,13 @@ def test_two_actors_with_two_envs_record_each_episode_once_as_the_in_process_run
     driver = _run(parts, tmp_path / "driver", actors=ENVS, shards=False)
     assert _digests(sharded.run_dir) == _digests(driver.run_dir) == local
     assert is_sharded(sharded.run_dir) and not is_sharded(driver.run_dir)
-    assert (sharded.summary["actors"], sharded.summary["envs_per_actor"], sharded.summary["shards"], sharded.summary["retries"], sharded.summary["failed"]) == (2, ENVS, 2, 0, {})
+    assert (
+        sharded.summary["actors"],
+        sharded.summary["envs_per_actor"],
+        sharded.summary["shards"],
+        sharded.summary["retries"],
+        sharded.summary["failed"],
+    ) == (2, ENVS, 2, 0, {})
     assert sharded.summary["episodes"] == driver.summary["episodes"] == EPISODES
     _once(sharded.run_dir, EPISODES)
     capsys.readouterr()
@@ -140,7 +161,9 @@ def _dies_once_after_writing(index: int, marker: Path) -> type:
 
 
 @pytest.mark.slow(seconds=10)
-def test_a_killed_actor_s_unanswered_episodes_run_again_and_every_episode_is_recorded_once(ray_local, parts, in_process, tmp_path, monkeypatch):
+def test_a_killed_actor_s_unanswered_episodes_run_again_and_every_episode_is_recorded_once(
+    ray_local, parts, in_process, tmp_path, monkeypatch
+):
     """The actor of the first call (episodes 0-3, shard s000) is killed after writing episode 1 and before answering for it:
     the episodes it answered for stay named in s000, episode 1 and those after it run again elsewhere; every episode is
     named once, with the in-process digests; s000's copy of episode 1 is named by no line."""
@@ -154,7 +177,9 @@ def test_a_killed_actor_s_unanswered_episodes_run_again_and_every_episode_is_rec
     _once(result.run_dir, EPISODES)
     assert _digests(result.run_dir) == digests
     entries = read_manifest(result.run_dir)[1]
-    answered = {i for i in order[: order.index(1)] if i in (0, 2, 3)}  # the first call's episodes that ended before episode 1
+    answered = {
+        i for i in order[: order.index(1)] if i in (0, 2, 3)
+    }  # the first call's episodes that ended before episode 1
     assert {i for i, e in entries.items() if e.shard == "shards/s000"} == answered
     assert entries[1].shard != "shards/s000" and (result.run_dir / "shards/s000/episodes/episode_00001.npz").is_file()
 
@@ -174,7 +199,9 @@ def test_an_episode_that_keeps_killing_its_actor_is_isolated_and_only_it_fails(r
     """Episode 1 kills every actor whose call holds it: its call is split until it runs alone; after max_tries only it is failed."""
     from rollcap.rollout.ray.actors import batch_rollout
 
-    result = batch_rollout(episode_specs(range(4), HostConfig(**CFG)), 2, parts=parts, actor_cls=_always_dies_at(1), envs=ENVS, max_tries=3)
+    result = batch_rollout(
+        episode_specs(range(4), HostConfig(**CFG)), 2, parts=parts, actor_cls=_always_dies_at(1), envs=ENVS, max_tries=3
+    )
     assert sorted(e.index for e in result.ends) == [0, 2, 3]
     assert {e.index: episode_digest(e.record) for e in result.ends} == {i: local[i] for i in (0, 2, 3)}
     assert list(result.summary["failed"]) == ["1"] and "Actor" in result.summary["failed"]["1"]

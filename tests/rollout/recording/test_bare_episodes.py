@@ -18,7 +18,16 @@ from rollcap.rollout.recording import episodes_of
 def run3(tmp_path_factory):
     """Three short episodes of the built-in task (its scripted expert, no images), episode 1's rewards altered after writing."""
     out = tmp_path_factory.mktemp("bare") / "run"
-    rollcap.run(3, out=out, policy="expert", critic="none", env_kwargs={"render_images": False, "max_steps": 6}, max_chunks=3, progress=False, formats=("npz",))
+    rollcap.run(
+        3,
+        out=out,
+        policy="expert",
+        critic="none",
+        env_kwargs={"render_images": False, "max_steps": 6},
+        max_chunks=3,
+        progress=False,
+        formats=("npz",),
+    )
     path = out / "episodes" / "episode_00001.npz"
     with zipfile.ZipFile(path) as zf:
         members = {n: zf.read(n) for n in zf.namelist()}
@@ -40,7 +49,9 @@ def test_episodes_of_marks_the_damaged_file_and_reads_the_rest(run3, where):
     assert [src.rsplit("/", 1)[-1] for src, _ in items] == [f"episode_0000{i}.npz" for i in range(3)]
     assert [r.index for _, r in items if not isinstance(r, Exception)] == [0, 2]
     err = items[1][1]
-    assert isinstance(err, CorruptEpisode) and str(err).endswith("episode_00001.npz: content digest mismatch: the data was altered or damaged after writing")
+    assert isinstance(err, CorruptEpisode) and str(err).endswith(
+        "episode_00001.npz: content digest mismatch: the data was altered or damaged after writing"
+    )
 
 
 @pytest.mark.parametrize("where", ["run", "episodes"])

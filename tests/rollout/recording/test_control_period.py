@@ -19,7 +19,9 @@ FAST = {"render_images": False, "max_steps": 12}
 
 
 def _run(out, env="rollcap/PushBlock-v0", **env_kwargs):
-    rollcap.run(1, out=out, env=env, policy="expert", critic="none", env_kwargs=env_kwargs, max_chunks=4, progress=False)
+    rollcap.run(
+        1, out=out, env=env, policy="expert", critic="none", env_kwargs=env_kwargs, max_chunks=4, progress=False
+    )
     return load_any(out)[0]
 
 
@@ -55,7 +57,10 @@ def test_older_recordings_take_the_rate_of_their_env(tmp_path):
 def test_unknown_rate_is_refused_naming_fps(tmp_path):
     """No recorded period and an env rollcap does not build (an id another package registers): refused, naming fps."""
     rec = replace(_run(tmp_path / "r", **FAST), control_period_s=None, env_id="some_package:Other-v0")
-    with pytest.raises(ValueError, match=r"^fps: old\.npz does not record its control rate .*'some_package:Other-v0' is not one rollcap builds .*pass the rate as fps \(--fps N\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^fps: old\.npz does not record its control rate .*'some_package:Other-v0' is not one rollcap builds .*pass the rate as fps \(--fps N\)$",
+    ):
         frame_rate(rec, None, "old.npz")
     with pytest.raises(ValueError, match=r"^fps: r steps every 0\.015 s \(66\.67 Hz\), not a whole number"):
         frame_rate(replace(rec, control_period_s=0.015), None, "r")

@@ -89,7 +89,11 @@ def test_exporters_refuse_expert_labels_for_another_env_before_importing(tmp_pat
 
     (tmp_path / "run").mkdir()
     write_npz(synthetic_record(0, 1, steps=3), tmp_path / "run" / "episode_00000.npz")
-    export = (lambda **kw: export_lerobot(tmp_path / "run", tmp_path / "out", **kw)) if to == "lerobot" else (lambda **kw: export_minari(tmp_path / "run", "ns/d-v0", root=tmp_path / "out", **kw))
+    export = (
+        (lambda **kw: export_lerobot(tmp_path / "run", tmp_path / "out", **kw))
+        if to == "lerobot"
+        else (lambda **kw: export_minari(tmp_path / "run", "ns/d-v0", root=tmp_path / "out", **kw))
+    )
     with pytest.raises(ValueError, match="^labels: the scripted expert knows only the built-in task"):
         export(labels="expert")
     with pytest.raises(ValueError, match="^labels: expected one of"):
@@ -103,7 +107,9 @@ def test_the_expert_policy_and_the_labels_follow_the_env_s_speed(tmp_path):
     kw = {**KW, "max_steps": 40, "max_speed": 0.6}  # fast: the field is off its norm-1 cap near the block
     rollcap.run(2, out=tmp_path / "fast", policy="expert", critic="none", env_kwargs=kw, seed=5, progress=False)
     for rec in load_any(tmp_path / "fast"):
-        default = np.stack([ScriptedExpert().act({"state": s, "instruction": rec.instruction}) for s in rec.obs["state"]])
+        default = np.stack(
+            [ScriptedExpert().act({"state": s, "instruction": rec.instruction}) for s in rec.obs["state"]]
+        )
         assert np.array_equal(expert_actions(rec), rec.steps["actions"])
         assert not np.array_equal(default, rec.steps["actions"])
 
@@ -113,10 +119,22 @@ def test_an_expert_run_off_the_default_speed_replays_exact(tmp_path):
     from rollcap.rollout.build import Parts
     from rollcap.rollout.offline.replay import Replayer
 
-    rollcap.run(2, out=tmp_path / "fast", policy="expert", critic="none", env_kwargs={**KW, "max_steps": 40, "max_speed": 0.6}, seed=5, progress=False)
+    rollcap.run(
+        2,
+        out=tmp_path / "fast",
+        policy="expert",
+        critic="none",
+        env_kwargs={**KW, "max_steps": 40, "max_speed": 0.6},
+        seed=5,
+        progress=False,
+    )
     replayer = Replayer(Parts(policy="expert", critic=None))
     try:
-        results = [r for rec in load_any(tmp_path / "fast") for r in replayer.check(str(tmp_path / "fast"), rec, ("policy", "env", "closed"))]
+        results = [
+            r
+            for rec in load_any(tmp_path / "fast")
+            for r in replayer.check(str(tmp_path / "fast"), rec, ("policy", "env", "closed"))
+        ]
     finally:
         replayer.close()
     assert len(results) == 6 and all(r.exact for r in results), [(r.mode, r.status) for r in results]

@@ -134,7 +134,10 @@ def test_h5_layout_is_robomimic(tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_error_is_stored_only_when_set(fmt, tmp_path):
     """An episode's error round-trips and is digested; without one, no 'error' key is written at all."""
-    plain, failed = synthetic_record(0, 3, steps=5), replace(synthetic_record(1, 3, steps=5), error="RuntimeError: boom \u2192 x")
+    plain, failed = (
+        synthetic_record(0, 3, steps=5),
+        replace(synthetic_record(1, 3, steps=5), error="RuntimeError: boom \u2192 x"),
+    )
     assert episode_digest(plain) != episode_digest(replace(plain, error="x"))
     _, read = write_all(fmt, [plain, failed], tmp_path)
     got = read()
@@ -487,7 +490,9 @@ def _rewrite_npz(path, drop: str | None = None, **meta_update) -> None:
 
     def edit(arrays: dict) -> None:
         arrays.pop(drop, None)
-        meta = {k: v for k, v in (json.loads(bytes(arrays["meta.json"]).decode()) | meta_update).items() if v is not None}
+        meta = {
+            k: v for k, v in (json.loads(bytes(arrays["meta.json"]).decode()) | meta_update).items() if v is not None
+        }
         arrays["meta.json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
 
     _edit_npz(path, edit)

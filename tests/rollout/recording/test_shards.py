@@ -51,7 +51,13 @@ WANT = {i: episode_digest(_rec(i)) for i in range(6)}
 
 def test_a_sharded_run_reads_as_one_run_in_index_order_whatever_the_sharding(tmp_path):
     """1, 2 or 3 shards, episodes written out of order: load_any and episodes_of give the same episodes, by index."""
-    for n, layout in enumerate(({"s000": [0, 1, 2, 3, 4, 5]}, {"s000": [1, 0, 4], "s001": [5, 2, 3]}, {"s000": [2, 5], "s001": [0, 3], "s002": [4, 1]})):
+    for n, layout in enumerate(
+        (
+            {"s000": [0, 1, 2, 3, 4, 5]},
+            {"s000": [1, 0, 4], "s001": [5, 2, 3]},
+            {"s000": [2, 5], "s001": [0, 3], "s002": [4, 1]},
+        )
+    ):
         run = tmp_path / f"r{n}"
         _sharded(run, layout).close()
         assert is_sharded(run)

@@ -10,6 +10,8 @@ from rollcap.rollout.offline.inspect import episode_table
 from rollcap.rollout.recording import iter_any, load_any
 from rollcap.rollout.recording import EpisodeRecorder, records_equal, synthetic_record
 from rollcap.rollout.recording import episodes_of, iter_episodes
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory of 4 small synthetic episodes, written out of order, in both formats."""

@@ -14,7 +14,15 @@ ENV_META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {}}
 
 
 def end(record) -> EpisodeEnd:
-    return EpisodeEnd(record.index, record.seed, record.stop_reason, record.success, record.num_steps, record.num_chunks, record=record)
+    return EpisodeEnd(
+        record.index,
+        record.seed,
+        record.stop_reason,
+        record.success,
+        record.num_steps,
+        record.num_chunks,
+        record=record,
+    )
 
 
 def test_encode_round_trips_every_field_byte_for_byte():

@@ -36,7 +36,10 @@ def test_keys_validate_and_describe_themselves():
     with pytest.raises(ValueError, match="unknown key"):
         TeleopKeys(end=("F13",))
     line = TeleopKeys().help_line()
-    assert line == "e end · p/space pause · y success · n failure · r re-record · q quit · g/enter next episode · t take over · b rewind · arrows/wasd move"
+    assert (
+        line
+        == "e end · p/space pause · y success · n failure · r re-record · q quit · g/enter next episode · t take over · b rewind · arrows/wasd move"
+    )
     assert "x end" in TeleopKeys(end=("X",)).help_line()  # names fold to lower case
 
 
@@ -181,7 +184,6 @@ def test_scripted_pause_holds_and_discard_drops(runners):
     assert end.dropped and end.stop_reason == "discarded" and end.num_steps == 3
 
 
-
 class StopAtChunk(Subscriber):
     """Requests a stop right after chunk ``k`` is launched (as a key pressed during inference would)."""
 
@@ -293,9 +295,10 @@ def test_end_key_stops_a_real_host_within_one_env_step(display, runners):
     res = summary(measure(make_host, display, presses=3, hz=50), 50)
     print(res)
     assert res["pause_steps_after"]["max"] == res["end_steps_after"]["max"] == 0
-    assert res["end_effect_ms"]["max"] < 250  # one 20 ms env step; generous for a loaded machine (the step count is the contract)
+    assert (
+        res["end_effect_ms"]["max"] < 250
+    )  # one 20 ms env step; generous for a loaded machine (the step count is the contract)
     assert res["override_effect_ms"]["max"] < 250
-
 
 
 class NotedBus(EventBus):
@@ -332,7 +335,9 @@ class PressAfterStep(Subscriber):
             thread.join(10)
 
 
-def test_no_step_starts_after_a_pause_or_end_key_pressed_while_the_host_waits_for_the_tick(display, runners, monkeypatch):
+def test_no_step_starts_after_a_pause_or_end_key_pressed_while_the_host_waits_for_the_tick(
+    display, runners, monkeypatch
+):
     """At 5 Hz, p (then p again) and e, each pressed right after a step: no env step begins while paused, nor
     after the end key reached the bus (the host checks the keys again after the control tick's wait)."""
     from rollcap.rollout.bench.teleop import StepLog, xdotool
@@ -347,16 +352,23 @@ def test_no_step_starts_after_a_pause_or_end_key_pressed_while_the_host_waits_fo
         time.sleep(0.5)
         xdotool(display, "key", "p")
 
-    press = PressAfterStep({2: pause_then_resume, 6: lambda: xdotool(display, "key", "e")})  # steps 3 and 7: inside a chunk
+    press = PressAfterStep(
+        {2: pause_then_resume, 6: lambda: xdotool(display, "key", "e")}
+    )  # steps 3 and 7: inside a chunk
     env = StepLog(make_env())
     with PynputSource().start(bus) as src:
-        host = RolloutHost(env, *runners, HostConfig(seed=0, max_chunks=8, control_period_s=0.2), [src.controller, press], events=bus)
+        host = RolloutHost(
+            env, *runners, HostConfig(seed=0, max_chunks=8, control_period_s=0.2), [src.controller, press], events=bus
+        )
         end = host.run_episode(0)
         press.join()
     steps, noted = [t for t, _ in env.log], dict(bus.noted)
     assert end.stop_reason == "keyboard" and [what for what, _ in bus.noted] == ["pause", "resume", "stop"]
-    assert [round(t - noted["pause"], 3) for t in steps if noted["pause"] < t < noted["resume"]] == []  # seconds after p
+    assert [
+        round(t - noted["pause"], 3) for t in steps if noted["pause"] < t < noted["resume"]
+    ] == []  # seconds after p
     assert [round(t - noted["stop"], 3) for t in steps if t > noted["stop"]] == []  # seconds after e
+
 
 # ---------------------------------------------------------------- the terminal, through a pty
 
@@ -420,17 +432,28 @@ def _lines(proc, timeout=60.0):
         while b"\n" in buf:
             line, buf = buf.split(b"\n", 1)
             yield json.loads(line)
-    raise AssertionError(f"the child stopped talking (exit {proc.poll()}): {proc.stderr.read().decode() if proc.poll() is not None else ''}")
+    raise AssertionError(
+        f"the child stopped talking (exit {proc.poll()}): {proc.stderr.read().decode() if proc.poll() is not None else ''}"
+    )
 
 
 def _child(script, slave, **env):
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository root
+    root = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )  # the repository root
     environ = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     environ.update(PYTHONPATH=root, **env)
-    return subprocess.Popen([sys.executable, "-c", script], stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environ, cwd=root)
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environ,
+        cwd=root,
+    )
 
 
 @pytest.mark.slow
@@ -524,7 +547,14 @@ def test_session_status_follows_the_keys_and_the_reset_hook_waits_for_go(runners
     script.write_text("step=1 t\nstep=3 t\nstep=4 p\n0.2 p\nstep=6 y\nstep=7 e\n0.3 g\n")
     out = io.StringIO()
     with open_teleop(TeleopConfig(source=f"scripted:{script}", view=False), stream=out) as tele:
-        host = RolloutHost(make_env(), *runners, HostConfig(seed=2, max_chunks=8), tele.subscribers, events=tele.bus, reset_hook=tele.reset_hook)
+        host = RolloutHost(
+            make_env(),
+            *runners,
+            HostConfig(seed=2, max_chunks=8),
+            tele.subscribers,
+            events=tele.bus,
+            reset_hook=tele.reset_hook,
+        )
         t0 = time.perf_counter()
         end = host.run_episode(0)
         waited = time.perf_counter() - t0
@@ -532,5 +562,10 @@ def test_session_status_follows_the_keys_and_the_reset_hook_waits_for_go(runners
     assert waited >= 0.5  # the 0.2 s pause, then the 0.3 s until go
     lines = out.getvalue().splitlines()
     assert lines[0] == "teleop keys: " + TeleopKeys().help_line()
-    assert lines[1:] == [f"teleop: {s}" for s in ("running", "intervening", "running", "paused", "running", "awaiting reset", "between episodes")]
-    assert tele.status.line().startswith("between episodes | episode 0 step 7 | marked success | last stop keyboard | e end")
+    assert lines[1:] == [
+        f"teleop: {s}"
+        for s in ("running", "intervening", "running", "paused", "running", "awaiting reset", "between episodes")
+    ]
+    assert tele.status.line().startswith(
+        "between episodes | episode 0 step 7 | marked success | last stop keyboard | e end"
+    )

@@ -64,7 +64,20 @@ def _rollcap_run(display: str, ckpt, out, *args: str) -> Iterator[tuple[subproce
     Leaving waits for the run to exit (two minutes at most); an exception kills it at once.
     """
     env = {**os.environ, "DISPLAY": display}
-    cmd = [sys.executable, "-m", "rollcap.rollout.cli", "run", "--out", str(out), "--teleop", "keyboard", "--no-progress", *ckpt[:4], *_LONG, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollcap.rollout.cli",
+        "run",
+        "--out",
+        str(out),
+        "--teleop",
+        "keyboard",
+        "--no-progress",
+        *ckpt[:4],
+        *_LONG,
+        *args,
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield proc, Lines(proc.stderr)

@@ -78,7 +78,9 @@ def test_the_window_shows_scene_plan_and_value_under_xvfb(display, runners, monk
         shot = _screenshot(display)
     finally:
         view.stop()
-    assert view.frames >= 1 and view.frames <= end.num_steps + end.num_chunks + 2  # newest only: frames are dropped, never queued
+    assert (
+        view.frames >= 1 and view.frames <= end.num_steps + end.num_chunks + 2
+    )  # newest only: frames are dropped, never queued
     assert (shot.reshape(-1, 3).max(axis=1) > 0).mean() > 0.05, "the screen is blank"
     table = tuple(int(round(c * 255)) for c in (0.78, 0.72, 0.62))
     assert _has(shot, table) > 5000, "no scene image"
