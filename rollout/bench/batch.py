@@ -92,7 +92,6 @@ def bench_batch(parts: Parts, n: int) -> dict:
             "env_kwargs" if parts.env_kwargs else "env_id" if parts.env_id != DEFAULT_ENV else "policy",
             "section batch is measured on the built-in task with checkpoint models; pick other sections with --only",
         )
-    import dataclasses
 
     import torch
 
@@ -153,7 +152,7 @@ def format_batch(b: dict, row) -> None:
     for name in b["configs"]:
         row(f"run episodes/s, {name}", fmt(b[f"{name}_episodes_per_s"]))
         if name != "envs_1":
-            row(f"  over envs_1 (goal >= 2.5x at 8 on CPU)", fmt(b[f"{name}_speedup"], "x"))
+            row("  over envs_1 (goal >= 2.5x at 8 on CPU)", fmt(b[f"{name}_speedup"], "x"))
             row("  the same per CPU second of this process", fmt(b[f"{name}_speedup_per_cpu_s"], "x"))
     row(
         f"chunks/s: AsyncVectorEnv(2) / vector env ({b['envs']} sub-envs)",

@@ -129,7 +129,6 @@ def branch_episode(
     """
     from rollcap.kernels.files import atomic_write, canonical_json
     from rollcap.rollout.offline.branch import boundaries, run_branches
-    from rollcap.rollout.build import Parts
     from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.recording import EpisodeRecorder
 

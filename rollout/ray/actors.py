@@ -445,7 +445,7 @@ def batch_rollout(
     num_actors: int,
     address: str | None = None,
     *,
-    parts: Parts = Parts(),
+    parts: Parts | None = None,
     resources: ActorResources = ActorResources(),
     subscribers: Sequence[Subscriber] = (),
     max_tries: int = MAX_TRIES,
@@ -476,7 +476,7 @@ def batch_rollout(
     if not specs:
         return BatchResult([], {})
     with ActorPool(
-        parts, specs[0].config, num_actors, address, resources, actor_cls=actor_cls, envs=envs, graphs=graphs
+        parts or Parts(), specs[0].config, num_actors, address, resources, actor_cls=actor_cls, envs=envs, graphs=graphs
     ) as pool:
         ends = [
             e
