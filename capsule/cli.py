@@ -1,6 +1,6 @@
 """``rollcap capsule inspect PATH``: print a disk capsule's manifest and check its digest.
 
-The ``rollcap`` command (``rollout/cli.py``) registers this through
+The ``rollcap`` command (:mod:`rollcap.rollout.cli.commands`) registers this through
 :func:`add_subparser`; :func:`inspect_main` runs it standalone.
 """
 

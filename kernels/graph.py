@@ -39,7 +39,7 @@ import torch
 from rollcap.kernels.buffers import BufferSet
 from rollcap.kernels.errors import CaptureError
 from rollcap.kernels.guard import guarded
-from rollcap.kernels.precision import DEFAULT_PRECISION, check_precision, precision_context
+from rollcap.kernels.precision import DEFAULT_PRECISION, check_plan_precision, check_precision, precision_context
 
 BACKENDS = ("eager", "jit", "aoti", "compile", "cuda", "compile-cuda")
 CPU_PLANS = ("jit", "aoti", "compile")
@@ -128,10 +128,10 @@ class CapturedGraph:
             self.precision = check_precision(precision, inputs.device)
         except ValueError as err:
             raise ValueError(f"{label}: {err}") from None
-        if precision != DEFAULT_PRECISION and backend in ("aoti", "compile"):
-            raise ValueError(
-                f"{label}: precision {precision!r} runs on the eager, jit and cuda backends, not {backend!r}"
-            )
+        try:
+            check_plan_precision(precision, backend)
+        except ValueError as err:
+            raise ValueError(f"{label}: precision {err}") from None
         self.fn = fn
         self.inputs = inputs
         self.outputs = outputs

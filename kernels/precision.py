@@ -38,6 +38,13 @@ def check_precision(precision: str, device: torch.device | str) -> str:
     return precision
 
 
+def check_plan_precision(precision: str, backend: str | None) -> str:
+    """``precision`` if ``backend``'s plan runs it; else ValueError (the one message: a compiled CPU plan is fp32 only)."""
+    if precision != DEFAULT_PRECISION and backend in ("aoti", "compile"):
+        raise ValueError(f"{precision} runs on the eager, jit and cuda backends, not {backend!r}")
+    return precision
+
+
 @contextlib.contextmanager
 def precision_context(precision: str, device: torch.device | str) -> Iterator[None]:
     """Run the block at ``precision`` on ``device``'s kind (see the module docstring)."""

@@ -43,7 +43,7 @@ _NAMES = {
     "make_env": "build",
     "load_any": "recording",
     "export": "recording.exporters",
-    "branch_episode": "cli.branch",
+    "branch_episode": "api",
     "recap": "learn.recap",
     "RecapConfig": "learn.recap",
 }

@@ -29,7 +29,6 @@ subscribers are called under one lock.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -42,9 +41,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, Observation, StepEvent, Subscriber
-
-MAX_ENVS = 1024
-"""The largest batch ``envs`` accepts."""
+from rollcap.rollout.spec import MAX_ENVS, check_batched_host
 
 
 class Rows:
@@ -150,87 +147,6 @@ def row_views(policy, critic=None, row: int = 0) -> tuple[RowPolicy, RowCritic |
     return RowPolicy(Rows(policy), row), None if critic is None else RowCritic(Rows(critic), row)
 
 
-def make_batched_runners(parts, envs: int, env=None, source: str | None = None, graphs: int = 1):
-    """Load ``parts``' checkpoints and capture the policy (and critic) at batch ``envs``, each on its own lane.
-
-    ``graphs`` > 1: that many (policy, critic) pairs at batch ``envs // graphs``, returned as two lists.
-    """
-    if graphs > 1:
-        pairs = [make_batched_runners(parts, envs // graphs, env if g == 0 else None, source) for g in range(graphs)]
-        return [p for p, _ in pairs], None if pairs[0][1] is None else [c for _, c in pairs]
-    from rollcap.critics import CriticRunner, load_critic
-    from rollcap.kernels.lanes import make_lane
-    from rollcap.policies import PolicyRunner, load_policy
-    from rollcap.rollout.build import _misfit_field, check_fits, named_policy, policy_model
-
-    if named_policy(parts.policy) is not None:
-        raise ConfigError("envs", f"a batched run needs a FlowVLA checkpoint; {parts.policy} has no batched graph")
-    model = load_policy(parts.policy)
-    critic_model = load_critic(parts.critic) if parts.critic is not None else None
-    if env is not None:
-        check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
-        if critic_model is not None:
-            check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    policy = PolicyRunner(
-        policy_model(parts, model),
-        parts.device,
-        parts.backend,
-        make_lane("policy", parts.device, parts.threads),
-        batch=envs,
-        precision=parts.precision,
-    )
-    if critic_model is None:
-        return policy, None
-    return policy, CriticRunner(
-        critic_model,
-        parts.device,
-        parts.backend,
-        make_lane("critic", parts.device, parts.threads),
-        batch=envs,
-        precision=parts.precision,
-    )
-
-
-def batched_parts(
-    env, policy, critic, parts, host_cfg: HostConfig, run_cfg, own: list, poll, check
-) -> tuple[list, object, object]:
-    """``rollcap.run(envs=N)``'s parts: N envs from the env id (the first given to ``check(env, require_exact)``
-    before anything is captured), the checkpoints captured at batch N; all appended to ``own``."""
-    from rollcap.rollout.build import make_env
-
-    n = run_cfg.envs
-    if not isinstance(env, str):
-        raise ConfigError(
-            "envs", f"a batched run builds its {n} envs from an env id; got an env object ({type(env).__name__})"
-        )
-    if not all(x is None or isinstance(x, (str, os.PathLike)) for x in (policy, critic)):
-        raise ConfigError(
-            "envs",
-            f"a batched run captures the policy and critic at batch {n} from checkpoints; got a {type(policy).__name__} / {type(critic).__name__} object",
-        )
-    _check_config(host_cfg)
-    envs = []
-    for _ in range(n):
-        envs.append(make_env(parts.env_id, parts.env_kwargs))
-        own.append(envs[-1])
-    poll()
-    check(envs[0], run_cfg.require_exact)
-    policy, critic = make_batched_runners(parts, n, envs[0], graphs=run_cfg.graphs)
-    for r in (policy if isinstance(policy, list) else [policy]) + (critic if isinstance(critic, list) else [critic]):
-        own.append(r)
-    poll()
-    return envs, policy, critic
-
-
-def _check_config(config: HostConfig) -> None:
-    if config.chunking != "sync":
-        raise ConfigError("chunking", f"a batched run (envs > 1) chunks synchronously, got {config.chunking!r}")
-    if config.control_period_s is not None:
-        raise ConfigError(
-            "control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period"
-        )
-
-
 class _Serialized(Subscriber):
     """A shared subscriber behind one lock: slots' hosts call it from the pool's threads."""
 
@@ -311,7 +227,7 @@ class BatchedCore:
                 "envs",
                 f"{n} envs need policy (and critic) graphs whose batches add up to {n}, all of one batch; got batches {got[0]} and {got[1]}",
             )
-        _check_config(config)
+        check_batched_host(config)
         self.policy_rows = [Rows(r) for r in policies]
         self.critic_rows = [Rows(c) for c in critics if c is not None]
         self.lock = threading.Lock()

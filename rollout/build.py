@@ -1,121 +1,55 @@
-"""Build the parts a run needs from names and paths (the API's, the CLI's and replay's wiring)."""
+"""Build: from a spec (:mod:`rollcap.rollout.spec`) to envs and runners, at any batch.
+
+:func:`build` is the one function every entry point builds through (``rollcap.run``
+and the CLI's ``run``, the gym vector env, Ray actors, replay and branch): it makes
+the envs, probes the machine (:func:`probe`: a GPU, a compiler), checks the
+models fit the env and captures the policy and critic graphs at the batch
+(``envs``, split over ``graphs``). :func:`runners` is its model half (replay
+rebuilds a recording's runners with it, at the recorded batch), and
+:func:`policy_runner` / :func:`critic_runner` are the only places a runner is
+constructed (``tests/rollout/test_build.py`` fails on another).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import importlib.util
-import re
 import sys
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import gymnasium as gym
-import numpy as np
 import torch
-from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
+from rollcap import envs
+from rollcap.policies import MT10_CHECKPOINT
+from rollcap.envs import probe_exactness
+from rollcap.kernels.compiled import cxx_compiler
+from rollcap.kernels.fingerprint import tensor_digest
+from rollcap.policies.fused import fuse
 from rollcap.critics import CriticRunner, load_critic
-from rollcap.kernels.graph import default_backend
 from rollcap.kernels.lanes import make_lane
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import PolicyRunner, load_policy
 from rollcap.policies.rtc import RTCPolicyRunner
-from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.errors import ConfigError, NotExactWarning
+from rollcap.rollout.named import ExpertPolicy, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)
+from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
+    DEFAULT_ENV,
+    EXPERT,
+    LEROBOT_PREFIX,
+    Parts,
+    RunConfig,
+    Spec,
+    check_batched_host,
+    expert_std,
+    is_path,
+    named_policy,
+    shipped_models,
+)
 
-DEFAULT_ENV = "rollcap/PushBlock-v0"
 OWN_PACKAGES = ("rollcap", "gymnasium")
 """Packages whose env ids a recording keeps plain: ``module:id`` naming one of them records ``id``."""
-
-
-@dataclass(frozen=True)
-class Parts:
-    """The env and the models: where they come from, where they run."""
-
-    env_id: str = DEFAULT_ENV
-    """Gymnasium env id (rollcap's own envs are registered on import)."""
-    env_kwargs: dict | None = None
-    """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
-    policy: Path = DEFAULT_POLICY
-    """Policy checkpoint (.json or .safetensors; default: the shipped one for the env, the MT10 policy on a MetaWorld MT10 task); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
-    critic: Path | None = DEFAULT_CRITIC
-    """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task); 'none' runs without a critic."""
-    device: str = "cpu"
-    """cpu or cuda[:i]."""
-    backend: Literal["eager", "jit", "aoti", "compile", "cuda", "compile-cuda"] | None = None
-    """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap); compile-cuda: inductor's kernels in rollcap's CUDA graph (GPU only)."""
-    threads: int = 1
-    """Intra-op threads per lane (the policy and the critic each get one lane)."""
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    """Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU). Recorded in the fingerprint; replay takes it back."""
-    sampler: Literal["plain", "fused"] = "plain"
-    """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back). The critic stays plain."""
-
-    def __post_init__(self):
-        if self.critic is not None and str(self.critic).lower() == "none":
-            object.__setattr__(self, "critic", None)
-        policy, critic = shipped_models(
-            self.env_id
-        )  # the built-in task's defaults stand for "the shipped one for the env"
-        if named_policy(self.policy) is None and Path(self.policy) == DEFAULT_POLICY:
-            object.__setattr__(self, "policy", policy)
-        if self.critic is not None and Path(self.critic) == DEFAULT_CRITIC:
-            object.__setattr__(self, "critic", critic)
-        _check_policy_name(self)
-        if self.sampler not in ("plain", "fused"):
-            raise ConfigError("sampler", f"expected plain or fused, got {self.sampler!r}")
-        if self.sampler == "fused" and named_policy(self.policy) is not None:
-            raise ConfigError(
-                "sampler",
-                f"fused is a FlowVLA checkpoint's sampler; {self.policy} has no fused variant (run it with the plain sampler)",
-            )
-        if not isinstance(self.threads, int) or self.threads < 1:
-            raise ConfigError("threads", f"expected an integer >= 1, got {self.threads!r}")
-        try:
-            dev = torch.device(self.device)
-        except (RuntimeError, TypeError) as err:
-            raise ConfigError("device", f"expected cpu or cuda[:i], got {self.device!r}") from err
-        if dev.type not in ("cpu", "cuda"):
-            raise ConfigError("device", f"expected cpu or cuda[:i], got {self.device!r}")
-        from rollcap.kernels.precision import check_precision
-
-        try:
-            check_precision(self.precision, dev)
-        except ValueError as err:
-            raise ConfigError("precision", str(err)) from None
-        if self.precision != "fp32" and self.backend in ("aoti", "compile"):
-            raise ConfigError(
-                "precision", f"{self.precision} runs on the eager, jit and cuda backends, not {self.backend!r}"
-            )
-        if self.backend == "compile-cuda" and dev.type != "cuda":
-            raise ConfigError(
-                "backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {self.device}"
-            )
-        if self.backend in ("aoti", "compile"):
-            from rollcap.kernels.compiled import cxx_compiler
-
-            if dev.type != "cpu":
-                raise ConfigError("backend", f"{self.backend!r} is a CPU plan; use 'cuda' on {self.device}")
-            if cxx_compiler() is None:
-                raise ConfigError(
-                    "backend",
-                    f"{self.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'",
-                )
-        if dev.type == "cuda":
-            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if count == 0 or (dev.index or 0) >= count:
-                raise ConfigError("device", f"{self.device!r} is not available here ({count} CUDA device(s) visible)")
-
-
-def shipped_models(env_id: str) -> tuple[Path, Path]:
-    """The shipped policy and critic for ``env_id``: the MT10 pair on a MetaWorld MT10 task, else the built-in task's."""
-    from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
-    from rollcap.envs.metaworld import ID_PREFIX, MT10
-    from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
-
-    if env_id.startswith(ID_PREFIX) and env_id.removeprefix(ID_PREFIX) in MT10:
-        return MT10_POLICY, MT10_CRITIC
-    return DEFAULT_POLICY, DEFAULT_CRITIC
 
 
 def split_env_id(env_id: str) -> tuple[str | None, str]:
@@ -143,8 +77,6 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
     Raises:
         ConfigError: unknown id or bad kwargs (naming ``env_id`` / ``env_kwargs``).
     """
-    from rollcap import envs  # registers rollcap/*
-
     module, plain = split_env_id(env_id)
     if source is not None and (plain not in gym.registry or (module is not None and module not in sys.modules)):
         how = (f"the {module} package registers it, and a module a file names is never imported: pass --env {env_id} to allow it" if module is not None
@@ -158,7 +90,7 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
         if not own:
             importlib.import_module(module)  # what gym.make does for a module:id; the spec then keeps the module
         if "gymnasium_robotics" in sys.modules:
-            from rollcap.envs.robotics import fix_joint_types
+            from rollcap.envs.robotics import fix_joint_types  # an optional dependency: only with gymnasium_robotics
 
             fix_joint_types()  # gymnasium-robotics 1.4 cannot build a Fetch env on MuJoCo 4 without it
         if not own:
@@ -265,8 +197,6 @@ NO_SHIPPED_POLICY = (
 
 
 def _shipped_policies() -> set[Path]:
-    from rollcap.policies import MT10_CHECKPOINT
-
     return {DEFAULT_POLICY, MT10_CHECKPOINT}
 
 
@@ -275,212 +205,216 @@ def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
     return label if source else "env_kwargs" if parts.env_kwargs else "env_id"
 
 
-def make_runners(
-    parts: Parts, env=None, rtc: bool = False, source: str | None = None
-) -> tuple[PolicyRunner, CriticRunner | None]:
-    """Load the checkpoints and capture their graphs, each on its own lane (no critic if ``parts.critic`` is None).
+# ----------------------------------------------------------------- build
+@dataclass
+class Built:
+    """What :func:`build` made: the envs (one per slot), the policy and critic, and what to close."""
 
-    ``parts.policy`` ``lerobot:DIR`` is a :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager unless ``parts.backend``
-    names jit / cuda) and
-    ``expert[:STD]`` an :class:`ExpertPolicy`; neither carries a prefix, so ``rtc`` is refused by the host.
+    envs: list
+    policy: object
+    """A runner at batch ``len(envs)``, a list of G runners (``graphs``), or the caller's policy object."""
+    critic: object
+    own: list = field(default_factory=list)
+    """What this build made (and :meth:`close` closes): not the caller's objects."""
+
+    @property
+    def env(self):
+        return self.envs[0]
+
+    @property
+    def batched(self) -> bool:
+        return len(self.envs) > 1
+
+    def close(self) -> None:
+        for part in self.own:
+            if part is not None:
+                part.close()
+
+
+def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: bool = True) -> Built:
+    """Envs and runners for ``spec``: ``spec.run.envs`` envs, the policy and critic captured at that batch.
+
+    ``env`` / ``policy`` / ``critic``: what the caller passed to ``rollcap.run`` (an env id or an env
+    object; a checkpoint path or None, or a model object, which is used as it is). At batch N > 1 all
+    three must be names: N envs are built from the id and the checkpoints captured at batch N
+    (``graphs`` G: G pairs at N/G). ``poll`` is called after the envs and after the runners are built
+    (it raises to stop start-up there). ``check_env``: the first env is probed for repeatability
+    (:func:`check_repeatable`, ``spec.run.require_exact``) before anything is captured.
+
+    Raises:
+        ConfigError: naming the field at fault; what was built so far is closed.
+    """
+    parts, run, poll = spec.deployment, spec.run, poll or (lambda: None)
+    n = run.envs
+    env = parts.env_id if env is None else env
+    out = Built([], policy, critic)
+    try:
+        if n > 1:
+            if not isinstance(env, str):
+                raise ConfigError(
+                    "envs",
+                    f"a batched run builds its {n} envs from an env id; got an env object ({type(env).__name__})",
+                )
+            if not (is_path(policy) and is_path(critic)):
+                raise ConfigError(
+                    "envs",
+                    f"a batched run captures the policy and critic at batch {n} from checkpoints; got a {type(policy).__name__} / {type(critic).__name__} object",
+                )
+            check_batched_host(spec.host)
+        if isinstance(env, str):
+            for _ in range(n):
+                out.envs.append(make_env(parts.env_id, parts.env_kwargs))
+                out.own.append(out.envs[-1])
+            poll()
+        else:
+            out.envs.append(env)
+        if check_env:
+            check_repeatable(out.env, run.require_exact)
+        if is_path(policy):
+            rtc = spec.host.chunking != "sync"
+            out.policy, built = runners(parts, out.env, envs=n, graphs=run.graphs, rtc=rtc)
+            out.own += _flat(out.policy) + _flat(built)
+        else:
+            built = make_critic(parts, out.env) if parts.critic is not None else None
+            out.own.append(built)
+        out.critic = built if is_path(critic) else critic
+        poll()
+    except BaseException:
+        out.close()
+        raise
+    return out
+
+
+def _flat(part) -> list:
+    return list(part) if isinstance(part, list) else [part]
+
+
+def check_repeatable(env, require: bool = False) -> None:
+    """Warn (:class:`NotExactWarning`) about an env that is not repeatable; with ``require``, refuse it, or one without exact state.
+
+    :func:`rollcap.envs.probe_exactness` runs a seeded reset and a few steps
+    twice on a copy of the env (the live env is left as it was) and looks for
+    its exact state. An env that is repeatable but has no exact state (a
+    plain gymnasium env) records without a warning: its episodes replay from
+    the seed, and replay says which modes it could not check. Before anything
+    is created.
+
+    Raises:
+        ConfigError: ``require`` and the env is not repeatable or not exact (naming ``require_exact``).
+    """
+    verdict = probe_exactness(env)
+    if verdict.repeatable is not False and (verdict.exact or not require):
+        return
+    why = f"{verdict.env_name}: {verdict.reason}; its recordings will not replay exactly"
+    if require:
+        raise ConfigError("require_exact", why)
+    warnings.warn(why, NotExactWarning, stacklevel=4)
+
+
+def probe(parts: Parts) -> None:
+    """What this machine must have for ``parts``: the CUDA device, a C++ compiler for a compiled CPU plan.
+
+    Raises:
+        ConfigError: naming ``backend`` or ``device``.
+    """
+    if parts.backend in ("aoti", "compile"):
+        if cxx_compiler() is None:
+            raise ConfigError(
+                "backend",
+                f"{parts.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'",
+            )
+    dev = torch.device(parts.device)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            raise ConfigError("device", f"{parts.device!r} is not available here ({count} CUDA device(s) visible)")
+
+
+def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool = False, source: str | None = None):
+    """Load ``parts``' checkpoints and capture the policy and critic at batch ``envs``, each on its own lane.
+
+    ``graphs`` > 1: that many (policy, critic) pairs at batch ``envs // graphs``, returned as two lists.
+    No critic if ``parts.critic`` is None. ``parts.policy`` ``lerobot:DIR`` is a
+    :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager unless ``parts.backend`` names jit / cuda) and
+    ``expert[:STD]`` an :class:`ExpertPolicy`; neither has a batched graph nor carries a prefix (``rtc`` is
+    refused by the host).
 
     With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
     ``rtc``: the policy is an :class:`~rollcap.policies.rtc.RTCPolicyRunner` (real-time chunking, ``HostConfig.chunking`` naive / rtc).
     ``source``: the recording ``env`` was read from: a model that cannot read it is the one to change (the error names ``policy`` / ``critic`` and the file).
     """
-    named = _named_policy(parts, env)
+    probe(parts)
+    if graphs > 1:
+        pairs = [runners(parts, env if g == 0 else None, envs=envs // graphs, source=source) for g in range(graphs)]
+        return [p for p, _ in pairs], None if pairs[0][1] is None else [c for _, c in pairs]
+    if envs > 1 and named_policy(parts.policy) is not None:
+        raise ConfigError("envs", f"a batched run needs a FlowVLA checkpoint; {parts.policy} has no batched graph")
+    named = named_runner(parts, env)
     if named is not None:
-        critic = make_critic(parts, env) if parts.critic is not None else None
-        return named, critic
+        return named, make_critic(parts, env) if parts.critic is not None else None
     model = load_policy(parts.policy)
+    critic_model = load_critic(parts.critic) if parts.critic is not None and envs > 1 else None
     if env is not None:
         try:
             check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
         except ConfigError as err:
-            if Path(parts.policy) not in _shipped_policies():
+            if Path(parts.policy) not in _shipped_policies() or envs > 1:
                 raise
             raise ConfigError(err.field, f"{err.problem}; {NO_SHIPPED_POLICY}") from None
+        if critic_model is not None:
+            check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
     model = policy_model(parts, model)
+    if envs > 1:
+        policy = policy_runner(model, parts, envs=envs)
+        return policy, None if critic_model is None else critic_runner(critic_model, parts, envs=envs)
     critic = make_critic(parts, env, source) if parts.critic is not None else None
-    runner = RTCPolicyRunner if rtc else PolicyRunner
-    return runner(
-        model, parts.device, parts.backend, make_lane("policy", parts.device, parts.threads), precision=parts.precision
-    ), critic
+    return policy_runner(model, parts, rtc=rtc), critic
+
+
+def make_runners(
+    parts: Parts, env=None, rtc: bool = False, source: str | None = None
+) -> tuple[PolicyRunner, CriticRunner | None]:
+    """:func:`runners` at batch 1 (the policy and critic one episode at a time runs on)."""
+    return runners(parts, env, rtc=rtc, source=source)
+
+
+def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:
+    """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`runners`)."""
+    model = load_critic(parts.critic)
+    if env is not None:
+        check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
+    return critic_runner(model, parts)
+
+
+def policy_runner(model, parts: Parts | None = None, *, envs: int = 1, rtc: bool = False, **options):
+    """The one place a policy runner is made: ``model`` captured where and how ``parts`` says (its own lane), at
+    batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`. Without ``parts``: the runner's
+    defaults. ``options``: the runner's own arguments (``backend``, ``lane``, ``sampler``, ...)."""
+    return _runner(RTCPolicyRunner if rtc else PolicyRunner, "policy", model, parts, envs, options)
+
+
+def critic_runner(model, parts: Parts | None = None, *, envs: int = 1, **options):
+    """The one place a critic runner is made (see :func:`policy_runner`)."""
+    return _runner(CriticRunner, "critic", model, parts, envs, options)
+
+
+def _runner(cls, label: str, model, parts: Parts | None, envs: int, options: dict):
+    if parts is not None:
+        lane = make_lane(label, parts.device, parts.threads)
+        options = {
+            "device": parts.device,
+            "backend": parts.backend,
+            "lane": lane,
+            "precision": parts.precision,
+            **options,
+        }
+    if envs != 1:
+        options["batch"] = envs
+    return cls(model, **options)
 
 
 def policy_model(parts: Parts, model):
     """``model`` (a loaded FlowVLA checkpoint) as ``parts.sampler`` runs it: itself, or fused (:func:`rollcap.policies.fused.fuse`)."""
     if parts.sampler != "fused":
         return model
-    from rollcap.kernels.fingerprint import tensor_digest
-    from rollcap.policies.fused import fuse
-
     return fuse(model, tensor_digest(dict(model.state_dict())))
-
-
-def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:
-    """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`make_runners`)."""
-    model = load_critic(parts.critic)
-    if env is not None:
-        check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
-    return CriticRunner(
-        model, parts.device, parts.backend, make_lane("critic", parts.device, parts.threads), precision=parts.precision
-    )
-
-
-# ------------------------------------------------------- named policies
-LEROBOT_PREFIX, EXPERT = "lerobot:", "expert"
-
-
-def named_policy(policy) -> tuple[str, str] | None:
-    """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path."""
-    text = str(policy)
-    if text.startswith(LEROBOT_PREFIX):
-        return "lerobot", text[len(LEROBOT_PREFIX) :]
-    if re.fullmatch(rf"{EXPERT}(:.*)?", text):
-        return "expert", text
-    return None
-
-
-def _check_policy_name(parts: Parts) -> None:
-    """Refuse a malformed ``lerobot:`` / ``expert:`` name before anything is built (ConfigError naming ``policy``);
-    a LeRobot directory is made absolute (actors may run in another directory)."""
-    named = named_policy(parts.policy)
-    if named is None:
-        return
-    kind, arg = named
-    if kind == "expert":
-        ExpertPolicy.parse(arg)
-        return
-    directory = Path(arg)
-    if not (directory / "config.json").is_file():
-        raise ConfigError(
-            "policy",
-            f"{LEROBOT_PREFIX}{arg}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)",
-        )
-    if importlib.util.find_spec("lerobot") is None:
-        raise ConfigError(
-            "policy",
-            f"{LEROBOT_PREFIX}{arg}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it",
-        )
-    object.__setattr__(parts, "policy", Path(LEROBOT_PREFIX + str(directory.resolve())))
-
-
-def _named_policy(parts: Parts, env=None):
-    """The policy ``parts.policy`` names when it is not a checkpoint of ours (``lerobot:DIR``, ``expert[:STD]``), else None."""
-    named = named_policy(parts.policy)
-    if named is None:
-        return None
-    kind, arg = named
-    if kind == "expert":
-        return expert_policy(arg, env)
-    if parts.precision != "fp32":
-        raise ConfigError(
-            "precision",
-            f"{parts.precision}: a LeRobot policy runs at its own dtype (fp32 here); the setting applies to rollcap's graphs",
-        )
-    from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
-    from rollcap.policies.lerobot import LeRobotPolicy, map_features
-
-    backend = (
-        parts.backend or "eager"
-    )  # the default: every LeRobot recording before capture existed was eager, and replays so
-    if backend not in LEROBOT_BACKENDS or (backend != "eager" and backend != default_backend(parts.device)):
-        raise ConfigError(
-            "backend",
-            f"{backend!r}: a LeRobot policy on {parts.device} runs 'eager' or {default_backend(parts.device)!r} ({LEROBOT_PREFIX}{arg})",
-        )
-    torch.set_num_threads(
-        parts.threads
-    )  # it runs on the host's thread: torch's default (every core) measured 168 ms vs 1.5 ms a chunk beside a busy core
-    try:
-        policy = LeRobotPolicy.load(arg, device=parts.device, backend=backend, threads=parts.threads)
-        if env is not None and isinstance(env.observation_space, gym.spaces.Dict):
-            map_features(policy.cfg.input_features, list(env.observation_space.spaces))
-    except (ValueError, ImportError) as err:
-        raise ConfigError("policy", f"{LEROBOT_PREFIX}{arg}: {str(err).splitlines()[0]}") from err
-    return policy
-
-
-def expert_policy(name: str, env=None, env_id: str | None = None) -> ExpertPolicy:
-    """``expert[:STD]`` for ``env`` (or the env with id ``env_id``, what a recording names; neither: the built-in task).
-
-    Raises:
-        ConfigError: (field ``policy``) the env has no scripted expert (:func:`rollcap.envs.experts.scripted_expert`).
-    """
-    from rollcap.envs.experts import scripted_expert
-
-    std = ExpertPolicy.parse(name)
-    try:
-        return ExpertPolicy(std, scripted_expert(env, env_id))
-    except ValueError as err:
-        raise ConfigError("policy", f"{name}: {err}") from err
-
-
-class ExpertPolicy:
-    """An env's scripted expert as a :class:`~rollcap.rollout.protocols.ChunkPolicy` (``--policy expert``).
-
-    The script (:mod:`rollcap.envs.experts`: the built-in task's, or a MetaWorld
-    task's from ``metaworld.policies``) is reactive: a chunk of one action per
-    boundary, read from the current observation. ``std`` > 0 adds ``std x``
-    the host's noise to that action (DART-style exploration, clipped to
-    [-1, 1]), so a noisy demo is still a pure function of the episode seed and
-    replays exactly. Single caller: the host's thread.
-    """
-
-    execute_steps = 1
-
-    def __init__(self, std: float = 0.0, script=None):
-        from rollcap.envs.experts import PushBlockScript
-
-        self.std = float(std)
-        self._script = script if script is not None else PushBlockScript()
-        self.chunk_shape = (1, int(self._script.action_dim))
-        self._chunk: np.ndarray | None = None
-
-    @staticmethod
-    def parse(name: str) -> float:
-        """``expert`` -> 0.0, ``expert:0.1`` -> 0.1; a ConfigError naming ``policy`` otherwise."""
-        text = name.removeprefix(EXPERT).removeprefix(":") or "0"
-        try:
-            std = float(text)
-        except ValueError:
-            std = -1.0
-        if not (0.0 <= std <= 1.0):
-            raise ConfigError("policy", f"{name}: expected expert or expert:STD with 0 <= STD <= 1")
-        return std
-
-    def reset(self) -> None:
-        """Episode start: the clean expert keeps no state between episodes; a chunk not yet taken is dropped."""
-        self._script.reset()
-        self._chunk = None
-
-    def start(self, obs, noise: np.ndarray) -> None:
-        """The expert's action for ``obs`` (plus ``std`` x ``noise``), ready when this returns."""
-        noise = np.asarray(noise, np.float32)
-        if noise.shape != self.chunk_shape:
-            raise ValueError(f"noise: expected {self.chunk_shape}, got {noise.shape}")
-        action = self._script.act(obs)
-        if self.std:
-            action = np.clip(action + np.float32(self.std) * noise[0], -1.0, 1.0).astype(np.float32)
-        self._chunk = action[None].copy()
-
-    def result(self) -> np.ndarray:
-        """The chunk :meth:`start` computed, float32 ``[1, A]``."""
-        if self._chunk is None:
-            raise RuntimeError("result() called without a successful start()")
-        out, self._chunk = self._chunk, None
-        return out
-
-    def state_fingerprint(self) -> dict:
-        """The expert and its noise (numpy only: no weights); a MetaWorld expert also names its class and metaworld's version."""
-        return {
-            "kind": "rollcap.expert",
-            "std": self.std,
-            "noise": "injected" if self.std else "not an input",
-            "numpy": np.__version__,
-            **self._script.fingerprint(),
-        }
-
-    def close(self) -> None:
-        """Nothing to release."""

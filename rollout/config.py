@@ -1,14 +1,14 @@
 """HostConfig: when episodes stop and how a run is seeded (recorded with every episode).
 
 Every field has a docstring; the CLI's flags are derived from them
-(:mod:`rollcap.rollout.cli.options`). A bad value raises :class:`ConfigError`
+(:mod:`rollcap.rollout.options`). A bad value raises :class:`ConfigError`
 naming the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -17,29 +17,34 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.predicates import CriticBelow, MaxChunks, MaxSeconds, NonFiniteAction, StopPredicate
 
 
+BYTES = {"bytes": True}
+"""A field's metadata: an episode's bytes depend on it (it is recorded with the episode, or in the runners'
+fingerprint); :func:`rollcap.rollout.spec.byte_fields` lists these fields."""
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """When episodes stop, and how the run is seeded (recorded with every episode)."""
 
-    seed: int = 0
+    seed: int = field(default=0, metadata=BYTES)
     """Run seed; episode i uses a seed derived from it and i."""
-    critic_threshold: float | None = None
+    critic_threshold: float | None = field(default=None, metadata=BYTES)
     """Stop an episode when the critic value stays below this, in [-1, 0] (None: never)."""
-    critic_patience: int = 2
+    critic_patience: int = field(default=2, metadata=BYTES)
     """... for this many consecutive chunks."""
-    max_chunks: int | None = None
+    max_chunks: int | None = field(default=None, metadata=BYTES)
     """Stop an episode before this chunk index (None: the env's own time limit)."""
-    max_seconds: float | None = None
+    max_seconds: float | None = field(default=None, metadata=BYTES)
     """Wall-clock limit per episode in seconds (not replay-exact; None: off)."""
-    execute_steps: int | None = None
+    execute_steps: int | None = field(default=None, metadata=BYTES)
     """Actions of each chunk executed before re-planning (None: the policy's own setting); with real-time chunking, the execution horizon s."""
-    chunking: Literal["sync", "naive", "rtc"] = "sync"
+    chunking: Literal["sync", "naive", "rtc"] = field(default="sync", metadata=BYTES)
     """sync: the env waits for each chunk; naive / rtc: the next chunk is inferred while inference_delay actions of the current one execute (naive: no constraint on the new chunk; rtc: its first actions are pinned to those, see docs/design-notes.md). naive / rtc need a policy that carries a prefix (RTCPolicyRunner)."""
-    inference_delay: int = 0
+    inference_delay: int = field(default=0, metadata=BYTES)
     """Real-time chunking's delay d in env steps: inference of the next chunk starts d steps before the current one's execute_steps run out (0 <= d <= execute_steps, d + execute_steps <= the chunk length; 0 with sync)."""
-    rtc_mask: Literal["hard", "soft"] = "hard"
+    rtc_mask: Literal["hard", "soft"] = field(default="hard", metadata=BYTES)
     """With chunking rtc, which actions of the new chunk are guided: hard pins the inference_delay actions that execute during inference; soft also pulls the rest of the overlap towards the previous plan with the RTC paper's decaying weights (measured worse here: docs/design-notes.md). A prefix-conditioned checkpoint (--policy policies/weights/pushblock_policy_prefix.json) pins them by hard inpainting instead of guidance, hard only."""
-    control_period_s: float | None = None
+    control_period_s: float | None = field(default=None, metadata=BYTES)
     """Simulated control clock: every env step waits for its tick of this period in seconds, and a late step counts as stall (not replay-relevant; None: step as fast as possible)."""
 
     def __post_init__(self):

@@ -5,7 +5,7 @@ too (they are dependencies all the same). The parts of the design card rank
 ``kernels`` < ``capsule`` < ``policies``, ``envs`` < ``critics`` (it reads
 observations as the policy does) < ``rollout``. Inside ``rollout`` the episode
 core is at the bottom, then ``recording``, ``teleop``, ``gym``, the offline
-tools, ``ray``, ``learn``, the Python door (``api``), ``bench`` (it measures
+tools, ``ray``, ``learn``, the episode sources (``sources``), the Python door (``api``), ``bench`` (it measures
 the door too) and the command line on top. An import may go to its own
 package or to a lower rank, never up or sideways, and no set of modules
 imports itself in a loop.
@@ -36,12 +36,16 @@ CORE = (
     "predicates",
     "protocols",
     "config",
+    "options",
+    "spec",
     "rtc",
     "resume",
     "lifecycle",
     "builder",
+    "stepping",
     "host",
     "subscribers",
+    "named",
     "build",
     "batch",
 )
@@ -58,6 +62,7 @@ RANK = {
     "rollcap.rollout.offline": 14,
     "rollcap.rollout.ray": 15,
     "rollcap.rollout.learn": 16,
+    "rollcap.rollout.sources": 16.5,  # the ways of running a run's episodes (in process, batched, teleop, Ray)
     "rollcap.rollout.api": 17,
     "rollcap.rollout.bench": 18,
     "rollcap.rollout.cli": 19,

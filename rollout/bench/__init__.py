@@ -3,5 +3,5 @@
 :mod:`.report` runs the sections and formats the report; the sections beside it
 (``backends``, ``branch``, ``gym``, ``peer``, ``recording``, ``ray``) and the
 standalone ones (``growth``, ``rtc``, ``teleop``: ``python3 -m
-rollcap.rollout.bench.NAME``) each measure one thing side by side.
+rollcap.rollout.bench.<name>``) each measure one thing side by side.
 """

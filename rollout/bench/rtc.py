@@ -43,8 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.policies import load_policy
-from rollcap.policies.rtc import RTCPolicyRunner
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.build import Parts, make_env, make_runners, policy_runner
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
@@ -159,7 +158,7 @@ def success_section(episodes: int, delays: list[int], modes: list[str], out: dic
                 print(f"success {mode:>5} d=0: the synchronous episodes by construction (not run again)", flush=True)
                 continue
             if mode == "rtc-pigdm" and pigdm is None:
-                pigdm = RTCPolicyRunner(load_policy(parts.policy), backend="eager", sampler="pigdm")
+                pigdm = policy_runner(load_policy(parts.policy), rtc=True, backend="eager", sampler="pigdm")
             if mode.endswith("-prefix") and prefixed is None:  # the trained hard-prefix checkpoint, on its own lane
                 prefixed, _ = make_runners(Parts(policy=prefix_policy, critic="none"), rtc=True)
             runner = pigdm if mode == "rtc-pigdm" else prefixed if mode.endswith("-prefix") else policy
@@ -263,14 +262,12 @@ def graph_section(
     env_spec: tuple[str, dict] | None = None,
 ) -> None:
     """Plain vs guided captured graph, interleaved, on one observation (median latency per chunk)."""
-    from rollcap.policies import PolicyRunner
-
     env_spec = env_spec or env_specs(None)[0]
     model = load_policy(_parts(env_spec[0], policy_path).policy)
-    plain, rtc = PolicyRunner(model), RTCPolicyRunner(model)
+    plain, rtc = policy_runner(model), policy_runner(model, rtc=True)
     rtc.configure(2, model.cfg.execute_steps, "rtc", "soft")
     pre = (
-        RTCPolicyRunner(load_policy(prefix_policy))
+        policy_runner(load_policy(prefix_policy), rtc=True)
         if prefix_policy is not None and Path(prefix_policy).is_file()
         else None
     )

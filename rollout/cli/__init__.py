@@ -3,7 +3,7 @@
 :func:`main` is the console script. The parser and the commands live in
 :mod:`rollcap.rollout.cli.commands` (``branch`` in :mod:`~rollcap.rollout.cli.branch`,
 ``recap`` in :mod:`~rollcap.rollout.cli.recap`); flags come from the config
-dataclasses through :mod:`~rollcap.rollout.cli.options`.
+dataclasses through :mod:`~rollcap.rollout.options`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ EXAMPLE = "rollcap run --episodes 300 --seed 17 --execute-steps 8 --format npz -
 
 def add_parser(command) -> None:
     """Register ``recap`` through the main CLI's ``command(name, func, help, description, example)``."""
-    from rollcap.rollout.cli.options import Options
+    from rollcap.rollout.options import Options
     from rollcap.rollout.learn.recap.config import RecapConfig
 
     p = command(

@@ -37,11 +37,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from rollcap.rollout.batch import BatchedCore
+from rollcap.rollout.build import build
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.gym.envs import MAX_TOKENS, NOISE_BOUND, TERMINAL, gym_obs, gym_obs_space
 from rollcap.rollout.host import HostState
 from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.spec import Parts, RunConfig, Spec
 
 MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 
@@ -170,7 +172,7 @@ class ChunkVectorEnv(_CoreVectorEnv):
 
     Args:
         envs: N gymnasium envs (one per sub-env).
-        policy / critic: runners captured at batch N, or G graphs at N/G each (:func:`rollcap.rollout.batch.make_batched_runners`).
+        policy / critic: runners captured at batch N, or G graphs at N/G each (:func:`rollcap.rollout.build.build`).
         config: the hosts' config (stop rules, seed).
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
         workers: threads stepping the sub-envs (0: this thread).
@@ -204,17 +206,14 @@ class NoiseSteeringVectorEnv(_CoreVectorEnv):
 
 
 def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int, graphs: int, parts=None):
-    from rollcap.rollout.batch import make_batched_runners
-    from rollcap.rollout.build import Parts, make_env
-
     if graphs < 1 or num_envs % graphs:
         raise ConfigError("graphs", f"expected an integer >= 1 that divides num_envs ({num_envs}), got {graphs!r}")
     if parts is None:
         parts = Parts(env_kwargs=env_kwargs, device=device, threads=threads)
     elif env_kwargs is not None:
         raise ConfigError("env_kwargs", "give the env's kwargs in parts (Parts(env_kwargs=...)), not beside it")
-    envs = [make_env(parts.env_id, parts.env_kwargs) for _ in range(num_envs)]
-    return envs, *make_batched_runners(parts, num_envs, envs[0], graphs=graphs)
+    built = build(Spec(parts, run=RunConfig(envs=num_envs, graphs=graphs)), check_env=False)
+    return built.envs, built.policy, built.critic
 
 
 def make_chunk_vector_env(

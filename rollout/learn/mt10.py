@@ -22,7 +22,6 @@ seed is not one of those (the held-out evaluation uses 31337; :func:`collect` re
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollcap.rollout.options import parse_config
 from rollcap.envs.experts import MetaWorldScript
 from rollcap.envs.metaworld import INSTRUCTIONS, MT10, STATE_DIM, make_metaworld_env
 from rollcap.policies import ADV_POSITIVE, FlowVLA, FlowVLAConfig, save_policy, tokenize
@@ -242,25 +242,11 @@ def train_mt10(cfg: MT10Config, out: Path, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python3 -m rollcap.rollout.learn.mt10", description=__doc__.split("\n")[0])
-    d = MT10Config()
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--demos-per-task", type=int, default=d.demos_per_task)
-    ap.add_argument("--noise", type=float, nargs="+", default=list(d.noise))
-    ap.add_argument("--steps", type=int, default=d.steps)
-    ap.add_argument("--batch", type=int, default=d.batch)
-    ap.add_argument("--lr", type=float, default=d.lr)
-    ap.add_argument("--threads", type=int, default=d.threads)
-    ap.add_argument("--tasks", nargs="+", default=list(d.tasks))
-    ap.add_argument(
-        "--out", type=Path, default=Path(__file__).resolve().parents[2] / "policies" / "weights" / "mt10_policy"
-    )
-    a = ap.parse_args(argv)
-    try:
-        cfg = MT10Config(seed=a.seed, demos_per_task=a.demos_per_task, noise=tuple(a.noise), steps=a.steps, batch=a.batch, lr=a.lr,
-                         threads=a.threads, tasks=tuple(a.tasks))  # fmt: skip
-    except ValueError as err:
-        ap.error(str(err))
+    out = Path(__file__).resolve().parents[2] / "policies" / "weights" / "mt10_policy"
+    cfg, a = parse_config(
+        MT10Config, argv, "python3 -m rollcap.rollout.learn.mt10", __doc__.split("\n")[0],
+        extra=[(("--out",), {"type": Path, "default": out})], skip=("policy",),
+    )  # fmt: skip
     report = train_mt10(cfg, a.out, log=lambda m: print(m, flush=True))
     print(json.dumps({k: v for k, v in report.items() if k not in ("loss_curve", "config")}, indent=2))
 

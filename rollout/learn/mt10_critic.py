@@ -24,7 +24,6 @@ figures on held-out seeds (run seed 31337) are measured through the host (BENCHM
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollcap.rollout.options import parse_config
 from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
 from rollcap.critics import ValueCritic, ValueCriticConfig, save_critic
 from rollcap.envs.metaworld import ID_PREFIX, MT10, STATE_DIM
@@ -244,41 +244,17 @@ def train_mt10_critic(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python3 -m rollcap.rollout.learn.mt10_critic", description=__doc__.split("\n")[0]
-    )
-    d = CriticTrainConfig()
-    ap.add_argument("--seed", type=int, default=d.seed)
-    ap.add_argument("--run-seed", type=int, default=d.run_seed)
-    ap.add_argument("--episodes", type=int, default=d.episodes, help="rollouts per task")
-    ap.add_argument("--steps", type=int, default=d.steps)
-    ap.add_argument("--batch", type=int, default=d.batch)
-    ap.add_argument("--lr", type=float, default=d.lr)
-    ap.add_argument("--threads", type=int, default=d.threads)
-    ap.add_argument("--tasks", nargs="+", default=list(d.tasks))
-    ap.add_argument(
-        "--runs",
-        type=Path,
-        nargs="+",
-        default=None,
-        help="read these recorded runs of the MT10 policy instead of running the rollouts "
+    runs = {
+        "type": Path,
+        "nargs": "+",
+        "default": None,
+        "help": "read these recorded runs of the MT10 policy instead of running the rollouts "
         "(rollcap run --env rollcap/MetaWorld-<task> --env-kwargs '{\"render_images\": false}' --policy policies/weights/mt10_policy.json --critic none --seed 4141 --episodes 200)",
-    )
-    ap.add_argument("--out", type=Path, default=MT10_CRITIC)
-    a = ap.parse_args(argv)
-    try:
-        cfg = CriticTrainConfig(
-            seed=a.seed,
-            run_seed=a.run_seed,
-            episodes=a.episodes,
-            steps=a.steps,
-            batch=a.batch,
-            lr=a.lr,
-            threads=a.threads,
-            tasks=tuple(a.tasks),
-        )
-    except ValueError as err:
-        ap.error(str(err))
+    }
+    cfg, a = parse_config(
+        CriticTrainConfig, argv, "python3 -m rollcap.rollout.learn.mt10_critic", __doc__.split("\n")[0],
+        extra=[(("--runs",), runs), (("--out",), {"type": Path, "default": MT10_CRITIC})],
+    )  # fmt: skip
     report = train_mt10_critic(cfg, a.runs, a.out, log=lambda m: print(m, flush=True))
     print(json.dumps({k: v for k, v in report.items() if k not in ("loss_curve", "config")}, indent=2))
 

@@ -23,7 +23,6 @@ runner picks hard inpainting from the checkpoint's ``prefix_conditioning``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollcap.rollout.options import parse_config
 from rollcap.policies import ADV_POSITIVE, MT10_CHECKPOINT, load_policy, save_policy
 from rollcap.rollout.learn.mt10 import MT10Config, collect
 from rollcap.rollout.learn.train_prefix import prefix_loss, prefix_model
@@ -115,23 +115,12 @@ def train_mt10_prefix(cfg: MT10PrefixConfig, out: Path = PREFIX, base_path: Path
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        prog="python3 -m rollcap.rollout.learn.mt10_prefix", description=__doc__.split("\n")[0]
-    )
-    d = MT10PrefixConfig()
-    for name in ("seed", "demos_per_task", "steps", "batch", "max_delay", "threads"):
-        ap.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(d, name))
-    ap.add_argument("--lr", type=float, default=d.lr)
-    ap.add_argument(
-        "--base", type=Path, default=BASE, help="the checkpoint to fine-tune (default: the shipped MT10 policy)"
-    )
-    ap.add_argument("--out", type=Path, default=PREFIX)
-    a = vars(ap.parse_args(argv))
-    out, base = a.pop("out"), a.pop("base")
-    try:
-        cfg = MT10PrefixConfig(**a)
-    except ValueError as err:
-        ap.error(str(err))
+    base = {"type": Path, "default": BASE, "help": "the checkpoint to fine-tune (default: the shipped MT10 policy)"}
+    cfg, a = parse_config(
+        MT10PrefixConfig, argv, "python3 -m rollcap.rollout.learn.mt10_prefix", __doc__.split("\n")[0],
+        extra=[(("--base",), base), (("--out",), {"type": Path, "default": PREFIX})],
+    )  # fmt: skip
+    out, base = a.out, a.base
     report = train_mt10_prefix(cfg, out, base, log=lambda m: print(m, flush=True))
     print(json.dumps(report, indent=2))
 

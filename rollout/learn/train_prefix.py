@@ -25,7 +25,6 @@ machine is shared).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -36,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rollcap.rollout.options import parse_config
 from rollcap.policies import DEFAULT_CHECKPOINT, FlowVLA, load_policy, save_policy
 from rollcap.policies.flow_vla import ADV_DROPPED
 from rollcap.rollout.learn.training import Demos, StalePrefix, TrainConfig, _train, collect_demos
@@ -185,16 +185,14 @@ def finetune_prefix(
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python3 -m rollcap.rollout.learn.train_prefix", description=__doc__.split("\n")[0]
-    )
-    for f in dataclasses.fields(PrefixTrainConfig):
-        ap.add_argument(f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default)
-    ap.add_argument("--out", type=Path, default=PREFIX_CHECKPOINT, help="checkpoint path to write (.json)")
-    ap.add_argument("--base", type=Path, default=DEFAULT_CHECKPOINT, help="checkpoint to start from")
-    args = vars(ap.parse_args(argv))
-    out, base = args.pop("out"), args.pop("base")
-    finetune_prefix(PrefixTrainConfig(**args), out, base)
+    out = {"type": Path, "default": PREFIX_CHECKPOINT, "help": "checkpoint path to write (.json)"}
+    base = {"type": Path, "default": DEFAULT_CHECKPOINT, "help": "checkpoint to start from"}
+    cfg, a = parse_config(
+        PrefixTrainConfig, argv, "python3 -m rollcap.rollout.learn.train_prefix", __doc__.split("\n")[0],
+        extra=[(("--out",), out), (("--base",), base)],
+    )  # fmt: skip
+    out, base = a.out, a.base
+    finetune_prefix(cfg, out, base)
     return 0
 
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollcap.critics import CriticRunner, ValueCritic, ValueCriticConfig, save_critic
+from rollcap.critics import ValueCritic, ValueCriticConfig, save_critic
 from rollcap.envs.expert import ExpertNoise, ScriptedExpert
 from rollcap.envs.push_block import PushBlockEnv
-from rollcap.policies import ADV_NEGATIVE, ADV_POSITIVE, FlowVLA, FlowVLAConfig, PolicyRunner, save_policy, tokenize
+from rollcap.policies import ADV_NEGATIVE, ADV_POSITIVE, FlowVLA, FlowVLAConfig, save_policy, tokenize
+from rollcap.rollout.build import critic_runner, policy_runner
 from rollcap.rollout.seeding import episode_seed
 
 
@@ -271,7 +272,7 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
     seeds = [episode_seed(cfg.seed + 2, i) for i in range(cfg.eval_episodes)]
     env = PushBlockEnv(image_size=cfg.policy.image_size)
     host = RolloutHost(
-        env, PolicyRunner(policy), CriticRunner(critic), HostConfig(seed=cfg.seed + 2)
+        env, policy_runner(policy), critic_runner(critic), HostConfig(seed=cfg.seed + 2)
     )  # the policy's execute_steps
     records = [host.run_episode(i, s).record for i, s in enumerate(seeds)]
 
@@ -281,7 +282,7 @@ def evaluate(policy: FlowVLA, critic: ValueCritic, cfg: TrainConfig, log=print) 
         return float(rec.chunks["critic_value"][min(k, len(starts) - 1)])
 
     # Critic separation on a mixed set: the policy's episodes and the noisy expert's.
-    runner = CriticRunner(critic)
+    runner = critic_runner(critic)
     expert_mid, expert_ok = [], []
     for s in seeds:
         ex = ScriptedExpert(NOISY)

@@ -154,7 +154,7 @@ def check_plot_dir(out_dir) -> Path:
 
 def plot_episodes(records: list[EpisodeRecord], out_dir) -> Iterator[Path]:
     """Write ``out_dir/episode_NNNNN.png`` for each record (see :func:`plot_episode`), creating ``out_dir``;
-    for branches, also ``branches_<episode>_chunk<K>.png`` per boundary (:func:`~rollcap.rollout.offline.calibrate.plot_fans`).
+    for branches, also ``branches_<episode>_chunk<K>.png`` per boundary (:func:`plot_fans`).
 
     Yields each path once written (each PNG is written atomically).
 

@@ -1,8 +1,9 @@
-"""Ray batch rollouts: a pool of actors, one retry loop, the plain call.
+"""Ray batch rollouts: a pool of actors and the plain call.
 
 - :class:`ActorPool` starts ``N`` actors (a :class:`~rollcap.rollout.ray.episodes.RolloutActor`
   by default; replay and branch actors too), waits until each has built its
-  parts, and :meth:`ActorPool.map` runs one call per actor at a time.
+  parts, and runs work on them through the one scheduling loop
+  (:mod:`rollcap.rollout.ray.schedule`: one call per ready actor at a time, the faults below).
 - Where episodes are recorded is the caller's choice: the driver records what
   :meth:`ActorPool.run` returns (``InBackground(EpisodeRecorder)``, one writer,
   as a local run), or each actor records its own shard
@@ -33,12 +34,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from rollcap.rollout.ray.batched import BatchedRolloutActor
+from rollcap.rollout.ray.schedule import MAX_TRIES, Scheduling
+from rollcap.rollout.ray.batched import stream_batches
 
 from rollcap.rollout.build import Parts, named_policy
 from rollcap.rollout.config import HostConfig
@@ -58,8 +60,6 @@ from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-ex
     identity,
 )
 
-MAX_TRIES = 3
-"""Tries per episode before it is reported failed (each try that kills its actor costs one)."""
 REPLACE_TIMEOUT_S = 60.0
 """How long a replacement actor may take to be placed and built before it is dropped (the node it needed may be gone)."""
 
@@ -88,7 +88,7 @@ class _Slot:
         return self.handle is not None
 
 
-class ActorPool:
+class ActorPool(Scheduling):
     """``num_actors`` Ray actors, each a :class:`RolloutActor` built from ``parts`` and ``config``.
 
     Starting it connects to Ray (:func:`connect`) and waits until every actor
@@ -144,8 +144,6 @@ class ActorPool:
         self.config, self.resources = config, resources
         self.envs, self._batched = envs, (envs, graphs) if envs > 1 else ()
         if envs > 1 and actor_cls is RolloutActor:
-            from rollcap.rollout.ray.batched import BatchedRolloutActor
-
             actor_cls = BatchedRolloutActor
         self.parts, self._shipped = _portable(parts)
         self.address, self.retries, self.replaced, self.dropped = address, 0, 0, 0
@@ -176,8 +174,9 @@ class ActorPool:
         self.start_s = time.perf_counter() - t0
 
     @classmethod
-    def for_run(cls, parts: Parts, host: RolloutHost, cfg, setup=None, poll_stop=None) -> ActorPool:
-        """The pool a :class:`~rollcap.rollout.api.RunConfig` asks for, checked against the driver's ``host``."""
+    def for_run(cls, spec, host: RolloutHost, setup=None, poll_stop=None) -> ActorPool:
+        """The pool a run's :class:`~rollcap.rollout.spec.Spec` asks for, checked against the driver's ``host``."""
+        parts, cfg = spec.deployment, spec.run
         gpus = (
             cfg.actor_gpus
             if cfg.actor_gpus is not None
@@ -238,10 +237,10 @@ class ActorPool:
 
     # -- running ---------------------------------------------------------
     def episodes(
-        self, indices: Iterable[int], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES
+        self, todo: Iterable[int | tuple[int, int]], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES
     ) -> Iterator[EpisodeEnd]:
-        """Run episodes ``indices`` (specs from the pool's config) on the actors; see :meth:`run`."""
-        return self.run(episode_specs(indices, self.config), subscribers, max_tries)
+        """Run episodes ``todo`` (an index, its seed derived from the pool's config, or ``(index, seed)``) on the actors; see :meth:`run`."""
+        return self.run(episode_specs(todo, self.config), subscribers, max_tries)
 
     def run(
         self, specs: Iterable[EpisodeSpec], subscribers: Sequence[Subscriber] = (), max_tries: int = MAX_TRIES
@@ -254,8 +253,6 @@ class ActorPool:
         call runs a list of episodes (:func:`~rollcap.rollout.ray.batched.stream_batches`).
         """
         if self.envs > 1:  # a call runs several episodes; each comes back as it ends
-            from rollcap.rollout.ray.batched import stream_batches
-
             records = (r for _, r in stream_batches(self, specs, max_tries))
         else:
             call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
@@ -263,114 +260,12 @@ class ActorPool:
         for record in records:
             yield emit(record, subscribers)
 
-    def map(
-        self, call, items: Iterable, key=lambda item: item, max_tries: int = MAX_TRIES
-    ) -> Iterator[tuple[object, object]]:
-        """Run ``call(actor_handle, item)`` (it returns a Ray ref) for every item; yield ``(item, result)`` as each finishes.
-
-        One call per actor at a time, and only on an actor whose ``ready()`` has
-        answered. A call that fails (its actor or node died, or the method
-        raised) goes back to the front of the queue for any live actor; a dead
-        actor is replaced, and a replacement that is not ready within
-        :attr:`replace_timeout_s` is dropped (one line on stderr). After
-        ``max_tries`` an item's ``key`` goes to :attr:`failed` with the one-line
-        reason; with no live actor left, so do the items not yet run. The next
-        item is submitted before a result is yielded, so actors stay busy while
-        the caller handles it.
-        """
-        ray = self._ray
-        todo = deque(items)
-        tries: dict = {}
-        idle = [n for n, s in enumerate(self.slots) if s.live and s.ready is None]
-        busy: dict[object, tuple[int, object]] = {}
-
-        def submit() -> None:
-            while todo and idle:
-                slot, item = idle.pop(0), todo.popleft()
-                busy[call(self.slots[slot].handle, item)] = (slot, item)
-
-        while todo or busy:
-            submit()
-            starting = {s.ready: n for n, s in enumerate(self.slots) if s.live and s.ready is not None}
-            if not busy and not idle and not starting:
-                self._no_actors_left([key(item) for item in todo])
-                return
-            done, _ = ray.wait([*busy, *starting], num_returns=1, timeout=0.5)
-            idle += self._poll_starting(starting)
-            for ref in done:
-                if ref not in busy:
-                    continue  # a ready() call: handled by _poll_starting
-                slot, item = busy.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayError as err:
-                    if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
-                        self._replace(slot)
-                    else:
-                        idle.append(slot)
-                    k = key(item)
-                    tries[k] = tries.get(k, 0) + 1
-                    if tries[k] >= max_tries:
-                        self.failed[k] = _one_line(err)
-                    else:
-                        self.retries += 1
-                        todo.appendleft(item)
-                    continue
-                idle.append(slot)
-                submit()
-                yield item, result
-
-    def _replace(self, slot: int) -> None:
-        """Replace a dead actor (its Ray handle is unusable) with a new one; it gets work once its ``ready()`` answers."""
-        self._kill(self.slots[slot].handle)
-        self.slots[slot] = self._new_slot()
-        self.replaced += 1
-
-    def _poll_starting(self, starting: dict) -> list[int]:
-        """The slots among ``starting`` (``ready`` ref -> slot) whose actor is now ready; drop those that failed or timed out."""
-        ready = []
-        done, _ = self._ray.wait(list(starting), num_returns=len(starting), timeout=0) if starting else ([], [])
-        for ref in done:
-            slot = self.slots[starting[ref]]
-            try:
-                slot.info = self._ray.get(ref)
-            except self._ray.exceptions.RayError as err:
-                self._drop(starting[ref], f"a replacement actor could not start ({_one_line(err)})")
-                continue
-            slot.ready = None
-            self.nodes.add(slot.info["node"])
-            ready.append(starting[ref])
-        now = time.monotonic()
-        for ref, n in starting.items():
-            if ref not in done and now - self.slots[n].since > self.replace_timeout_s:
-                self._drop(n, f"a replacement actor was not ready within {self.replace_timeout_s:g} s "
-                              f"(no node has {self.resources.cpus:g} CPU(s) / {self.resources.gpus:g} GPU(s) free for it)")  # fmt: skip
-        return ready
-
-    def _drop(self, slot: int, why: str) -> None:
-        self._kill(self.slots[slot].handle)  # a pending one is cancelled: no demand left behind
-        self.slots[slot] = replace(self.slots[slot], handle=None, ready=None)
-        self.dropped += 1
-        live = sum(s.live for s in self.slots)
-        print(f"rollcap: {why}; going on with {live} actor(s)", file=sys.stderr)
-
-    def _no_actors_left(self, keys: list) -> None:
-        why = f"no live actor left ({self.dropped} dropped)"
-        for k in keys:
-            self.failed[k] = why
-        print(f"rollcap: {why}: {len(keys)} item(s) not run", file=sys.stderr)
-
-    def _kill(self, handle) -> None:
-        try:
-            self._ray.kill(handle, no_restart=True)
-        except Exception:  # noqa: BLE001 - it is dead already
-            pass
-
     def summary(self) -> dict:
         """What a run's summary adds for actors."""
         return {
             "actors": len(self.slots),
-            "envs_per_actor": self.envs,
+            "envs": self.envs,
+            "envs_per_actor": self.envs,  # the old name of "envs", kept for what reads it
             "address": self.address or "local (127.0.0.1)",
             "nodes": len(self.nodes),
             "retries": self.retries,

@@ -2,7 +2,7 @@
 
 :class:`BatchedRolloutActor` is a :class:`~rollcap.rollout.ray.episodes.RolloutActor`
 whose parts are N envs and a policy and critic captured at batch N
-(:func:`~rollcap.rollout.batch.make_batched_runners`; ``graphs`` G: G pairs at
+(:func:`~rollcap.rollout.build.build`; ``graphs`` G: G pairs at
 batch N/G), driven by a :class:`~rollcap.rollout.batch.BatchedCore`. One call
 (:meth:`~BatchedRolloutActor.stream`, a Ray streaming generator) takes a list of
 ``(index, seed)`` specs and runs them in the core's slots, a slot starting the
@@ -26,24 +26,24 @@ run's batch. The batch is in the policy's and critic's fingerprint, so
 ``rollcap replay`` rebuilds the runners at it.
 
 Imports point downward: this module knows ``build``, ``batch``, ``config``,
-``lifecycle`` and ``ray.episodes``; :func:`stream_batches` drives an
-:class:`~rollcap.rollout.ray.actors.ActorPool`'s actors with the pool's own
-bookkeeping (replacements, drops, ``failed``, ``retries``).
+``spec`` and ``ray.episodes``; :func:`stream_batches` runs on an
+:class:`~rollcap.rollout.ray.actors.ActorPool`'s scheduling loop (replacements,
+drops, ``failed``, ``retries``).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
-from rollcap.rollout.batch import BatchedCore, make_batched_runners
-from rollcap.rollout.build import Parts, make_env
+from rollcap.rollout.batch import BatchedCore
+from rollcap.rollout.build import build
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.protocols import EpisodeEnd
-from rollcap.rollout.ray.episodes import _SHIPPED, EpisodeSpec, RolloutActor, _one_line
+from rollcap.rollout.ray.episodes import _SHIPPED, EpisodeSpec, RolloutActor
+from rollcap.rollout.spec import Parts, RunConfig, Spec
 
 CALLS_PER_ENV = 2
 """Episodes a call gives each of an actor's envs (at most): more fill the slots better at a call's tail, fewer lose less to a dead actor."""
@@ -81,15 +81,16 @@ class BatchedRolloutActor(RolloutActor):
 
     def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = (), envs: int = 2, graphs: int = 1):
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
-        self.envs: list = []
-        self.policy = self.critic = None
         self._cores: dict[HostConfig, BatchedCore] = {}
         self._hosts = {}
+        self._built = build(Spec(parts, config, RunConfig(envs=envs, graphs=graphs)), check_env=False)
+        self.envs, self.policy, self.critic, self.env = (
+            self._built.envs,
+            self._built.policy,
+            self._built.critic,
+            self._built.env,
+        )
         try:
-            for _ in range(envs):
-                self.envs.append(make_env(parts.env_id, parts.env_kwargs))
-            self.policy, self.critic = make_batched_runners(parts, envs, self.envs[0], graphs=graphs)
-            self.env = self.envs[0]
             self.core(config)
         except BaseException:
             self.close()
@@ -133,10 +134,7 @@ class BatchedRolloutActor(RolloutActor):
             shard[1].close()
         for core in self._cores.values():
             core.close_pool()
-        runners = [r for part in (self.policy, self.critic) for r in (part if isinstance(part, list) else [part])]
-        for part in runners + self.envs:
-            if part is not None:
-                part.close()
+        self._built.close()
 
 
 # ------------------------------------------------------------ the driver
@@ -145,70 +143,17 @@ def stream_batches(
 ) -> Iterator[tuple[EpisodeSpec, object]]:
     """Run ``specs`` on ``pool``'s batched actors, :func:`call_size` episodes a call; yield ``(spec, answer)`` as each episode comes back.
 
-    ``answer``: the record, or with ``recorded`` the actor's ``(light record, receipt)``. As
-    :meth:`~rollcap.rollout.ray.actors.ActorPool.map`: one call per ready actor at a time;
-    a dead actor is replaced; a call that fails sends the episodes it had not
-    answered back to the front of the queue (in :func:`halves`); an episode in
-    ``max_tries`` failed calls goes to ``pool.failed``; with no live actor left
-    the rest do too.
+    ``answer``: the record, or with ``recorded`` the actor's ``(light record, receipt)``. On the pool's one
+    scheduling loop (:meth:`~rollcap.rollout.ray.actors.ActorPool.schedule`, as every Ray source): one call
+    per ready actor at a time; a dead actor is replaced; a call that fails sends the episodes it had not
+    answered back to the front of the queue (in :func:`halves`); an episode in ``max_tries`` failed calls
+    goes to ``pool.failed``; with no live actor left the rest do too.
     """
-    ray = pool._ray
     specs = list(specs)
-    todo = deque(spec_batches(specs, call_size(len(specs), sum(s.live for s in pool.slots), pool.envs)))
-    tries: dict[int, int] = {}
-    idle = [n for n, s in enumerate(pool.slots) if s.live and s.ready is None]
-    busy: dict = {}  # a call's streaming generator -> (slot, {index: spec} not answered yet)
+    units = spec_batches(specs, call_size(len(specs), sum(s.live for s in pool.slots), pool.envs))
 
-    def submit() -> None:
-        while todo and idle:
-            slot, batch = idle.pop(0), todo.popleft()
-            gen = (
-                pool.slots[slot]
-                .handle.stream.options(num_returns="streaming")
-                .remote([(s.index, s.seed) for s in batch], batch[0].config, recorded)
-            )
-            busy[gen] = (slot, {s.index: s for s in batch})
+    def start(handle, batch: tuple[EpisodeSpec, ...]):
+        call = handle.stream.options(num_returns="streaming")
+        return call.remote([(s.index, s.seed) for s in batch], batch[0].config, recorded)
 
-    def lost(slot: int, left: dict, err: BaseException) -> None:
-        if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
-            pool._replace(slot)
-        else:
-            idle.append(slot)
-        again = []
-        for index, spec in left.items():
-            tries[index] = tries.get(index, 0) + 1
-            if tries[index] >= max_tries:
-                pool.failed[index] = _one_line(err)
-            else:
-                again.append(spec)
-        if again:
-            pool.retries += 1
-            todo.extendleft(reversed(halves(tuple(again))))
-
-    while todo or busy:
-        submit()
-        starting = {s.ready: n for n, s in enumerate(pool.slots) if s.live and s.ready is not None}
-        if not busy and not idle and not starting:
-            pool._no_actors_left([s.index for batch in todo for s in batch])
-            return
-        done, _ = ray.wait([*busy, *starting], num_returns=1, timeout=0.5)
-        idle += pool._poll_starting(starting)
-        for gen in done:
-            if gen not in busy:
-                continue  # a ready() call: handled by _poll_starting
-            slot, left = busy[gen]
-            try:
-                index, answer = ray.get(next(gen))
-            except StopIteration:  # the call is over
-                del busy[gen]
-                if left:  # it ended without answering for these (it should not)
-                    lost(slot, left, RuntimeError(f"the actor's call ended without episodes {sorted(left)}"))
-                else:
-                    idle.append(slot)
-                continue
-            except ray.exceptions.RayError as err:
-                del busy[gen]
-                lost(slot, left, err)
-                continue
-            submit()
-            yield left.pop(index), answer
+    return pool.schedule(units, start, lambda spec: spec.index, max_tries, streaming=True, split=halves)

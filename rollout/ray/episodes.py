@@ -18,10 +18,15 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
+from rollcap.rollout.recording import EpisodeRecorder
+from rollcap.rollout.recording.shards import MANIFEST
+from rollcap.rollout.recording import episode_digest
+from rollcap.rollout.recording.codec import is_image
 
 from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.build import build
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import ConfigError
@@ -35,6 +40,7 @@ from rollcap.rollout.protocols import (
 )
 from rollcap.rollout.ray.connect import check_reachable, import_ray
 from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.spec import Parts, Spec
 
 _SHIPPED = {"policy": DEFAULT_POLICY, "critic": DEFAULT_CRITIC}
 
@@ -71,9 +77,14 @@ class EpisodeSpec:
     config: HostConfig
 
 
-def episode_specs(indices: Iterable[int], config: HostConfig) -> list[EpisodeSpec]:
-    """The specs of episodes ``indices`` of a run with ``config`` (seeds derived as in a local run)."""
-    return [EpisodeSpec(int(i), episode_seed(config.seed, int(i)), config) for i in indices]
+def episode_specs(todo: Iterable[int | tuple[int, int]], config: HostConfig) -> list[EpisodeSpec]:
+    """The specs of episodes ``todo`` of a run with ``config``: an index (its seed derived as in a local run) or ``(index, seed)``."""
+    return [
+        EpisodeSpec(int(i[0]), int(i[1]), config)
+        if isinstance(i, tuple)
+        else EpisodeSpec(int(i), episode_seed(config.seed, int(i)), config)
+        for i in todo
+    ]
 
 
 # ----------------------------------------------------------------- the actor
@@ -87,10 +98,8 @@ class RolloutActor:
     def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = ()):
         """Build the parts (``shipped``: "policy" / "critic" use this machine's copy of the shipped checkpoint)."""
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
-        self.env = make_env(parts.env_id, parts.env_kwargs)
-        self.policy, self.critic = make_runners(
-            parts, self.env, rtc=config.chunking != "sync"
-        )  # real-time chunking needs the carrying runner
+        built = build(Spec(parts, config), check_env=False)  # real-time chunking: the carrying runner
+        self.env, self.policy, self.critic = built.env, built.policy, built.critic
         self._hosts: dict[HostConfig, RolloutHost] = {}
         self.host(config)
 
@@ -115,11 +124,6 @@ class RolloutActor:
 
     def record_to(self, shard_dir: str, shard: str, formats: tuple[str, ...], env_meta: dict) -> None:
         """From now on :meth:`run_recorded` writes into the shard at ``shard_dir`` (a new directory; ``shard``: its name in the manifest)."""
-        from pathlib import Path
-
-        from rollcap.rollout.recording import EpisodeRecorder
-        from rollcap.rollout.recording.shards import MANIFEST
-
         if not Path(
             shard
         ).is_absolute():  # under the run directory (an absolute shard is a per-node directory: --shard-dir)
@@ -135,9 +139,6 @@ class RolloutActor:
 
     def recorded(self, record: EpisodeRecord) -> tuple[EpisodeRecord, dict]:
         """Write ``record`` in this actor's shard; return ``(it without images, its receipt)``."""
-        from rollcap.rollout.recording import episode_digest
-        from rollcap.rollout.recording.codec import is_image
-
         shard, recorder = self._shard
         recorder.write(record)
         receipt = {"index": record.index, "digest": episode_digest(record), "shard": shard, "node": _node_id()}

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from rollcap.rollout.ray.batched import stream_batches
 
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.actors import MAX_TRIES, ActorPool, emit, episode_specs
@@ -83,19 +84,17 @@ class Shards:
     def episodes(
         self,
         pool: ActorPool,
-        indices: Iterable[int],
+        todo: Iterable[int | tuple[int, int]],
         subscribers: Sequence[Subscriber] = (),
         max_tries: int = MAX_TRIES,
     ) -> Iterator[EpisodeEnd]:
-        """Run episodes ``indices`` on ``pool``'s actors, each recorded in its actor's shard; yield each end once its manifest line is written.
+        """Run episodes ``todo`` (indices, or ``(index, seed)``) on ``pool``'s actors, each recorded in its actor's shard; yield each end once its manifest line is written.
 
         The end carries the light record (no camera frames), emitted to ``subscribers`` after the manifest line.
         """
         self.check_visible(pool)
-        specs = episode_specs(indices, pool.config)
+        specs = episode_specs(todo, pool.config)
         if pool.envs > 1:  # N envs per actor: a call runs several episodes, each recorded and answered as it ends
-            from rollcap.rollout.ray.batched import stream_batches
-
             answers = (a for _, a in stream_batches(pool, specs, max_tries, recorded=True))
         else:
             call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)  # noqa: E731

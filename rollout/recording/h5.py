@@ -49,17 +49,12 @@ crash, SIGKILL, SIGINT or full disk at any moment leaves the file as of the last
 commit, whole episodes or none, earlier demos untouched. One writer per file.
 
 Imports point downward: this module knows ``kernels.files``, ``episode``,
-``errors``, ``codec`` and ``journal``.
+``errors``, ``codec``, ``journal`` and ``h5read`` (the reading half).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import h5py
@@ -67,38 +62,24 @@ import numpy as np
 
 from rollcap.kernels.files import atomic_write, canonical_json, plain_json
 from rollcap.rollout.episode import ACTOR_POLICY, EpisodeRecord
-from rollcap.rollout.errors import CorruptEpisode
-from rollcap.rollout.recording.codec import check_record, corrupt, episode_meta, is_image, record_from_parts
-from rollcap.rollout.recording.journal import committed_view, journaled_update, recover
+from rollcap.rollout.recording.codec import check_record, episode_meta, is_image
+from rollcap.rollout.recording.h5read import (  # noqa: F401 - the readers, re-exported: part of this module's API
+    _JSON_ATTRS,
+    ROBOMIMIC_STEP_KEYS,
+    _env_args,
+    _indices,
+    _open_committed,
+    h5_indices,
+    read_h5,
+    read_h5_episode,
+)
+from rollcap.rollout.recording.journal import journaled_update, recover
 
-ROBOMIMIC_STEP_KEYS = ("actions", "rewards", "dones", "states")
-"""Per-step arrays stored where robomimic looks for them; the rest of STEP_DTYPES go under ``rollcap/steps``."""
 IMAGE_CODEC = {"images": "gzip-4, one chunk per frame", "other": "contiguous"}
-_JSON_ATTRS = ("env_kwargs", "fingerprints", "config", "codec", "origin")
 _LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
-_DEMO = re.compile(r"demo_(\d+)")
 MASKS = ("success", "failure", "intervened", "train", "valid")
 """robomimic filter keys kept under ``mask/``; see the module docstring."""
 _MASK_ROWS, _MASK_WIDTH = 256, 32  # chunk length, and the first width of the fixed-length names
-_MAX_INFLATE = 1100  # deflate expands at most ~1032x: a gzip dataset's bytes bound its size
-
-
-@contextmanager
-def _open_committed(path, lock_timeout_s: float) -> Iterator[h5py.File]:
-    """``path`` opened read-only as of its last commit."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such HDF5 file")
-    with committed_view(path, lock_timeout_s) as view:
-        try:
-            f = h5py.File(view, "r")
-        except (OSError, ValueError) as err:
-            raise corrupt(path, f"not a readable HDF5 file ({err})") from err
-        with f:
-            try:
-                yield f
-            except (OSError, RuntimeError) as err:
-                raise corrupt(path, f"damaged HDF5 structure ({err})") from err
 
 
 def recover_h5(path, lock_timeout_s: float = 60.0) -> bool:
@@ -265,108 +246,6 @@ def _update_derived(path, f: h5py.File, record: EpisodeRecord) -> None:
         names[k].append(f"demo_{record.index}".encode())
     for k in MASKS:
         _append_names(mask, k, names[k])
-
-
-def _load(path, group: h5py.Group, key: str, rows: int | None = None) -> np.ndarray:
-    """``group[key]`` read whole, once its declared size is one the file can hold (``rows``: its length).
-
-    A damaged header can declare a huge shape over no data; reading it would
-    allocate that much, so the size is checked against the bytes stored first.
-    """
-    ds, where = group.get(key), f"{group.name}/{key}".lstrip("/")
-    if not isinstance(ds, h5py.Dataset):
-        raise KeyError(f"{where} is {'missing' if ds is None else 'not a dataset'}")
-    if rows is not None and (ds.ndim == 0 or ds.shape[0] != rows):
-        raise corrupt(path, f"{where}: shape {ds.shape}, expected {rows} rows")
-    declared, stored = math.prod(ds.shape) * ds.dtype.itemsize, ds.id.get_storage_size()
-    held = stored * (_MAX_INFLATE if ds.id.get_create_plist().get_nfilters() else 1)
-    if declared > held or stored > ds.file.id.get_filesize():
-        raise corrupt(
-            path, f"{where}: declares shape {ds.shape} ({declared:,} bytes) over {stored:,} stored bytes; damaged"
-        )
-    return np.asarray(ds[()])
-
-
-def _arrays(path, group: h5py.Group, rows: int | None = None) -> dict[str, np.ndarray]:
-    return {k: _load(path, group, k, rows) for k in group}
-
-
-def _read_demo(path, f: h5py.File, index: int) -> EpisodeRecord:
-    where = f"data/demo_{index}"
-    try:
-        demo = f[where]
-        if "rollcap" not in demo:
-            raise corrupt(path, f"{where} has no 'rollcap' group; not written by rollcap")
-        rc = demo["rollcap"]
-        meta = {}
-        for k, v in rc.attrs.items():
-            v = v.decode() if isinstance(v, bytes) else v
-            meta[k] = json.loads(v) if k in _JSON_ATTRS else int(v) if k in ("index", "seed") else v
-        for k in ("format_version", "num_steps", "num_chunks"):
-            if k in meta:
-                meta[k] = int(meta[k])
-        if "success" in meta:
-            meta["success"] = bool(meta["success"])
-        n = meta.get("num_steps")
-        if int(demo.attrs.get("num_samples", -1)) != n:
-            raise corrupt(path, f"{where}: num_samples {demo.attrs.get('num_samples')} != num_steps {n}")
-        steps = {k: _load(path, demo, k, n) for k in ROBOMIMIC_STEP_KEYS}
-        steps.update(_arrays(path, rc["steps"], n))
-        tables = {
-            "obs": _arrays(path, demo["obs"], n),
-            "steps": steps,
-            "chunks": _arrays(path, rc["chunks"], meta.get("num_chunks")),
-            **{t: _arrays(path, rc[t]) for t in ("initial_state", "final_obs")},
-        }
-    except CorruptEpisode:
-        raise
-    except (KeyError, OSError, ValueError, TypeError, RuntimeError) as err:
-        raise corrupt(path, f"{where}: {err}") from err
-    return record_from_parts(path, meta, tables, where)
-
-
-def _indices(path, f: h5py.File) -> list[int]:
-    try:
-        if "data" not in f:
-            raise corrupt(path, "no 'data' group; not a robomimic-layout file")
-        return sorted(int(m.group(1)) for k in f["data"] if (m := _DEMO.fullmatch(k)))
-    except (KeyError, OSError, RuntimeError, ValueError) as err:
-        raise corrupt(path, f"unreadable 'data' group ({err})") from err
-
-
-def _env_args(path, f: h5py.File) -> dict:
-    try:
-        return json.loads(f["data"].attrs["env_args"])
-    except (KeyError, ValueError, TypeError) as err:
-        raise corrupt(path, f"data.attrs['env_args'] missing or not JSON ({err})") from err
-
-
-# --------------------------------------------------------------------------- public API
-
-
-def h5_indices(path, lock_timeout_s: float = 60.0) -> list[int]:
-    """The committed demo indices of ``path``, sorted."""
-    with _open_committed(path, lock_timeout_s) as f:
-        return _indices(path, f)
-
-
-def read_h5_episode(path, index: int, lock_timeout_s: float = 60.0) -> EpisodeRecord:
-    """Read and verify ``data/demo_<index>`` of ``path``.
-
-    Raises:
-        CorruptEpisode: damaged, not HDF5, not rollcap's, or another format version.
-        KeyError: no such demo.
-    """
-    with _open_committed(path, lock_timeout_s) as f:
-        indices = _indices(path, f)
-        if index not in indices:
-            raise KeyError(f"{path}: no demo_{index}; it holds {indices}")
-        return _read_demo(path, f, index)
-
-
-def read_h5(path, lock_timeout_s: float = 60.0) -> list[EpisodeRecord]:
-    """Every committed episode of ``path``, by index (one short shared lock per episode)."""
-    return [read_h5_episode(path, i, lock_timeout_s) for i in h5_indices(path, lock_timeout_s)]
 
 
 class H5Writer:

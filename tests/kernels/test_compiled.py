@@ -137,15 +137,17 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
 
 
 def test_parts_refuse_a_compiled_backend_without_a_compiler(monkeypatch):
-    """rollcap run --backend aoti without g++ is a one-line config error before anything loads."""
-    from rollcap.rollout.build import Parts
+    """rollcap run --backend aoti without g++ is a one-line config error when the build probes the machine, before
+    anything loads (a spec is only words: making one probes nothing)."""
+    from rollcap.rollout.build import Parts, probe
     from rollcap.rollout.errors import ConfigError
 
     monkeypatch.setenv("CXX", "no-such-compiler-rollcap")
     compiled.cxx_compiler.cache_clear()
     try:
+        parts = Parts(backend="compile")
         with pytest.raises(ConfigError, match="backend: 'compile' compiles C\\+\\+ and found no compiler"):
-            Parts(backend="compile")
+            probe(parts)
     finally:
         compiled.cxx_compiler.cache_clear()
 

@@ -9,7 +9,8 @@ import torch
 import rollcap
 from rollcap.critics import CriticRunner, ValueCritic, save_critic
 from rollcap.policies import FlowVLA, PolicyRunner, save_policy
-from rollcap.rollout.batch import BatchedCore, make_batched_runners, row_views
+from rollcap.rollout.batch import BatchedCore, row_views
+from rollcap.rollout.build import runners
 from rollcap.rollout.build import Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
@@ -155,12 +156,10 @@ def test_run_envs_repeats_and_replays(tmp_path):
     assert len(results) == 15 and all(r.status == "exact" for r in results), [r.line() for r in results]
 
 
-def test_make_batched_runners_checks_the_env():
+def test_batched_runners_check_the_env():
     """Batched runners are checked against the env's observations like batch 1's (a misfit is a ConfigError)."""
     with pytest.raises(ConfigError):
-        make_batched_runners(
-            Parts(critic=None), 2, make_env()
-        )  # the shipped policy reads 64 px images, this env renders 32
+        runners(Parts(critic=None), make_env(), envs=2)  # the shipped policy reads 64 px images, this env renders 32
 
 
 @pytest.mark.cuda

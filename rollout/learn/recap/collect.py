@@ -1,7 +1,7 @@
 """RECAP stage 1, collect: a run's recorded episodes as flat training steps, plus the shipped demonstrations.
 
 Each episode of a run directory (local, Ray, teleop or branch runs alike; read
-one at a time through :func:`~rollcap.rollout.offline.inspect.iter_any`) becomes its
+one at a time through :func:`~rollcap.rollout.recording.iter_any`) becomes its
 ``T`` steps: the observation before each step, the ``H`` actions the env
 received from that step on (a person's included: that is what an intervention
 teaches), who acted, and per episode how it ended. The observation after the
@@ -183,7 +183,7 @@ def read_runs(
     Raises:
         ValueError: a path with no episodes (naming it).
         ConfigError: an episode the policy cannot read, or without a step limit (naming its path).
-        CorruptEpisode / FileNotFoundError: as :func:`~rollcap.rollout.offline.inspect.iter_any`.
+        CorruptEpisode / FileNotFoundError: as :func:`~rollcap.rollout.recording.iter_any`.
     """
     from rollcap.rollout.recording import iter_any
 

@@ -70,14 +70,13 @@ def successes(model, seeds: list[int], execute_steps: int, env=None, threads: in
     every seed, env by env, each on a host of its own.
     """
     from rollcap.kernels.lanes import make_lane
-    from rollcap.policies import PolicyRunner
-    from rollcap.rollout.build import make_env
+    from rollcap.rollout.build import make_env, policy_runner
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 
     out: list[bool] = []
     for env_id, kwargs in env_list(env):
-        runner = PolicyRunner(model, lane=make_lane("policy", "cpu", threads))
+        runner = policy_runner(model, lane=make_lane("policy", "cpu", threads))
         host = RolloutHost(
             make_env(env_id, kwargs), runner, None, HostConfig(execute_steps=execute_steps), records=False
         )

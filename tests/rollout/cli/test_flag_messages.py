@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rollcap.rollout.cli.options import Options
+from rollcap.rollout.options import Options
 
 pytestmark = (
     pytest.mark.slow

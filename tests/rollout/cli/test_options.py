@@ -9,7 +9,7 @@ from typing import Literal
 
 import pytest
 
-from rollcap.rollout.cli.options import Options, field_docs
+from rollcap.rollout.options import Options, field_docs
 
 
 @dataclass(frozen=True)

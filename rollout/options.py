@@ -1,8 +1,8 @@
 """Command-line options derived from config dataclasses: one place for every default and its help.
 
 Each field of a config dataclass becomes one flag: its name (``max_chunks`` ->
-``--max-chunks``, or a name given in ``flags``), its type (``int``, ``float``,
-``str``, ``Path``, ``bool``, ``X | None``, ``Literal[...]``, ``tuple[str, ...]``
+``--max-chunks``, or the field's ``metadata["flag"]``, or a name given in ``flags``), its type (``int``, ``float``,
+``str``, ``Path``, ``bool``, ``X | None``, ``Literal[...]``, ``tuple[str | int | float, ...]``
 as a comma list, ``dict`` as JSON), its default, and its help from the
 docstring written under the field. :func:`values` turns parsed arguments back
 into field values. A :class:`~rollcap.rollout.errors.ConfigError` names a
@@ -11,7 +11,8 @@ field; :meth:`Options.flag` maps it to the flag the user typed, and
 (`` `resume=True` ``, `` `actors` ``) as flags (``--resume``, ``--actors``), so
 one message serves both the Python API and the command line.
 
-Knows nothing of rollouts: any dataclass works.
+Knows nothing of rollouts: any dataclass works (the CLI's configs, and the
+training scripts' under ``rollout/learn/``, which is why it sits in the core).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
+
+
+class UserError(Exception):
+    """A mistake in arguments or input files: printed as one line, exit code 2."""
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -83,7 +88,12 @@ def _converter(tp: Any) -> tuple[Any, dict]:
     if tp is dict or origin is dict:
         return json_object, {"metavar": "JSON"}
     if origin is tuple:
-        return _named(_comma_list, "list"), {"metavar": "A,B"}
+        item = args[0] if args and args[0] in (int, float) else None
+        if item is None:
+            return _named(_comma_list, "list"), {"metavar": "A,B"}
+        return _named(lambda text: tuple(item(x) for x in _comma_list(text)), f"{item.__name__} list"), {
+            "metavar": "A,B"
+        }
     if tp in (int, float, str, Path):
         return tp, {}
     raise TypeError(f"no command-line form for a field of type {tp!r}")
@@ -129,7 +139,7 @@ class Options:
         for f in dataclasses.fields(cls):
             if f.name in skip or not f.init:
                 continue
-            flag = flags.get(f.name, "--" + f.name.replace("_", "-"))
+            flag = flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             text = help.get(f.name, docs.get(f.name, ""))
             if f.name in unset:
@@ -144,7 +154,7 @@ class Options:
                 conv, extra = _converter(tp)
                 if "choices" not in extra:
                     extra.setdefault("metavar", _metavar(conv, f.name))
-                shown = ",".join(default) if isinstance(default, tuple) else default
+                shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
                 said = "default" in text.lower()  # the docstring already says what the default is
                 suffix = "" if said or default is None or default == {} else f" (default: {shown})"
                 action = group.add_argument(
@@ -191,3 +201,21 @@ class Options:
 
 
 _QUOTED = re.compile(r"`(?P<name>[a-z_][a-z0-9_]*)(?:=(?P<value>[^`]*))?`")
+
+
+def parse_config(cls: type, argv: list[str] | None, prog: str, description: str, extra=(), skip=()):
+    """A script's flags: one per field of the config dataclass ``cls`` (as the CLI's), plus ``extra``.
+
+    ``extra``: ``(flags, add_argument kwargs)`` pairs (e.g. ``(("--out",), {"type": Path})``); ``skip``: fields
+    with no flag. Returns ``(cls(...), the parsed namespace)``; a ``ValueError`` from ``cls`` exits 2 with its message.
+    """
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    opts = Options(parser)
+    opts.add(cls, skip=tuple(skip))
+    for flags, kwargs in extra:
+        parser.add_argument(*flags, **kwargs)
+    args = parser.parse_args(argv)
+    try:
+        return cls(**opts.values(args, cls)), args
+    except ValueError as err:
+        parser.error(str(err))

@@ -1,0 +1,81 @@
+"""Sinks: where a run's episodes are written, chosen from its spec.
+
+```
+thread     InBackground(EpisodeRecorder)  one writer thread of the driver (the default)
+processes  WriterPool                     N child processes, each a shard of the run (``writers=N``)
+shards     ManifestWriter                 whoever steps the envs writes its own shard (Ray actors,
+                                          ``shards=True``); the driver appends the manifest only
+```
+
+A :class:`Sink` is what a source hands finished episodes to: its
+``subscribers`` (the writer, or nothing when the envs' owners write) join the
+run's subscribers, ``recorder`` knows which indices the run has (resume) and
+``close()`` drains it. A new storage is one more branch of :func:`open_sink`;
+a new source that records where it steps (env worker processes, like Ray
+actors) uses the ``shards`` sink and names each episode's shard in the manifest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.recording.process import WriterPool
+from rollcap.rollout.recording.recorder import EpisodeRecorder
+from rollcap.rollout.recording.shards import MANIFEST, ManifestWriter, is_sharded
+from rollcap.rollout.spec import RunConfig
+from rollcap.rollout.subscribers import InBackground
+
+
+@dataclass
+class Sink:
+    """A run's storage: ``writer`` takes the episodes (``close()`` drains it); ``recorder`` knows the run's indices."""
+
+    kind: str
+    """``thread``, ``processes`` or ``shards`` (see the module docstring)."""
+    recorder: object
+    """:class:`EpisodeRecorder` or :class:`ManifestWriter`: ``indices``, ``verify()`` and the run's files."""
+    writer: object
+    """The subscriber that writes (the thread, the pool), or the manifest (``shards``: not a subscriber)."""
+
+    @property
+    def sharded(self) -> bool:
+        return self.kind == "shards"
+
+    @property
+    def subscribers(self) -> list:
+        """What joins the run's subscribers: the writer, unless the envs' owners write their own shards."""
+        return [] if self.sharded else [self.writer]
+
+    @property
+    def discarded(self) -> list[int]:
+        """Episodes finished but dropped from the queue by a second Ctrl-C (not written)."""
+        return self.writer.discarded
+
+    def close(self) -> None:
+        """Write every finished episode (after a second signal: only the one being written)."""
+        self.writer.close()
+
+
+def open_sink(run: RunConfig, out: Path, env_meta: dict, remote: bool) -> Sink:
+    """The sink ``run`` asks for in ``out``; ``remote``: the episodes are stepped elsewhere (Ray actors).
+
+    A sharded run stays sharded on resume (its manifest says so).
+
+    Raises:
+        ConfigError: a sharded run resumed in this process without writers (naming ``actors``).
+    """
+    if remote and (run.shards or is_sharded(out)):
+        writer = ManifestWriter(out, run.formats, env_meta, resume=run.resume)
+        return Sink("shards", writer, writer)
+    if not remote and is_sharded(out) and not run.writers:
+        raise ConfigError(
+            "actors",
+            f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first",
+        )
+    if run.writers:  # child processes, each recording a shard: their CPU and GIL leave this process
+        pool = WriterPool(out, run.writers, run.formats, env_meta, resume=run.resume)
+        return Sink("processes", pool.manifest, pool)
+    recorder = EpisodeRecorder(out, formats=run.formats, env_meta=env_meta, resume=run.resume)
+    return Sink("thread", recorder, InBackground(recorder))  # written on a writer thread, off the hot path

@@ -1,0 +1,124 @@
+"""One spec, one build: the runners are made in rollout/build.py only; a spec probes nothing; byte_fields lists the settings bits depend on."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollcap.rollout.build import Parts, build, probe
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.spec import RunConfig, Spec, byte_fields, flag_of
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNERS = {"PolicyRunner", "CriticRunner", "RTCPolicyRunner"}
+
+
+def _runner_calls(path: Path) -> list[str]:
+    """``file:line name`` of every call of a runner class in ``path`` (``PolicyRunner(...)``, ``x.CriticRunner(...)``, an alias)."""
+    tree = ast.parse(path.read_text(), str(path))
+    aliases = set(RUNNERS)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            aliases |= {a.asname for a in node.names if a.name in RUNNERS and a.asname}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in aliases:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    return found
+
+
+def test_only_the_build_module_constructs_runners():
+    """Every entry point builds through rollcap.rollout.build (its policy_runner / critic_runner); a second build path fails here."""
+    calls = [
+        c
+        for p in sorted((ROOT / "rollout").rglob("*.py"))
+        if p != ROOT / "rollout" / "build.py"
+        for c in _runner_calls(p)
+    ]
+    assert not calls, (
+        "runners constructed outside rollout/build.py (call build.runners / policy_runner):\n" + "\n".join(calls)
+    )
+    names = {n.id for n in ast.walk(ast.parse((ROOT / "rollout" / "build.py").read_text())) if isinstance(n, ast.Name)}
+    assert RUNNERS <= names, "rollout/build.py no longer makes the runners"
+
+
+def test_the_scan_sees_a_constructor_call(tmp_path):
+    bad = ROOT / "rollout" / "_scan_probe_tmp.py"
+    try:
+        bad.write_text("from rollcap.policies import PolicyRunner as P\n\nr = P(None)\n")
+        assert _runner_calls(bad) == ["rollout/_scan_probe_tmp.py:3 P"]
+    finally:
+        bad.unlink()
+
+
+def test_a_spec_probes_nothing_the_build_does():
+    """Naming a CUDA device this machine lacks is a spec; building from it is one line naming --device."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    parts = Parts(device=f"cuda:{count}")  # one past the last visible device: never here
+    with pytest.raises(ConfigError, match=r"device: 'cuda:\d+' is not available here"):
+        probe(parts)
+    with pytest.raises(ConfigError, match="is not available here"):
+        build(Spec(parts, HostConfig(), RunConfig(episodes=1)), env="rollcap/PushBlock-v0", check_env=False)
+
+
+def test_byte_fields_name_what_an_episode_depends_on():
+    fields = dict(byte_fields())
+    assert {
+        f: fields.get(f) for f in ("env_id", "policy", "precision", "sampler", "seed", "max_chunks", "envs", "graphs")
+    } == {
+        "env_id": "deployment",
+        "policy": "deployment",
+        "precision": "deployment",
+        "sampler": "deployment",
+        "seed": "host",
+        "max_chunks": "host",
+        "envs": "run",
+        "graphs": "run",
+    }
+    assert not {"episodes", "out", "progress", "writers", "actors", "resume"} & set(fields)
+    assert (flag_of("env_id"), flag_of("formats"), flag_of("max_chunks")) == ("--env", "--format", "--max-chunks")
+
+
+def test_spec_of_is_what_run_takes():
+    spec = Spec.of(3, "runs/x", "rollcap/PushBlock-v0", None, "none", seed=4, envs=2, precision="bf16")
+    assert (spec.run.episodes, spec.host.seed, spec.run.envs, spec.deployment.precision, spec.deployment.critic) == (
+        3,
+        4,
+        2,
+        "bf16",
+        None,
+    )
+    assert Spec.of(3, "runs/x", spec.deployment.env_id, **spec.options()) == spec
+    with pytest.raises(TypeError, match="unexpected option"):
+        Spec.of(1, nonsense=1)
+
+
+def test_one_precision_rule_for_spec_and_graph():
+    """The compiled CPU plans are fp32 only: the spec's message (naming --precision) is the graph's, without the label."""
+    from rollcap.kernels.precision import check_plan_precision
+
+    with pytest.raises(ValueError) as graph:
+        check_plan_precision("bf16", "aoti")
+    with pytest.raises(ConfigError) as spec:
+        Parts(backend="aoti", precision="bf16")
+    assert (spec.value.field, spec.value.problem) == ("precision", str(graph.value))
+
+
+def test_every_source_speaks_the_protocol():
+    """One file per way of running, each with the protocol's members (rollout/sources/__init__.py)."""
+    import importlib
+    import inspect
+
+    files = sorted(p.stem for p in (ROOT / "rollout" / "sources").glob("*.py") if p.stem != "__init__")
+    assert files == ["actors", "batched", "local", "shards", "teleop"]
+    for stem in files:
+        module = importlib.import_module(f"rollcap.rollout.sources.{stem}")
+        (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
+        assert all(callable(getattr(cls, m, None)) for m in ("episodes", "start", "close", "summary")), cls
