@@ -27,7 +27,7 @@ from stable_baselines3 import SAC
 
 from rollcap.rollout.build import Parts
 from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, sac_entropy, train_sac
-from rollcap.rollout.cli.options import Options
+from rollcap.rollout.options import Options
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from rollcap.rollout.cli.options import Options
+from rollcap.rollout.options import Options
 from rollcap.rollout.gym.vector import make_noise_steering_vector_env
 
 

@@ -62,6 +62,12 @@ def _count_capture() -> None:
         _capture_total += 1
 
 
+def check_cpu_plan(backend: str | None, device: torch.device | str) -> None:
+    """ValueError (the one message of this rule) if ``backend`` is a CPU plan and ``device`` is not the CPU."""
+    if backend in CPU_PLANS and torch.device(device).type != "cpu":
+        raise ValueError(f"{backend!r} is a CPU plan; use 'cuda' on {device}")
+
+
 def default_backend(device: torch.device | str) -> str:
     """The fastest exact backend for a device: ``cuda`` on GPU, ``jit`` on CPU."""
     return "cuda" if torch.device(device).type == "cuda" else "jit"
@@ -122,8 +128,10 @@ class CapturedGraph:
             raise ValueError(f"{label}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend in CUDA_PLANS and inputs.device.type != "cuda":
             raise ValueError(f"{label}: backend {backend!r} needs buffers on a CUDA device, not {inputs.device}")
-        if backend in CPU_PLANS and inputs.device.type != "cpu":
-            raise ValueError(f"{label}: backend {backend!r} is a CPU plan; use 'cuda' for {inputs.device}")
+        try:
+            check_cpu_plan(backend, inputs.device)
+        except ValueError as err:
+            raise ValueError(f"{label}: backend {err}") from None
         try:
             self.precision = check_precision(precision, inputs.device)
         except ValueError as err:

@@ -41,6 +41,7 @@ from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
 from rollcap.envs.metaworld import ID_PREFIX, MT10
 from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
 
+from rollcap.kernels.graph import check_cpu_plan
 from rollcap.kernels.precision import check_plan_precision, check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.rollout.config import BYTES, HostConfig
@@ -133,8 +134,11 @@ def check_graph_settings(backend: str | None, precision: str, device: str) -> to
         raise ConfigError("precision", str(err)) from None
     if backend == "compile-cuda" and dev.type != "cuda":
         raise ConfigError("backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {device}")
-    if backend in ("aoti", "compile") and dev.type != "cpu":
-        raise ConfigError("backend", f"{backend!r} is a CPU plan; use 'cuda' on {device}")
+    if backend in ("aoti", "compile"):
+        try:
+            check_cpu_plan(backend, device)
+        except ValueError as err:
+            raise ConfigError("backend", str(err)) from None
     return dev
 
 

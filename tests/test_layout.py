@@ -1,4 +1,4 @@
-"""The layout is the architecture: imports point downward, no import loops, no module over 500 lines.
+"""The layout is the architecture: imports point downward, no import loops, no module over 500 lines (450 in rollout/).
 
 Every ``import`` in rollcap's source counts, the lazy ones inside functions
 too (they are dependencies all the same). The parts of the design card rank
@@ -71,6 +71,8 @@ RANK = {
 TOP = ("rollcap", "rollcap.rollout")
 """Package namespaces that only name things lazily (``rollcap.run`` and friends); they may reach any unit."""
 MAX_LINES = 500
+MAX_ROLLOUT_LINES = 450
+"""The cap under ``rollout/``, where the entry points meet (issue 40); the other parts keep 500."""
 
 
 def _modules() -> dict[str, Path]:
@@ -184,8 +186,13 @@ def test_no_import_loops():
 
 
 def test_no_module_over_500_lines():
-    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"modules over {MAX_LINES} lines (split by job): {long}"
+    """No module over 500 lines; none under ``rollout/`` over 450."""
+
+    def cap(m: str) -> int:
+        return MAX_ROLLOUT_LINES if m.startswith("rollcap.rollout.") else MAX_LINES
+
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > cap(m)}
+    assert not long, f"modules over {MAX_LINES} lines ({MAX_ROLLOUT_LINES} under rollout/; split by job): {long}"
 
 
 def test_rollout_top_level_holds_the_core_and_the_doors_only():

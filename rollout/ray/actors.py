@@ -38,9 +38,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from rollcap.rollout.ray.batched import BatchedRolloutActor
+from rollcap.rollout.ray import batched  # its names looked up at use: a test may put a dying actor in its place
 from rollcap.rollout.ray.schedule import MAX_TRIES, Scheduling
-from rollcap.rollout.ray.batched import stream_batches
 
 from rollcap.rollout.build import Parts, named_policy
 from rollcap.rollout.config import HostConfig
@@ -144,7 +143,7 @@ class ActorPool(Scheduling):
         self.config, self.resources = config, resources
         self.envs, self._batched = envs, (envs, graphs) if envs > 1 else ()
         if envs > 1 and actor_cls is RolloutActor:
-            actor_cls = BatchedRolloutActor
+            actor_cls = batched.BatchedRolloutActor
         self.parts, self._shipped = _portable(parts)
         self.address, self.retries, self.replaced, self.dropped = address, 0, 0, 0
         self.failed: dict[int, str] = {}
@@ -253,7 +252,7 @@ class ActorPool(Scheduling):
         call runs a list of episodes (:func:`~rollcap.rollout.ray.batched.stream_batches`).
         """
         if self.envs > 1:  # a call runs several episodes; each comes back as it ends
-            records = (r for _, r in stream_batches(self, specs, max_tries))
+            records = (r for _, r in batched.stream_batches(self, specs, max_tries))
         else:
             call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
             records = (r for _, r in self.map(call, specs, lambda spec: spec.index, max_tries))

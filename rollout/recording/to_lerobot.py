@@ -27,11 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from rollcap.policies.lerobot import (
-    INSTRUCTION_FEATURE,
-    instruction_vector,
-    quiet_import_logs,
-)
+from rollcap.policies.lerobot import INSTRUCTION_FEATURE, instruction_vector, quiet_import_logs
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.recording.export import (
     EXTRAS,
@@ -44,12 +40,7 @@ from rollcap.rollout.recording.export import (
     step_extras,
     without_empty,
 )
-from rollcap.rollout.recording.labels import (
-    EXPERT_LABELS_NOTE,
-    actions_of,
-    check_labels,
-    expert_for,
-)
+from rollcap.rollout.recording.labels import EXPERT_LABELS_NOTE, actions_of, check_labels, expert_for
 
 INSTALL = "LeRobot lives in its own venv: `bash scripts/lerobot_env.sh`, then run with .venv-lerobot/bin/python"
 DEFAULT_TASK = "rollcap episode"

@@ -38,12 +38,7 @@ from rollcap.rollout.recording.export import (
     step_extras,
     without_empty,
 )
-from rollcap.rollout.recording.labels import (
-    EXPERT_LABELS_NOTE,
-    actions_of,
-    check_labels,
-    expert_for,
-)
+from rollcap.rollout.recording.labels import EXPERT_LABELS_NOTE, actions_of, check_labels, expert_for
 
 INSTALL = "pip install minari==0.5.4 (it is in LeRobot's venv: `bash scripts/lerobot_env.sh`)"
 MAX_INSTRUCTION = 1024

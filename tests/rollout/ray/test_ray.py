@@ -475,10 +475,10 @@ def test_an_address_nothing_answers_at_is_refused_before_anything_is_built(parts
     """--address is checked first: one ConfigError naming it, no env or model built, no run directory."""
     import socket
 
-    import rollcap.rollout.api as api
+    import rollcap.rollout.build as build  # where every entry point makes its envs
 
     monkeypatch.setattr(
-        api, "make_env", lambda *a, **k: pytest.fail("the env was built before the address was checked")
+        build, "make_env", lambda *a, **k: pytest.fail("the env was built before the address was checked")
     )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
