@@ -64,13 +64,15 @@ def cast_linears(module: torch.nn.Module, dtype: torch.dtype = torch.bfloat16) -
     Under autocast a linear casts its fp32 weight to bf16 on every call (the cast cache is off, and inside a
     captured graph the cast kernels replay anyway): one extra kernel and a full read of the fp32 weight per
     linear per call. Storing the cast once gives the same bits (the same rounding, done once) with neither.
-    Only linears: other parameters (norms, embeddings, positions) go to ops autocast does not cast alike.
-    The fp32 tensors are never copied (the copy is built around the cast ones).
+    Only linears, and the parameters a module names in ``CAST_PARAMS`` (matmul operands autocast casts alike, e.g.
+    the lean sampler's batched prefix projection): other parameters (norms, embeddings, positions) go to ops
+    autocast does not cast alike. The fp32 tensors are never copied (the copy is built around the cast ones).
     """
     memo: dict[int, torch.nn.Parameter] = {}
     for m in module.modules():
-        if isinstance(m, torch.nn.Linear):
-            for p in (m.weight, m.bias):
-                if p is not None and p.dtype != dtype:
-                    memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
+        params = [m.weight, m.bias] if isinstance(m, torch.nn.Linear) else []
+        params += [getattr(m, name) for name in getattr(type(m), "CAST_PARAMS", ())]
+        for p in params:
+            if p is not None and p.dtype != dtype:
+                memo[id(p)] = torch.nn.Parameter(p.detach().to(dtype), requires_grad=False)
     return copy.deepcopy(module, memo)

@@ -229,7 +229,12 @@ class ObsRunner(GraphRunner):
         if (
             precision == "bf16"
             and torch.device(device).type == "cuda"
-            and any(isinstance(m, torch.nn.Linear) and m.weight.dtype != torch.bfloat16 for m in self.model.modules())
+            and any(
+                p.dtype != torch.bfloat16
+                for m in self.model.modules()
+                for p in ([m.weight] if isinstance(m, torch.nn.Linear) else [])
+                + [getattr(m, n) for n in getattr(type(m), "CAST_PARAMS", ())]
+            )
         ):
             # On CUDA: the same bits as autocast's per-call weight casts, without them (a CPU jit plan is traced in fp32
             # and replayed under autocast, so its weights stay fp32 there).
@@ -262,6 +267,9 @@ class ObsRunner(GraphRunner):
         fp["model"] = self.kind
         fp["config"] = self.cfg.to_json()
         fp["dtype"] = "float32"
+        facts = getattr(self.model, "fingerprint_facts", None)
+        if facts is not None:  # a sampler whose bits depend on its kernels (the lean one's fused ops)
+            fp.update(facts(self.device))
         if self.batch != 1:
             fp["batch"] = self.batch
         return fp
