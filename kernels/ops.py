@@ -21,12 +21,21 @@ bias+GELU(tanh) epilogue (``torch._addmm_activation``: no separate GELU pass
 over the hidden activation); elsewhere the reference ``F.gelu(F.linear(...),
 approximate="tanh")``. (Not the epilogue op on CPU: there ``_addmm_activation``
 applies the exact erf GELU, not the model's tanh one.)
+
+``quantize_rows_fp8``: each row of an activation scaled to float8 e4m3 by its own
+absolute maximum (``scale = max(amax, 1e-12) / 448``, ``q = x / scale`` rounded to
+nearest even): the operand ``torch._scaled_mm`` takes with row-wise scales (the
+``fp8`` precision, :mod:`rollcap.kernels.fp8`). ``add_layernorm(...,
+out_dtype=torch.float8_e4m3fn)`` does the same to the normalised rows inside the
+fused norm kernel and returns ``(q, scale)`` as its second value.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+FP8 = torch.float8_e4m3fn
 
 try:  # optional: only on CUDA machines with triton
     import triton
@@ -65,7 +74,28 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
         return out
 
     @triton.jit
-    def _add_ln_kernel(x_ptr, d_ptr, xo_ptr, y_ptr, n_cols, eps, HAS_D: tl.constexpr, BLOCK: tl.constexpr):
+    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12), 448.0)
+        tl.store(s_ptr + row, scale)
+        tl.store(q_ptr + row * n_cols + cols, tl.div_rn(x, scale).to(q_ptr.dtype.element_ty), mask=m)
+
+    def _quant_rows_triton(x):
+        x = x.contiguous()
+        w = x.shape[-1]
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        block = max(16, triton.next_power_of_2(w))
+        _quant_rows_kernel[(x.numel() // w,)](x, q, scale, w, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+        return q, scale
+
+    @triton.jit
+    def _add_ln_kernel(
+        x_ptr, d_ptr, xo_ptr, y_ptr, s_ptr, n_cols, eps, HAS_D: tl.constexpr, QUANT: tl.constexpr, BLOCK: tl.constexpr
+    ):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         m = cols < n_cols
@@ -77,6 +107,10 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
         xc = tl.where(m, x - mean, 0.0)
         var = tl.sum(xc * xc, axis=0) / n_cols
         y = xc * (1.0 / tl.sqrt(var + eps))
+        if QUANT:  # the normalised row to float8 by its own absolute maximum (quantize_rows_fp8's arithmetic)
+            scale = tl.div_rn(tl.maximum(tl.max(tl.where(m, tl.abs(y), 0.0), axis=0), 1e-12), 448.0)
+            tl.store(s_ptr + row, scale)
+            y = tl.div_rn(y, scale)
         tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=m)
 
     def _add_ln_triton(x, d, eps, out_dtype):
@@ -84,6 +118,8 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
         w = x.shape[-1]
         rows = x.numel() // w
         y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+        quant = out_dtype == torch.float8_e4m3fn
+        scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device) if quant else y
         if d is None:
             xo, dd = x, x
         else:
@@ -91,18 +127,42 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
             xo = torch.empty_like(x)
         block = max(16, triton.next_power_of_2(w))
         _add_ln_kernel[(rows,)](
-            x, dd, xo, y, w, float(eps), HAS_D=d is not None, BLOCK=block, num_warps=4 if block <= 2048 else 8
+            x,
+            dd,
+            xo,
+            y,
+            scale,
+            w,
+            float(eps),
+            HAS_D=d is not None,
+            QUANT=quant,
+            BLOCK=block,
+            num_warps=4 if block <= 2048 else 8,
         )
-        return xo, y
+        return xo, ((y, scale) if quant else y)
 
 
-def add_layernorm_reference(
-    x: torch.Tensor, d: torch.Tensor | None, eps: float, out_dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: ``x' = x + d`` (``x`` itself when ``d`` is None), ``y = layer_norm(x')`` (no affine) in ``out_dtype``."""
+def quantize_rows_fp8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: ``(q, scale)``, ``scale = max(amax(|row|), 1e-12) / 448`` (fp32, ``[..., 1]``), ``q = row / scale`` in e4m3."""
+    x = x.float()
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448.0
+    return (x / scale).to(torch.float8_e4m3fn), scale
+
+
+def quantize_rows_fp8(x: torch.Tensor, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-wise float8 (e4m3) quantisation of ``x`` (see the module docstring): the Triton kernel on CUDA, else the reference."""
+    if fused and _HAVE_TRITON and x.is_cuda and x.shape[-1] <= 65536 and not torch.compiler.is_compiling():
+        return _quant_rows_triton(x)
+    return quantize_rows_fp8_reference(x)
+
+
+def add_layernorm_reference(x: torch.Tensor, d: torch.Tensor | None, eps: float, out_dtype: torch.dtype):
+    """Reference: ``x' = x + d`` (``x`` itself when ``d`` is None), ``y = layer_norm(x')`` (no affine) in ``out_dtype``
+    (float8 e4m3: ``y`` is ``quantize_rows_fp8`` of the fp32 norm, a ``(q, scale)`` pair)."""
     if d is not None:
         x = x + d
-    return x, F.layer_norm(x, (x.shape[-1],), eps=eps).to(out_dtype)
+    y = F.layer_norm(x, (x.shape[-1],), eps=eps)
+    return x, (quantize_rows_fp8_reference(y) if out_dtype == torch.float8_e4m3fn else y.to(out_dtype))
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
@@ -113,11 +173,12 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 def add_layernorm(
     x: torch.Tensor, d: torch.Tensor | None, eps: float, out_dtype: torch.dtype | None = None, fused: bool = True
-) -> tuple[torch.Tensor, torch.Tensor]:
+):
     """The residual add fused into the next (affine-free) layer norm: ``(x + d, layer_norm(x + d))``.
 
     ``x``: the fp32 residual stream ``[..., w]``; ``d``: the pending update (any float dtype; None: none);
-    ``out_dtype``: the normalised output's dtype (default :func:`compute_dtype`). The Triton kernel on CUDA when
+    ``out_dtype``: the normalised output's dtype (default :func:`compute_dtype`; ``torch.float8_e4m3fn``: a row-wise
+    quantised ``(q, scale)`` pair, as :func:`quantize_rows_fp8` makes of the fp32 norm). The Triton kernel on CUDA when
     available (not while ``torch.compile`` traces: inductor fuses the reference itself), else the reference.
     """
     out_dtype = out_dtype or compute_dtype(x)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rollcap.kernels.fp8 import FP8, Fp8Linear
 from rollcap.kernels.ops import add_layernorm, kernel_facts, linear_gelu
 from rollcap.policies.flow_vla import FlowVLA
 from rollcap.policies.fused import FusedBlock, FusedExpert, FusedFlowVLA, FusedFlowVLAConfig, additive_mask
@@ -57,7 +58,12 @@ class LeanBlock(nn.Module):
         self.heads, self.eps1, self.eps2 = blk.heads, blk.eps1, blk.eps2
         self.qkv, self.out, self.fc1, self.fc2 = blk.qkv, blk.out, blk.fc1, blk.fc2
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, kv_buf=None):
+    @property
+    def in_dtype(self) -> torch.dtype | None:
+        """The dtype the block's first norm writes: float8 pairs when its ``qkv`` runs at fp8, else the compute dtype."""
+        return FP8 if isinstance(self.qkv, Fp8Linear) else None
+
+    def forward(self, x: torch.Tensor, y, mask: torch.Tensor, kv_buf=None):
         b, n, w = x.shape
         h = self.heads
         qkv = self.qkv(y)
@@ -67,8 +73,9 @@ class LeanBlock(nn.Module):
             kv_buf[:, kv_buf.shape[1] - n :].copy_(kv)
             kv = kv_buf
         o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
-        x, y = add_layernorm(x, self.out(o.transpose(1, 2).reshape(b, n, w)), self.eps2)
-        return x, self.fc2(linear_gelu(y, self.fc1.weight, self.fc1.bias))
+        fp8 = isinstance(self.fc1, Fp8Linear)
+        x, y = add_layernorm(x, self.out(o.transpose(1, 2).reshape(b, n, w)), self.eps2, FP8 if fp8 else None)
+        return x, self.fc2(self.fc1(y, gelu=True) if fp8 else linear_gelu(y, self.fc1.weight, self.fc1.bias))
 
 
 def run_blocks(blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: list | None = None):
@@ -78,7 +85,7 @@ def run_blocks(blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: lis
     """
     d = None
     for i, blk in enumerate(blocks):
-        x, y = add_layernorm(x, d, blk.eps1)
+        x, y = add_layernorm(x, d, blk.eps1, blk.in_dtype)
         if inputs is not None:
             inputs.append((x, y))
         x, d = blk(x, y, mask, kv[i] if kv is not None else None)

@@ -20,7 +20,8 @@ import torch
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
 from rollcap.kernels.fingerprint import tensor_digest
-from rollcap.kernels.precision import cast_linears
+from rollcap.kernels.fp8 import fp8_facts, to_fp8
+from rollcap.kernels.precision import cast_linears, check_precision
 from rollcap.kernels.runner import GraphRunner
 
 PAD, BOS, EOS = 256, 257, 258
@@ -227,6 +228,11 @@ class ObsRunner(GraphRunner):
         ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
         digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
         if (
+            precision == "fp8"
+        ):  # bf16 weights, then the FP8_SCOPE linears at float8 (a copy: the caller's model is untouched)
+            self.model = to_fp8(cast_linears(self.model))
+            self.model.weights_digest = digest
+        elif (
             precision == "bf16"
             and torch.device(device).type == "cuda"
             and any(
@@ -267,6 +273,8 @@ class ObsRunner(GraphRunner):
         fp["model"] = self.kind
         fp["config"] = self.cfg.to_json()
         fp["dtype"] = "float32"
+        if self.precision == "fp8":
+            fp.update(fp8_facts(self.model))
         facts = getattr(self.model, "fingerprint_facts", None)
         if facts is not None:  # a sampler whose bits depend on its kernels (the lean one's fused ops)
             fp.update(facts(self.device))

@@ -174,11 +174,15 @@ def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
 def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str) -> CapturedGraph:
     keys = model.cfg.image_keys
     if (
-        precision == "bf16" and ins.device.type == "cuda"
-    ):  # as a CUDA runner does (policies/observation.py): linears stored in bf16
+        precision in ("bf16", "fp8") and ins.device.type == "cuda"
+    ):  # as a CUDA runner does (policies/observation.py): linears stored in bf16, the expert's at fp8
         from rollcap.kernels.precision import cast_linears
 
         model = cast_linears(model)
+        if precision == "fp8":
+            from rollcap.kernels.fp8 import to_fp8
+
+            model = to_fp8(model)
 
     def fn(b):
         return {"actions": model.sample([b[k] for k in keys], b["state"], b["tokens"], b["noise"])}
@@ -423,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma list of graph backends beside eager (default: jit on CPU; cuda on GPU; add compile-cuda to measure it)",
     )
-    ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16 (default: fp32 on CPU; all on GPU)")
+    ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16,fp8 (default: fp32 on CPU; all on GPU)")
     ap.add_argument(
         "--variants", default="", help="comma list of plain,fused,lean (default: plain,fused on CPU; all on a GPU)"
     )

@@ -120,6 +120,8 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
         precision = pol.get("precision", "fp32")
         if precision == "tf32" and not on_gpu:
             precision = "fp32"  # a CUDA mode: the device line above already says the episodes are not comparable
+        elif precision == "fp8" and not on_gpu:
+            precision = "bf16"  # likewise: float8 GEMMs are a CUDA mode; the rest of the model ran bf16
         elif precision != "fp32":
             said.append(f"{source}: recorded at precision {precision}: replaying at it")
         out["precision"] = precision
