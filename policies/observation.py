@@ -227,9 +227,11 @@ class ObsRunner(GraphRunner):
         self._tokens: dict[str, np.ndarray] = {}
         ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
         digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
-        if (
-            precision == "fp8"
-        ):  # bf16 weights, then the FP8_SCOPE linears at float8 (a copy: the caller's model is untouched)
+        try:  # before any conversion: fp8 where there are no float8 tensor cores is refused here
+            check_precision(precision, device)
+        except ValueError as err:
+            raise ValueError(f"{self.label}: {err}") from None
+        if precision == "fp8":  # bf16 weights, then the FP8_SCOPE linears at float8 (a copy; the caller's is untouched)
             self.model = to_fp8(cast_linears(self.model))
             self.model.weights_digest = digest
         elif (
@@ -264,9 +266,8 @@ class ObsRunner(GraphRunner):
     def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
         """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""
         self._require_idle("inputs written")
-        bufs = self.inputs.tensors()
         for name, v in values.items():
-            bufs[name][row].copy_(torch.from_numpy(np.ascontiguousarray(v[0])))
+            self.inputs.write_row(name, row, v[0])
 
     def _make_fingerprint(self) -> dict:
         fp = super()._make_fingerprint()
