@@ -185,3 +185,36 @@ def format_profile(p: dict, row, indent: str = "    ", top: int = 6) -> None:
     )
     for r in p["top"][:top]:
         row(f"{indent}  {r['share']:5.1%} {r['ms']:7.3f} ms x{r['count']:<4.0f} {r['category']:<16}", r["name"][:90])
+
+
+def count_aten_ops(call) -> int:
+    """ATen operations one call dispatches (views and all)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        call()
+    return _Count.n
+
+
+def count_cuda_kernels(call, device: torch.device) -> int:
+    """CUDA kernels (not memcpy/memset) the profiler records for one call."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(device)
+    try:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            call()
+            _sync(device)
+        return sum(
+            1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
+        )
+    except RuntimeError:  # a profiler that cannot start (CUPTI missing or busy) costs the count, not the sweep
+        return None

@@ -49,7 +49,7 @@ from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.observation import tokenize
 from rollcap.policies.sizes import SIZES, SMALL, build, device_bandwidth, size_config, weight_floor
-from rollcap.rollout.bench.kernel_profile import format_profile, profile_replays
+from rollcap.rollout.bench.kernel_profile import count_aten_ops, count_cuda_kernels, format_profile, profile_replays
 
 INSTRUCTION = "pick up the red cube and put it in the bowl"
 VARIANTS = ("plain", "fused", "lean")
@@ -119,39 +119,6 @@ def _time_pair(first, second, device: torch.device, reps: int) -> tuple[float, f
             _sync(device)
             acc.append(time.perf_counter() - t0)
     return statistics.median(a) * 1e3, statistics.median(b) * 1e3
-
-
-def count_aten_ops(call) -> int:
-    """ATen operations one call dispatches (views and all)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            _Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with _Count():
-        call()
-    return _Count.n
-
-
-def count_cuda_kernels(call, device: torch.device) -> int:
-    """CUDA kernels (not memcpy/memset) the profiler records for one call."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    _sync(device)
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            call()
-            _sync(device)
-        return sum(
-            1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
-        )
-    except RuntimeError:  # a profiler that cannot start (CUPTI missing or busy) costs the count, not the sweep
-        return None
 
 
 def _inputs(cfg, seed: int = 0) -> dict[str, np.ndarray]:
@@ -427,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma list of graph backends beside eager (default: jit on CPU; cuda on GPU; add compile-cuda to measure it)",
     )
-    ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16,fp8 (default: fp32 on CPU; all on GPU)")
+    ap.add_argument(
+        "--precisions", default="", help="comma list of fp32,tf32,bf16,fp8 (default: fp32 on CPU; all on GPU)"
+    )
     ap.add_argument(
         "--variants", default="", help="comma list of plain,fused,lean (default: plain,fused on CPU; all on a GPU)"
     )
