@@ -34,7 +34,7 @@ from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.sizes import build, device_bandwidth, size_config, weight_floor
 from rollcap.rollout.bench.kernel_profile import CATEGORIES, format_profile, profile_replays
-from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line
+from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
 
 SETTINGS = {
     "fused-bf16": ("fused", "bf16", None),
@@ -68,8 +68,25 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
     if bw is not None:
         out["gpu"] = bw[0]
         out["floor_ms"] = {p: weight_floor(cfg, p, bw[1])["chunk_floor_ms"] for p in ("bf16", "fp8")}
-    samplers = {SETTINGS[s][0] for s in settings}
-    models = {v: (fuse if v == "fused" else lean)(plain) for v in sorted(samplers)}
+    # Each setting's model as its runner would hold it, made once (the eager reference and the graph share it), and
+    # the fp32 masters dropped before anything is captured: at 3b each copy is 6-12 GB.
+    held: dict[tuple[str, str], object] = {}
+    errors: dict[str, str] = {}
+    for sampler in sorted({SETTINGS[s][0] for s in settings}):
+        master = (fuse if sampler == "fused" else lean)(plain)
+        for s in settings:
+            _, precision, backend = SETTINGS[s]
+            if SETTINGS[s][0] != sampler or (sampler, precision) in held:
+                continue
+            try:
+                check_precision(precision, device)
+                if (backend or "") == "compile-cuda" and device.type != "cuda":
+                    raise ValueError("compile-cuda captures a CUDA graph: GPU only")
+                held[sampler, precision] = deployed(master, precision, device)
+            except Exception as err:
+                errors[s] = _one_line(err)
+        del master
+        _free(device)
     del plain
     _free(device)
     ins, outs = _buffers(cfg, device)
@@ -81,14 +98,14 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
         row: dict = {"sampler": sampler, "precision": precision, "backend": backend}
         out["settings"][s] = row
         try:
-            check_precision(precision, device)
-            if backend == "compile-cuda" and device.type != "cuda":
-                raise ValueError("compile-cuda captures a CUDA graph: GPU only")
-            eager = _graph(models[sampler], ins, outs, "eager", precision)
+            if s in errors or (sampler, precision) not in held:
+                raise ValueError(errors.get(s, "not built"))
+            model = held[sampler, precision]
+            eager = _graph(model, ins, outs, "eager", precision, cast=False)
             eager.replay()
             ref = outs["actions"].clone()
             t0 = time.perf_counter()
-            g = _graph(models[sampler], ins, outs, backend, precision)
+            g = _graph(model, ins, outs, backend, precision, cast=False)
             row["capture_s"] = time.perf_counter() - t0
             g.replay()
             a = outs["actions"].clone()
@@ -96,10 +113,8 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
             row["same_bytes"] = bool(torch.equal(outs["actions"], a))
             row["exact"] = bool(torch.equal(a, ref))
             row["max_abs_diff_vs_eager"] = float((a - ref).abs().max())
-        except (
-            Exception
-        ) as err:  # one setting failing (no fp8 here, out of memory, a compiler error) costs that setting only
-            row["error"] = _one_line(err)
+        except Exception as err:  # one setting failing (no fp8, out of memory, a compiler error) costs it alone
+            row["error"] = errors.get(s) or _one_line(err)
             _free(device)
             continue
         graphs[s], chunks[s] = (g, eager), a
@@ -134,7 +149,7 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
                     p["categories"].get(c, {}).get("share", 0.0) for c in BETWEEN_GEMMS
                 )
                 out["settings"][s]["kernels"] = round(p["kernels"])
-    del graphs, models
+    del graphs, held
     if any("compile" in s for s in settings):
         torch._dynamo.reset()
     _free(device)

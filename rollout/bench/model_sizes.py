@@ -138,18 +138,24 @@ def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
     )
 
 
-def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str) -> CapturedGraph:
-    keys = model.cfg.image_keys
-    if (
-        precision in ("bf16", "fp8") and ins.device.type == "cuda"
-    ):  # as a CUDA runner does (policies/observation.py): linears stored in bf16, the expert's at fp8
+def deployed(model, precision: str, device: torch.device):
+    """``model`` as a runner at ``precision`` holds it (policies/observation.py): on CUDA at bf16 its linears stored in
+    bf16, at fp8 the expert's at float8 (a copy); else ``model`` itself."""
+    if precision in ("bf16", "fp8") and device.type == "cuda":
+        from rollcap.kernels.fp8 import to_fp8
         from rollcap.kernels.precision import cast_linears
 
         model = cast_linears(model)
         if precision == "fp8":
-            from rollcap.kernels.fp8 import to_fp8
-
             model = to_fp8(model)
+    return model
+
+
+def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str, cast: bool = True) -> CapturedGraph:
+    """A graph of ``model.sample`` over the sweep's buffers (``cast``: of :func:`deployed` ``model``; False: as given)."""
+    keys = model.cfg.image_keys
+    if cast:
+        model = deployed(model, precision, ins.device)
 
     def fn(b):
         return {"actions": model.sample([b[k] for k in keys], b["state"], b["tokens"], b["noise"])}
