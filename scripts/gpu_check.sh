@@ -96,7 +96,7 @@ fi
 if want models; then  # the named sizes, plain and fused, eager vs the CUDA graph, each precision; JSON after every cell
   if [ "$DEV" = cpu ]; then SIZES=shipped PRECISIONS=fp32,bf16; else SIZES=${SIZES:-shipped,26m,205m,3b} PRECISIONS=${PRECISIONS:-fp32,tf32,bf16}; fi
   step models 150 "$PY" -m rollcap.rollout.bench.model_sizes --device "$DEV" --sizes "$SIZES" --precisions "$PRECISIONS" --reps 3 \
-    --json "$OUT_DIR/sizes.json"
+    --variants plain,fused --no-profile --json "$OUT_DIR/sizes.json"   # as in round 4; the lean sampler and the kernel tables: STEPS=kernels
 fi
 
 # ---------------------------------------------------------------- 6. batched core (issue 34)
