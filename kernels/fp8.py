@@ -113,10 +113,11 @@ def convertible(lin: nn.Module) -> bool:
     return isinstance(lin, nn.Linear) and lin.in_features % 16 == 0 and lin.out_features % 16 == 0
 
 
-def to_fp8(model: nn.Module) -> nn.Module:
-    """``model`` with the convertible linears under each path in its class's ``FP8_SCOPE`` replaced by :class:`Fp8Linear`
-    (in place; returns it). A model without ``FP8_SCOPE`` is returned as it is (it runs at bf16)."""
-    for path in getattr(type(model), "FP8_SCOPE", ()):
+def to_fp8(model: nn.Module, scope: tuple[str, ...] | None = None) -> nn.Module:
+    """``model`` with the convertible linears under each path in its class's ``FP8_SCOPE`` (or ``scope``) replaced by
+    :class:`Fp8Linear` (in place; returns it). A model without ``FP8_SCOPE`` is returned as it is (it runs at bf16).
+    ``scope`` is for measurements (the bench's prefix-too setting); the ``fp8`` precision uses ``FP8_SCOPE``."""
+    for path in getattr(type(model), "FP8_SCOPE", ()) if scope is None else scope:
         scope = model.get_submodule(path)
         for parent in list(scope.modules()):
             for name, child in list(parent.named_children()):

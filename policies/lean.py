@@ -141,7 +141,7 @@ class LeanFlowVLA(FusedFlowVLA):
         inputs: list = []
         run_blocks(self.encoder.blocks, x, mask[..., : valid.shape[1]], inputs=inputs)
         e = self.expert
-        if all(blk.eps1 == e.prefix_eps for blk in self.encoder.blocks):
+        if all(blk.eps1 == e.prefix_eps and blk.in_dtype is None for blk in self.encoder.blocks):
             normed = [y for _, y in inputs]  # each block's own input norm is the expert's prefix norm of that input
         else:
             normed = [add_layernorm(x, None, e.prefix_eps)[1] for x, _ in inputs]

@@ -138,16 +138,16 @@ def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
     )
 
 
-def deployed(model, precision: str, device: torch.device):
+def deployed(model, precision: str, device: torch.device, fp8_scope: tuple[str, ...] | None = None):
     """``model`` as a runner at ``precision`` holds it (policies/observation.py): on CUDA at bf16 its linears stored in
-    bf16, at fp8 the expert's at float8 (a copy); else ``model`` itself."""
+    bf16, at fp8 the expert's at float8 (``fp8_scope``: other modules', for a measurement), a copy; else ``model``."""
     if precision in ("bf16", "fp8") and device.type == "cuda":
         from rollcap.kernels.fp8 import to_fp8
         from rollcap.kernels.precision import cast_linears
 
         model = cast_linears(model)
         if precision == "fp8":
-            model = to_fp8(model)
+            model = to_fp8(model, fp8_scope)
     return model
 
 
