@@ -151,3 +151,31 @@ def test_fp8_expert_on_the_shipped_policy_lean_equals_fused_and_stays_near_bf16(
 
 FP8_TOL = 0.1
 """fp8 vs bf16 on the shipped policy's chunk (actions ~1): measured at most 0.0215 over 5 bench inputs on CPU (MT10: 0.062)."""
+
+
+def test_replay_takes_the_lean_sampler_and_fp8_back_from_the_recording(monkeypatch):
+    """A lean fp8 CUDA recording: replayed with the lean sampler and the shipped checkpoint it was built from, at fp8
+    where CUDA is here, at bf16 (its non-float8 part) on a CPU machine, each said in one line."""
+    from types import SimpleNamespace
+
+    from rollcap.kernels.fingerprint import tensor_digest
+    from rollcap.rollout.offline.deployment import recorded_parts
+
+    digest = tensor_digest(dict(load_policy(DEFAULT_CHECKPOINT).state_dict()))
+    pol = {
+        "device_kind": "cuda",
+        "cuda_device": "NVIDIA H100 80GB HBM3",
+        "backend": "cuda",
+        "precision": "fp8",
+        "weights_digest": "sha256:lean-weights",
+        "config": {"variant": "lean", "fused_from": digest},
+    }
+    rec = SimpleNamespace(fingerprints={"policy": pol})
+    unset = {"device": None, "backend": None, "precision": None, "policy": None, "critic": None, "threads": 1}
+    monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 1)
+    parts, said = recorded_parts(dict(unset), rec, "r")
+    assert (parts["sampler"], parts["precision"], parts["policy"]) == ("lean", "fp8", DEFAULT_CHECKPOINT)
+    assert "r: recorded with the lean sampler: replaying with it" in said
+    monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 0)
+    parts, _ = recorded_parts(dict(unset), rec, "r")
+    assert (parts["device"], parts["precision"], parts["sampler"]) == ("cpu", "bf16", "lean")
