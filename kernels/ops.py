@@ -83,6 +83,28 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
         tl.store(s_ptr + row, scale)
         tl.store(q_ptr + row * n_cols + cols, tl.div_rn(x, scale).to(q_ptr.dtype.element_ty), mask=m)
 
+    @triton.jit
+    def _gelu_quant_rows_kernel(x_ptr, q_ptr, s_ptr, n_cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        m = cols < n_cols
+        x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        g = 0.5 * x * (1.0 + (2.0 * tl.sigmoid(2.0 * u) - 1.0))  # tanh(u) = 2 sigmoid(2u) - 1
+        g = tl.where(m, g, 0.0)
+        scale = tl.div_rn(tl.maximum(tl.max(tl.abs(g), axis=0), 1e-12), 448.0)
+        tl.store(s_ptr + row, scale)
+        tl.store(q_ptr + row * n_cols + cols, tl.div_rn(g, scale).to(q_ptr.dtype.element_ty), mask=m)
+
+    def _gelu_quant_rows_triton(x):
+        x = x.contiguous()
+        w = x.shape[-1]
+        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+        block = max(16, triton.next_power_of_2(w))
+        _gelu_quant_rows_kernel[(x.numel() // w,)](x, q, scale, w, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+        return q, scale
+
     def _quant_rows_triton(x):
         x = x.contiguous()
         w = x.shape[-1]
@@ -154,6 +176,18 @@ def quantize_rows_fp8(x: torch.Tensor, fused: bool = True) -> tuple[torch.Tensor
     if fused and _HAVE_TRITON and x.is_cuda and x.shape[-1] <= 65536 and not torch.compiler.is_compiling():
         return _quant_rows_triton(x)
     return quantize_rows_fp8_reference(x)
+
+
+def gelu_quantize_rows_fp8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: :func:`quantize_rows_fp8_reference` of ``gelu_tanh(x)`` computed in fp32."""
+    return quantize_rows_fp8_reference(F.gelu(x.float(), approximate="tanh"))
+
+
+def gelu_quantize_rows_fp8(x: torch.Tensor, fused: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """GELU (tanh) and row-wise float8 quantisation in one pass (the fp8 MLP between its two GEMMs); Triton on CUDA."""
+    if fused and _HAVE_TRITON and x.is_cuda and x.shape[-1] <= 65536 and not torch.compiler.is_compiling():
+        return _gelu_quant_rows_triton(x)
+    return gelu_quantize_rows_fp8_reference(x)
 
 
 def add_layernorm_reference(x: torch.Tensor, d: torch.Tensor | None, eps: float, out_dtype: torch.dtype):

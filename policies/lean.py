@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollcap.kernels.fp8 import FP8, Fp8Linear
-from rollcap.kernels.ops import add_layernorm, kernel_facts, linear_gelu
+from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
 from rollcap.policies.flow_vla import FlowVLA
 from rollcap.policies.fused import FusedBlock, FusedExpert, FusedFlowVLA, FusedFlowVLAConfig, additive_mask
 
@@ -75,7 +75,13 @@ class LeanBlock(nn.Module):
         o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
         fp8 = isinstance(self.fc1, Fp8Linear)
         x, y = add_layernorm(x, self.out(o.transpose(1, 2).reshape(b, n, w)), self.eps2, FP8 if fp8 else None)
-        return x, self.fc2(self.fc1(y, gelu=True) if fp8 else linear_gelu(y, self.fc1.weight, self.fc1.bias))
+        if fp8:  # fc1 at float8, then GELU and the row-wise quantisation fc2 reads in one pass
+            return x, self.fc2(
+                gelu_quantize_rows_fp8(self.fc1(y))
+                if isinstance(self.fc2, Fp8Linear)
+                else F.gelu(self.fc1(y), approximate="tanh")
+            )
+        return x, self.fc2(linear_gelu(y, self.fc1.weight, self.fc1.bias))
 
 
 def run_blocks(blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: list | None = None):

@@ -128,8 +128,9 @@ def test_lean_cuda_graph_equals_its_eager_and_is_close_to_fused():
 
 def test_fp8_expert_on_the_shipped_policy_lean_equals_fused_and_stays_near_bf16():
     """At fp8 (checked on CPU through torch._scaled_mm's CPU kernel; a CPU *run* at fp8 is refused): only the expert
-    blocks' linears are float8; the lean and fused samplers give the same bytes (the lean norm quantises the fp32 norm
-    as the fused linear does); the chunk stays within FP8_TOL of the bf16 chunk on the trained shipped policy."""
+    blocks' linears are float8; the lean and fused samplers agree closely (the lean MLP quantises its fp32 GELU in one
+    pass, the fused one its bf16-rounded GELU); each chunk stays within FP8_TOL of the bf16 chunk on the trained
+    shipped policy."""
     from rollcap.kernels.fp8 import Fp8Linear, to_fp8
     from rollcap.kernels.precision import precision_context
 
@@ -145,12 +146,12 @@ def test_fp8_expert_on_the_shipped_policy_lean_equals_fused_and_stays_near_bf16(
     with torch.no_grad(), precision_context("bf16", "cpu"):
         a, c = f8.sample(*args), l8.sample(*args)
         ref = fuse(plain).sample(*args)
-    assert torch.equal(a, c)
-    assert (a - ref).abs().max() < FP8_TOL and ref.abs().max() > 0.1
+    assert (a - c).abs().max() < FP8_TOL / 4
+    assert (a - ref).abs().max() < FP8_TOL and (c - ref).abs().max() < FP8_TOL and ref.abs().max() > 0.1
 
 
 FP8_TOL = 0.1
-"""fp8 vs bf16 on the shipped policy's chunk (actions ~1): measured at most 0.0215 over 5 bench inputs on CPU (MT10: 0.062)."""
+"""fp8 vs bf16 on the shipped policy's chunk (actions ~1): measured at most 0.022 (lean) over 5 bench inputs on CPU (MT10: 0.043)."""
 
 
 def test_replay_takes_the_lean_sampler_and_fp8_back_from_the_recording(monkeypatch):
