@@ -159,8 +159,10 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
                 )
                 out["settings"][s]["kernels"] = round(p["kernels"])
     del graphs, held
-    if any("compile" in s for s in settings):
-        torch._dynamo.reset()
+    if any("compile" in s for s in settings):  # the compiled regions hold frozen weight copies
+        from torch import _dynamo  # imported here: only a compile setting loads dynamo
+
+        _dynamo.reset()
     _free(device)
     return out
 
