@@ -27,8 +27,10 @@ from rollcap.envs import probe_exactness
 from rollcap.kernels.compiled import cxx_compiler
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.policies.fused import fuse
+from rollcap.policies.lean import lean
 from rollcap.critics import CriticRunner, load_critic
 from rollcap.kernels.lanes import make_lane
+from rollcap.kernels.precision import check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import PolicyRunner, load_policy
 from rollcap.policies.rtc import RTCPolicyRunner
@@ -312,7 +314,8 @@ def check_repeatable(env, require: bool = False) -> None:
 
 
 def probe(parts: Parts) -> None:
-    """What this machine must have for ``parts``: the CUDA device, a C++ compiler for a compiled CPU plan.
+    """What this machine must have for ``parts``: the CUDA device (and its float8 cores for fp8), a C++ compiler
+    for a compiled CPU plan.
 
     Raises:
         ConfigError: naming ``backend`` or ``device``.
@@ -328,6 +331,10 @@ def probe(parts: Parts) -> None:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (dev.index or 0) >= count:
             raise ConfigError("device", f"{parts.device!r} is not available here ({count} CUDA device(s) visible)")
+        try:
+            check_precision(parts.precision, dev)  # fp8: this GPU's float8 tensor cores
+        except ValueError as err:
+            raise ConfigError("precision", str(err)) from None
 
 
 def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool = False, source: str | None = None):
@@ -414,7 +421,7 @@ def _runner(cls, label: str, model, parts: Parts | None, envs: int, options: dic
 
 
 def policy_model(parts: Parts, model):
-    """``model`` (a loaded FlowVLA checkpoint) as ``parts.sampler`` runs it: itself, or fused (:func:`rollcap.policies.fused.fuse`)."""
-    if parts.sampler != "fused":
+    """``model`` (a loaded FlowVLA checkpoint) as ``parts.sampler`` runs it: itself, fused (:func:`rollcap.policies.fused.fuse`) or lean (:func:`rollcap.policies.lean.lean`)."""
+    if parts.sampler not in ("fused", "lean"):
         return model
-    return fuse(model, tensor_digest(dict(model.state_dict())))
+    return (fuse if parts.sampler == "fused" else lean)(model, tensor_digest(dict(model.state_dict())))
