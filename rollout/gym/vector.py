@@ -18,9 +18,22 @@ Autoreset follows gymnasium 1.x (``metadata["autoreset_mode"]``): ``NEXT_STEP``
 (the default, as ``SyncVectorEnv``: the step after an episode ends resets that
 sub-env, ignoring its action, with reward 0) or ``SAME_STEP`` (the ended
 sub-env is reset in the same step; ``info["final_obs"]`` / ``info["final_info"]``
-hold the last observation and info). ``reset(seed=s)`` seeds sub-env ``i``
-with ``s + i`` (a list: one seed each); its episode ``j`` then uses the run
-seed ``s + i``'s derived seed ``j``, as :class:`ChunkEnv` does.
+hold the last observation and info). Seeding is a single env's per sub-env:
+``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (a list: one seed each),
+its episode ``j`` then uses ``episode_seed(s + i, j)``; a sub-env never seeded
+draws its run seed from entropy, so unseeded sub-envs differ. Reset infos carry
+``rollcap_episode``, ``rollcap_seed`` and ``rollcap_index`` (the key ``episode``
+is gymnasium's ``RecordEpisodeStatistics``'s).
+
+A recorder among ``subscribers`` records every sub-env's episodes, under
+indices unique across the sub-envs. ``max_episode_steps`` (what
+``gym.make_vec(id, max_episode_steps=K)`` passes; gymnasium has no vector
+``TimeLimit``) truncates an episode after K steps with stop reason
+``time_limit``. ``render_mode="rgb_array"``: ``render()`` returns each
+sub-env's image as the policy sees it (gymnasium's vector ``RecordVideo``).
+Actions must have exactly the batch's shape and be finite. ``close()`` closes
+the envs, the runners and lanes the ``make_*`` functions made, and calls every
+subscriber's ``on_run_end``.
 
 Single-threaded, like the host.
 """

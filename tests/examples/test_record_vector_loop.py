@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,14 +33,15 @@ def test_recorded_episodes_replay_with_exit_0(tmp_path):
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "recorded 6 episode(s)" in res.stdout, res.stdout
+    n = int(re.search(r"recorded (\d+) episode\(s\)", res.stdout)[1])
+    assert n >= 4, res.stdout  # 12 chunks a sub-env, cut after 3: at least 4 episodes end, more where one succeeds
     replay = subprocess.run(
         [sys.executable, "-m", "rollcap.rollout.cli", "replay", str(out)], capture_output=True, text=True, timeout=600
     )
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-2000:]
     lines = replay.stdout.splitlines()
-    assert sum("closed  not comparable: actions came from the caller" in ln for ln in lines) == 6, replay.stdout
-    assert lines[-1].startswith("6 episode(s), 3 mode(s): 12 exact, 0 diverged, 6 not comparable, 0 failed"), lines[-1]
+    assert sum("closed  not comparable: actions came from the caller" in ln for ln in lines) == n, replay.stdout
+    assert lines[-1].startswith(f"{n} episode(s), 3 mode(s): {2 * n} exact, 0 diverged, {n} not comparable, 0 failed")
 
 
 def test_an_existing_out_is_refused_in_one_line(tmp_path):
