@@ -34,8 +34,10 @@ def main() -> None:
         rows.append({"round": k, "async_2": a, "batched": b, "ratio": b / a, "load_1min": load})
         print(json.dumps(rows[-1]), flush=True)
     ratios = sorted(r["ratio"] for r in rows)
-    print(f"batched {args.envs} sub-envs / AsyncVectorEnv(2): {ratios[0]:.2f}-{ratios[-1]:.2f}x over {len(rows)} rounds "
-          f"(median {ratios[len(ratios) // 2]:.2f}x); at {time.strftime('%H:%M')} UTC, load {os.getloadavg()}")
+    print(
+        f"batched {args.envs} sub-envs / AsyncVectorEnv(2): {ratios[0]:.2f}-{ratios[-1]:.2f}x over {len(rows)} rounds "
+        f"(median {ratios[len(ratios) // 2]:.2f}x); at {time.strftime('%H:%M')} UTC, load {os.getloadavg()}"
+    )
 
 
 if __name__ == "__main__":
