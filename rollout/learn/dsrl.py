@@ -347,7 +347,9 @@ def steered_successes(
         if i:
             obs, info = env.reset()
         if info["rollcap_episode"] != i:
-            raise RuntimeError(f"expected episode {i} of run {run_seed}, the env started episode {info['rollcap_episode']}")
+            raise RuntimeError(
+                f"expected episode {i} of run {run_seed}, the env started episode {info['rollcap_episode']}"
+            )
         done = False
         while not done:
             obs, _, terminated, truncated, info = env.step(act(obs))
