@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 
 import gymnasium as gym
 import numpy as np
@@ -116,6 +117,22 @@ def keep_records(host) -> None:
     subs = host.subscribers
     if any(getattr(s, "wants_records", False) for s in subs) and not any(isinstance(s, RecordBuilder) for s in subs):
         subs.insert(0, RecordBuilder())
+
+
+_next_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per recorder (a subscriber that wants records): the next episode index no env has used with it yet."""
+
+
+def claim_index(own: int, subscribers) -> int:
+    """The index of the episode an env starts next: at least ``own`` (the env's next), and past every index used with
+    the same recorder by any env in this process (``SyncVectorEnv`` sub-envs sharing one recorder) or already in its
+    run directory (``EpisodeRecorder.next_index``: a recorder opened with ``resume=True``). The caller's next is the
+    returned index + 1."""
+    recorders = [s for s in subscribers if getattr(s, "wants_records", False)]
+    index = max([own, *(_next_index.get(s, getattr(s, "next_index", 0)) for s in recorders)])
+    for s in recorders:
+        _next_index[s] = index + 1
+    return index
 
 
 def closed_error(what: str) -> gym.error.ClosedEnvironmentError:

@@ -48,8 +48,8 @@ way it was seeded.
 
 Recording: an :class:`~rollcap.rollout.recording.EpisodeRecorder` among
 ``subscribers`` (or added to ``env.host.subscribers`` later) records every
-episode that ends, a seeded reset included, under an index unique for the
-env's life. ``close()`` closes the host, the lanes the ``make_*`` functions
+episode that ends, a seeded reset included, under an index no env sharing
+the recorder has used (nor the run directory of a resumed recorder). ``close()`` closes the host, the lanes the ``make_*`` functions
 made, and calls every subscriber's ``on_run_end``.
 
 Single-threaded, like the host.
@@ -70,6 +70,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.gym.checks import (
     RENDER_MODES,
     checked_action,
+    claim_index,
     closed_error,
     entropy_seed,
     fork_safe_torch,
@@ -171,7 +172,7 @@ class _CoreEnv(gym.Env):
         self.observation_space = self._obs_space(env.observation_space)
         self._run_seed: int | None = None  # the last seeded reset's seed (or one drawn from entropy)
         self._episode = 0  # the next episode's number in that run: its seed is episode_seed(run seed, number)
-        self._index = 0  # the next episode's index: unique for this env's life (a recorder's file names)
+        self._index = 0  # the next episode's index: unique for this env's life and its recorders' (their file names)
         self._chunks = 0  # steps of the running episode (a TimeLimit's count)
         self._last_obs = None  # the env's last observation (render() shows its image)
         self.timings: dict[str, float] = {}
@@ -205,10 +206,10 @@ class _CoreEnv(gym.Env):
         info = {
             "rollcap_episode": self._episode,
             "rollcap_seed": episode_seed(self._run_seed, self._episode),
-            "rollcap_index": self._index,
+            "rollcap_index": claim_index(self._index, self.host.subscribers),
         }
-        obs = self.host.start(self._index, info["rollcap_seed"])
-        self._episode, self._index, self._chunks = self._episode + 1, self._index + 1, 0
+        obs = self.host.start(info["rollcap_index"], info["rollcap_seed"])
+        self._episode, self._index, self._chunks = self._episode + 1, info["rollcap_index"] + 1, 0
         if self.host.done:  # the reset itself failed: finish() raises the env's error (on_error="raise")
             self.host.finish()
         self._last_obs = obs

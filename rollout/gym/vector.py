@@ -56,6 +56,7 @@ from rollcap.rollout.gym.checks import (
     CALLER_RESET,
     TIME_LIMIT,
     checked_action,
+    claim_index,
     closed_error,
     entropy_seed,
     fork_safe_torch,
@@ -228,7 +229,7 @@ class _CoreVectorEnv(VectorEnv):
             self._run_seeds[i], self._episodes[i] = int(seed), 0
         elif self._run_seeds[i] is None:
             self._run_seeds[i], self._episodes[i] = entropy_seed(self.np_random), 0
-        j, index = self._episodes[i], self._index
+        j, index = self._episodes[i], claim_index(self._index, self.core.subscribers)
         info = {"rollcap_episode": j, "rollcap_seed": episode_seed(self._run_seeds[i], j), "rollcap_index": index}
         obs = host.start(index, info["rollcap_seed"])
         self._episodes[i], self._index, self._chunks[i] = j + 1, index + 1, 0

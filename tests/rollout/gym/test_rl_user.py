@@ -244,6 +244,28 @@ def test_vector_env_records_its_sub_envs_and_they_replay(tmp_path):
     assert ok, line
 
 
+def test_sync_vector_env_sub_envs_share_a_recorder_and_a_resumed_run_goes_on(tmp_path):
+    """SyncVectorEnv of single envs behind TimeLimit, one recorder: indices unique across sub-envs, time limits named;
+    a second loop on the same run directory (resume=True) continues after the recorded indices."""
+    from gymnasium.vector import SyncVectorEnv
+
+    def loop(rec, steps: int) -> None:
+        env = SyncVectorEnv([lambda: wrappers.TimeLimit(tiny(subscribers=(rec,)), 2) for _ in range(2)])
+        env.reset(seed=0)
+        for _ in range(steps):
+            env.step(np.zeros(env.action_space.shape, np.float32))
+        env.close()
+
+    with EpisodeRecorder(tmp_path / "r") as rec:
+        loop(rec, 6)  # next-step autoreset: TimeLimit cuts at steps 2 and 5, the resets at 3 and 6 record them
+    first = rollcap.load(tmp_path / "r")
+    with EpisodeRecorder(tmp_path / "r", resume=True) as rec:
+        loop(rec, 3)
+    records = rollcap.load(tmp_path / "r")
+    assert [r.index for r in first] == [0, 1, 2, 3] and [r.index for r in records] == [0, 1, 2, 3, 4, 5]
+    assert {r.stop_reason for r in records} == {"time_limit"}
+
+
 # -- 5. bad actions, a closed env -----------------------------------------------------------------------
 @pytest.mark.parametrize("cls", [ChunkEnv, NoiseSteeringEnv])
 def test_bad_actions_are_refused_saying_what_is_wrong(cls):
