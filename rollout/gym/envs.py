@@ -190,8 +190,9 @@ class _CoreEnv(gym.Env):
         ``seed`` starts a new run: episode ``j`` after it uses ``episode_seed(seed, j)``, as ``rollcap run --seed``
         does. The first reset without a seed draws the run's seed from entropy (``np_random``), as gymnasium's envs
         do. info: ``rollcap_episode`` (``j``), ``rollcap_seed`` (the episode's seed, recorded with it) and
-        ``rollcap_index`` (its index in a recording: no env sharing the recorder reuses it). A running episode ends with stop
-        reason ``time_limit`` when a gymnasium ``TimeLimit`` around this env truncated it, else ``reset``.
+        ``rollcap_index`` (its index in a recording: no env sharing the recorder reuses it). A running episode
+        ends with stop reason ``time_limit`` when a gymnasium ``TimeLimit`` around this env truncated it, else
+        ``reset``.
         """
         if self.host.state is HostState.CLOSED:
             raise closed_error("reset()")
