@@ -53,7 +53,7 @@ def fork_safe_torch() -> None:
 
 
 def checked_action(action, shape: tuple[int, ...], what: str = "action") -> np.ndarray:
-    """``action`` as float32 of exactly ``shape`` (never reshaped), finite; ValueError naming what is wrong otherwise."""
+    """``action`` as float32 of exactly ``shape`` (never reshaped), finite; else ValueError naming what is wrong."""
     a = np.asarray(action)
     if a.shape != tuple(shape):
         raise ValueError(f"{what}: expected shape {tuple(shape)}, got {a.shape} (nothing is reshaped)")

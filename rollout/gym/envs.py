@@ -163,7 +163,7 @@ class _CoreEnv(gym.Env):
             on_error="raise",
         )
         self.owns = list(owns)
-        """What :meth:`close` closes besides the host (the lanes :func:`make_chunk_env` / :func:`make_noise_steering_env` made)."""
+        """What :meth:`close` closes besides the host (the lanes the ``make_*_env`` functions made)."""
         self.render_mode = render_mode
         self.metadata = render_metadata(env, self.host.config.execute_steps)
         self.chunk_shape = tuple(int(n) for n in policy.chunk_shape)

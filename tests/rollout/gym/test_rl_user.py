@@ -73,7 +73,7 @@ def test_vector_record_episode_statistics_counts_every_episode(mode):
 
 
 def test_single_record_episode_statistics_and_clip_action():
-    """The single env under RecordEpisodeStatistics and ClipAction: statistics at the end, out-of-box actions clipped."""
+    """The single env under RecordEpisodeStatistics and ClipAction: statistics at the end, actions clipped."""
     env = wrappers.RecordEpisodeStatistics(wrappers.ClipAction(tiny(ChunkEnv)))
     env.reset(seed=1)
     info = run_episode(env, np.full(SHAPE, 50.0, np.float32))  # far outside the env's [-1, 1] box
@@ -190,7 +190,7 @@ def _replays(records, policy, critic) -> list:
 
 
 def test_seeded_evaluation_loop_records_every_episode_and_they_replay(tmp_path):
-    """reset(seed=100 + k) with a recorder: unique indices, each episode's seed recorded, every applicable mode exact."""
+    """reset(seed=100 + k) with a recorder: unique indices, seeds recorded, every applicable mode exact."""
     rng = np.random.default_rng(0)
     with EpisodeRecorder(tmp_path / "r") as rec:
         env = tiny(subscribers=(rec,))
