@@ -25,7 +25,7 @@ Conventions:
     truncated: the episode was cut (env time limit, chunk or time limit,
         critic stop, an outside stop event).
     info: ``stop_reason`` and ``is_success`` (at the end), ``value`` (the
-        critic's, NaN without one), ``steps``, ``policy_chunk``. Everything in
+        critic's; absent without one), ``steps``, ``policy_chunk``. Everything in
         ``info`` is a pure function of the seed and the actions (gymnasium's
         checker asks that); the last step's latencies are in ``env.timings``.
         ``reset`` gives ``rollcap_episode``, ``rollcap_seed`` and
@@ -226,7 +226,9 @@ class _CoreEnv(gym.Env):
         reward = float(sum(s.reward for s in steps))
         info = {"steps": len(steps)}
         if event is not None:
-            info.update(value=event.value, policy_chunk=event.actions)
+            info["policy_chunk"] = event.actions
+            if host.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's determinism check)
+                info["value"] = event.value
             self.timings = {
                 "policy_s": event.latency_policy_s,
                 "critic_s": event.latency_critic_s,

@@ -190,7 +190,9 @@ class _CoreVectorEnv(VectorEnv):
             rewards[i] = float(sum(s.reward for s in steps))
             info: dict[str, Any] = {"steps": len(steps)}
             if event is not None:
-                info.update(value=event.value, policy_chunk=event.actions)
+                info["policy_chunk"] = event.actions
+                if self.core.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's checks)
+                    info["value"] = event.value
             self._last_obs[i] = h.obs
             obs[i] = gym_obs(h.obs, self.max_tokens, self.state_only)
             if h.done or (self.max_episode_steps is not None and self._chunks[i] >= self.max_episode_steps):
