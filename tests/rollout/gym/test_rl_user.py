@@ -330,3 +330,13 @@ def test_noise_bound_and_state_only_options():
     for bad in (0, -1.0, 5.0, True):
         with pytest.raises(ConfigError, match="noise_bound"):
             tiny(noise_bound=bad)
+
+
+def test_host_boundary_names_non_finite_noise():
+    """A caller's NaN noise handed to the host itself is named non-finite (it said "expected finite float32")."""
+    env = tiny()
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"boundary\(noise\): non-finite values \(NaN or inf\) in 8 places"):
+        env.host.boundary(np.full(SHAPE, np.nan, np.float32))
+    assert env.step(np.zeros(SHAPE, np.float32))[4]["steps"] == 4
+    env.close()
