@@ -134,8 +134,14 @@ class TrainConfig:
             raise ValueError("heldin_episodes: expected >= 1 with heldin_every > 0 (and heldin_envs >= 1)")
         if not isinstance(self.keep_best, bool):
             raise ValueError(f"keep_best: expected True or False, got {self.keep_best!r}")
-        if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
-            raise ValueError(f"minutes: expected a number > 0, got {self.minutes!r}")
+        if not (isinstance(self.minutes, (int, float)) and 0 < self.minutes < math.inf):
+            raise ValueError(f"minutes: expected a finite number > 0, got {self.minutes!r}")
+        for name in ("success_reward", "env_reward_scale", "chunk_penalty", "log_every_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+                raise ValueError(f"{name}: expected a finite number, got {v!r}")
+        if self.log_every_s < 0:
+            raise ValueError(f"log_every_s: expected a number >= 0, got {self.log_every_s!r}")
 
     def to_json(self) -> dict:
         return asdict(self)

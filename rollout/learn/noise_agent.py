@@ -52,9 +52,10 @@ class AgentConfig:
     SAC (Haarnoja et al., 2018): -dim(noise)]."""
     init_alpha: float = 0.1
     """Initial entropy coefficient."""
-    alpha_min: float = 0.0
+    alpha_min: float = 0.01
     """Entropy guard: the tuned coefficient never falls below this [DSRL robomimic (``ent_coef -1``: tuned) and SAC:
-    no floor, 0]. 0: off. Free, peg-insert-side's fell 0.016 -> 0.0014 from 15 to 40 min and the entropy with it."""
+    no floor, 0]. 0: off. Free, peg-insert-side's was 0.011-0.016 at 15 min while it improved, 0.0014 at 40 min when
+    it had collapsed, the entropy with it."""
     magnitude: float = 1.5
     """The actor's noise lies in [-magnitude, magnitude] per element [1.5]."""
     noise_penalty: float = 0.0
@@ -72,7 +73,7 @@ class AgentConfig:
             ("lr", 0, 1),
             ("gamma", 0, 1),
             ("tau", 0, 1),
-            ("init_alpha", 0, math.inf),
+            ("init_alpha", 0, 1e6),
             ("magnitude", 0, 4.0),
         ):
             v = getattr(self, name)

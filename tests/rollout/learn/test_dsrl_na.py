@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest
 from rollcap.rollout.learn.dsrl_na import TASKS, TRAIN_SEED_BASE, TrainConfig, baseline, evaluate, held_out, train
@@ -236,10 +239,14 @@ def test_a_zero_noise_actor_scores_as_the_zero_noise_baseline():
     assert result["critic_vs_monte_carlo"]["chunks"] > 3
 
 
-@pytest.mark.slow(seconds=30)
+EXAMPLE = [sys.executable, str(ROOT / "examples" / "dsrl.py")]
+SMALL = ["--task", "pushblock", "--max-transitions", "32", "--num-envs", "2", "--init-steps", "8", "--hidden", "32",
+         "--log-every-s", "0", "--heldin-every", "16", "--heldin-episodes", "2", "--heldin-envs", "2"]  # fmt: skip
+
+
+@pytest.mark.slow(seconds=40)
 def test_example_writes_result_agent_and_curve(tmp_path):
-    cmd = [sys.executable, str(ROOT / "examples" / "dsrl.py"), "--task", "pushblock", "--algorithm", "sac", "--max-transitions", "32", "--num-envs", "2",
-           "--init-steps", "8", "--hidden", "32", "--eval-episodes", "2", "--log-every-s", "0", "--out", str(tmp_path / "run")]  # fmt: skip
+    cmd = [*EXAMPLE, *SMALL, "--algorithm", "sac", "--eval-episodes", "2", "--out", str(tmp_path / "run")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -247,19 +254,76 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert report["eval"]["episodes"] == 2 and len(report["eval"]["steered"]) == 2 and report["curve"]
     assert (tmp_path / "run" / "agent.safetensors").exists()
     assert (tmp_path / "baseline-pushblock-2-2.json").exists()
-    for flags, word in ((["--algorithm", "ppo"], "algorithm"), (["--eval-seed", "500001"], "training run seed")):
-        bad = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "dsrl.py"), *flags, "--out", str(tmp_path / "bad")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert (
-            bad.returncode == 2
-            and word in bad.stderr
-            and "Traceback" not in bad.stderr
-            and not (tmp_path / "bad").exists()
-        ), bad.stderr
+    # the three streams, the held-in curve (0, 16, 32 transitions), the kept checkpoint and the last line
+    st = report["streams"]
+    assert st["held_out"] == {**st["held_out"], "run_seed": 2, "episodes": 2}
+    assert st["held_in"]["run_seeds"] == [HELDIN_SEED_BASE, HELDIN_SEED_BASE + 1]
+    assert st["training"]["run_seeds"] == [TRAIN_SEED_BASE, TRAIN_SEED_BASE + 1]
+    assert [p["transitions"] for p in report["held_in"]] == [0, 16, 32] and report["kept"] in report["held_in"]
+    k = report["kept"]
+    last = res.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"kept agent from minute {k['minutes']:.1f}") and "held-in vs" in last, res.stdout[-2000:]
+    assert sum(line.startswith("held-in ") for line in res.stdout.splitlines()) == 3
+    # every output has the same mode (agent.safetensors was 0600)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("result.json", "agent.safetensors", "curve.png"):
+        if name != "curve.png" or (tmp_path / "run" / name).exists():
+            assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    # a rerun into the same --out is refused before it trains, the result untouched
+    before = (tmp_path / "run" / "result.json").read_bytes()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr, again.stderr
+    assert (tmp_path / "run" / "result.json").read_bytes() == before and "transitions" not in again.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, word",
+    [
+        (["--algorithm", "ppo"], "--algorithm"),
+        (["--eval-seed", "500001"], "training run seed"),
+        (["--eval-seed", str(HELDIN_SEED_BASE + 5)], "held-in"),
+        (["--eval-episodes", "0"], "--eval-episodes"),
+        (["--eval-episodes", "-3"], "--eval-episodes"),
+        (["--out", "/proc/x"], "--out"),
+        (["--minutes", "nan"], "--minutes"),
+        (["--success-reward", "nan"], "--success-reward"),
+        (["--heldin-episodes", "0"], "--heldin-episodes"),
+        (["--alpha-min", "-1"], "--alpha-min"),
+        (["--seed", "1000"], "--seed"),
+    ],
+)
+def test_example_checks_every_flag_before_training(tmp_path, flags, word):
+    """One line naming the flag, exit 2, nothing created, no training (on the old example --eval-episodes 0 trained
+    its whole budget, then died in the evaluation; --out /proc/x did the same with a traceback)."""
+    out = [] if "--out" in flags else ["--out", str(tmp_path / "bad")]
+    bad = subprocess.run([*EXAMPLE, *flags, *out], capture_output=True, text=True, timeout=60)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and word in lines[0] and "Traceback" not in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists() and not bad.stdout
+
+
+@pytest.mark.slow(seconds=90)
+def test_example_keeps_the_training_when_the_evaluation_dies(tmp_path):
+    """The agent and result.json (its training) are written before the held-out evaluation: killed during it, the
+    run keeps both (the old example wrote neither until the evaluation had finished)."""
+    out = tmp_path / "run"
+    cmd = [*EXAMPLE, *SMALL, "--eval-episodes", "40", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "agent.safetensors").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before its agent was written: " + proc.stderr.read()[-2000:]
+        time.sleep(0.5)  # inside the evaluation (40 steered + 80 baseline episodes at batch 1)
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    report = json.loads((out / "result.json").read_text())
+    assert report["eval"] is None and report["budget"]["transitions"] == 32 and report["kept"] in report["held_in"]
+    weights = load_file(str(out / "agent.safetensors"))
+    assert "log_alpha" in weights and not (tmp_path / "baseline-pushblock-2-40.json").exists()
 
 
 def test_vector_env_over_a_metaworld_task_and_the_agents_view_of_it():
