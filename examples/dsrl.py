@@ -153,7 +153,7 @@ def plot(info: dict, result: dict, path: Path, title: str) -> bool:
 def main(args: Args, cfg: TrainConfig) -> None:
     eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
     path = base_path(args, cfg)
-    agent, info = train(cfg)
+    agent, info = train(cfg, progress=lambda text: print(text, flush=True))  # live, also into a pipe or a file
     print(json.dumps(info["budget"]))
     # the training is kept before anything is evaluated: an evaluation that fails leaves the agent and its curves
     args.out.mkdir(parents=True, exist_ok=True)

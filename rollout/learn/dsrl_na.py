@@ -6,7 +6,9 @@ against the frozen policy on held-out episodes, paired.
 - :func:`train`: N sub-envs of :class:`~rollcap.rollout.gym.vector.NoiseSteeringVectorEnv` (one policy graph at
   batch N) feed a replay buffer; after ``init_steps`` transitions of the policy's own noise (standard normal) the
   actor's sampled noise steers them; every vector step does ``critic_steps`` critic, ``distill_steps`` noise-critic
-  (NA) and ``actor_steps`` actor updates. Stops at a wall-clock or transition budget; logs a learning curve.
+  (NA) and ``actor_steps`` actor updates. Stops at a wall-clock or transition budget; logs a learning curve. Every
+  ``heldin_every`` transitions (and at 0 and at the end) it scores the agent on the held-in stream, paired against
+  zero noise (:mod:`~rollcap.rollout.learn.dsrl_heldin`), and ends with the best agent by that score (``keep_best``).
 - :func:`evaluate`: the actor's deterministic noise on held-out episodes ``episode_seed(eval_seed, i)``, batch 1,
   with the critic's value and the discounted return of every chunk (the critic against Monte-Carlo), and what
   noise the actor picks; :func:`baseline` scores the frozen policy (exactly ``rollcap run --seed eval_seed``) and
