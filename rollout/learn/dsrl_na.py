@@ -416,6 +416,11 @@ def summary_lines(result: dict) -> list[str]:
     out.append(
         f"steered - frozen: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {result['fixed']} fixed / {result['broken']} broken, McNemar p = {result['mcnemar_p']:.3g}"
     )
+    z = result["vs_zero_noise"]
+    d, lo, hi = z["difference_and_95ci"]
+    out.append(
+        f"steered - zero noise: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {z['fixed']} fixed / {z['broken']} broken, McNemar p = {z['mcnemar_p']:.3g}"
+    )
     c = result["critic_vs_monte_carlo"]
     out.append(
         f"critic vs Monte-Carlo return on the steered chunks: Q {c['q_mean']:.3f} vs G {c['return_mean']:.3f} (bias {c['bias']:+.3f}, corr {c['corr']})"
