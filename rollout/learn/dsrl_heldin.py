@@ -157,8 +157,9 @@ def line(p: dict) -> str:
 
 
 def kept_line(p: dict) -> str:
+    """The run's last line: which agent was kept and what it scored."""
     n = p["episodes"]
     return (
-        f"kept agent from minute {p['minutes']:.1f} ({p['transitions']:,} transitions): "
-        f"{p['success'] / n:.1%} held-in vs {p['zero_noise'] / n:.1%} zero noise ({n} episodes)"
+        f"kept agent from minute {p['minutes']:.1f}: {p['success'] / n:.1%} held-in vs {p['zero_noise'] / n:.1%} zero "
+        f"noise ({n} held-in episodes; {p['transitions']:,} transitions)"
     )

@@ -262,7 +262,9 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert [p["transitions"] for p in report["held_in"]] == [0, 16, 32] and report["kept"] in report["held_in"]
     k = report["kept"]
     last = res.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"kept agent from minute {k['minutes']:.1f}") and "held-in vs" in last, res.stdout[-2000:]
+    n = k["episodes"]
+    said = f"kept agent from minute {k['minutes']:.1f}: {k['success'] / n:.1%} held-in vs {k['zero_noise'] / n:.1%} zero noise"
+    assert last.startswith(said), res.stdout[-2000:]
     assert sum(line.startswith("held-in ") for line in res.stdout.splitlines()) == 3
     # every output has the same mode (agent.safetensors was 0600)
     umask = os.umask(0)
@@ -270,6 +272,12 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     for name in ("result.json", "agent.safetensors", "curve.png"):
         if name != "curve.png" or (tmp_path / "run" / name).exists():
             assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    # the probe reads the run's agent and ranks its chunks at one state
+    probe = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_probe.py"), "--states", "1", "--branches", "2", "--prefix", "1",
+                            "--run", str(tmp_path / "run"), "--out", str(tmp_path / "probe.json")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    rows = json.loads((tmp_path / "probe.json").read_text())["rows"]
+    assert len(rows) <= 1 and all(len(r["qw"]) == len(r["success"]) == 2 and r["block_speed"] >= 0 for r in rows)
     # a rerun into the same --out is refused before it trains, the result untouched
     before = (tmp_path / "run" / "result.json").read_bytes()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
