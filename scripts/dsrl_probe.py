@@ -103,10 +103,8 @@ def main(argv=None) -> int:
                     if agent.cfg.algorithm == "na":
                         row["qa"] = agent.action_value(o, torch.as_tensor(chunks)).tolist()
             rows.append(row)
-            print(
-                f"state {j}: {sum(success)}/{k} succeed, block {block:.3f} m/s, pusher {pusher:.3f} m/s",
-                file=sys.stderr,
-            )
+            speed = "" if block is None else f", block {block:.3f} m/s, pusher {pusher:.3f} m/s"
+            print(f"state {j}: {sum(success)}/{k} succeed{speed}", file=sys.stderr)
     finally:
         venv.close()
 
