@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rollcap.rollout.api import branch_episode, branch_pool
 from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.cli.recordings import ADDRESS_HELP, ENV_HELP
 from rollcap.rollout.offline.branching import RecordedDeployment, check_address, recorded_host
 from rollcap.rollout.offline.calibrate import calibrate, check_calibration, load_for_calibration
 from rollcap.rollout.spec import Parts
@@ -60,7 +61,7 @@ def add_parser(command, parts_options) -> None:
     p.add_argument(
         "--address",
         default=None,
-        help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)",
+        help=ADDRESS_HELP,
     )
     p.add_argument(
         "--out",
@@ -74,7 +75,7 @@ def add_parser(command, parts_options) -> None:
     p.add_argument(
         "--env",
         default=None,
-        help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env",
+        help=ENV_HELP,
     )
     p.add_argument(
         "--calibrate",

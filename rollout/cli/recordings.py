@@ -16,6 +16,13 @@ from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
 from rollcap.rollout.ray.episodes import check_actor_run
 from rollcap.rollout.recording import iter_any, iter_episodes, load_any
 
+ENV_HELP = (
+    "allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported "
+    "from a file otherwise; 'module:Env' also names a recording of Env"
+)
+"""``--env``'s help wherever a recording's env is rebuilt (replay, branch)."""
+ADDRESS_HELP = "with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)"
+
 
 def add_parsers(command, parts_options) -> None:
     """Register ``replay``, ``inspect`` and ``export`` through the main CLI's ``command(name, func, help, description, example)``."""
@@ -36,7 +43,7 @@ def add_parsers(command, parts_options) -> None:
     p.add_argument(
         "--env",
         default=None,
-        help="allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported from a file otherwise; 'module:Env' also names a recording of Env",
+        help=ENV_HELP,
     )
     p.add_argument(
         "--env-kwargs",
@@ -55,7 +62,7 @@ def add_parsers(command, parts_options) -> None:
     p.add_argument(
         "--address",
         default=None,
-        help="with --actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only)",
+        help=ADDRESS_HELP,
     )
     p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
