@@ -21,18 +21,19 @@ from pathlib import Path
 
 import gymnasium as gym
 import torch
+
 from rollcap import envs
-from rollcap.policies import MT10_CHECKPOINT
+from rollcap.critics import CriticRunner, load_critic
 from rollcap.envs import probe_exactness
 from rollcap.kernels.compiled import cxx_compiler
 from rollcap.kernels.fingerprint import tensor_digest
-from rollcap.policies.fused import fuse
-from rollcap.policies.lean import lean
-from rollcap.critics import CriticRunner, load_critic
 from rollcap.kernels.lanes import make_lane
 from rollcap.kernels.precision import check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
+from rollcap.policies import MT10_CHECKPOINT
 from rollcap.policies import PolicyRunner, load_policy
+from rollcap.policies.fused import fuse
+from rollcap.policies.lean import lean
 from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.errors import ConfigError, NotExactWarning
 from rollcap.rollout.named import ExpertPolicy, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)

@@ -8,14 +8,16 @@ spec is made (:func:`rollcap.rollout.spec.named_policy`, :func:`~rollcap.rollout
 
 from __future__ import annotations
 
+
 import gymnasium as gym
 import numpy as np
 import torch
+
+from rollcap.envs.experts import PushBlockScript
+from rollcap.envs.experts import scripted_expert
+from rollcap.kernels.graph import default_backend
 from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
 from rollcap.policies.lerobot import LeRobotPolicy, map_features
-from rollcap.envs.experts import scripted_expert
-from rollcap.envs.experts import PushBlockScript
-from rollcap.kernels.graph import default_backend
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.spec import LEROBOT_PREFIX, Parts, expert_std, named_policy
 

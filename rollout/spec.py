@@ -35,17 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 import torch
+
+from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
 from rollcap.envs.metaworld import ID_PREFIX, MT10
-from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
-
 from rollcap.kernels.graph import check_cpu_plan
 from rollcap.kernels.precision import check_plan_precision, check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
+from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
 from rollcap.rollout.config import BYTES, HostConfig
 from rollcap.rollout.errors import ConfigError
+
 
 __all__ = ["Parts", "HostConfig", "RunConfig", "Spec", "byte_fields", "DEFAULT_ENV", "FORMATS", "MAX_ENVS"]
 
