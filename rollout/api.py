@@ -64,6 +64,8 @@ class RunConfig:
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
     """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
+    env_workers: int = 0
+    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. The same bytes either way."""
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or isinstance(self.episodes, bool) or self.episodes < 1:
@@ -83,6 +85,18 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
+        if not isinstance(self.env_workers, int) or isinstance(self.env_workers, bool) or self.env_workers < 0:
+            raise ConfigError("env_workers", f"expected an integer >= 0, got {self.env_workers!r}")
+        if self.env_workers and (self.envs < 2 or self.env_workers > self.envs):
+            raise ConfigError(
+                "env_workers",
+                f"holds the envs of a batched run: at most `envs` ({self.envs}, >= 2), got {self.env_workers}",
+            )
+        if self.env_workers and (self.actors or self.writers or self.teleop is not None):
+            other = "actors" if self.actors else "writers" if self.writers else "teleop"
+            raise ConfigError(
+                "env_workers", f"each env worker records its own shard in this process's run; drop `{other}`"
+            )
         if self.envs > 1 and self.teleop is not None:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
@@ -212,8 +226,17 @@ def run(
         )  # names and paths only, Ray installed, something answers at the address
     poll = poll_stop or (lambda: None)
     own = []  # what this call built, and so closes
+    workers = None
     try:
-        if run_cfg.envs > 1:  # N envs over one graph at batch N (rollcap.rollout.batch)
+        if (
+            run_cfg.env_workers
+        ):  # ------ the N envs in worker processes (rollcap.rollout.workers), recording their shards
+            from rollcap.rollout.workers.run import worker_parts
+
+            workers, env = worker_parts(env, policy, critic, parts, host_cfg, run_cfg, own, poll, check_repeatable)
+            policy, critic = workers.policy, workers.critic
+            built = critic
+        elif run_cfg.envs > 1:  # N envs over one graph at batch N (rollcap.rollout.batch)
             from rollcap.rollout.batch import batched_parts
 
             env, policy, critic = batched_parts(
@@ -245,6 +268,7 @@ def run(
             on_started,
             on_finished,
             poll,
+            workers,
         )
     finally:
         for part in own:
@@ -316,6 +340,7 @@ def _record(
     on_started=None,
     on_finished=None,
     poll_stop=None,
+    workers=None,
 ) -> RunResult:
     from rollcap.rollout.recording import EpisodeRecorder
 
@@ -349,8 +374,10 @@ def _record(
         "type": 2,
         "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
     }
-    sharded = parts is not None and (cfg.shards or is_sharded(out))  # a sharded run stays sharded
-    if parts is None and is_sharded(out) and not cfg.writers:
+    sharded = workers is not None or (
+        parts is not None and (cfg.shards or is_sharded(out))
+    )  # a sharded run stays sharded; env workers record shards
+    if parts is None and is_sharded(out) and not cfg.writers and workers is None:
         raise ConfigError(
             "actors",
             f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first",
@@ -381,7 +408,10 @@ def _record(
             from rollcap.rollout.teleop import TeleopConfig, open_teleop
 
             tele = open_teleop(TeleopConfig(source=cfg.teleop)).__enter__()
-        if envs is not None:
+        if workers is not None:  # env workers: each records its shard; this process names the episodes in the manifest
+            workers.record_to(recorder, env_meta, subs)
+            host = workers
+        elif envs is not None:
             from rollcap.rollout.batch import BatchedCore
 
             host = BatchedCore(envs, policy, critic, host_cfg, subs)
@@ -435,7 +465,7 @@ def _record(
                     _rewinds(host),
                     itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1),
                 )
-            elif envs is not None:
+            elif envs is not None or workers is not None:
                 episodes = host.episodes(todo)
             else:
                 episodes = (host.run_episode(i) for i in todo)
@@ -473,8 +503,9 @@ def _record(
             "discarded_by_key": [e.index for e in ends if e.dropped and e.error is None],  # teleop's r: not recorded, re-run
             "unwritten_at_interrupt": writer.discarded,  # finished, still queued at a second Ctrl-C: not written
         })  # fmt: skip
-        if pool is not None:
-            summary.update(pool.summary())
+        for source in (pool, workers):
+            if source is not None:
+                summary.update(source.summary())
         if sharded:
             summary["shards"] = len(
                 set(recorder.shard_names())
@@ -553,6 +584,14 @@ def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
         raise ConfigError(
             field,
             f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env",
+        )
+    from rollcap.rollout.batch import recorded_batch
+
+    was, now = recorded_batch(recorded.fingerprints), host.policy.state_fingerprint().get("batch", 1)
+    if was != now:  # a row's bits depend on the batch (the env workers' layout never changes them)
+        raise ConfigError(
+            "envs",
+            f"this run was recorded at batch {was} (`envs` over `graphs`); `resume=True` needs the same batch, got {now}",
         )
     for part in ("policy", "critic"):
         was = (recorded.fingerprints.get(part) or {}).get("weights_digest")
