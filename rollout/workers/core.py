@@ -59,35 +59,15 @@ from rollcap.rollout.batch import _check_config
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import jsonable
-from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, Subscriber
+from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.workers.procs import Proc, emit, replay_rows
 from rollcap.rollout.workers.shm import SharedRows, layout_for
 
 MAX_TRIES = 3
 """Times an episode may be lost with its worker before it is given up."""
 START_TIMEOUT_S = 300.0
 """A worker that is not ready after this long (spawn, imports, envs) is a failed start."""
-
-
-class _Proc:
-    """One worker process as this process sees it."""
-
-    def __init__(self, number: int, slots: list[int]):
-        self.number, self.slots = number, slots
-        self.proc = self.conn = None
-        self.pid: int | None = None
-        self.state = "down"  # starting -> recording -> idle / launching / launched; down
-        self.running: dict[int, tuple[int, int]] = {}  # slot -> (index, seed)
-        self.launched: list[int] = []
-        self.shard: str | None = None
-        self.t_start = 0.0
-
-    @property
-    def free(self) -> list[int]:
-        return [s for s in self.slots if s not in self.running]
-
-    def send(self, msg: dict) -> None:
-        self.conn.send_bytes(json.dumps(msg).encode())
 
 
 class EnvWorkers:
@@ -140,10 +120,17 @@ class EnvWorkers:
         if self.critic is not None:
             self.fingerprints["critic"] = self.critic.state_fingerprint()
         self.on_error, self.poll_stop = on_error, poll_stop or (lambda: None)
+        self._start_fields = (
+            self.env_id,
+            self.env_kwargs,
+            jsonable(dataclasses.asdict(config)),
+            self.fingerprints,
+            tuple(self.policy.chunk_shape),
+        )
         self.shared = SharedRows(layout_for(self.policies, self.critics or None))
         self.arrays = self.shared.arrays
         groups = np.array_split(np.arange(self.n), workers)
-        self.procs = [_Proc(k, [int(s) for s in g]) for k, g in enumerate(groups)]
+        self.procs = [Proc(k, [int(s) for s in g]) for k, g in enumerate(groups)]
         self.manifest = self.env_meta = None
         self._shards = 0
         self.lost: list[EpisodeEnd] = []
@@ -169,7 +156,7 @@ class EnvWorkers:
             raise
 
     # -- processes -------------------------------------------------------------
-    def _spec(self, p: _Proc) -> str:
+    def _spec(self, p: Proc) -> str:
         def obs(r):
             return None if r is None else dataclasses.asdict(r.spec)
 
@@ -181,21 +168,10 @@ class EnvWorkers:
             "on_error": self.on_error,
         })  # fmt: skip
 
-    def _spawn(self, p: _Proc) -> None:
-        from rollcap.rollout.workers.child import serve
-
-        p.conn, child = self._ctx.Pipe(duplex=True)
-        p.proc = self._ctx.Process(
-            target=serve, args=(child, self._spec(p)), name=f"rollcap-env-{p.number}", daemon=True
-        )
-        p.proc.start()
-        child.close()
-        p.state, p.pid, p.t_start, p.launched = "starting", p.proc.pid, time.perf_counter(), []
-
     def _start_all(self) -> None:
         for p in self.procs:
             if p.state == "down":
-                self._spawn(p)
+                p.spawn(self._ctx, self._spec(p))
         while any(p.state in ("starting", "recording") for p in self.procs):
             self.poll_stop()
             for _ in self._gather(until_idle=True):
@@ -212,7 +188,7 @@ class EnvWorkers:
                 self._record(p)
         self._start_all()
 
-    def _record(self, p: _Proc) -> None:
+    def _record(self, p: Proc) -> None:
         from rollcap.rollout.recording.shards import SHARDS_DIR
 
         p.shard, self._shards = f"{SHARDS_DIR}/w{self._shards:03d}", self._shards + 1
@@ -255,14 +231,14 @@ class EnvWorkers:
                         self._give(p)
                     continue
                 t0 = time.perf_counter()
-                self._replay(launched)
+                replay_rows(self.arrays, self.batch, self.policies, self.critics, launched)
                 self.timing["replay_s"] += time.perf_counter() - t0
                 self.timing["rounds"] += 1
                 more = self._more()
                 for p in self.procs:
                     if p.state == "launched":
                         p.state, p.launched = "launching", []
-                        self._send(p, {"go": 1, "more": more})
+                        p.try_send({"go": 1, "more": more})
         except BaseException:
             self.abort()
             raise
@@ -282,7 +258,7 @@ class EnvWorkers:
             return int(item[0]), int(item[1])
         return int(item), episode_seed(self.config.seed, int(item))
 
-    def _give(self, p: _Proc, free: Sequence[int] | None = None) -> None:
+    def _give(self, p: Proc, free: Sequence[int] | None = None) -> None:
         """Start the next episodes in ``p``'s free slots (all of them if None) and launch its running slots."""
         items = []
         for slot in p.free if free is None else free:
@@ -293,33 +269,7 @@ class EnvWorkers:
             items.append([slot, index, seed])
         if items or free is not None or p.running:
             p.state = "launching"
-            self._send(p, {"start": items})
-
-    def _send(self, p: _Proc, msg: dict) -> None:
-        try:
-            p.send(msg)
-        except OSError:  # it is gone: _gather finds its end
-            pass
-
-    def _replay(self, launched: list[int]) -> None:
-        """The block's rows into each graph that has a launched row, one replay each (all lanes at once), outputs back."""
-        a, b = self.arrays, self.batch
-        graphs = sorted({s // b for s in launched})
-        for g in graphs:
-            rows = slice(g * b, (g + 1) * b)
-            for prefix, runner in (("p.", self.policies[g]), ("c.", self.critics[g] if self.critics else None)):
-                if runner is not None:
-                    runner.write({k: a[prefix + k][rows] for k in runner.inputs.names})
-                    runner.launch()
-        for g in graphs:
-            rows = slice(g * b, (g + 1) * b)
-            out = self.policies[g].wait()
-            np.copyto(a["actions"][rows], out["actions"].to("cpu").numpy())
-            a["latency"][rows, 0] = self.policies[g].last_latency_s
-            if self.critics:
-                out = self.critics[g].wait()
-                np.copyto(a["value"][rows], out["value"].to("cpu").numpy())
-                a["latency"][rows, 1] = self.critics[g].last_latency_s
+            p.try_send({"start": items})
 
     def _gather(self, until_idle: bool = False) -> Iterator[EpisodeEnd]:
         """Take the workers' messages until none is mid-round (``until_idle``: and none starting); yield the ends."""
@@ -338,11 +288,11 @@ class EnvWorkers:
                 elif p.state == "starting" and time.perf_counter() - p.t_start > START_TIMEOUT_S:
                     p.proc.kill()
 
-    def _others_busy(self, p: _Proc) -> bool:
+    def _others_busy(self, p: Proc) -> bool:
         """Whether a round can go on without ``p`` (starting): another worker runs episodes."""
         return any(q is not p and (q.running or q.state == "launching") for q in self.procs)
 
-    def _take(self, p: _Proc) -> Iterator[EpisodeEnd]:
+    def _take(self, p: Proc) -> Iterator[EpisodeEnd]:
         """Every message ``p`` has sent (or its death)."""
         while True:
             try:
@@ -357,7 +307,7 @@ class EnvWorkers:
             t0 = time.perf_counter()
             if "error" in msg:
                 what = "could not start" if p.state == "starting" else "failed"
-                self._stop(p)
+                p.stop(self.worker_timing)
                 raise RecordingFailed(f"env worker {p.number} {what}: {msg['error']}")
             if "ready" in msg and self.manifest is not None:
                 self._record(p)
@@ -374,7 +324,7 @@ class EnvWorkers:
                 p.state = "launched" if p.launched else "idle"
             self.timing["host_s"] += time.perf_counter() - t0
 
-    def _end(self, p: _Proc, e: dict) -> EpisodeEnd:
+    def _end(self, p: Proc, e: dict) -> EpisodeEnd:
         """An episode a worker finished: named in the manifest (once it is in the shard), shown to the subscribers."""
         p.running.pop(e["slot"], None)
         index = e["index"]
@@ -393,34 +343,16 @@ class EnvWorkers:
             dropped=e["dropped"],
         )
         if self.subscribers:
-            self._emit(end, e)
+            emit(self.subscribers, end, e, self._start_fields)
         return end
 
-    def _emit(self, end: EpisodeEnd, e: dict) -> None:
-        start = EpisodeStart(
-            end.index, end.seed, e.get("instruction", ""), None, {}, self.env_id, self.env_kwargs,
-            jsonable(dataclasses.asdict(self.config)), self.fingerprints, tuple(self.policy.chunk_shape),
-        )  # fmt: skip
-        for s in self.subscribers:
-            s.on_episode_start(start)
-        rows = e.get("chunk_rows", [])
-        for k, (step, value, lat_p, lat_c, lat_b) in enumerate(rows):
-            last = k == len(rows) - 1 and int(step) == end.num_steps and end.stop_reason not in ("error", "caller")
-            event = ChunkEvent(
-                end.index, k, int(step), None, None, None, value, lat_p, lat_c, lat_b, end.stop_reason if last else None
-            )
-            for s in self.subscribers:
-                s.on_chunk(event)
-        for s in self.subscribers:
-            s.on_episode_end(end)
-
-    def _died(self, p: _Proc) -> None:
+    def _died(self, p: Proc) -> None:
         """``p`` is gone: its episodes end (``worker_lost``) and go back to the queue; a replacement starts."""
         p.proc.join(timeout=5)
         code = p.proc.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         if p.state == "starting" and not p.running:
-            self._stop(p)
+            p.stop(self.worker_timing)
             raise RecordingFailed(f"env worker {p.number} could not start ({how})")
         for slot, (index, seed) in sorted(p.running.items()):
             why = f"env worker {p.number} (pid {p.pid}) died mid-episode ({how})"
@@ -438,7 +370,7 @@ class EnvWorkers:
         self.restarts += 1
         if self.restarts > MAX_TRIES * len(self.procs):
             raise RecordingFailed(f"env workers died {self.restarts} times; the last: worker {p.number} ({how})")
-        self._spawn(p)
+        p.spawn(self._ctx, self._spec(p))
 
     # -- ending ------------------------------------------------------------------
     def summary(self) -> dict:
@@ -458,37 +390,13 @@ class EnvWorkers:
                     wait_any([p.conn, p.proc.sentinel], timeout=1.0)
                     for _ in self._take(p):
                         pass
-            self._stop(p)
+            p.stop(self.worker_timing)
         self._again.clear()
         self._closing = False
-
-    def _stop(self, p: _Proc) -> None:
-        """Ask ``p`` to stop (it abandons what runs; an end still on its way is left unnamed: an orphan of its shard) and wait."""
-        if p.proc is None or p.state == "down":
-            return
-        asked, p.state = p.state not in ("starting", "recording"), "stopping"
-        if asked:
-            self._send(p, {"stop": 1})
-            deadline = time.perf_counter() + 10
-            try:
-                while p.conn.poll(max(0.0, deadline - time.perf_counter())):
-                    msg = json.loads(p.conn.recv_bytes())
-                    if "bye" in msg:
-                        for k, v in msg["bye"].items():
-                            self.worker_timing[k] = self.worker_timing.get(k, 0.0) + v
-                        break
-            except (EOFError, OSError, ValueError):
-                pass
-        p.proc.join(timeout=10)
-        if p.proc.is_alive():
-            p.proc.kill()
-            p.proc.join()
-        p.conn.close()
-        p.state, p.running, p.launched = "down", {}, []
 
     def close(self) -> None:
         """Stop the workers (abandoning what runs) and remove the shared block (the runners are the caller's)."""
         self._closing = True
         for p in self.procs:
-            self._stop(p)
+            p.stop(self.worker_timing)
         self.shared.close()
