@@ -222,13 +222,12 @@ class EnvWorkers:
             while True:
                 yield from self._gather()
                 launched = [s for p in self.procs if p.state == "launched" for s in p.launched]
-                if not launched:
-                    if any(p.state in ("starting", "recording") for p in self.procs):  # a replacement starting
-                        continue
+                if not launched:  # every worker idle (or starting): the run is over, or a worker has work again
                     if not self._more():
                         return
                     for p in self.procs:
-                        self._give(p)
+                        if p.state == "idle":
+                            self._give(p)
                     continue
                 t0 = time.perf_counter()
                 replay_rows(self.arrays, self.batch, self.policies, self.critics, launched)

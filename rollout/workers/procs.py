@@ -60,7 +60,7 @@ class Proc:
                         break
             except (EOFError, OSError, ValueError):
                 pass
-        self.proc.join(timeout=10)
+        self.proc.join(timeout=10 if asked else 0)  # a worker still starting has nothing to keep
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
