@@ -72,16 +72,16 @@ def test_run_with_env_workers_repeats_replays_and_matches_in_process(tmp_path):
     pol, cri = save_policy(p, tmp_path / "p"), save_critic(c, tmp_path / "c")
     kw = dict(env_kwargs=ENV_KW, policy=pol, critic=cri, envs=3, max_chunks=5, progress=False, formats=("npz",))
     digests = [
-        [episode_digest(r) for r in rollcap.run(5, out=tmp_path / f"r{w}", env_workers=w, **kw).records()]
-        for w in (2, 2, 0)
+        [episode_digest(r) for r in rollcap.run(5, out=tmp_path / f"r{k}", env_workers=w, **kw).records()]
+        for k, w in enumerate((2, 2, 0))
     ]
     assert digests[0] == digests[1] == digests[2] and len(digests[0]) == 5
-    summary = rollcap.run(5, out=tmp_path / "r2-again", env_workers=2, **kw).summary
-    assert summary["env_workers"] == 2 and summary["episodes"] == 5 and summary["worker_restarts"] == 0
+    summary = rollcap.run(5, out=tmp_path / "r3", env_workers=3, **kw).summary
+    assert summary["env_workers"] == 3 and summary["episodes"] == 5 and summary["worker_restarts"] == 0
     replayer = Replayer(Parts(env_kwargs=ENV_KW, policy=pol, critic=cri))
     try:
         results = [
-            res for rec in load_any(tmp_path / "r2") for res in replayer.check("run", rec, ("policy", "env", "closed"))
+            res for rec in load_any(tmp_path / "r0") for res in replayer.check("run", rec, ("policy", "env", "closed"))
         ]
     finally:
         replayer.close()
