@@ -71,7 +71,11 @@ def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
 
 
 def run_bench(
-    parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None, sizes: tuple[str, ...] = ()
+    parts: Parts,
+    quick: bool = False,
+    only: tuple[str, ...] | None = None,
+    sizes: tuple[str, ...] = (),
+    batch: dict | None = None,
 ) -> dict:
     """Run the chosen sections (default: all) and return a JSON-able report (:func:`check_parts` first).
 
@@ -82,7 +86,7 @@ def run_bench(
     if bad:
         raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS + OPT_IN)}")
     check_parts(parts, only)
-    extra: dict = {}
+    extra: dict = {"batch": batch or {}}  # section batch: envs, workers, standin (rollcap bench --batch-*)
     if "models" in only:
         from rollcap.rollout.bench.model_sizes import SizeSweep
 
@@ -126,7 +130,7 @@ _FORMAT = {
     "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
     "recording": ("recording", "recording (the writer's stages per episode, real episodes of the policy in the env):"),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
-    "batch": ("batch", "batch (envs on one policy graph at batch {envs} vs 1; recorded runs, then the vector env):"),
+    "batch": ("batch", "batch (envs {envs} on one policy graph, in this process and in env workers; recorded runs):"),
     "section_s": None,
     "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),
 }

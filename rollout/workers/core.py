@@ -140,7 +140,7 @@ class EnvWorkers:
         self.restarts = 0
         self.digests: dict[int, str] = {}
         """Digest of every episode recorded this session, by index."""
-        self.timing = {"rounds": 0, "wait_workers_s": 0.0, "replay_s": 0.0, "host_s": 0.0}
+        self.timing = {"rounds": 0, "wait_workers_s": 0.0, "replay_s": 0.0, "policy_busy_s": 0.0, "host_s": 0.0}
         """Where this process's time goes: waiting for the workers' rows and ends, the replays, its own work."""
         self._again: deque[tuple[int, int]] = deque()
         self._tries: dict[int, int] = {}
@@ -230,7 +230,9 @@ class EnvWorkers:
                             self._give(p)
                     continue
                 t0 = time.perf_counter()
-                replay_rows(self.arrays, self.batch, self.policies, self.critics, launched)
+                self.timing["policy_busy_s"] += replay_rows(
+                    self.arrays, self.batch, self.policies, self.critics, launched
+                )
                 self.timing["replay_s"] += time.perf_counter() - t0
                 self.timing["rounds"] += 1
                 more = self._more()
@@ -376,7 +378,7 @@ class EnvWorkers:
         """What the run's summary says of the workers."""
         lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
         return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "lost_and_rerun": lost,
-                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing)}  # fmt: skip
+                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing)}  # fmt: skip
 
     def abort(self) -> None:
         """Abandon every running episode: the ends already on their way are taken (named in the manifest), the workers stop

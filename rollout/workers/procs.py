@@ -75,9 +75,10 @@ class Proc:
             pass
 
 
-def replay_rows(arrays: dict, batch: int, policies: list, critics: list, launched: list[int]) -> None:
-    """The block's rows into each graph that has a launched row, one replay each (all lanes at once), outputs back."""
-    a, b = arrays, batch
+def replay_rows(arrays: dict, batch: int, policies: list, critics: list, launched: list[int]) -> float:
+    """The block's rows into each graph that has a launched row, one replay each (all lanes at once), outputs back;
+    returns the policy replays' seconds (their lanes' own time: GPU time on CUDA)."""
+    a, b, busy = arrays, batch, 0.0
     graphs = sorted({s // b for s in launched})
     for g in graphs:
         rows = slice(g * b, (g + 1) * b)
@@ -90,10 +91,12 @@ def replay_rows(arrays: dict, batch: int, policies: list, critics: list, launche
         out = policies[g].wait()
         np.copyto(a["actions"][rows], out["actions"].to("cpu").numpy())
         a["latency"][rows, 0] = policies[g].last_latency_s
+        busy += policies[g].last_latency_s
         if critics:
             out = critics[g].wait()
             np.copyto(a["value"][rows], out["value"].to("cpu").numpy())
             a["latency"][rows, 1] = critics[g].last_latency_s
+    return busy
 
 
 def emit(subscribers, end: EpisodeEnd, e: dict, fields: tuple) -> None:
