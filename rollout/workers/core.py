@@ -224,6 +224,12 @@ class EnvWorkers:
                 launched = [s for p in self.procs if p.state == "launched" for s in p.launched]
                 if not launched:  # every worker idle (or starting): the run is over, or a worker has work again
                     if not self._more():
+                        waiting = [p for p in self.procs if p.pending and p.state == "idle"]
+                        for p in waiting:  # episodes finished, their records still being written
+                            p.state = "launching"
+                            p.try_send({"flush": 1})
+                        if waiting or any(p.pending for p in self.procs):
+                            continue
                         return
                     for p in self.procs:
                         if p.state == "idle":
@@ -308,7 +314,7 @@ class EnvWorkers:
             t0 = time.perf_counter()
             if "error" in msg:
                 what = "could not start" if p.state == "starting" else "failed"
-                p.stop(self.worker_timing)
+                self._stop(p)
                 raise RecordingFailed(f"env worker {p.number} {what}: {msg['error']}")
             if "ready" in msg and self.manifest is not None:
                 self._record(p)
@@ -316,6 +322,8 @@ class EnvWorkers:
                 p.state = "idle"
                 if self._todo is not None:
                     self._give(p)
+            for slot, index in msg.get("finished", ()):  # its slot is free; it is p's until written
+                p.pending[index] = p.running.pop(slot)
             for e in msg.get("ends", ()):
                 yield self._end(p, e)
             if "free" in msg:
@@ -327,8 +335,8 @@ class EnvWorkers:
 
     def _end(self, p: Proc, e: dict) -> EpisodeEnd:
         """An episode a worker finished: named in the manifest (once it is in the shard), shown to the subscribers."""
-        p.running.pop(e["slot"], None)
         index = e["index"]
+        p.pending.pop(index, None)
         if e.get("digest") is not None:
             self.digests[index] = e["digest"]
             if self.manifest is not None:
@@ -353,9 +361,9 @@ class EnvWorkers:
         code = p.proc.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         if p.state == "starting" and not p.running:
-            p.stop(self.worker_timing)
+            self._stop(p)
             raise RecordingFailed(f"env worker {p.number} could not start ({how})")
-        for slot, (index, seed) in sorted(p.running.items()):
+        for index, seed in sorted([*p.running.values(), *p.pending.values()]):
             why = f"env worker {p.number} (pid {p.pid}) died mid-episode ({how})"
             self.lost.append(EpisodeEnd(index, seed, "worker_lost", False, 0, 0, error=why, dropped=True))
             self._tries[index] = self._tries.get(index, 0) + 1
@@ -363,7 +371,7 @@ class EnvWorkers:
                 self.failed[index] = why
             else:
                 self._again.appendleft((index, seed))
-        p.running, p.launched = {}, []
+        p.running, p.pending, p.launched = {}, {}, []
         p.conn.close()
         stopping, p.state = p.state == "stopping", "down"
         if self._closing or stopping:
@@ -391,13 +399,18 @@ class EnvWorkers:
                     wait_any([p.conn, p.proc.sentinel], timeout=1.0)
                     for _ in self._take(p):
                         pass
-            p.stop(self.worker_timing)
+            self._stop(p)
         self._again.clear()
         self._closing = False
+
+    def _stop(self, p: Proc) -> None:
+        """Stop ``p``; the ends it wrote last are named in the manifest."""
+        for e in p.stop(self.worker_timing):
+            self._end(p, e)
 
     def close(self) -> None:
         """Stop the workers (abandoning what runs) and remove the shared block (the runners are the caller's)."""
         self._closing = True
         for p in self.procs:
-            p.stop(self.worker_timing)
+            self._stop(p)
         self.shared.close()

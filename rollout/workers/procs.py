@@ -22,6 +22,7 @@ class Proc:
         self.pid: int | None = None
         self.state = "down"  # starting -> recording -> idle / launching / launched; down
         self.running: dict[int, tuple[int, int]] = {}  # slot -> (index, seed)
+        self.pending: dict[int, tuple[int, int]] = {}  # index -> (index, seed): finished, not yet written
         self.launched: list[int] = []
         self.shard: str | None = None
         self.t_start = 0.0
@@ -43,10 +44,12 @@ class Proc:
         child.close()
         self.state, self.pid, self.t_start, self.launched = "starting", self.proc.pid, time.perf_counter(), []
 
-    def stop(self, timing: dict) -> None:
-        """Ask the worker to stop (it abandons what runs; an end still on its way is left unnamed: an orphan of its shard) and wait."""
+    def stop(self, timing: dict) -> list[dict]:
+        """Ask the worker to stop (it abandons what runs, writes what finished) and wait; returns the ends it wrote last
+        (an end lost on the way, in a reply not read, leaves an orphan of its shard: readers ignore it, a resume adopts it)."""
+        ends: list[dict] = []
         if self.proc is None or self.state == "down":
-            return
+            return ends
         asked, self.state = self.state not in ("starting", "recording"), "stopping"
         if asked:
             self.try_send({"stop": 1})
@@ -54,6 +57,7 @@ class Proc:
             try:
                 while self.conn.poll(max(0.0, deadline - time.perf_counter())):
                     msg = json.loads(self.conn.recv_bytes())
+                    ends += msg.get("ends", [])
                     if "bye" in msg:
                         for k, v in msg["bye"].items():
                             timing[k] = timing.get(k, 0.0) + v
@@ -65,7 +69,8 @@ class Proc:
             self.proc.kill()
             self.proc.join()
         self.conn.close()
-        self.state, self.running, self.launched = "down", {}, []
+        self.state, self.running, self.pending, self.launched = "down", {}, {}, []
+        return ends
 
     def try_send(self, msg: dict) -> None:
         """:meth:`send`, unless the worker is gone (the caller finds its end)."""
