@@ -255,7 +255,11 @@ class ObsRunner(GraphRunner):
         self._require_idle("inputs written")
         bufs = self.inputs.tensors()
         for name, v in values.items():
-            bufs[name][row].copy_(torch.from_numpy(np.ascontiguousarray(v[0])))
+            view = self.inputs.array(name)  # CPU: the buffer's numpy view, the same bytes in ~1 us (torch's copy_: ~10)
+            if view is not None and v.dtype == view.dtype:
+                view[row] = v[0]
+            else:
+                bufs[name][row].copy_(torch.from_numpy(np.ascontiguousarray(v[0])))
 
     def _make_fingerprint(self) -> dict:
         fp = super()._make_fingerprint()

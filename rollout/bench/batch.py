@@ -128,7 +128,9 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
 
 def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 2e-3) -> dict:
     """The in-process core's own work per slot and round at batch ``n`` with a stand-in replay of ``seconds`` (no recording,
-    envs stepped on the driver's thread): a round minus the replay's wait minus the slots' ``execute`` (env steps)."""
+    envs stepped on the driver's thread), in microseconds: ``launch`` (validate and write the row), ``decide`` (less the
+    replay's wait: the chunk, the predicates, the event), ``draw_ahead`` (the next noise, while the batch replays: host
+    time only where it outlasts the replay, ``ahead_beyond_replay``), ``execute`` (env steps with their per-step work)."""
     from rollcap.rollout.batch import BatchedCore
     from rollcap.rollout.config import HostConfig
 
@@ -139,39 +141,47 @@ def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 
     policy, critic = _runners(parts, n, envs[0], seconds)
     tp, tc = Timed(policy), Timed(critic)
     core = BatchedCore(envs, tp, tc, HostConfig(seed=5), records=False, workers=0)
-    executed = [0.0]
-    for h in core.hosts:
-        inner = h.execute
+    spent: dict[str, float] = {}
 
-        def execute(actions=None, inner=inner):
+    def timed(name: str, inner):
+        def call(*a, **kw):
             t0 = time.perf_counter()
             try:
-                return inner(actions)
+                return inner(*a, **kw)
             finally:
-                executed[0] += time.perf_counter() - t0
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
 
-        h.execute = execute
+        return call
+
+    for h in core.hosts:
+        for name in ("launch", "decide", "draw_ahead", "execute"):
+            setattr(h, name, timed(name, getattr(h, name)))
+    walls = []
     try:
         for i in range(n):
             core.hosts[i].start(i)
-        core.round()  # warm
-        executed[0], tp.__dict__["waited_s"], tc.__dict__["waited_s"] = 0.0, 0.0, 0.0
-        walls = []
-        for _ in range(rounds):
+        for k in range(rounds + 1):
             for i, h in enumerate(core.hosts):  # keep every slot running: a finished one starts again
                 if h.done:
                     h.finish()
-                    h.start(n + i)
+                    h.start(n * (k + 1) + i)
+            if k == 1:  # the first round warms
+                spent.clear()
+                tp.__dict__["waited_s"] = tc.__dict__["waited_s"] = 0.0
             t0 = time.perf_counter()
             core.round()
             walls.append(time.perf_counter() - t0)
-        host = sum(walls) - tp.waited_s - tc.waited_s - executed[0]
     finally:
         core.close()
         policy.close()
         critic.close()
-    return {"batch": n, "rounds": rounds, "standin_ms": seconds * 1e3, "round_ms": 1e3 * float(np.median(walls)),
-            "host_us_per_slot_round": 1e6 * host / (rounds * n), "env_us_per_slot_round": 1e6 * executed[0] / (rounds * n)}  # fmt: skip
+    per = {k: 1e6 * v / (rounds * n) for k, v in spent.items()}
+    waited = 1e6 * (tp.waited_s + tc.waited_s) / (rounds * n)
+    decide = per.get("decide", 0.0) - waited  # the first slot's decide waits for the replay
+    ahead = max(0.0, per.get("draw_ahead", 0.0) - 1e6 * seconds / n)
+    return {"batch": n, "rounds": rounds, "standin_ms": seconds * 1e3, "round_ms": 1e3 * float(np.median(walls[1:])),
+            "launch_us": per.get("launch", 0.0), "decide_us": decide, "draw_ahead_us": per.get("draw_ahead", 0.0),
+            "host_us_per_slot_round": per.get("launch", 0.0) + decide + ahead, "env_us_per_slot_round": per.get("execute", 0.0)}  # fmt: skip
 
 
 def predict(t_policy_s: float, t_slot_s: float, envs: int, cores: int, chunks_per_episode: float) -> float:
