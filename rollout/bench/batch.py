@@ -29,6 +29,7 @@ import numpy as np
 
 from rollcap.rollout.bench.standin_rows import FixedLatencyRows, Timed
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
+from rollcap.rollout.protocols import Subscriber
 
 ENVS = {"cpu": (1, 8), "cuda": (1, 32)}
 """The ``envs`` list per device type (``--batch-envs`` overrides it; this 2-core box: 1 and 8)."""
@@ -59,7 +60,7 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
     cfg = HostConfig(seed=seed)
     policy, critic = _runners(parts, n, env, standin)
     tp, tc = Timed(policy), (None if critic is None else Timed(critic))
-    owned, r = [env, policy, critic], {}
+    owned, r, count = [env, policy, critic], {}, _Chunks()
     try:
         if workers:
             from rollcap.rollout.workers import EnvWorkers
@@ -67,7 +68,7 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
             core = EnvWorkers(parts.env_id, parts.env_kwargs, policy, critic, cfg, workers)
             owned.insert(0, core)
             writer = ManifestWriter(out, ("npz", "h5"), meta)
-            core.record_to(writer, meta)
+            core.record_to(writer, meta, [count])
             t0 = time.perf_counter()
             list(core.episodes(range(episodes)))
             wall = time.perf_counter() - t0
@@ -76,13 +77,14 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
             t, wt = core.timing, core.worker_timing
             r = {"rounds": t["rounds"], "policy_wait_s": t["replay_s"], "wait_workers_s": t["wait_workers_s"],
                  "parent_host_s": t["host_s"], "worker_host_s": wt.get("host_s", 0.0), "worker_env_s": wt.get("env_s", 0.0),
-                 "worker_write_s": wt.get("write_s", 0.0), "parent_host_us_per_slot_round": 1e6 * t["host_s"] / max(1, t["rounds"] * n)}  # fmt: skip
+                 "worker_write_s": wt.get("write_s", 0.0),
+                 **{f"worker_{k}": wt.get(k, 0.0) for k in ("host_cpu_s", "env_cpu_s", "write_cpu_s")}, "parent_commit_s": t["commit_s"], "parent_host_us_per_slot_round": 1e6 * (t["host_s"] - t["commit_s"]) / max(1, t["rounds"] * n)}  # fmt: skip
         else:
             writer = InBackground(EpisodeRecorder(out, formats=("npz", "h5"), env_meta=meta))
             if n == 1:
                 from rollcap.rollout.host import RolloutHost
 
-                core = RolloutHost(env, tp, tc, cfg, [writer])
+                core = RolloutHost(env, tp, tc, cfg, [writer, count])
                 t0 = time.perf_counter()
                 core.run(episodes)  # on_run_end drains the writer
                 rounds_s = None
@@ -91,7 +93,7 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
 
                 envs = [env] + [make_env(parts.env_id, parts.env_kwargs) for _ in range(n - 1)]
                 owned += envs[1:]
-                core = BatchedCore(envs, tp, tc, cfg, [writer])
+                core = BatchedCore(envs, tp, tc, cfg, [writer, count])
                 rounds_s = [0.0, 0]
                 inner = core.round
 
@@ -123,7 +125,22 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
                 part.close()
     if workers:
         busy = core.timing["policy_busy_s"]
-    return {"episodes_per_s": episodes / wall, "wall_s": wall, "policy_busy_fraction": busy / wall, **r}
+    return {
+        "episodes_per_s": episodes / wall,
+        "wall_s": wall,
+        "policy_busy_fraction": busy / wall,
+        "episodes": episodes,
+        "chunks": count.n,
+        **r,
+    }
+
+
+class _Chunks(Subscriber):
+    def __init__(self):
+        self.n = 0
+
+    def on_chunk(self, chunk) -> None:
+        self.n += 1
 
 
 def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 2e-3) -> dict:
@@ -184,12 +201,60 @@ def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 
             "host_us_per_slot_round": per.get("launch", 0.0) + decide + ahead, "env_us_per_slot_round": per.get("execute", 0.0)}  # fmt: skip
 
 
-def predict(t_policy_s: float, t_slot_s: float, envs: int, cores: int, chunks_per_episode: float) -> float:
-    """Episodes/s of ``envs`` envs on ``min(envs, cores - 1)`` env workers: a round is the replay, then the busiest worker's
-    slots one after another (``t_slot_s`` each: decide, the chunk's steps, its share of the record), in sequence."""
-    w = max(1, min(envs, cores - 1))
-    round_s = t_policy_s + -(-envs // w) * t_slot_s
-    return envs / (round_s * chunks_per_episode)
+H100_POLICY_S = {1: 2.0e-3, 8: 2.9e-3, 32: 4.09e-3, 64: 5.38e-3, 128: 7.79e-3}
+"""The shipped policy's replay at each batch on one H100 (CUDA graphs; issue 41's table), for :func:`predict`."""
+
+
+def predict(
+    t_policy_s: float,
+    t_slot_s: float,
+    envs: int,
+    workers: int,
+    chunks_per_episode: float,
+    t_write_s: float = 0.0,
+    cores: int = 0,
+) -> float:
+    """Episodes/s of ``envs`` envs on ``workers`` env workers: a round is the replay, then the env work, in sequence. The
+    env work takes the busiest worker's slots one after another (``t_slot_s`` each: launch, decide, the chunk's env steps),
+    or, where the cores are short, all slots' work and the round's share of the records' writes (``t_write_s`` an episode)
+    spread over the ``cores`` - 1 cores this process leaves (0: cores enough)."""
+    env_s = -(-envs // max(1, workers)) * t_slot_s
+    if cores > 1:
+        env_s = max(env_s, (envs * t_slot_s + envs / chunks_per_episode * t_write_s) / (cores - 1))
+    return envs / ((t_policy_s + env_s) * chunks_per_episode)
+
+
+def model(runs: dict, here: int, cores: int = 16) -> dict:
+    """:func:`predict` checked on this machine's worker runs (their own replay; slot and write CPU times; ``here`` cores), then
+    for a ``cores``-core GPU box (``cores - 2`` workers) from the slot and write times measured here and :data:`H100_POLICY_S`."""
+    out: dict = {"check": {}, f"predict_{cores}_cores": {}}
+    t_slot = []
+    for name, rs in runs.items():
+        r = rs[-1]
+        if "worker_env_s" not in r or not r["rounds"]:
+            continue
+        n, w = (int(x) for x in name.split("_envs_")[1].split("_workers_"))
+        slot = (r["worker_host_cpu_s"] + r["worker_env_cpu_s"]) / (
+            r["rounds"] * n
+        )  # CPU seconds: what a core of its own takes
+        write, chunks = r["worker_write_cpu_s"] / r["episodes"], r["chunks"] / r["episodes"]
+        got = predict(r["policy_wait_s"] / r["rounds"], slot, n, w, chunks, write, here)
+        out["check"][name] = {
+            "t_slot_ms": 1e3 * slot,
+            "t_write_ms": 1e3 * write,
+            "predicted": got,
+            "measured": r["episodes_per_s"],
+        }
+        if name.startswith("policy_"):
+            t_slot.append((slot, chunks, write))
+    if t_slot:
+        slot, chunks, write = t_slot[-1]
+        for n, t_policy in H100_POLICY_S.items():
+            out[f"predict_{cores}_cores"][f"envs_{n}"] = predict(
+                t_policy, slot, n, min(n, cores - 2), chunks, write, cores
+            )
+        out["t_slot_ms"], out["chunks_per_episode"], out["t_write_ms"] = 1e3 * slot, chunks, 1e3 * write
+    return out
 
 
 def bench_batch(parts: Parts, n: int, envs=None, workers=None, standin=None) -> dict:
@@ -229,7 +294,12 @@ def bench_batch(parts: Parts, n: int, envs=None, workers=None, standin=None) -> 
             out.setdefault("speedup", {})[name] = [
                 b["episodes_per_s"] / a["episodes_per_s"] for a, b in zip(runs[base], runs[name])
             ]
-    out["host_per_slot"] = host_per_slot(parts, 32 if not quick else 8, 30 if not quick else 5)
+    out["model"] = model(runs, cores)
+    hps = [host_per_slot(parts, 32 if not quick else 8, 30 if not quick else 5) for _ in range(1 if quick else 3)]
+    out["host_per_slot"] = {
+        k: [h[k] for h in hps] if k.endswith("_us") or k.endswith("_round") else hps[0][k] for k in hps[0]
+    }
+    out["load_average_end"] = list(os.getloadavg())
     if not quick:
         from rollcap.rollout.bench.gym import _vector_rate as async_rate
 
@@ -278,7 +348,8 @@ def format_batch(b: dict, row) -> None:
         if "wait_workers_s" in r:
             row(
                 "  parent: policy / workers / own",
-                f"{r['policy_wait_s'] / w:.0%} / {r['wait_workers_s'] / w:.0%} / {r['parent_host_s'] / w:.0%} of wall",
+                f"{r['policy_wait_s'] / w:.0%} / {r['wait_workers_s'] / w:.0%} / {r['parent_host_s'] / w:.0%} of wall "
+                f"(commits {r['parent_commit_s'] / w:.0%}; {r['parent_host_us_per_slot_round']:.1f} us a slot and round besides)",
             )
             row(
                 "  workers (all, per wall): host / env / write",
@@ -291,10 +362,27 @@ def format_batch(b: dict, row) -> None:
             )
         else:
             row("  policy wait / the rest", f"{r['policy_wait_s'] / w:.0%} / {r['other_s'] / w:.0%} of wall")
+    m = b.get("model", {})
+    for name, c in m.get("check", {}).items():
+        row(
+            f"model check, {name}",
+            f"predicted {c['predicted']:.2f} ep/s, measured {c['measured']:.2f} (slot {c['t_slot_ms']:.2f} ms, write {c['t_write_ms']:.0f} ms an episode)",
+        )
+    if m.get("t_slot_ms"):
+        p16 = " / ".join(f"{k[5:]}: {v:.0f}" for k, v in m["predict_16_cores"].items())
+        row(
+            "predicted ep/s, 16 cores + an H100, 14 workers",
+            f"{p16} (slot {m['t_slot_ms']:.2f} ms as here, {m['chunks_per_episode']:.1f} chunks/ep)",
+        )
     h = b["host_per_slot"]
+    us = {k: span(v, "{:.1f}") for k, v in h.items() if isinstance(v, list)}
     row(
-        f"host per slot and round, batch {h['batch']}, {h['standin_ms']:.0f} ms stand-in",
-        f"{h['host_us_per_slot_round']:.1f} us (goal <= 20); env steps {h['env_us_per_slot_round']:.0f} us",
+        f"host per slot and round, batch {h['batch']}, {h['standin_ms']:.0f} ms stand-in, in process",
+        f"{us['host_us_per_slot_round']} us (goal <= 20)",
+    )
+    row(
+        "  launch / decide / noise (beside the replay)",
+        f"{us['launch_us']} / {us['decide_us']} / {us['draw_ahead_us']} us; env steps {us['env_us_per_slot_round']} us",
     )
     if "vector_chunks_per_s" in b:
         row(

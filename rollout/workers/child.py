@@ -98,7 +98,7 @@ class Worker:
         self.writer: ShardWriter | None = None
         self.unrecorded: list[dict] = []  # outcomes of a worker that does not record (tests, benches)
         self.launched: dict[int, object] = {}
-        self.timing = {"host_s": 0.0, "env_s": 0.0, "write_s": 0.0}
+        self.timing = dict.fromkeys(("host_s", "env_s", "write_s", "host_cpu_s", "env_cpu_s", "write_cpu_s"), 0.0)
 
     # -- the protocol --------------------------------------------------------
     def loop(self, conn) -> None:
@@ -153,7 +153,7 @@ class Worker:
 
     def launch(self, finished: list) -> None:
         """Launch every running slot (its row written), then draw each one's next noise while the parent replays."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for slot, h in self.hosts.items():
             if h.state is HostState.RUNNING:
                 ticket = h.launch()
@@ -163,21 +163,24 @@ class Worker:
         for slot in self.launched:
             self.hosts[slot].draw_ahead()
         self.timing["host_s"] += time.perf_counter() - t0
+        self.timing["host_cpu_s"] += time.thread_time() - c0
 
     def chunk(self, finished: list) -> None:
         """The parent's outputs are in the block: every launched slot decides, then executes its chunk; the ended finish."""
         launched, self.launched = self.launched, {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for slot, ticket in launched.items():
             self.hosts[slot].decide(ticket)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         for slot in launched:
             h = self.hosts[slot]
             if h.state is HostState.RUNNING:
                 h.execute()
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         self.timing["host_s"] += t1 - t0
         self.timing["env_s"] += t2 - t1
+        self.timing["host_cpu_s"] += c1 - c0
+        self.timing["env_cpu_s"] += c2 - c1
         self.finish(finished)
 
     def finish(self, finished: list) -> None:
@@ -248,9 +251,10 @@ class ShardWriter:
             work = [i for i in items if i is not None]
             try:
                 if work and self.error is None:
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.thread_time()
                     digests = self.recorder.write_many([r for _, r in work])
                     self.timing["write_s"] += time.perf_counter() - t0
+                    self.timing["write_cpu_s"] += time.thread_time() - c0
                     for (out, _), d in zip(work, digests):
                         self.done.append({**out, "digest": d, "shard": self.shard})
             except BaseException as err:  # noqa: BLE001 - reported by take()

@@ -140,8 +140,16 @@ class EnvWorkers:
         self.restarts = 0
         self.digests: dict[int, str] = {}
         """Digest of every episode recorded this session, by index."""
-        self.timing = {"rounds": 0, "wait_workers_s": 0.0, "replay_s": 0.0, "policy_busy_s": 0.0, "host_s": 0.0}
-        """Where this process's time goes: waiting for the workers' rows and ends, the replays, its own work."""
+        self.timing = {
+            "rounds": 0,
+            "wait_workers_s": 0.0,
+            "replay_s": 0.0,
+            "policy_busy_s": 0.0,
+            "host_s": 0.0,
+            "commit_s": 0.0,
+        }
+        """Where this process's time goes: waiting for the workers' rows and ends, the replays (and the policy's own share),
+        its own work on the messages (``host_s``, the episodes' commits and subscribers included: ``commit_s``)."""
         self._again: deque[tuple[int, int]] = deque()
         self._tries: dict[int, int] = {}
         self._todo: Iterator | None = None
@@ -335,6 +343,7 @@ class EnvWorkers:
 
     def _end(self, p: Proc, e: dict) -> EpisodeEnd:
         """An episode a worker finished: named in the manifest (once it is in the shard), shown to the subscribers."""
+        t0 = time.perf_counter()
         index = e["index"]
         p.pending.pop(index, None)
         if e.get("digest") is not None:
@@ -353,6 +362,7 @@ class EnvWorkers:
         )
         if self.subscribers:
             emit(self.subscribers, end, e, self._start_fields)
+        self.timing["commit_s"] += time.perf_counter() - t0  # the manifest's fsynced line, the subscribers
         return end
 
     def _died(self, p: Proc) -> None:
