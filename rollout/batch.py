@@ -35,7 +35,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
