@@ -85,18 +85,14 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
-        if not isinstance(self.env_workers, int) or isinstance(self.env_workers, bool) or self.env_workers < 0:
-            raise ConfigError("env_workers", f"expected an integer >= 0, got {self.env_workers!r}")
-        if self.env_workers and (self.envs < 2 or self.env_workers > self.envs):
-            raise ConfigError(
-                "env_workers",
-                f"holds the envs of a batched run: at most `envs` ({self.envs}, >= 2), got {self.env_workers}",
-            )
-        if self.env_workers and (self.actors or self.writers or self.teleop is not None):
-            other = "actors" if self.actors else "writers" if self.writers else "teleop"
-            raise ConfigError(
-                "env_workers", f"each env worker records its own shard in this process's run; drop `{other}`"
-            )
+        w, other = (
+            self.env_workers,
+            "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None,
+        )
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0 or (w and (self.envs < 2 or w > self.envs)):
+            raise ConfigError("env_workers", f"expected an integer in 0..envs (envs >= 2; here {self.envs}), got {w!r}")
+        if w and other:
+            raise ConfigError("env_workers", f"each env worker records its own shard in this run; drop `{other}`")
         if self.envs > 1 and self.teleop is not None:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
@@ -228,9 +224,7 @@ def run(
     own = []  # what this call built, and so closes
     workers = None
     try:
-        if (
-            run_cfg.env_workers
-        ):  # ------ the N envs in worker processes (rollcap.rollout.workers), recording their shards
+        if run_cfg.env_workers:  # ------ the N envs in worker processes (rollcap.rollout.workers), recording shards
             from rollcap.rollout.workers.run import worker_parts
 
             workers, env = worker_parts(env, policy, critic, parts, host_cfg, run_cfg, own, poll, check_repeatable)
@@ -374,9 +368,7 @@ def _record(
         "type": 2,
         "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
     }
-    sharded = workers is not None or (
-        parts is not None and (cfg.shards or is_sharded(out))
-    )  # a sharded run stays sharded; env workers record shards
+    sharded = workers is not None or (parts is not None and (cfg.shards or is_sharded(out)))  # stays sharded
     if parts is None and is_sharded(out) and not cfg.writers and workers is None:
         raise ConfigError(
             "actors",
@@ -590,8 +582,7 @@ def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
     was, now = recorded_batch(recorded.fingerprints), host.policy.state_fingerprint().get("batch", 1)
     if was != now:  # a row's bits depend on the batch (the env workers' layout never changes them)
         raise ConfigError(
-            "envs",
-            f"this run was recorded at batch {was} (`envs` over `graphs`); `resume=True` needs the same batch, got {now}",
+            "envs", f"this run was recorded at batch {was} (`envs`/`graphs`); `resume=True` needs it, got {now}"
         )
     for part in ("policy", "critic"):
         was = (recorded.fingerprints.get(part) or {}).get("weights_digest")

@@ -358,6 +358,7 @@ def cmd_export(args) -> int:
 
 # ------------------------------------------------------------------- bench
 def cmd_bench(args) -> int:
+    from rollcap.rollout.bench.batch_options import batch_options
     from rollcap.rollout.bench.report import format_report, run_bench
     from rollcap.rollout.build import Parts
 
@@ -374,7 +375,7 @@ def cmd_bench(args) -> int:
                 quick=args.quick,
                 only=tuple(s for s in only or () if s != "ray") or None,
                 sizes=sizes,
-                batch=_batch_options(args),
+                batch=batch_options(args.batch_envs, args.batch_workers, args.batch_standin),
             )
             if only != ["ray"]
             else {}
@@ -400,22 +401,6 @@ def cmd_bench(args) -> int:
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
     return 0
-
-
-def _batch_options(args) -> dict:
-    """Section batch's --batch-envs / --batch-workers / --batch-standin (one line, exit 2, for a bad value)."""
-    try:
-        envs = tuple(int(e) for e in args.batch_envs.split(",")) if args.batch_envs else None
-    except ValueError:
-        raise UserError(f"--batch-envs: expected a comma list of integers, got {args.batch_envs!r}") from None
-    if envs is not None and not all(1 <= e <= 1024 for e in envs):
-        raise UserError(f"--batch-envs: each in 1..1024, got {args.batch_envs}")
-    if args.batch_workers is not None and args.batch_workers < 1:
-        raise UserError(f"--batch-workers: expected an integer >= 1, got {args.batch_workers}")
-    if args.batch_standin is not None and args.batch_standin < 0:
-        raise UserError(f"--batch-standin: expected milliseconds >= 0, got {args.batch_standin}")
-    standin = None if args.batch_standin is None else args.batch_standin / 1e3
-    return {"envs": envs, "workers": args.batch_workers, "standin": standin}
 
 
 # -------------------------------------------------------------------- main
@@ -594,26 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (envs 1 and 8, in this process and in env workers, the shipped policy and a 4 ms stand-in, recorded; --batch-*; ~4 min)",
     )
-    p.add_argument(
-        "--batch-envs",
-        default=None,
-        metavar="LIST",
-        help="section batch: the envs counts, a comma list (default 1,8 on CPU, 1,32 on CUDA)",
-    )
-    p.add_argument(
-        "--batch-workers",
-        type=int,
-        default=None,
-        metavar="W",
-        help="section batch: env workers of each envs > 1 run (default: one a core, leaving one to this process past 2 cores)",
-    )
-    p.add_argument(
-        "--batch-standin",
-        type=float,
-        default=None,
-        metavar="MS",
-        help="section batch: also run a stand-in policy whose replay takes MS (default 4 on CPU, none on CUDA; 0: none)",
-    )
+    from rollcap.rollout.bench.batch_options import add_batch_arguments
+
+    add_batch_arguments(p)
     p.add_argument(
         "--policy-size",
         default=None,
