@@ -6,6 +6,8 @@ Registered as ``FaultyPushBlock-v0`` on import, so env workers (other processes)
 
 from __future__ import annotations
 
+import time
+
 import gymnasium as gym
 
 import rollcap.envs  # noqa: F401 - registers rollcap/PushBlock-v0
@@ -16,9 +18,11 @@ ENV_ID = "tests.rollout.workers._faulty:FaultyPushBlock-v0"
 
 
 class FaultyPushBlock(gym.Wrapper):
-    def __init__(self, **kw):
+    """``step_s``: each step also sleeps this long (a slow env: a chunk long enough to be killed in)."""
+
+    def __init__(self, step_s: float = 0.0, **kw):
         super().__init__(gym.make("rollcap/PushBlock-v0", **kw))
-        self._seed, self._n = None, 0
+        self._seed, self._n, self._step_s = None, 0, step_s
 
     def reset(self, *, seed=None, options=None):
         self._seed, self._n = seed, 0
@@ -28,6 +32,7 @@ class FaultyPushBlock(gym.Wrapper):
         self._n += 1
         if self._seed == FAULT_SEED and self._n == 3:
             raise RuntimeError("motor driver fault")
+        time.sleep(self._step_s)
         return self.env.step(action)
 
 

@@ -31,17 +31,17 @@ PUSH = "rollcap/PushBlock-v0"
 CONFIG = HostConfig(seed=7, max_chunks=6)
 
 
-def _in_process(n: int, todo, env_id: str = PUSH) -> dict[int, str]:
+def _in_process(n: int, todo, env_id: str = PUSH, kw: dict = ENV_KW) -> dict[int, str]:
     policy, critic = _batched(n)
-    core = BatchedCore([make_env(env_id, ENV_KW) for _ in range(n)], policy, critic, CONFIG)
+    core = BatchedCore([make_env(env_id, kw) for _ in range(n)], policy, critic, CONFIG)
     try:
         return {e.index: episode_digest(e.record) for e in core.episodes(todo)}
     finally:
         core.close()
 
 
-def _meta(env_id: str = PUSH) -> dict:
-    return {"env_name": env_id, "type": 2, "env_kwargs": ENV_KW}
+def _meta(env_id: str = PUSH, kw: dict = ENV_KW) -> dict:
+    return {"env_name": env_id, "type": 2, "env_kwargs": kw}
 
 
 @pytest.mark.slow(seconds=40)
@@ -93,13 +93,14 @@ def test_a_killed_worker_ends_only_its_episodes_which_run_again(tmp_path):
     """SIGKILL of a worker mid-chunk: its slots' episodes end (stop reason worker_lost, the worker named) and run again on the
     others or a replacement; the run holds every episode once, each the bytes of an in-process run. An env that raises
     ends only its own episode (recorded, stop reason error)."""
-    want = _in_process(4, range(10), FAULTY)
+    slow = {**ENV_KW, "step_s": 0.01}  # a chunk of 4 steps takes 40 ms: long enough to be caught in
+    want = _in_process(4, range(10), FAULTY, slow)
     policy, critic = _batched(4)
-    pool = EnvWorkers(FAULTY, ENV_KW, policy, critic, CONFIG, 2)
-    manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), _meta(FAULTY))
+    pool = EnvWorkers(FAULTY, slow, policy, critic, CONFIG, 2)
+    manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), _meta(FAULTY, slow))
     killed = None
     try:
-        pool.record_to(manifest, _meta(FAULTY))
+        pool.record_to(manifest, _meta(FAULTY, slow))
         ends = []
         for end in pool.episodes(range(10)):
             ends.append(end)
