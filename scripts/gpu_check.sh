@@ -37,7 +37,7 @@ mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 WORK=$(mktemp -d)
 DEV=${GPU_CHECK_DEVICE:-cuda}
-STEPS=${STEPS:-tests,core,runs,bench,models,batch,envs,workers}
+STEPS=${STEPS:-tests,core,runs,bench,models,envs,workers}  # batch: superseded by workers (the same section, more envs)
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 PY=python3
 ROLLCAP=("$PY" -m rollcap.rollout.cli)

@@ -300,11 +300,10 @@ def bench_batch(parts: Parts, n: int, envs=None, workers=None, standin=None) -> 
         k: [h[k] for h in hps] if k.endswith("_us") or k.endswith("_round") else hps[0][k] for k in hps[0]
     }
     out["load_average_end"] = list(os.getloadavg())
-    if not quick:
-        from rollcap.rollout.bench.gym import _vector_rate as async_rate
+    from rollcap.rollout.bench.gym import _vector_rate as async_rate
 
-        out["async_2_chunks_per_s"] = async_rate(parts, 2, 40)
-        out["vector_chunks_per_s"] = _vector_rate(parts, max(envs), 40)
+    out["async_2_chunks_per_s"] = async_rate(parts, 2, 8 if quick else 40)
+    out["vector_chunks_per_s"] = _vector_rate(parts, max(envs), 8 if quick else 40)
     return out
 
 
