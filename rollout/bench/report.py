@@ -12,8 +12,9 @@ re-creation), ``branch`` (:mod:`rollcap.rollout.bench.branch`), ``scaling``
 :mod:`rollcap.rollout.bench.peer`), ``recording`` (the writer's stages,
 :mod:`rollcap.rollout.bench.recording`). Each section's seconds are in
 ``section_s``. Opt-in (``--only``): ``backends`` (the CPU plans jit, aoti and
-compile side by side, :mod:`rollcap.rollout.bench.backends`), ``batch`` (``rollcap run --envs 8``
-vs ``--envs 1`` and the batched vector env vs ``AsyncVectorEnv(2)``, :mod:`rollcap.rollout.bench.batch`).
+compile side by side, :mod:`rollcap.rollout.bench.backends`), ``batch`` (envs 1 / 8 / ... in this process
+and on env workers, the shipped policy and a fixed-latency stand-in, recorded; the host's per-slot work; the batched
+vector env vs ``AsyncVectorEnv(2)``, :mod:`rollcap.rollout.bench.batch`).
 """
 
 from __future__ import annotations
