@@ -167,7 +167,10 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
 def quantize_rows_fp8_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: ``(q, scale)``, ``scale = max(amax(|row|), 1e-12) / 448`` (fp32, ``[..., 1]``), ``q = row / scale`` in e4m3."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 448.0
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12)
+    # A tensor divisor, not the Python scalar: CUDA's div by a host scalar multiplies by its reciprocal (one ulp off
+    # an IEEE division for some rows; seen on an H100), and the kernels divide exactly (tl.div_rn).
+    scale = amax / torch.full_like(amax, 448.0)
     return (x / scale).to(torch.float8_e4m3fn), scale
 
 
