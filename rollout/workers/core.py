@@ -129,8 +129,15 @@ class EnvWorkers:
         )
         self.shared = SharedRows(layout_for(self.policies, self.critics or None))
         self.arrays = self.shared.arrays
-        groups = np.array_split(np.arange(self.n), workers)
-        self.procs = [Proc(k, [int(s) for s in g]) for k, g in enumerate(groups)]
+        g, b = len(self.policies), self.batch
+        if (
+            g > 1 and workers % g == 0
+        ):  # each graph's slots on workers of their own: a graph's round runs beside the others'
+            slots = [part for k in range(g) for part in np.array_split(np.arange(k * b, (k + 1) * b), workers // g)]
+            self.groups = [list(range(k * (workers // g), (k + 1) * (workers // g))) for k in range(g)]
+        else:
+            slots, self.groups = np.array_split(np.arange(self.n), workers), [list(range(workers))]
+        self.procs = [Proc(k, [int(s) for s in part]) for k, part in enumerate(slots)]
         self.manifest = self.env_meta = None
         self._shards = 0
         self.lost: list[EpisodeEnd] = []
@@ -229,8 +236,8 @@ class EnvWorkers:
                     self._give(p)
             while True:
                 yield from self._gather()
-                launched = [s for p in self.procs if p.state == "launched" for s in p.launched]
-                if not launched:  # every worker idle (or starting): the run is over, or a worker has work again
+                ready = [[self.procs[i] for i in grp] for grp in self.groups if self._ready(grp)]
+                if not ready:  # every worker idle (or starting): the run is over, or a worker has work again
                     if not self._more():
                         waiting = [p for p in self.procs if p.pending and p.state == "idle"]
                         for p in waiting:  # episodes finished, their records still being written
@@ -243,17 +250,18 @@ class EnvWorkers:
                         if p.state == "idle":
                             self._give(p)
                     continue
-                t0 = time.perf_counter()
-                self.timing["policy_busy_s"] += replay_rows(
-                    self.arrays, self.batch, self.policies, self.critics, launched
-                )
-                self.timing["replay_s"] += time.perf_counter() - t0
-                self.timing["rounds"] += 1
-                more = self._more()
-                for p in self.procs:
-                    if p.state == "launched":
-                        p.state, p.launched = "launching", []
-                        p.try_send({"go": 1, "more": more})
+                for procs in ready:  # a group's round: its rows replayed, its workers told to go on
+                    launched = [s for p in procs if p.state == "launched" for s in p.launched]
+                    t0 = time.perf_counter()
+                    busy = replay_rows(self.arrays, self.batch, self.policies, self.critics, launched)
+                    self.timing["policy_busy_s"] += busy
+                    self.timing["replay_s"] += time.perf_counter() - t0
+                    self.timing["rounds"] += sum(len(p.slots) for p in procs) / self.n  # whole rounds' worth
+                    more = self._more()
+                    for p in procs:
+                        if p.state == "launched":
+                            p.state, p.launched = "launching", []
+                            p.try_send({"go": 1, "more": more})
         except BaseException:
             self.abort()
             raise
@@ -286,13 +294,19 @@ class EnvWorkers:
             p.state = "launching"
             p.try_send({"start": items})
 
+    def _ready(self, group: list[int]) -> bool:
+        """Whether a group's round can run: one of its workers has launched rows, none is still mid-chunk."""
+        procs = [self.procs[i] for i in group]
+        return any(p.state == "launched" for p in procs) and not any(p.state == "launching" for p in procs)
+
     def _gather(self, until_idle: bool = False) -> Iterator[EpisodeEnd]:
-        """Take the workers' messages until none is mid-round (``until_idle``: and none starting); yield the ends."""
+        """Take the workers' messages until a group's round can run or none is mid-round (``until_idle``: until none is
+        mid-round or starting); yield the ends."""
         while True:
             busy = [p for p in self.procs if p.state in ("launching", "starting", "recording")]
             if not until_idle:
                 busy = [p for p in busy if p.state == "launching" or not self._others_busy(p)]
-            if not busy:
+            if not busy or (not until_idle and any(self._ready(g) for g in self.groups)):
                 return
             t0 = time.perf_counter()
             ready = wait_any([p.conn for p in busy] + [p.proc.sentinel for p in busy], timeout=1.0)

@@ -64,6 +64,24 @@ def test_an_episode_is_the_same_bytes_wherever_its_env_lived(tmp_path):
         assert len({e.shard for e in read_manifest(tmp_path / f"w{workers}")[1].values()}) == workers
 
 
+@pytest.mark.slow(seconds=20)
+def test_graphs_run_their_rounds_side_by_side_with_the_same_bytes(tmp_path):
+    """4 envs on 2 graphs at batch 2 over 2 workers (one a graph: each graph's round runs beside the other's) give the
+    episodes of 2 envs on one graph at batch 2 in process, byte for byte."""
+    want = _in_process(2, range(7))
+    pairs = [_batched(2) for _ in range(2)]
+    pool = EnvWorkers(PUSH, ENV_KW, [p for p, _ in pairs], [c for _, c in pairs], CONFIG, 2)
+    manifest = ManifestWriter(tmp_path / "g", ("npz",), _meta())
+    try:
+        assert pool.groups == [[0], [1]] and [p.slots for p in pool.procs] == [[0, 1], [2, 3]]
+        pool.record_to(manifest, _meta())
+        ends = list(pool.episodes(range(7)))
+    finally:
+        pool.close()
+        manifest.close()
+    assert sorted(e.index for e in ends) == list(range(7)) and pool.digests == want
+
+
 @pytest.mark.slow(seconds=60)
 def test_run_with_env_workers_repeats_replays_and_matches_in_process(tmp_path):
     """``rollcap.run(envs=3, env_workers=2)`` twice gives the digests of ``envs=3`` in process; every episode replays exactly
