@@ -127,15 +127,17 @@ if want workers; then
     --batch-workers "$WW" --batch-standin 0 --json "$OUT_DIR/bench_workers.json"
   step "run-envs-$N-inproc" 60 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-w0"
   step "run-envs-$N-workers-$WW" 60 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --env-workers "$WW" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-w1"
+  step "run-envs-$N-graphs-2-workers-$WW" 60 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --graphs 2 --env-workers "$WW" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-w2"
   step workers-digests 60 "$PY" -c "
-import json, sys
+import json, os, sys
 from rollcap.rollout.recording import episode_digest, load_any
 a, b = ([episode_digest(r) for r in load_any(d)] for d in sys.argv[1:3])
 s = {'episodes': [len(a), len(b)], 'identical': sum(x == y for x, y in zip(a, b))}
-for d, k in ((sys.argv[1], 'inproc'), (sys.argv[2], 'workers')):
-    s[k] = {x: json.load(open(d + '/summary.json')).get(x) for x in ('wall_s', 'episodes', 'boundary_ms_median', 'policy_ms_median', 'host_timing', 'worker_timing')}
+for d, k in ((sys.argv[1], 'inproc'), (sys.argv[2], 'workers'), (sys.argv[4], 'graphs_2_workers')):
+    f = d + '/summary.json'
+    s[k] = {x: json.load(open(f)).get(x) for x in ('wall_s', 'episodes', 'boundary_ms_median', 'policy_ms_median', 'host_timing', 'worker_timing')} if os.path.exists(f) else None
 print(json.dumps(s, indent=1)); open(sys.argv[3], 'w').write(json.dumps(s, indent=1))
-sys.exit(0 if s['identical'] == len(a) == len(b) else 1)" "$WORK/run-w0" "$WORK/run-w1" "$OUT_DIR/workers_digests.json"
+sys.exit(0 if s['identical'] == len(a) == len(b) else 1)" "$WORK/run-w0" "$WORK/run-w1" "$OUT_DIR/workers_digests.json" "$WORK/run-w2"
 fi
 
 # ---------------------------------------------------------------- 7. compile-cuda (opt-in: inductor compiles each size, cold cache)

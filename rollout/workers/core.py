@@ -26,6 +26,10 @@ this process appends one manifest line per episode once the worker says it is
 written (the commit point), so the run reads as one run (replay, inspect,
 merge, resume) and only outcomes cross back.
 
+With G graphs and W a multiple of G, each graph's slots live on W/G workers of their own and a graph's round runs as
+soon as its workers have launched: one graph replays while the others' envs step (a pipeline; the bytes are those of
+the same graphs in process). Otherwise every round waits for every worker.
+
 Faults: a worker that dies (killed, crashed) ends its slots' episodes: each is
 listed in :attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error
 naming the worker, and runs again (from its start, the same bytes) on a
