@@ -372,7 +372,7 @@ def _record(
     if parts is None and is_sharded(out) and not cfg.writers and workers is None:
         raise ConfigError(
             "actors",
-            f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first",
+            f"{out} is a sharded run ({MANIFEST}): resume it with actors, writers or env workers, or run `rollcap merge {out}` first",
         )
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     if sharded:  # the actors write their shards; this process writes the manifest (no writer thread: nothing to write)
