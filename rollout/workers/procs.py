@@ -53,7 +53,7 @@ class Proc:
         asked, self.state = self.state not in ("starting", "recording"), "stopping"
         if asked:
             self.try_send({"stop": 1})
-            deadline = time.perf_counter() + 10
+            deadline = time.perf_counter() + 30  # it writes what finished first
             try:
                 while self.conn.poll(max(0.0, deadline - time.perf_counter())):
                     msg = json.loads(self.conn.recv_bytes())
