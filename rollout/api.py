@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollcap.kernels.files import atomic_write, canonical_json, plain_json
+from rollcap.rollout.batch import recorded_batch
 from rollcap.rollout.build import Built, build, check_repeatable  # noqa: F401 - check_repeatable: this module's API before
 from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.host import RolloutHost
@@ -167,9 +168,9 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         "type": 2,
         "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
     }
-    remote = bool(cfg.actors)
+    remote = bool(cfg.actors)  # Ray actors: their progress bar starts once they are up
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
-    sink = open_sink(cfg, out, env_meta, remote)
+    sink = open_sink(cfg, out, env_meta)
     recorder = sink.recorder
     earlier = recorder.verify() if cfg.resume else []  # every finished episode is read back before appending
     before = set(recorder.indices)
@@ -181,7 +182,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     source = None
     try:
         spare = max(before | set(range(cfg.episodes)), default=-1) + 1
-        source = open_source(spec, built, sink, subs, env_meta, spare)
+        source = open_source(spec, built, sink, subs, env_meta, spare, poll_stop)
         if earlier:
             _same_run(earlier[0], source.host, env_meta)
         if remote:  # Ray actors run the episodes; this process records what they return
@@ -227,6 +228,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
             "unwritten_at_interrupt": sink.discarded,  # finished, still queued at a second Ctrl-C: not written
         })  # fmt: skip
         summary.update(source.summary())
+        summary.update(sink.summary())
         if failure is not None:
             summary["recording_failed"] = str(failure)
         try:
@@ -285,6 +287,11 @@ def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
         raise ConfigError(
             field,
             f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env",
+        )
+    was, now = recorded_batch(recorded.fingerprints), host.policy.state_fingerprint().get("batch", 1)
+    if was != now:  # a row's bits depend on the batch (the env workers' layout never changes them)
+        raise ConfigError(
+            "envs", f"this run was recorded at batch {was} (`envs`/`graphs`); `resume=True` needs it, got {now}"
         )
     for part in ("policy", "critic"):
         was = (recorded.fingerprints.get(part) or {}).get("weights_digest")

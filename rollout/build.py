@@ -214,11 +214,13 @@ class Built:
     """What :func:`build` made: the envs (one per slot), the policy and critic, and what to close."""
 
     envs: list
+    """The envs made here: ``batch`` of them, or one (for the checks) when env workers make the batch's."""
     policy: object
-    """A runner at batch ``len(envs)``, a list of G runners (``graphs``), or the caller's policy object."""
+    """A runner at batch ``batch``, a list of G runners (``graphs``), or the caller's policy object."""
     critic: object
     own: list = field(default_factory=list)
     """What this build made (and :meth:`close` closes): not the caller's objects."""
+    batch: int = 1
 
     @property
     def env(self):
@@ -226,7 +228,7 @@ class Built:
 
     @property
     def batched(self) -> bool:
-        return len(self.envs) > 1
+        return self.batch > 1
 
     def close(self) -> None:
         for part in self.own:
@@ -235,7 +237,8 @@ class Built:
 
 
 def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: bool = True) -> Built:
-    """Envs and runners for ``spec``: ``spec.run.envs`` envs, the policy and critic captured at that batch.
+    """Envs and runners for ``spec``: ``spec.run.envs`` envs (one with ``env_workers``: the workers make the
+    batch's), the policy and critic captured at that batch.
 
     ``env`` / ``policy`` / ``critic``: what the caller passed to ``rollcap.run`` (an env id or an env
     object; a checkpoint path or None, or a model object, which is used as it is). At batch N > 1 all
@@ -249,10 +252,15 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
     """
     parts, run, poll = spec.deployment, spec.run, poll or (lambda: None)
     n = run.envs
+    here = 1 if run.env_workers else n  # env workers build their slots' envs; this process one, for the checks
     env = parts.env_id if env is None else env
-    out = Built([], policy, critic)
+    out = Built([], policy, critic, batch=n)
     try:
-        if n > 1:
+        if run.env_workers and not (isinstance(env, str) and is_path(policy) and is_path(critic)):
+            raise ConfigError(
+                "env_workers", "env workers build their envs from an env id and the runners from checkpoints; got objects"
+            )
+        if n > 1 and not run.env_workers:
             if not isinstance(env, str):
                 raise ConfigError(
                     "envs",
@@ -265,7 +273,7 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
                 )
             check_batched_host(spec.host)
         if isinstance(env, str):
-            for _ in range(n):
+            for _ in range(here):
                 out.envs.append(make_env(parts.env_id, parts.env_kwargs))
                 out.own.append(out.envs[-1])
             poll()

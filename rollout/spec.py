@@ -234,8 +234,8 @@ class RunConfig:
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
     """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
-    env_workers: int = field(default=0, repr=False, init=False)
-    """Reserved for env worker processes (``rollout/workers/``, the env workers issue): 0 steps the envs in this process."""
+    env_workers: int = 0
+    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. The same bytes either way."""
 
     def __post_init__(self):
         if not _is_int(self.episodes) or self.episodes < 1:
@@ -250,6 +250,14 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
+        w, other = (
+            self.env_workers,
+            "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None,
+        )
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0 or (w and (self.envs < 2 or w > self.envs)):
+            raise ConfigError("env_workers", f"expected an integer in 0..envs (envs >= 2; here {self.envs}), got {w!r}")
+        if w and other:
+            raise ConfigError("env_workers", f"each env worker records its own shard in this run; drop `{other}`")
         if self.envs > 1 and self.teleop is not None:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not _is_int(self.actors) or self.actors < 0:

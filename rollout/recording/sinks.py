@@ -11,8 +11,8 @@ A :class:`Sink` is what a source hands finished episodes to: its
 ``subscribers`` (the writer, or nothing when the envs' owners write) join the
 run's subscribers, ``recorder`` knows which indices the run has (resume) and
 ``close()`` drains it. A new storage is one more branch of :func:`open_sink`;
-a new source that records where it steps (env worker processes, like Ray
-actors) uses the ``shards`` sink and names each episode's shard in the manifest.
+a source that records where it steps (env worker processes, Ray actors)
+uses the ``shards`` sink and names each episode's shard in the manifest.
 """
 
 from __future__ import annotations
@@ -53,26 +53,38 @@ class Sink:
         """Episodes finished but dropped from the queue by a second Ctrl-C (not written)."""
         return self.writer.discarded
 
+    def summary(self) -> dict:
+        """What the run's summary says of the storage: a sharded run's shard count (here and on other nodes)."""
+        if not self.sharded:
+            return {}
+        m = self.recorder
+        return {
+            "shards": len(
+                set(m.shard_names()) | {Path(e.shard).name for e in m.entries.values() if Path(e.shard).is_absolute()}
+            )
+        }
+
     def close(self) -> None:
         """Write every finished episode (after a second signal: only the one being written)."""
         self.writer.close()
 
 
-def open_sink(run: RunConfig, out: Path, env_meta: dict, remote: bool) -> Sink:
-    """The sink ``run`` asks for in ``out``; ``remote``: the episodes are stepped elsewhere (Ray actors).
+def open_sink(run: RunConfig, out: Path, env_meta: dict) -> Sink:
+    """The sink ``run`` asks for in ``out``: the shards' manifest when the episodes are recorded where they are
+    stepped (env workers; Ray actors unless ``shards=False``), else writer processes or the writer thread.
 
     A sharded run stays sharded on resume (its manifest says so).
 
     Raises:
         ConfigError: a sharded run resumed in this process without writers (naming ``actors``).
     """
-    if remote and (run.shards or is_sharded(out)):
+    if run.env_workers or (run.actors and (run.shards or is_sharded(out))):
         writer = ManifestWriter(out, run.formats, env_meta, resume=run.resume)
         return Sink("shards", writer, writer)
-    if not remote and is_sharded(out) and not run.writers:
+    if not run.actors and is_sharded(out) and not run.writers:
         raise ConfigError(
             "actors",
-            f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first",
+            f"{out} is a sharded run ({MANIFEST}): resume it with actors, writers or env workers, or run `rollcap merge {out}` first",
         )
     if run.writers:  # child processes, each recording a shard: their CPU and GIL leave this process
         pool = WriterPool(out, run.writers, run.formats, env_meta, resume=run.resume)

@@ -10,7 +10,8 @@ source.summary()        what it adds to summary.json
 ```
 
 One file per way of running: :mod:`.local` (in this process at batch 1),
-:mod:`.batched` (N envs over one graph), :mod:`.teleop` (a person in the loop),
+:mod:`.batched` (N envs over one graph), :mod:`.workers` (those N envs in worker
+processes, each recording its shard), :mod:`.teleop` (a person in the loop),
 :mod:`.actors` (Ray actors; the driver records what they send) and
 :mod:`.shards` (Ray actors that record their own shards). The Ray ones share one
 retry skeleton (:meth:`rollcap.rollout.ray.actors.ActorPool.map`). :func:`open_source`
@@ -18,9 +19,9 @@ picks one from the spec, as :func:`rollcap.rollout.recording.sinks.open_sink` pi
 the sink.
 
 A new way of running is one more file here with those five members, and one
-more branch in :func:`open_source` (env worker processes, ``rollout/workers/``:
-a source over its ``episodes(todo)`` that records in the workers, with the
-``shards`` sink).
+more branch in :func:`open_source`, as the env workers are (:mod:`.workers`, over
+:class:`~rollcap.rollout.workers.core.EnvWorkers`' ``episodes(todo)``, recording
+where they step, with the ``shards`` sink).
 """
 
 from __future__ import annotations
@@ -32,19 +33,24 @@ from rollcap.rollout.sources.batched import BatchedSource
 from rollcap.rollout.sources.local import LocalSource
 from rollcap.rollout.sources.shards import ShardSource
 from rollcap.rollout.sources.teleop import TeleopSource
+from rollcap.rollout.sources.workers import WorkerSource
 from rollcap.rollout.spec import Spec
 
-__all__ = ["ActorSource", "BatchedSource", "LocalSource", "ShardSource", "TeleopSource", "open_source"]
+__all__ = ["ActorSource", "BatchedSource", "LocalSource", "ShardSource", "TeleopSource", "WorkerSource", "open_source"]
 
 
-def open_source(spec: Spec, built: Built, sink: Sink, subscribers: list, env_meta: dict, spare_from: int = 0):
+def open_source(
+    spec: Spec, built: Built, sink: Sink, subscribers: list, env_meta: dict, spare_from: int = 0, poll_stop=None
+):
     """The source ``spec`` asks for, over what :func:`~rollcap.rollout.build.build` made; its host is built here.
 
     ``subscribers``: the run's (the sink's writer included); a Ray source hands each episode to the list as
     it is when the episode arrives (the progress bar joins once the actors are up). ``spare_from``: the
-    first index a teleop retry may take (after the run's own).
+    first index a teleop retry may take (after the run's own). ``poll_stop``: called while env workers start.
     """
     run = spec.run
+    if run.env_workers:
+        return WorkerSource(spec, built, sink, subscribers, env_meta, poll_stop)
     if run.actors:
         if sink.sharded:
             return ShardSource(spec, built, sink, subscribers, env_meta)

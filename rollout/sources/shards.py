@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from rollcap.rollout.build import Built
 from rollcap.rollout.protocols import EpisodeEnd
@@ -29,8 +28,3 @@ class ShardSource(ActorSource):
 
     def episodes(self, todo: Iterable[tuple[int, int]]) -> Iterator[EpisodeEnd]:
         return self.shards.episodes(self.pool, todo, self.subscribers)
-
-    def summary(self) -> dict:
-        m = self.manifest
-        names = set(m.shard_names()) | {Path(e.shard).name for e in m.entries.values() if Path(e.shard).is_absolute()}
-        return {**super().summary(), "shards": len(names)}

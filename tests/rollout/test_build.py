@@ -117,7 +117,7 @@ def test_every_source_speaks_the_protocol():
     import inspect
 
     files = sorted(p.stem for p in (ROOT / "rollout" / "sources").glob("*.py") if p.stem != "__init__")
-    assert files == ["actors", "batched", "local", "shards", "teleop"]
+    assert files == ["actors", "batched", "local", "shards", "teleop", "workers"]
     for stem in files:
         module = importlib.import_module(f"rollcap.rollout.sources.{stem}")
         (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
