@@ -258,7 +258,8 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
     try:
         if run.env_workers and not (isinstance(env, str) and is_path(policy) and is_path(critic)):
             raise ConfigError(
-                "env_workers", "env workers build their envs from an env id and the runners from checkpoints; got objects"
+                "env_workers",
+                "env workers build their envs from an env id and the runners from checkpoints; got objects",
             )
         if n > 1 and not run.env_workers:
             if not isinstance(env, str):
