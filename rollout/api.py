@@ -396,7 +396,7 @@ def _record(
                 reset_hook=tele.reset_hook if tele else None,
             )
         if earlier:
-            _same_run(earlier[0], host, env_meta)
+            _same_run(earlier[0], host, env_meta, cfg.graphs)
         if parts is not None:  # Ray actors run the episodes; this process records what they return
             from rollcap.rollout.ray.actors import ActorPool
 
@@ -539,30 +539,15 @@ def _rewinds(host: RolloutHost):
     return RewindBuffer.on(host)
 
 
-def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
-    """Refuse to resume a run with another config, env or model (naming the first differing field)."""
+def _same_run(recorded, host, env_meta: dict, graphs: int) -> None:
+    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`)."""
+    from rollcap.rollout.lifecycle import fingerprints_of
+    from rollcap.rollout.resume import check_same_run
+
+    state_env = host.hosts[0].state_env if hasattr(host, "hosts") else host.state_env  # a BatchedCore: its first
+    fps = fingerprints_of(host.policy, host.critic, state_env)
     now = plain_json(dataclasses.asdict(host.config))
-    for name in sorted(set(now) | set(recorded.config)):
-        if now.get(name) != recorded.config.get(name):
-            raise ConfigError(
-                name,
-                f"this run was recorded with {recorded.config.get(name)!r}; `resume=True` needs the same (got {now.get(name)!r})",
-            )
-    if (recorded.env_id, plain_json(recorded.env_kwargs)) != (env_meta["env_name"], plain_json(env_meta["env_kwargs"])):
-        field = "env_id" if recorded.env_id != env_meta["env_name"] else "env_kwargs"
-        raise ConfigError(
-            field,
-            f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env",
-        )
-    for part in ("policy", "critic"):
-        was = (recorded.fingerprints.get(part) or {}).get("weights_digest")
-        comp = getattr(host, part)
-        now_digest = None if comp is None else comp.state_fingerprint().get("weights_digest")
-        if was != now_digest:
-            raise ConfigError(
-                part,
-                f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})",
-            )
+    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs)
 
 
 def new_run_dir(root: Path) -> Path:
