@@ -253,28 +253,35 @@ def cmd_inspect(args) -> int:
         episode_table,
         plot_episodes,
     )
-    from rollcap.rollout.recording import iter_any, load_any
+    from rollcap.rollout.recording import iter_episodes
 
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
     thresholds = _thresholds(args.early_stop) if args.early_stop is not None else None
     if args.patience < 1:
         raise UserError(f"--patience: expected an integer >= 1, got {args.patience}")
-    for path in args.file:
-        print(episode_table(iter_any(path)))  # streamed: memory is one episode's, whatever the run's size
+    bad: list = []
+    for path in args.file:  # streamed: memory is one episode's, whatever the run's size; a bad episode is a row
+        print(episode_table(iter_episodes(path), unreadable=bad))
     if thresholds is not None:
         from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
 
         try:
-            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in iter_any(path)]
+            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in _readable(path)]
         except ValueError as err:
             raise UserError(f"--early-stop: {err}") from err
         print(table(early_stop_rows(eps, thresholds, args.patience)))
     if args.plot is not None:
         for path in args.file:
-            for png in plot_episodes(load_any(path), args.plot):  # branch fans need the episodes together
+            for png in plot_episodes(list(_readable(path)), args.plot):  # branch fans need the episodes together
                 print(f"wrote {png}")
-    return 0
+    return 1 if bad else 0  # an unreadable episode is a failed check, as in replay
+
+
+def _readable(path):
+    from rollcap.rollout.recording import iter_episodes
+
+    return (rec for _, rec in iter_episodes(path) if not isinstance(rec, Exception))
 
 
 def _thresholds(values: list[float]) -> list[float]:
