@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollcap.kernels.files import atomic_write, canonical_json, plain_json
+from rollcap.kernels.files import atomic_write, cannot_create_dir, canonical_json, plain_json
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_critic, make_env, make_runners
 from rollcap.rollout.errors import ConfigError, NotExactWarning, RecordingFailed
 from rollcap.rollout.config import HostConfig
@@ -204,6 +204,8 @@ def run(
         Interrupted: Ctrl-C; finished episodes are kept (``.result``).
     """
     host_cfg, run_cfg, parts = _configs(episodes, out, env, policy, critic, options)
+    if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
+        raise ConfigError("out", why)  # before minutes of building what would write there
     if run_cfg.actors:
         from rollcap.rollout.ray.actors import check_actor_run
 
