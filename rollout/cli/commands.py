@@ -53,8 +53,8 @@ def _first_sentence(cls, field: str) -> str:
     from rollcap.rollout.cli.options import field_docs
 
     doc = field_docs(cls).get(field, "")
-    head = doc.split(" (default")[0].split("; default")[0]
-    return head.rstrip(".") + "."
+    head = doc.split(" (default")[0].split("; default")[0].rstrip(".")
+    return head + ")" * (head.count("(") - head.count(")")) + "."  # a parenthesis the cut left open is closed
 
 
 def _run_options(p: argparse.ArgumentParser):
