@@ -20,9 +20,27 @@ command holds Ctrl-C from its first line; see :mod:`rollcap.rollout.cli`).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
+
+import _signal  # built in (no file, no time): the ``rollcap`` command holds SIGINT / SIGTERM before any other import
+
+
+def _is_command() -> bool:
+    """This process is the ``rollcap`` command (the console script, or ``python -m rollcap.rollout.cli``)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0.replace("\\", "/").rsplit("/", 1)[-1] in ("rollcap", "rollcap.exe", "rollcap-script.py"):
+        return True
+    orig = getattr(sys, "orig_argv", [])
+    return (
+        argv0 == "-m" and "-m" in orig and orig[orig.index("-m") + 1 : orig.index("-m") + 2] == ["rollcap.rollout.cli"]
+    )
+
+
+if hasattr(_signal, "pthread_sigmask") and _is_command():  # rollcap.rollout.cli.main unblocks them behind its handler
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
+
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
 
 __all__ = [
     "ChunkCritic",

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     130 Ctrl-C (143 SIGTERM), always without a traceback for these."""
     signal.signal(signal.SIGINT, _SIGNALS)
     signal.signal(signal.SIGTERM, _SIGNALS)
+    _unblock()
     warnings.showwarning = _show_warning
     try:
         return _main(argv)
@@ -33,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # exiting now: a late signal must not turn a clean exit into a death by signal
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _unblock() -> None:
+    """Unblock SIGINT and SIGTERM, which ``import rollcap`` blocked for the command (its first lines): one sent
+    meanwhile reaches the handler now, which holds it until start-up ends; processes started from here inherit no block."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _main(argv: list[str] | None) -> int:
