@@ -10,7 +10,8 @@ The few names a user needs, in one place::
 
 The parts live in subpackages (``rollcap.rollout``, ``rollcap.envs``,
 ``rollcap.policies``, ...). These names come from ``rollcap.rollout`` on first
-use, so ``import rollcap.envs`` alone does not import torch. Importing
+use (``Parts`` from its ``build``; ``check_capturable`` and ``CaptureHazard``,
+the capture guard for a function of yours, from ``rollcap.kernels``), so ``import rollcap.envs`` alone does not import torch. Importing
 registers the gymnasium ids ``rollcap/ChunkPushBlock-v0`` and
 ``rollcap/NoiseSteerPushBlock-v0`` (see :mod:`rollcap.rollout.gym.envs`): at
 once when gymnasium is already imported, else right after gymnasium's own
@@ -39,6 +40,7 @@ def _is_command() -> bool:
 if hasattr(_signal, "pthread_sigmask") and _is_command():  # rollcap.rollout.cli.main unblocks them behind its handler
     _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
 
+import importlib  # noqa: E402
 import importlib.abc  # noqa: E402
 import importlib.util  # noqa: E402
 
@@ -49,6 +51,9 @@ __all__ = [
     "EpisodeRecord",
     "EventBus",
     "HostConfig",
+    "Parts",
+    "CaptureHazard",
+    "check_capturable",
     "Interrupted",
     "RecapConfig",
     "RolloutHost",
@@ -62,6 +67,12 @@ __all__ = [
     "run",
 ]
 
+_ELSEWHERE = {
+    "Parts": "rollcap.rollout.build",
+    "CaptureHazard": "rollcap.kernels.errors",
+    "check_capturable": "rollcap.kernels.guard",
+}
+"""Names that come from a module other than ``rollcap.rollout`` (each imported on first use)."""
 
 GYM_IDS = {
     "rollcap/ChunkPushBlock-v0": "rollcap.rollout.gym.envs:make_chunk_env",
@@ -123,9 +134,12 @@ elif not any(isinstance(f, _RegisterAfterGymnasium) for f in sys.meta_path):
 def __getattr__(name: str):
     if name not in __all__:
         raise AttributeError(f"module 'rollcap' has no attribute {name!r}")
-    import rollcap.rollout
+    if name in _ELSEWHERE:
+        value = getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    else:
+        import rollcap.rollout
 
-    value = getattr(rollcap.rollout, {"load": "load_any", "branch": "branch_episode"}.get(name, name))
+        value = getattr(rollcap.rollout, {"load": "load_any", "branch": "branch_episode"}.get(name, name))
     globals()[name] = value
     return value
 
