@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from rollcap.kernels.files import atomic_write, cannot_create_dir, canonical_json, plain_json
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_critic, make_env, make_runners
-from rollcap.rollout.errors import ConfigError, NotExactWarning, RecordingFailed
+from rollcap.rollout.errors import ClusterFailure, ConfigError, NotExactWarning, RecordingFailed
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
@@ -406,7 +407,8 @@ def _record(
                 from rollcap.rollout.ray.shards import Shards
 
                 shards = Shards(recorder, env_meta, cfg.shard_dir)
-            pool = ActorPool.for_run(parts, host, cfg, setup=shards and shards.setup, poll_stop=poll_stop)
+            run_cfg = dataclasses.replace(cfg, out=out)  # the run's directory: Ray's own messages go to a file there
+            pool = ActorPool.for_run(parts, host, run_cfg, setup=shards and shards.setup, poll_stop=poll_stop)
             if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
                 subs.append(Progress(len(todo)))
         if on_started is not None:
@@ -417,7 +419,10 @@ def _record(
         if tele is not None:
             tele.__exit__(None, None, None)
         writer.close()
-        if not recorder.indices:  # nothing recorded, ever: leave no trace of this call (a bad option is found here)
+        lost = isinstance(sys.exc_info()[1], ClusterFailure)  # the machines failed: the run keeps Ray's log (ray.log)
+        if (
+            not recorder.indices and not lost
+        ):  # nothing recorded, ever: leave no trace of this call (a bad option is found here)
             _remove_new(out, before_setup)
         raise
     ends: list[EpisodeEnd] = []

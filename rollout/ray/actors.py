@@ -42,10 +42,10 @@ from pathlib import Path
 
 from rollcap.rollout.build import Parts, named_policy
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.errors import ClusterFailure, ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
+from rollcap.rollout.ray.connect import EXTRA, connect, import_ray, log_ray_to, lost_line  # noqa: F401 - EXTRA and connect are part of this module's API
 from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-exported: part of this module's API
     _SHIPPED,
     EpisodeSpec,
@@ -183,6 +183,7 @@ class ActorPool:
             if cfg.actor_gpus is not None
             else (0.0 if parts.device.startswith("cpu") else 1.0 / cfg.actors)
         )
+        log_ray_to(None if cfg.out is None else Path(cfg.out) / "ray.log")  # Ray's own messages: a file of the run
         return cls(
             parts,
             host.config,
@@ -230,7 +231,17 @@ class ActorPool:
                 try:
                     slot.info = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    raise _start_error(err) from err
+                    if not _lost_infrastructure(ray, err):
+                        raise _start_error(err) from err
+                    n = self.slots.index(slot)  # lost to the cluster while starting: the run goes on without it
+                    self.slots[n] = replace(slot, handle=None, ready=None)
+                    self.dropped += 1
+                    live = sum(s.live for s in self.slots)
+                    if not live:
+                        line = lost_line(ray, None, err, "no actor is left to run on").removeprefix("rollcap: ")
+                        raise ClusterFailure(f"every actor was lost while starting: {line}") from err
+                    print(lost_line(ray, None, err, f"going on with {live} actor(s)"), file=sys.stderr)
+                    continue
                 slot.ready = None
                 self.nodes.add(slot.info["node"])
                 if expect is not None:
@@ -304,11 +315,16 @@ class ActorPool:
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as err:
+                    k = key(item)
                     if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
+                        again = "runs again on a live actor" if tries.get(k, 0) + 1 < max_tries else "failed"
+                        print(
+                            lost_line(ray, self.slots[slot].info.get("node"), err, f"episode {k} {again}"),
+                            file=sys.stderr,
+                        )
                         self._replace(slot)
                     else:
                         idle.append(slot)
-                    k = key(item)
                     tries[k] = tries.get(k, 0) + 1
                     if tries[k] >= max_tries:
                         self.failed[k] = _one_line(err)
@@ -416,6 +432,11 @@ def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
         if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))
     ]
     return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in paths}), shipped
+
+
+def _lost_infrastructure(ray, err: BaseException) -> bool:
+    """The actor died of the cluster (its process or node lost, or cancelled by it), not of an error in its own start-up."""
+    return isinstance(err, ray.exceptions.RayActorError) and not getattr(err, "actor_init_failed", False)
 
 
 def _start_error(err: BaseException) -> Exception:
