@@ -420,10 +420,8 @@ def _record(
             tele.__exit__(None, None, None)
         writer.close()
         lost = isinstance(sys.exc_info()[1], ClusterFailure)  # the machines failed: the run keeps Ray's log (ray.log)
-        if (
-            not recorder.indices and not lost
-        ):  # nothing recorded, ever: leave no trace of this call (a bad option is found here)
-            _remove_new(out, before_setup)
+        if not recorder.indices and not lost:  # nothing recorded, ever: leave no trace of this call
+            _remove_new(out, before_setup)  # (a bad option is found here)
         raise
     ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
