@@ -32,15 +32,16 @@ the test starts its clock at the line, so every moment it tries is rollcap's."""
 def wait_until_held(proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Return once ``proc``'s main thread blocks SIGINT (``import rollcap``'s first lines did it: ``SigBlk`` in
     ``/proc/PID/status``); it stays blocked until the command's handler is installed, a second or more later."""
-    status = Path(f"/proc/{proc.pid}/status")
+    status, cmdline = Path(f"/proc/{proc.pid}/status"), Path(f"/proc/{proc.pid}/cmdline")
     bit = 1 << (signal.SIGINT - 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            execed = str(SCRIPT).encode() in cmdline.read_bytes()  # not the forked child still blocking all before exec
         except OSError:  # the process ended
             break
-        if int(fields["SigBlk"].strip(), 16) & bit:
+        if execed and int(fields["SigBlk"].strip(), 16) & bit:
             return
         time.sleep(0.0005)
     raise AssertionError(f"rollcap never held SIGINT at start-up (exit {proc.poll()})")
