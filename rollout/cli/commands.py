@@ -68,7 +68,9 @@ def _run_options(p: argparse.ArgumentParser):
 
 
 def cmd_run(args) -> int:
+    from rollcap.kernels.files import cannot_create_dir
     from rollcap.rollout.api import Interrupted, RunConfig, run
+    from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.build import Parts, make_env, make_runners
     from rollcap.rollout.config import HostConfig
 
@@ -76,6 +78,8 @@ def cmd_run(args) -> int:
     opts = args.options
     parts = Parts(**opts.values(args, Parts))
     host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
+    if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
+        raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     built = []
     opts = {
         **dataclasses.asdict(host_cfg),
