@@ -197,7 +197,9 @@ def check_same_run(recorded, config: Mapping, fingerprints: Mapping, env_id: str
             got = _show(now[setting])
             if setting == "batch":  # the bytes depend on the batch of each graph, envs / graphs
                 got += f" (`envs={now[setting] * graphs}` over `graphs={graphs}`)"
-            what = "batch (envs / graphs)" if setting == "batch" else setting
+            what = {"batch": "batch (envs / graphs)", "policy": "policy weights", "critic": "critic weights"}.get(
+                setting, setting
+            )
             raise ConfigError(
                 option,
                 f"this run was recorded with {what} {_show(was[setting])}; `resume=True` needs the same, got {got}",
