@@ -399,7 +399,7 @@ def _record(
                 reset_hook=tele.reset_hook if tele else None,
             )
         if earlier:
-            _same_run(earlier[0], host, env_meta, cfg.graphs)
+            _same_run(earlier[0], host, env_meta, cfg.graphs, elsewhere=bool(cfg.actors))
         if parts is not None:  # Ray actors run the episodes; this process records what they return
             from rollcap.rollout.ray.actors import ActorPool
 
@@ -544,7 +544,7 @@ def _rewinds(host: RolloutHost):
     return RewindBuffer.on(host)
 
 
-def _same_run(recorded, host, env_meta: dict, graphs: int) -> None:
+def _same_run(recorded, host, env_meta: dict, graphs: int, elsewhere: bool = False) -> None:
     """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`)."""
     from rollcap.rollout.lifecycle import fingerprints_of
     from rollcap.rollout.resume import check_same_run
@@ -552,7 +552,7 @@ def _same_run(recorded, host, env_meta: dict, graphs: int) -> None:
     state_env = host.hosts[0].state_env if hasattr(host, "hosts") else host.state_env  # a BatchedCore: its first
     fps = fingerprints_of(host.policy, host.critic, state_env)
     now = plain_json(dataclasses.asdict(host.config))
-    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs)
+    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs, elsewhere)
 
 
 def new_run_dir(root: Path) -> Path:

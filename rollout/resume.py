@@ -178,11 +178,15 @@ def _weights(fp: Mapping, digest: str | None = None) -> str | None:
     return f"{kind} {what}" if kind and what else (what or kind)
 
 
-def check_same_run(recorded, config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: Mapping, graphs=1):
+def check_same_run(
+    recorded, config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: Mapping, graphs=1, elsewhere=False
+):
     """Refuse to resume a run whose episode ``recorded`` was made with another deployment than this one.
 
     ``config`` (the host config as JSON), ``fingerprints``, ``env_id`` and ``env_kwargs`` are what this run would
-    record; ``graphs`` the graphs this run splits its envs over (the batch is envs / graphs).
+    record; ``graphs`` the graphs this run splits its envs over (the batch is envs / graphs). ``elsewhere``: the
+    episodes run on other machines (Ray actors), whose versions and CPU this process cannot speak for, so only the
+    table's settings are compared.
 
     Raises:
         ConfigError: the first :data:`SAME_ON_RESUME` setting that differs (naming its option, both values), else
@@ -204,7 +208,7 @@ def check_same_run(recorded, config: Mapping, fingerprints: Mapping, env_id: str
                 option,
                 f"this run was recorded with {what} {_show(was[setting])}; `resume=True` needs the same, got {got}",
             )
-    rest = fingerprint_diff(_plain(recorded.fingerprints), _plain(fingerprints))
+    rest = [] if elsewhere else fingerprint_diff(_plain(recorded.fingerprints), _plain(fingerprints))
     if rest:
         name = rest[0]
         raise ConfigError(
