@@ -160,7 +160,7 @@ def deployment(config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: 
     out = {
         "env": env_id,
         "env_kwargs": dict(env_kwargs),
-        "device": pol.get("device_kind", "cpu") + (f" ({pol['cuda_device']})" if pol.get("cuda_device") else ""),
+        "device": pol.get("device_kind", "cpu"),  # the GPU's name is the machine's (the fingerprint check below)
         "backend": pol.get("backend"),
         "precision": pol.get("precision", "fp32"),
         "sampler": "fused" if fused else "plain",
