@@ -113,6 +113,8 @@ class ActorPool:
             :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`, the default),
             and :meth:`run` sends it a list of episodes per call.
         graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
+        ray_log: the file Ray's own messages to this driver go to (a run's ``ray.log``; None: kept in memory),
+            instead of the terminal; a lost actor is one line of rollcap's naming its node.
 
     Attributes:
         replace_timeout_s: how long a replacement actor may take to be ready
@@ -138,6 +140,7 @@ class ActorPool:
         poll_stop: Callable[[], None] | None = None,
         envs: int = 1,
         graphs: int = 1,
+        ray_log: Path | None = None,
     ):
         if num_actors < 1:
             raise ConfigError("actors", f"expected an integer >= 1, got {num_actors!r}")
@@ -156,6 +159,7 @@ class ActorPool:
         self._setup, self._poll_stop, self._started = setup, poll_stop or (lambda: None), 0
         self._ray = None
         self._owned = False
+        log_ray_to(ray_log)  # Ray's own messages to this driver: a file of the run (None: kept in memory)
         t0 = time.perf_counter()
         try:
             self._poll_stop()
@@ -183,7 +187,6 @@ class ActorPool:
             if cfg.actor_gpus is not None
             else (0.0 if parts.device.startswith("cpu") else 1.0 / cfg.actors)
         )
-        log_ray_to(None if cfg.out is None else Path(cfg.out) / "ray.log")  # Ray's own messages: a file of the run
         return cls(
             parts,
             host.config,
@@ -195,6 +198,7 @@ class ActorPool:
             poll_stop=poll_stop,
             envs=cfg.envs,
             graphs=cfg.graphs,
+            ray_log=None if cfg.out is None else Path(cfg.out) / "ray.log",
         )
 
     # -- start-up --------------------------------------------------------

@@ -300,25 +300,34 @@ def _route_ray_messages() -> None:
     worker.print_to_stdstream = lambda data, ignore_prefix=False: RAY_LOG.write(data.get("lines", []))
 
 
+def _node(ray, node_id: str | None) -> dict:
+    try:
+        return next((n for n in ray.nodes() if n.get("NodeID") == node_id), {}) if node_id else {}
+    except Exception:  # noqa: BLE001 - the GCS may be gone too: the id alone still names it
+        return {}
+
+
 def node_label(ray, node_id: str | None) -> str:
     """``IP (node 1be2b24f)`` for a Ray node id (dead nodes included), else ``an unknown node``."""
     if not node_id:
         return "an unknown node"
-    try:
-        ip = next((n.get("NodeManagerAddress") for n in ray.nodes() if n.get("NodeID") == node_id), None)
-    except Exception:  # noqa: BLE001 - the GCS may be gone too: the id alone still names it
-        ip = None
+    ip = _node(ray, node_id).get("NodeManagerAddress")
     return f"{ip + ' ' if ip else ''}(node {node_id[:8]})"
+
+
+_NODE_DIED = re.compile(r"node (has )?died|its node|node was terminated|raylet (died|is terminated)", re.IGNORECASE)
 
 
 def lost_line(ray, node_id: str | None, err: BaseException, retried: str) -> str:
     """The one line rollcap prints when an actor (or its node) died: which node, why in a few words, what was retried.
 
-    ``node_id``: the actor's node when it had said (a started actor); else the ``ip:`` Ray's error names, if any.
+    ``node_id``: the actor's node when it had said (a started actor: whether that node is still alive decides
+    "its node died"); else the ``ip:`` Ray's error names, if any, and what the error says.
     """
     text = str(err)
     ip = re.search(r"\bip: (\S+)", text)
     node = ip.group(1) if not node_id and ip else node_label(ray, node_id)
-    died = "node" in text.lower() and ("died" in text.lower() or "dead" in text.lower())
+    info = _node(ray, node_id)
+    died = info.get("Alive") is False if info else bool(_NODE_DIED.search(text))
     where = f"; Ray's messages in {RAY_LOG.path}" if RAY_LOG.path is not None else ""
     return f"rollcap: lost an actor on {node} ({'its node died' if died else 'its actor died'}); {retried}{where}"

@@ -127,7 +127,8 @@ def test_a_node_lost_mid_run_is_one_line_and_the_run_goes_on(cluster, ckpt, tmp_
     assert proc.returncode == 0, stdout + stderr
     lost = [ln for ln in _rollcap_lines(stderr) if "lost an actor" in ln]
     assert len(lost) == 1, stderr
-    assert lost[0].startswith("rollcap: lost an actor on ") and "runs again on a live actor" in lost[0], lost
+    assert lost[0].startswith("rollcap: lost an actor on ") and "(its node died); episode " in lost[0], lost
+    assert "runs again on a live actor" in lost[0]
     assert f"Ray's messages in {out / 'ray.log'}" in lost[0]
     assert "Raylet is terminated" not in stdout + stderr and "Raylet is terminated" in (out / "ray.log").read_text()
     summary = json.loads((out / "summary.json").read_text())
