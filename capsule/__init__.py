@@ -23,18 +23,8 @@ from rollcap.capsule.errors import CapsuleError, CapsuleMismatch, CorruptCapsule
 from rollcap.capsule.protocol import StateValue, Stateful
 from rollcap.capsule.registry import CapsuleRegistry, RegistryPolicy, RegistryStats, TierBudgets
 from rollcap.capsule.session import Session, rollback
-from rollcap.capsule.tiers import (
-    FORMAT_VERSION,
-    Manifest,
-    load,
-    move,
-    open_disk,
-    read_manifest,
-    save,
-    to_device,
-    to_host,
-    verify,
-)
+from rollcap.capsule.disk import FORMAT_VERSION, Manifest, load, open_disk, read_manifest, save, verify
+from rollcap.capsule.tiers import move, to_device, to_host
 from rollcap.capsule.verbs import fork, restore, snapshot, validate
 
 __all__ = [

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from rollcap.capsule.protocol import Stateful
-from rollcap.capsule.tiers import save
+from rollcap.capsule.disk import save
 from rollcap.capsule.verbs import restore, snapshot
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from rollcap.capsule.errors import CapsuleError
-from rollcap.capsule.tiers import load, read_manifest
+from rollcap.capsule.disk import load, read_manifest
 
 
 def _clip(text: str, limit: int = 100) -> str:

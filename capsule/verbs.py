@@ -19,7 +19,8 @@ import torch
 from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, _native_layout, frozen_json, json_normalize
 from rollcap.capsule.errors import CapsuleError, CapsuleMismatch
 from rollcap.capsule.protocol import Stateful
-from rollcap.capsule.tiers import _carry_digest, clone_state, copy_state, load
+from rollcap.capsule.disk import _carry_digest, load
+from rollcap.capsule.tiers import clone_state, copy_state
 
 _ABSENT = object()
 

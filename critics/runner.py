@@ -81,7 +81,7 @@ class CriticRunner(ObsRunner):
 
     def row_result(self, row: int) -> float:
         """Row ``row`` of the last waited-for replay's value (call after :meth:`wait`)."""
-        out = self.outputs.array("value")  # CPU: read through numpy (the same float32, exactly)
+        out = self.host_output("value")  # read through numpy (CUDA: the pinned twin), the same float32 exactly
         return float(out[row]) if out is not None else float(self.outputs["value"][row].item())
 
     def value_eager(self, obs: Mapping[str, object]) -> float:

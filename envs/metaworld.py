@@ -357,11 +357,23 @@ class MetaWorldObservation(gym.ObservationWrapper):
     simulation's derived arrays), and the task's instruction (:data:`INSTRUCTIONS`).
     """
 
-    def __init__(self, env: gym.Env, task: str, config: MetaWorldConfig) -> None:
+    def __init__(self, env: gym.Env, task: str, config: MetaWorldConfig, render_mode: str | None = None) -> None:
         super().__init__(env)
         if task not in INSTRUCTIONS:
             raise ValueError(f"no instruction for MetaWorld task {task!r}")
         self.task, self.config, self.instruction = task, config, INSTRUCTIONS[task]
+        # MetaWorld's own metadata lists modes (human, depth) this env does not take: render() shows what the policy
+        # sees, the first camera's image, so "rgb_array" only, and only where there are images.
+        self.metadata = {
+            "render_modes": ["rgb_array"] if config.render_images else [],
+            "render_fps": round(1.0 / float(env.unwrapped.dt)),
+        }
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(
+                f"render_mode must be None or 'rgb_array' (the first camera's image; needs render_images=True), got {render_mode!r}"
+            )
+        self._render_mode = render_mode
+        self._last: dict[str, Any] | None = None  # the last observation (render() shows its first camera)
         obs = {"state": spaces.Box(-np.inf, np.inf, shape=(STATE_DIM,), dtype=np.float32)}
         if config.render_images:
             s = config.image_size
@@ -392,7 +404,18 @@ class MetaWorldObservation(gym.ObservationWrapper):
                     sim.data.qpos, sim.data.mocap_pos, sim.data.mocap_quat
                 )
         out["instruction"] = self.instruction
+        self._last = out
         return out
+
+    @property
+    def render_mode(self) -> str | None:
+        return self._render_mode
+
+    def render(self) -> np.ndarray | None:
+        """``render_mode="rgb_array"``: the first camera's image of the last observation (what the policy sees)."""
+        if self._render_mode is None or self._last is None:
+            return None
+        return np.array(self._last[f"image_{self.config.cameras[0]}"])
 
     def close(self) -> None:
         """Free the GL contexts, then close the env; safe to call twice."""
@@ -414,7 +437,7 @@ def make_metaworld_env(task: str, render_mode: str | None = None, **kwargs: Any)
 
     Args:
         task: a MetaWorld v3 task name (``push-v3``; :data:`TASKS`).
-        render_mode: only None (images are in the observation).
+        render_mode: None, or ``"rgb_array"`` with images: ``render()`` returns the first camera's image.
         **kwargs: :class:`MetaWorldConfig` fields.
 
     Raises:
@@ -423,16 +446,20 @@ def make_metaworld_env(task: str, render_mode: str | None = None, **kwargs: Any)
     """
     from rollcap.envs.adapters import ExactStateWrapper
 
-    if render_mode is not None:
-        raise ValueError(f"render_mode must be None (images are in the observation: cameras=...), got {render_mode!r}")
     config = MetaWorldConfig.from_kwargs(**kwargs)
+    if render_mode not in (None, "rgb_array") or (render_mode is not None and not config.render_images):
+        raise ValueError(
+            f"render_mode must be None or 'rgb_array' (the first camera's image; needs render_images=True), got {render_mode!r}"
+        )
     if config.render_images:
         try:
             check_renderer()  # before anything renders: a GL backend that cannot work is one line naming MUJOCO_GL
         except RenderUnavailable as err:
             raise gym.error.DependencyNotInstalled(f"its images need a GL backend: {err}") from None
     sim = sim_class(task)(max_steps=config.max_steps)
-    return ExactStateWrapper(MetaWorldObservation(sim, task, config), extra_stateless=(MetaWorldObservation,))
+    return ExactStateWrapper(
+        MetaWorldObservation(sim, task, config, render_mode), extra_stateless=(MetaWorldObservation,)
+    )
 
 
 def register_metaworld() -> None:

@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors.torch import save
+
 from rollcap.rollout.cli.options import Options
+from rollcap.rollout.learn.dsrl_heldin import kept_line, streams
 from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
 from rollcap.rollout.learn.noise_agent import AgentConfig
+
+OUTPUTS = ("result.json", "agent.safetensors", "curve.png")
 
 
 @dataclass
@@ -36,9 +43,72 @@ class Args:
     """Held-out run seed (default: the task's, 2 for pushblock and 31337 for peg-insert-side)."""
     baseline: Path | None = None
     """JSON of the frozen and zero-noise outcomes on the held-out seeds (default: baseline-TASK-SEED-N.json in --out's parent; computed when missing)."""
+    overwrite: bool = False
+    """Replace a result already in --out (default: refuse it)."""
 
 
-def plot(curve: list[dict], result: dict, path: Path, title: str) -> bool:
+class BadFlag(Exception):
+    """A flag's value is wrong: ``flag`` and what."""
+
+    def __init__(self, flag: str, what: str):
+        super().__init__(f"{flag}: {what}")
+
+
+def _writable_dir(path: Path, flag: str) -> None:
+    """``path`` is (or can be made as) a directory: its nearest existing ancestor takes a new directory. Leaves nothing."""
+    if path.exists() and not path.is_dir():
+        raise BadFlag(flag, f"{path} exists and is not a directory")
+    anc = path
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise BadFlag(flag, f"{anc} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dsrl-probe-", dir=anc))
+    except OSError as err:
+        raise BadFlag(flag, f"cannot create a directory in {anc} ({err.strerror or err})") from None
+
+
+def base_path(args: Args, cfg: TrainConfig) -> Path:
+    eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
+    return args.baseline or args.out.parent / f"baseline-{cfg.task}-{eval_seed}-{args.eval_episodes}.json"
+
+
+def check(args: Args, cfg: TrainConfig) -> None:
+    """Every check that needs no training: BadFlag names the flag."""
+    if not isinstance(args.eval_episodes, int) or args.eval_episodes < 1:
+        raise BadFlag("--eval-episodes", f"expected an integer >= 1, got {args.eval_episodes!r}")
+    try:
+        eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
+    except ValueError as err:
+        raise BadFlag("--eval-seed", str(err)) from None
+    _writable_dir(args.out, "--out")
+    old = [name for name in OUTPUTS if (args.out / name).exists()]
+    if old and not args.overwrite:
+        raise BadFlag("--out", f"{args.out} already holds {', '.join(old)} (pass --overwrite to replace it)")
+    path = base_path(args, cfg)
+    if path.exists():
+        try:
+            base = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise BadFlag("--baseline", f"{path}: not a readable JSON file ({err})") from None
+        if not isinstance(base, dict) or base.get("task") != cfg.task or not isinstance(base.get("episodes"), int) or base["episodes"] < args.eval_episodes or base.get("eval_seed") != eval_seed:  # fmt: skip
+            got = (base.get("task"), base.get("episodes"), base.get("eval_seed")) if isinstance(base, dict) else base
+            raise BadFlag("--baseline", f"{path}: holds (task, episodes, run seed) {got}, need {cfg.task!r} x {args.eval_episodes} of run seed {eval_seed}")  # fmt: skip
+    else:
+        _writable_dir(path.parent, "--baseline" if args.baseline else "--out")
+
+
+def write(path: Path, data: bytes) -> None:
+    """Atomically, with the mode every other output gets (0666 less the umask: 0644 by default)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def plot(info: dict, result: dict, path: Path, title: str) -> bool:
+    """Success over transitions (held-in: the agent, zero noise, own noise; training episodes; held-out lines), and
+    the actor's entropy and its coefficient below."""
     try:
         import matplotlib
 
@@ -46,22 +116,34 @@ def plot(curve: list[dict], result: dict, path: Path, title: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(7, 6), sharex=True, height_ratios=(2, 1))
+    curve, points = info["curve"], info["held_in"]
     pts = [(p["transitions"], p["train_success_last100"]) for p in curve if p["train_success_last100"] is not None]
     if pts:
-        ax.plot(*zip(*pts), label="training episodes (last 100, stochastic noise)")
+        ax.plot(*zip(*pts), color="0.6", lw=1, label="training episodes (last 100, sampled noise)")
+    if points:
+        x = [p["transitions"] for p in points]
+        for key, style, label in (("success", "o-", "held-in: the agent"), ("zero_noise", ":", "held-in: zero noise"), ("own_noise", "--", "held-in: own noise")):  # fmt: skip
+            ax.plot(x, [p[key] / p["episodes"] for p in points], style, color="C0" if key == "success" else "C1", label=f"{label} ({points[0]['episodes']})")  # fmt: skip
+        if info["kept"] is not None:
+            k = info["kept"]
+            ax.plot([k["transitions"]], [k["success"] / k["episodes"]], "*", ms=14, color="C3", label="kept")
+        ent = [(p["transitions"], p["entropy"]) for p in points if p["entropy"] is not None]
+        if ent:
+            bx.plot(*zip(*ent), "o-", color="C2", label="entropy (nats)")
+        cx = bx.twinx()
+        cx.semilogy(x, [p["alpha"] for p in points], "s--", color="C4", label="alpha")
+        cx.set_ylabel("alpha")
+        cx.legend(fontsize=7, loc="upper right")
     n = result["episodes"]
     for key, style in (("steered", "-"), ("frozen", "--"), ("zero_noise", ":")):
-        ax.axhline(
-            result[f"{key}_success"] / n,
-            linestyle=style,
-            color="k" if key == "steered" else "grey",
-            label=f"held-out {key.replace('_', ' ')} ({n} episodes)",
-        )
-    ax.set_xlabel("transitions (chunks)")
+        ax.axhline(result[f"{key}_success"] / n, linestyle=style, color="k", lw=0.8, label=f"held-out {key.replace('_', ' ')} ({n})")  # fmt: skip
     ax.set_ylabel("success")
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, ncol=2)
+    bx.set_xlabel("transitions (chunks)")
+    bx.set_ylabel("entropy")
+    bx.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -69,64 +151,68 @@ def plot(curve: list[dict], result: dict, path: Path, title: str) -> bool:
 
 
 def main(args: Args, cfg: TrainConfig) -> None:
-    from safetensors.torch import save_file
-
     eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
-    base_path = args.baseline or args.out.parent / f"baseline-{cfg.task}-{eval_seed}-{args.eval_episodes}.json"
-    if base_path.exists():
-        base = json.loads(base_path.read_text())
-        if (
-            base.get("task") != cfg.task
-            or base.get("episodes", 0) < args.eval_episodes
-            or base.get("eval_seed") != eval_seed
-        ):
-            raise SystemExit(
-                f"--baseline {base_path}: holds {base.get('task')!r} x {base.get('episodes')} episodes of run seed {base.get('eval_seed')}, "
-                f"need {cfg.task!r} x {args.eval_episodes} of run seed {eval_seed}"
-            )
-    agent, info = train(cfg)
+    path = base_path(args, cfg)
+    agent, info = train(cfg, progress=lambda text: print(text, flush=True))  # live, also into a pipe or a file
     print(json.dumps(info["budget"]))
-    if base_path.exists():  # read again: another run may have written it while this one trained
-        base = json.loads(base_path.read_text())
-    else:
-        base = baseline(cfg.task, args.eval_episodes, eval_seed=eval_seed)
-        base_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = base_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(base))
-        tmp.replace(base_path)
-    result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma)
-    print("\n".join(summary_lines(result)))
+    # the training is kept before anything is evaluated: an evaluation that fails leaves the agent and its curves
     args.out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in agent.state_dict().items()}, str(args.out / "agent.safetensors"))
+    write(args.out / "agent.safetensors", save({k: v.contiguous() for k, v in agent.state_dict().items()}))
     report = {
         "config": cfg.to_json(),
         "task": vars(TASKS[cfg.task]),
-        "baseline": str(base_path),
+        "streams": streams(cfg.seed, cfg.num_envs, cfg.heldin_episodes if cfg.heldin_every else 0, eval_seed, args.eval_episodes),
+        "baseline": str(path),
         "budget": info["budget"],
         "curve": info["curve"],
-        "eval": result,
-    }
-    (args.out / "result.json").write_text(json.dumps(report, indent=1, default=str))
-    plot(
-        info["curve"],
-        result,
-        args.out / "curve.png",
-        f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}",
-    )
+        "held_in": info["held_in"],
+        "kept": info["kept"],
+        "eval": None,
+    }  # fmt: skip
+    write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
+    if path.exists():
+        base = json.loads(path.read_text())
+    else:
+        base = baseline(cfg.task, args.eval_episodes, eval_seed=eval_seed)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path, json.dumps(base).encode())
+    report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma)
+    write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
+    title = f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}"
+    plot(info, result, args.out / "curve.png", title)
+    print("\n".join(summary_lines(result)))
     print(f"-> {args.out / 'result.json'}")
+    if info["kept"] is not None:
+        print(kept_line(info["kept"]))
 
 
-if __name__ == "__main__":
+def parse(argv=None) -> tuple[Args, TrainConfig]:
+    """The flags, every one checked before anything trains: a bad one is one line naming it, exit 2."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(message: str):
+        print(f"{ap.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    ap.error = error  # one line, no usage block
     opts = Options(ap)
     opts.add(Args)
     opts.add(TrainConfig, skip=("agent",))
     opts.add(AgentConfig)
-    ns = ap.parse_args()
+    ns = ap.parse_args(argv)
     try:
-        config = TrainConfig(**opts.values(ns, TrainConfig), agent=AgentConfig(**opts.values(ns, AgentConfig)))
-        held_out(config.task, opts.values(ns, Args)["eval_seed"])
-    except ValueError as err:
-        ap.error(str(err))
-    main(Args(**opts.values(ns, Args)), config)
+        try:
+            cfg = TrainConfig(**opts.values(ns, TrainConfig), agent=AgentConfig(**opts.values(ns, AgentConfig)))
+        except ValueError as err:  # "field: what"
+            name, _, what = str(err).partition(":")
+            raise BadFlag(opts.flag(name) or name, what.strip()) from None
+        args = Args(**opts.values(ns, Args))
+        check(args, cfg)
+    except BadFlag as err:
+        error(str(err))
+    return args, cfg
+
+
+if __name__ == "__main__":
+    main(*parse())
     sys.exit(0)

@@ -14,6 +14,7 @@ episodes that ended (and succeeded) per update.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -88,4 +89,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     opts = Options(ap)
     opts.add(Args)
-    main(Args(**opts.values(ap.parse_args(), Args)))
+    args = Args(**opts.values(ap.parse_args(), Args))
+    if args.envs < 1:  # one line, exit 2, nothing built
+        print(f"vector_noise_pg.py: --envs: expected an integer >= 1, got {args.envs}", file=sys.stderr)
+        sys.exit(2)
+    main(args)

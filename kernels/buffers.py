@@ -10,6 +10,15 @@ On a CPU device each buffer also has a numpy view of its memory
 (:meth:`BufferSet.array`): a write of numpy arrays that already match their
 buffers exactly is checked and copied through numpy, which costs a few
 microseconds where torch's per-call dispatch costs tens at a chunk boundary.
+
+On a CUDA device the buffers are views of one flat device block, and each has a
+twin in one flat *pinned* host block (the staging area, with numpy views). A write
+of exactly matching numpy arrays is copied into the staging views by numpy and
+then to the device with one asynchronous copy on the caller's stream (all
+buffers written: one copy of the whole block; some: one per buffer), so the host
+neither blocks nor allocates. :meth:`BufferSet.fetch_async` copies the device
+block back into the staging block (one asynchronous copy); after the stream has
+passed it, :meth:`BufferSet.host` reads it. Nothing of this exists on a CPU device.
 """
 
 from __future__ import annotations
@@ -21,6 +30,10 @@ import numpy as np
 import torch
 
 from rollcap.kernels.errors import BadInput
+
+
+STAGING_ALIGN = 256
+"""Byte alignment of each buffer in a flat (staged) block: any dtype's view, and CUDA's own allocation alignment."""
 
 
 @dataclass(frozen=True)
@@ -62,16 +75,25 @@ class BufferSet:
     only between replays, never while a lane is reading the buffers.
     """
 
-    def __init__(self, specs: list[BufferSpec], device: torch.device | str = "cpu", label: str = "buffers"):
+    def __init__(
+        self,
+        specs: list[BufferSpec],
+        device: torch.device | str = "cpu",
+        label: str = "buffers",
+        staging: bool | None = None,
+    ):
         names = [s.name for s in specs]
         if len(set(names)) != len(names):
             raise ValueError(f"{label}: duplicate buffer names in {names}")
         self.label = label
         self.device = torch.device(device)
         self._specs: dict[str, BufferSpec] = {s.name: s for s in specs}
-        self._tensors: dict[str, torch.Tensor] = {
-            s.name: torch.zeros(s.shape, dtype=s.dtype, device=self.device) for s in specs
-        }
+        self._staging: dict[str, torch.Tensor] = {}
+        self._staging_arrays: dict[str, np.ndarray] = {}
+        if staging if staging is not None else self.device.type == "cuda":
+            self._tensors = self._flat_with_staging(specs)
+        else:
+            self._tensors = {s.name: torch.zeros(s.shape, dtype=s.dtype, device=self.device) for s in specs}
         self._arrays: dict[str, np.ndarray] = {}
         """CPU only: a numpy view of each buffer numpy can hold (not bfloat16); the same memory, never rebound."""
         if self.device.type == "cpu":
@@ -80,6 +102,40 @@ class BufferSet:
                     self._arrays[name] = t.numpy()
                 except TypeError:
                     pass
+
+    def _flat_with_staging(self, specs: list[BufferSpec]) -> dict[str, torch.Tensor]:
+        """The buffers as views of one flat device block, and their twins in one flat staging block (pinned on CUDA)."""
+        offsets, total = [], 0
+        for s in specs:
+            total += -total % STAGING_ALIGN
+            offsets.append(total)
+            total += s.nbytes
+        self._flat = torch.zeros(max(total, 1), dtype=torch.uint8, device=self.device)
+        self._flat_host = torch.zeros(max(total, 1), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        tensors = {}
+        for s, off in zip(specs, offsets):
+            tensors[s.name] = self._flat[off : off + s.nbytes].view(s.dtype).view(s.shape)
+            host = self._flat_host[off : off + s.nbytes].view(s.dtype).view(s.shape)
+            self._staging[s.name] = host
+            try:
+                self._staging_arrays[s.name] = host.numpy()
+            except TypeError:  # bfloat16: no numpy view; written through torch
+                pass
+        return tensors
+
+    @property
+    def staged(self) -> bool:
+        """Whether the buffers have a host staging block (CUDA: pinned; see the module docstring)."""
+        return bool(self._staging)
+
+    def fetch_async(self) -> None:
+        """Enqueue one copy of every buffer into its staging twin on the current stream (no host wait)."""
+        self._flat_host.copy_(self._flat, non_blocking=True)
+
+    def host(self, name: str) -> np.ndarray | None:
+        """A numpy view of ``name``'s host memory: the buffer itself on CPU, its staging twin (as of the last
+        :meth:`fetch_async` the stream has passed) on CUDA; None for a dtype numpy lacks."""
+        return self._staging_arrays.get(name) if self._staging else self._arrays.get(name)
 
     # -- introspection -----------------------------------------------------
     @property
@@ -170,12 +226,40 @@ class BufferSet:
         else:
             torch._foreach_copy_(dst, src)
 
+    def _write_staged(self, values: Mapping[str, object]) -> bool:
+        """:meth:`_write_arrays` for staged buffers: numpy into the staging views, then asynchronous copies."""
+        arrays = self._staging_arrays
+        pairs = []
+        for name, value in values.items():
+            dst = arrays.get(name)
+            if dst is None or type(value) is not np.ndarray or value.shape != dst.shape or value.dtype != dst.dtype:
+                return False
+            pairs.append((name, dst, value))
+        for _, dst, value in pairs:
+            np.copyto(dst, value)
+        if len(pairs) == len(self._tensors):  # every buffer: one copy of the whole block
+            self._flat.copy_(self._flat_host, non_blocking=True)
+        else:
+            for name, _, _ in pairs:
+                self._tensors[name].copy_(self._staging[name], non_blocking=True)
+        return True
+
+    def write_row(self, name: str, row: int, value: np.ndarray) -> None:
+        """Copy ``value`` (row ``row``'s data, already validated) into that row of buffer ``name``."""
+        if name in self._staging_arrays:
+            np.copyto(self._staging_arrays[name][row], value)
+            self._tensors[name][row].copy_(self._staging[name][row], non_blocking=True)
+        else:
+            self._tensors[name][row].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
     def _write_arrays(self, values: Mapping[str, object]) -> bool:
         """The common case on a CPU device: numpy arrays of exactly their buffers' shape and dtype, copied through numpy.
 
         Returns False (nothing written) when any value is not such an array: :meth:`write`'s torch path then
         checks everything and names what is wrong.
         """
+        if self._staging:
+            return self._write_staged(values)
         arrays = self._arrays
         if not arrays:
             return False

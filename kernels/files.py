@@ -12,7 +12,7 @@
 - :func:`plain_json`: a value as JSON gives it back (tuples become lists,
   numpy values plain Python), for comparing and storing JSON-able metadata.
 
-Checkpoints (``kernels.checkpoint``), disk capsules (``capsule.tiers``) and
+Checkpoints (``kernels.checkpoint``), disk capsules (``capsule.disk``) and
 recordings (``rollout.recording``) all use these. This module is at the bottom
 of the import graph: it imports nothing of rollcap.
 """

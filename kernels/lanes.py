@@ -98,6 +98,12 @@ class Ticket:
         except RuntimeError as err:  # an asynchronous CUDA failure surfaces here
             raise self._fail(err) from err
 
+    def freeze(self) -> None:
+        """Read :attr:`seconds` now if the work is done (a lane that re-records this ticket's events calls it first);
+        a ticket still running keeps reading its events."""
+        if self._seconds is None and self._events is not None and self.done():
+            self._seconds = self.seconds
+
     @property
     def seconds(self) -> float:
         """How long the work ran on its lane (wall time on CPU, event time on CUDA); after wait()."""
@@ -256,16 +262,25 @@ class CudaLane(Lane):
         self.name = name
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(device=self.device)
+        self._ready = torch.cuda.Event()  # re-recorded at every submit: the caller's stream up to the submit
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Ticket:
+        return self.submit_with((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)), fn, *args)
+
+    def submit_with(
+        self, events: tuple[torch.cuda.Event, torch.cuda.Event], fn: Callable[..., Any], *args: Any
+    ) -> Ticket:
+        """:meth:`submit` timed by the caller's own ``(start, end)`` events (timing enabled), re-recorded here: the
+        caller keeps at most one ticket of a pair unfinished and freezes the last one first (:meth:`Ticket.freeze`)."""
         if self._closed:
             raise LaneError(f"lane {self.name}: closed")
         t = Ticket(self.name)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, end = events
         result, error = None, None
         try:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            self._ready.record(torch.cuda.current_stream(self.device))
+            self.stream.wait_event(self._ready)
             with torch.cuda.stream(self.stream):
                 start.record(self.stream)
                 try:

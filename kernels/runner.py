@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from rollcap.kernels.buffers import BufferSet, BufferSpec
@@ -18,7 +19,7 @@ from rollcap.kernels.errors import BadInput, LaneError, ReplayInFlight
 from rollcap.kernels.fingerprint import device_fingerprint
 from rollcap.kernels.graph import CapturedGraph, GraphFn, default_backend
 from rollcap.kernels.precision import DEFAULT_PRECISION, precision_context
-from rollcap.kernels.lanes import CallerLane, Lane, Ticket, make_lane
+from rollcap.kernels.lanes import CallerLane, CudaLane, Lane, Ticket, make_lane
 
 
 @contextlib.contextmanager
@@ -66,6 +67,12 @@ class GraphRunner:
     On CUDA the replay runs on the lane's stream after the caller's current
     stream (so inputs written there come first); nothing synchronises the
     stream or the device; ``wait()`` waits on the replay's end event only.
+    The host side of a CUDA call allocates nothing: inputs go through the
+    buffers' pinned staging block (one asynchronous copy when every input is
+    written), the outputs come back into theirs by one asynchronous copy
+    enqueued behind the replay, before its end event (so after ``wait()``
+    :meth:`host_output` reads them with no further synchronisation), and the
+    lane's events are the runner's own, re-recorded at every launch.
 
     :meth:`run_in_caller` moves a CPU runner's replays into the thread that
     calls ``wait()`` (a :class:`~rollcap.kernels.lanes.CallerLane`, same
@@ -104,6 +111,12 @@ class GraphRunner:
         with _intra_op_threads(self.threads if self.device.type == "cpu" else None):
             self.graph.prepare()
         self._caller_lane: CallerLane | None = None
+        self._replay = self.graph.replay
+        self._events = None
+        if self.device.type == "cuda" and self.outputs.staged:
+            self._replay = self._replay_and_fetch
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        self._last_ticket: Ticket | None = None
         self.last_latency_s = 0.0
         self._in_flight: Ticket | None = None
         self._live: dict[str, torch.Tensor] | None = None
@@ -123,8 +136,27 @@ class GraphRunner:
         """Submit one replay over the current inputs; returns once it is queued on the lane."""
         if self._in_flight is not None:
             raise ReplayInFlight(f"{self.label}: launch() while a replay is in flight; wait() or drain() first")
-        self._in_flight = (self._caller_lane or self.lane).submit(self.graph.replay)
+        lane = self._caller_lane or self.lane
+        if self._events is not None and isinstance(lane, CudaLane):
+            if self._last_ticket is not None:
+                self._last_ticket.freeze()  # its seconds read now: its events are about to be re-recorded
+            self._in_flight = self._last_ticket = lane.submit_with(self._events, self._replay)
+        else:
+            self._in_flight = lane.submit(self._replay)
         return self._in_flight
+
+    def _replay_and_fetch(self) -> None:
+        """CUDA: the replay, then the outputs to their pinned host twins (both on the lane's stream)."""
+        self.graph.replay()
+        self.outputs.fetch_async()
+
+    def host_output(self, name: str) -> np.ndarray | None:
+        """The last waited-for replay's output ``name`` in host memory (a numpy view: copy what you keep).
+
+        CPU: the buffer itself. CUDA: its pinned twin, filled behind the replay before the end event ``wait()``
+        waited on. None for a dtype numpy lacks (read the device buffer then).
+        """
+        return self.outputs.host(name)
 
     def run_in_caller(self, on: bool = True) -> None:
         """Replay in the thread that calls :meth:`wait` (``on``) or on the lane (the default).

@@ -147,6 +147,8 @@ class FlowVLA(CompiledRegions, nn.Module):
     """
 
     REGIONS = ("cfg_prefix", "expert")
+    FP8_SCOPE = ("expert.blocks",)
+    """Where the ``fp8`` precision runs the linears at float8 (:func:`rollcap.kernels.fp8.to_fp8`): the expert's blocks."""
 
     def __init__(self, cfg: FlowVLAConfig):
         super().__init__()

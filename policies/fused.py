@@ -165,6 +165,8 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
     """A fused :class:`FlowVLA` for sampling (:meth:`sample`, :meth:`sample_rows`, :meth:`inpaint_sample`, :meth:`guided_sample`)."""
 
     REGIONS = ("guided_prefix", "step")
+    FP8_SCOPE = ("expert.blocks",)
+    """As :attr:`FlowVLA.FP8_SCOPE`."""
 
     def __init__(self, plain: FlowVLA, fused_from: str = ""):
         super().__init__()

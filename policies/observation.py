@@ -20,7 +20,8 @@ import torch
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
 from rollcap.kernels.fingerprint import tensor_digest
-from rollcap.kernels.precision import cast_linears
+from rollcap.kernels.fp8 import fp8_facts, to_fp8
+from rollcap.kernels.precision import cast_linears, check_precision
 from rollcap.kernels.runner import GraphRunner
 
 PAD, BOS, EOS = 256, 257, 258
@@ -226,10 +227,22 @@ class ObsRunner(GraphRunner):
         self._tokens: dict[str, np.ndarray] = {}
         ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
         digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
-        if (
+        try:  # before any conversion: fp8 where there are no float8 tensor cores is refused here
+            check_precision(precision, device)
+        except ValueError as err:
+            raise ValueError(f"{self.label}: {err}") from None
+        if precision == "fp8":  # bf16 weights, then the FP8_SCOPE linears at float8 (a copy; the caller's is untouched)
+            self.model = to_fp8(cast_linears(self.model))
+            self.model.weights_digest = digest
+        elif (
             precision == "bf16"
             and torch.device(device).type == "cuda"
-            and any(isinstance(m, torch.nn.Linear) and m.weight.dtype != torch.bfloat16 for m in self.model.modules())
+            and any(
+                p.dtype != torch.bfloat16
+                for m in self.model.modules()
+                for p in ([m.weight] if isinstance(m, torch.nn.Linear) else [])
+                + [getattr(m, n) for n in getattr(type(m), "CAST_PARAMS", ())]
+            )
         ):
             # On CUDA: the same bits as autocast's per-call weight casts, without them (a CPU jit plan is traced in fp32
             # and replayed under autocast, so its weights stay fp32 there).
@@ -253,15 +266,19 @@ class ObsRunner(GraphRunner):
     def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
         """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""
         self._require_idle("inputs written")
-        bufs = self.inputs.tensors()
         for name, v in values.items():
-            bufs[name][row].copy_(torch.from_numpy(np.ascontiguousarray(v[0])))
+            self.inputs.write_row(name, row, v[0])
 
     def _make_fingerprint(self) -> dict:
         fp = super()._make_fingerprint()
         fp["model"] = self.kind
         fp["config"] = self.cfg.to_json()
         fp["dtype"] = "float32"
+        if self.precision == "fp8":
+            fp.update(fp8_facts(self.model))
+        facts = getattr(self.model, "fingerprint_facts", None)
+        if facts is not None:  # a sampler whose bits depend on its kernels (the lean one's fused ops)
+            fp.update(facts(self.device))
         if self.batch != 1:
             fp["batch"] = self.batch
         return fp

@@ -144,7 +144,9 @@ class PolicyRunner(ObsRunner):
 
     def row_result(self, row: int) -> np.ndarray:
         """Row ``row`` of the last waited-for replay's chunk, a copy ``[H, A]`` (call after :meth:`wait`)."""
-        out = self.outputs.array("actions")  # CPU: one numpy copy of the buffer's row
+        out = self.host_output(
+            "actions"
+        )  # a numpy copy of the row (CUDA: of its pinned twin, filled behind the replay)
         return out[row].copy() if out is not None else self.outputs["actions"][row].to("cpu").numpy().copy()
 
     def act_eager(self, obs: Mapping[str, object], noise: np.ndarray) -> np.ndarray:

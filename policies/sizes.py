@@ -55,8 +55,11 @@ SMALL = ("shipped", "26m")
 HBM_BYTES_PER_S = {"H100 SXM": 3.35e12, "H200": 4.8e12}
 """Peak memory bandwidth of the GPUs the floor is stated for (vendor figures)."""
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2}
-"""Bytes per weight read at each precision (``bf16``: weights held in bf16; autocast over fp32 weights reads more)."""
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp8": 2}
+"""Bytes per weight read at each precision (``bf16``: weights held in bf16; autocast over fp32 weights reads more;
+``fp8``: the prefix in bf16, the expert's per-step weights at :data:`FP8_STEP_BYTES`)."""
+FP8_STEP_BYTES = 1
+"""Bytes per expert-step weight at ``fp8`` (the expert blocks' linears in float8; the rest of a step is a few per cent)."""
 
 
 def size_config(name: str) -> FlowVLAConfig:
@@ -107,7 +110,7 @@ def weight_floor(cfg: FlowVLAConfig, precision: str = "bf16", bandwidth: float =
     """Bytes of weights one chunk reads and the time that takes at ``bandwidth`` bytes/s (built on ``meta``)."""
     counts = param_counts(build(cfg, "meta"))
     per = DTYPE_BYTES[precision]
-    step_bytes = counts["expert_step"] * per
+    step_bytes = counts["expert_step"] * (FP8_STEP_BYTES if precision == "fp8" else per)
     chunk_bytes = counts["prefix"] * per + cfg.num_steps * step_bytes
     return {
         **counts,

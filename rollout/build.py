@@ -46,10 +46,10 @@ class Parts:
     """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap); compile-cuda: inductor's kernels in rollcap's CUDA graph (GPU only)."""
     threads: int = 1
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
-    precision: Literal["fp32", "tf32", "bf16"] = "fp32"
-    """Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU). Recorded in the fingerprint; replay takes it back."""
-    sampler: Literal["plain", "fused"] = "plain"
-    """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back). The critic stays plain."""
+    precision: Literal["fp32", "tf32", "bf16", "fp8"] = "fp32"
+    """Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU); fp8 (bf16, and the policy's action-expert GEMMs in float8 e4m3 with per-channel weight scales; CUDA compute capability 8.9+, refused elsewhere). Recorded in the fingerprint; replay takes it back."""
+    sampler: Literal["plain", "fused", "lean"] = "plain"
+    """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back); lean (fused, and fewer bytes between GEMMs: residual adds fused into the norms, bias+GELU in the GEMM epilogue, bf16 weights stored once; byte-equal to fused on CPU, within a stated bound on CUDA; "variant": "lean"). The critic stays plain."""
 
     def __post_init__(self):
         if self.critic is not None and str(self.critic).lower() == "none":
@@ -62,12 +62,12 @@ class Parts:
         if self.critic is not None and Path(self.critic) == DEFAULT_CRITIC:
             object.__setattr__(self, "critic", critic)
         _check_policy_name(self)
-        if self.sampler not in ("plain", "fused"):
-            raise ConfigError("sampler", f"expected plain or fused, got {self.sampler!r}")
-        if self.sampler == "fused" and named_policy(self.policy) is not None:
+        if self.sampler not in ("plain", "fused", "lean"):
+            raise ConfigError("sampler", f"expected plain, fused or lean, got {self.sampler!r}")
+        if self.sampler != "plain" and named_policy(self.policy) is not None:
             raise ConfigError(
                 "sampler",
-                f"fused is a FlowVLA checkpoint's sampler; {self.policy} has no fused variant (run it with the plain sampler)",
+                f"{self.sampler} is a FlowVLA checkpoint's sampler; {self.policy} has no {self.sampler} variant (run it with the plain sampler)",
             )
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ConfigError("threads", f"expected an integer >= 1, got {self.threads!r}")
@@ -310,13 +310,14 @@ def make_runners(
 
 
 def policy_model(parts: Parts, model):
-    """``model`` (a loaded FlowVLA checkpoint) as ``parts.sampler`` runs it: itself, or fused (:func:`rollcap.policies.fused.fuse`)."""
-    if parts.sampler != "fused":
+    """``model`` (a loaded FlowVLA checkpoint) as ``parts.sampler`` runs it: itself, fused (:func:`rollcap.policies.fused.fuse`) or lean (:func:`rollcap.policies.lean.lean`)."""
+    if parts.sampler not in ("fused", "lean"):
         return model
     from rollcap.kernels.fingerprint import tensor_digest
     from rollcap.policies.fused import fuse
+    from rollcap.policies.lean import lean
 
-    return fuse(model, tensor_digest(dict(model.state_dict())))
+    return (fuse if parts.sampler == "fused" else lean)(model, tensor_digest(dict(model.state_dict())))
 
 
 def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:

@@ -16,12 +16,17 @@
 # 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34), and a recorded --envs 32 run replayed
 #    (with Ray installed: --actors 2 --envs 16 too);
 # 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
+# 8. opt-in (STEPS=kernels, issue 42; about 4 minutes on one H100): the batch-1 chunk side by side in one process
+#    (today's fused bf16 CUDA graph vs the lean sampler at bf16 and fp8; KERNEL_COMPILE=1 adds compile-cuda at 3b) at
+#    3b, 205m, 26m, shipped, with the kernel tables of 3b and 205m (kernels.json, kernel_table.md); the cuda tests of
+#    the new kernels; `rollcap bench --only host` (host overhead at batch 1, bench_host.json); two `rollcap run
+#    --sampler lean` processes at bf16 and at fp8, compared by digest. A short table is printed last.
 #
 # Each step has its own time limit, a failed step does not stop the others, and everything lands in OUT_DIR:
 # log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
 # bench_core.json, bench_batch.json, pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json (each as its step
 # ends, so a cut run keeps what finished).
-# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,compile picks steps (default: all but compile; SIZES, PRECISIONS and
+# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,compile,kernels picks steps (default: all but compile and kernels; SIZES, PRECISIONS and
 # COMPILE_SIZES narrow the sweeps); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
 set -u
 cd "$(dirname "$0")/.."
@@ -91,7 +96,7 @@ fi
 if want models; then  # the named sizes, plain and fused, eager vs the CUDA graph, each precision; JSON after every cell
   if [ "$DEV" = cpu ]; then SIZES=shipped PRECISIONS=fp32,bf16; else SIZES=${SIZES:-shipped,26m,205m,3b} PRECISIONS=${PRECISIONS:-fp32,tf32,bf16}; fi
   step models 150 "$PY" -m rollcap.rollout.bench.model_sizes --device "$DEV" --sizes "$SIZES" --precisions "$PRECISIONS" --reps 3 \
-    --json "$OUT_DIR/sizes.json"
+    --variants plain,fused --no-profile --json "$OUT_DIR/sizes.json"   # as in round 4; the lean sampler and the kernel tables: STEPS=kernels
 fi
 
 # ---------------------------------------------------------------- 6. batched core (issue 34)
@@ -117,6 +122,26 @@ if want compile; then
     --backends "$BACKENDS" --precisions bf16 --reps 5 --json "$OUT_DIR/compile_cuda.json"
 fi
 
+# ---------------------------------------------------------------- 8. kernels (issue 42, opt-in)
+if want kernels; then
+  if [ "$DEV" = cpu ]; then KSIZES=shipped KREPS=3 KEPS=2; else KSIZES=${KERNEL_SIZES:-3b,205m,26m,shipped} KREPS=20 KEPS=5; fi
+  step kernel-sweep 150 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$KSIZES" --reps "$KREPS" \
+    --json "$OUT_DIR/kernels.json" --table "$OUT_DIR/kernel_table.md"
+  step pytest-kernels 60 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/kernels/test_fused_ops.py tests/kernels/test_fp8.py \
+    tests/kernels/test_staging.py tests/policies/test_lean.py >"$OUT_DIR/pytest_kernels.txt" 2>&1
+  tail -n 5 "$OUT_DIR/pytest_kernels.txt"
+  step bench-host 75 "${ROLLCAP[@]}" bench --device "$DEV" --only host "${QUICK[@]}" --json "$OUT_DIR/bench_host.json"
+  for p in bf16 fp8; do
+    for r in a b; do
+      step "run-lean-$p-$r" 45 "${ROLLCAP[@]}" run --device "$DEV" --sampler lean --precision "$p" --seed 7 --episodes "$KEPS" --no-progress --out "$WORK/run-lean-$p-$r"
+    done
+  done
+  if [ -n "${KERNEL_COMPILE:-}" ] && [ "$DEV" = cuda ]; then  # inductor compiles 3b's two regions: a minute or more
+    step kernel-compile 120 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes 3b --settings fused-bf16 --compile \
+      --reps 10 --profile 3b --json "$OUT_DIR/kernels_compile.json" --table "$OUT_DIR/kernel_table_compile.md"
+  fi
+fi
+
 # ---------------------------------------------------------------- summary
 "$PY" - "$WORK" "$OUT_DIR" "$DEV" <<'EOF'
 import json, platform, sys
@@ -132,14 +157,43 @@ summary = {"device": torch.cuda.get_device_name(0) if dev == "cuda" and torch.cu
            "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(), "steps": [], "digests": {}}
 steps = work / "steps.jsonl"
 summary["steps"] = [json.loads(line) for line in steps.read_text().splitlines()] if steps.exists() else []
-for p in ("fp32", "bf16"):
+for p in ("fp32", "bf16", "lean-bf16", "lean-fp8"):
     runs = [work / f"run-{p}-{r}" for r in "ab"]
     if all(r.exists() for r in runs):
         digests = [[episode_digest(rec) for _, rec in iter_episodes(r / "episodes") if not isinstance(rec, Exception)] for r in runs]
         same = sum(a == b for a, b in zip(*digests))
         summary["digests"][p] = {"episodes": [len(d) for d in digests], "identical": same}
         print(f"digests {p}: {same} of {len(digests[0])} episodes identical across two processes")
+for p in ("lean-bf16", "lean-fp8"):  # success rates of the shipped policy at the new settings (few episodes: noisy)
+    f = work / f"run-{p}-a" / "summary.json"
+    if f.exists():
+        summary.setdefault("success", {})[p] = json.loads(f.read_text()).get("success_rate")
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
+kern = out / "kernels.json"
+if kern.exists():  # issue 42's short table, last
+    r = json.loads(kern.read_text())
+    sets = r["settings"]
+    print(f"\nbatch-1 chunk ms, median of {r['reps']} alternating rounds ({r['device']}); x = over today's fused-bf16:")
+    print(f"{'size':<9}" + "".join(f"{s:>22}" for s in sets))
+    for name, s in r["sizes"].items():
+        cells = []
+        for k in sets:
+            c = s.get("settings", {}).get(k, {})
+            ok = "" if c.get("exact", True) else "!"
+            cells.append(f"{c['chunk_ms']:.2f}{ok} ({c.get('over_today', 1):.2f}x)" if "chunk_ms" in c else ("error" if "error" in c or "error" in s else "-"))
+        print(f"{name:<9}" + "".join(f"{x:>22}" for x in cells))
+    for name, s in r["sizes"].items():
+        shares = {k: c["between_gemms_share"] for k, c in s.get("settings", {}).items() if "between_gemms_share" in c}
+        if shares and name in ("3b", "205m") or (shares and r["device"] == "cpu"):
+            print(f"{name}: adds+norms+casts+copies+GELU share of kernel time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
+    print("(! = replay not byte-equal to its own eager chunk)")
+host = out / "bench_host.json"
+if host.exists():
+    h = json.loads(host.read_text()).get("host", {})
+    if "host_overhead_ms_median" in h:
+        print(f"host overhead at batch 1 (real runners): {h['host_overhead_ms_median']:.3f} ms = {h['host_overhead_fraction']:.1%} of a {h['boundary_ms_median']:.2f} ms boundary")
+if "success" in summary:
+    print("shipped policy success rate, lean: " + ", ".join(f"{k} {v}" for k, v in summary["success"].items()))
 bad = [s["step"] for s in summary["steps"] if s["rc"] != 0]
 print("gpu_check:", "all steps passed" if not bad else "failed steps: " + ", ".join(bad))
 EOF

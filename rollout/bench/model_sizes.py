@@ -12,7 +12,14 @@ steps is timed eager and as a graph replay over static buffers, side by side. Pe
   kernels, else one un-captured call), or on CPU the ATen operations one eager chunk dispatches;
 - ``exact``: the replay's bytes equal its own eager reference at the same precision, else ``max_abs_diff``;
   ``same_bytes``: two replays of the same inputs agree;
-- ``floor_ms``: the chunk's weight-traffic floor on a GPU this code knows (H100 SXM, H200), and ``over_floor``.
+- ``floor_ms``: the chunk's weight-traffic floor on a GPU this code knows (H100 SXM, H200), and ``over_floor``;
+- ``profile``: where the replay's time goes (:mod:`rollcap.rollout.bench.kernel_profile`: ``torch.profiler`` over three
+  replays; CUDA kernels by device time, or on CPU ATen ops by self time, grouped into GEMM, attention, adds, norms,
+  casts, GELU, copies, split-K reduce), printed as one line of shares and the top kernels.
+
+Variants: ``plain``, ``fused``, and ``lean`` (:mod:`rollcap.policies.lean`: the fused sampler with its residual adds
+in the norms and bias+GELU in the GEMM epilogue; on a GPU by default). The report's header names the sweep's
+variants (``samplers``), precisions and backends.
 
 The fused variant's ``max_abs_diff_vs_plain`` (fp32, eager) is stated once per size, and ``fused_over_plain``:
 plain and fused chunks timed alternately (eager, and the first backend that is not compiled). ``python3 -m
@@ -39,10 +46,13 @@ from rollcap.kernels.buffers import BufferSet, BufferSpec
 from rollcap.kernels.errors import CaptureError
 from rollcap.kernels.graph import CapturedGraph
 from rollcap.policies.fused import fuse
+from rollcap.policies.lean import lean
 from rollcap.policies.observation import tokenize
 from rollcap.policies.sizes import SIZES, SMALL, build, device_bandwidth, size_config, weight_floor
+from rollcap.rollout.bench.kernel_profile import count_aten_ops, count_cuda_kernels, format_profile, profile_replays
 
 INSTRUCTION = "pick up the red cube and put it in the bowl"
+VARIANTS = ("plain", "fused", "lean")
 _HAS_PRECISION = "precision" in inspect.signature(CapturedGraph).parameters
 
 
@@ -57,19 +67,25 @@ class SizeSweep:
     for tens of seconds, so it is measured when named)."""
     precisions: tuple[str, ...] = ()
     """Precisions (default: fp32 on CPU; fp32, tf32, bf16 on a GPU)."""
-    variants: tuple[str, ...] = ("plain", "fused")
-    """Model variants."""
+    variants: tuple[str, ...] = ()
+    """Model variants (samplers): plain, fused, lean (default: plain and fused on CPU, where lean is fused's bytes; all three on a GPU)."""
     reps: int = 5
     """Timed chunks per cell (after 2 warm ones)."""
+    profile: bool = True
+    """Profile each graph cell's replays (the kernel table)."""
 
     def resolved(self, device: str, quick: bool = False) -> SizeSweep:
         cuda = torch.device(device).type == "cuda"
         sizes = self.sizes or (tuple(SIZES) if cuda else (SMALL[:1] if quick else SMALL))
         backends = self.backends or (("cuda",) if cuda else ("jit",))
         precisions = self.precisions or (("fp32", "tf32", "bf16") if cuda else ("fp32",))
+        variants = self.variants or (("plain", "fused", "lean") if cuda else ("plain", "fused"))
         for name in sizes:
             size_config(name)  # a bad name or file fails here, before anything is built
-        return dataclasses.replace(self, sizes=sizes, backends=backends, precisions=precisions)
+        bad = [v for v in variants if v not in VARIANTS]
+        if bad:
+            raise ValueError(f"--variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
+        return dataclasses.replace(self, sizes=sizes, backends=backends, precisions=precisions, variants=variants)
 
 
 def _sync(device: torch.device) -> None:
@@ -105,39 +121,6 @@ def _time_pair(first, second, device: torch.device, reps: int) -> tuple[float, f
     return statistics.median(a) * 1e3, statistics.median(b) * 1e3
 
 
-def count_aten_ops(call) -> int:
-    """ATen operations one call dispatches (views and all)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            _Count.n += 1
-            return func(*args, **(kwargs or {}))
-
-    with _Count():
-        call()
-    return _Count.n
-
-
-def count_cuda_kernels(call, device: torch.device) -> int:
-    """CUDA kernels (not memcpy/memset) the profiler records for one call."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    _sync(device)
-    try:
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            call()
-            _sync(device)
-        return sum(
-            1 for e in prof.events() if e.device_type == DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))
-        )
-    except RuntimeError:  # a profiler that cannot start (CUPTI missing or busy) costs the count, not the sweep
-        return None
-
-
 def _inputs(cfg, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     values = {k: rng.integers(0, 256, (1, cfg.image_size, cfg.image_size, 3), dtype=np.uint8) for k in cfg.image_keys}
@@ -155,14 +138,24 @@ def _buffers(cfg, device) -> tuple[BufferSet, BufferSet]:
     )
 
 
-def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str) -> CapturedGraph:
-    keys = model.cfg.image_keys
-    if (
-        precision == "bf16" and ins.device.type == "cuda"
-    ):  # as a CUDA runner does (policies/observation.py): linears stored in bf16
+def deployed(model, precision: str, device: torch.device, fp8_scope: tuple[str, ...] | None = None):
+    """``model`` as a runner at ``precision`` holds it (policies/observation.py): on CUDA at bf16 its linears stored in
+    bf16, at fp8 the expert's at float8 (``fp8_scope``: other modules', for a measurement), a copy; else ``model``."""
+    if precision in ("bf16", "fp8") and device.type == "cuda":
+        from rollcap.kernels.fp8 import to_fp8
         from rollcap.kernels.precision import cast_linears
 
         model = cast_linears(model)
+        if precision == "fp8":
+            model = to_fp8(model, fp8_scope)
+    return model
+
+
+def _graph(model, ins: BufferSet, outs: BufferSet, backend: str, precision: str, cast: bool = True) -> CapturedGraph:
+    """A graph of ``model.sample`` over the sweep's buffers (``cast``: of :func:`deployed` ``model``; False: as given)."""
+    keys = model.cfg.image_keys
+    if cast:
+        model = deployed(model, precision, ins.device)
 
     def fn(b):
         return {"actions": model.sample([b[k] for k in keys], b["state"], b["tokens"], b["noise"])}
@@ -175,7 +168,7 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
-def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGraph) -> dict:
+def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGraph, profile: bool = True) -> dict:
     cell: dict = {}
     eager.replay()
     ref = outs["actions"].clone()
@@ -192,8 +185,11 @@ def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGra
     cell["same_bytes"] = bool(torch.equal(outs["actions"], a))
     cell["exact"] = bool(torch.equal(a, ref))
     cell["max_abs_diff"] = float((a - ref).abs().max())
+    if profile:
+        cell["profile"] = profile_replays(g.replay, device, 3, eager=eager.replay if "compile" not in backend else None)
     if device.type == "cuda":
-        n = count_cuda_kernels(g.replay, device)
+        n = cell.get("profile", {}).get("kernels")
+        n = round(n) if n is not None else count_cuda_kernels(g.replay, device)
         cell["kernels"], cell["kernels_from"] = n, "replay"
     cell.update(g.plan_facts)
     del g
@@ -205,13 +201,14 @@ def _cell(model, ins, outs, backend, precision, device, reps, eager: CapturedGra
     return cell
 
 
-def _fused_over_plain(models: dict, ins, outs, sweep: SizeSweep, device: torch.device) -> dict:
-    """Plain and fused chunks timed alternately, eager and on the first backend that is not compiled (first precision)."""
+def _fused_over_plain(models: dict, ins, outs, sweep: SizeSweep, device: torch.device, pair=("plain", "fused")) -> dict:
+    """Two variants' chunks (``pair``: plain and fused) timed alternately, eager and on the first backend that is not
+    compiled (plain/fused: the first precision; fused/lean: the last, bf16 in a GPU's default sweep)."""
     res = {}
-    precision = sweep.precisions[0]
+    precision = sweep.precisions[0] if pair[0] == "plain" else sweep.precisions[-1]
     for backend in ("eager", *[b for b in sweep.backends if "compile" not in b][:1]):
         try:
-            plain, fused = (_graph(models[v], ins, outs, backend, precision) for v in ("plain", "fused"))
+            plain, fused = (_graph(models[v], ins, outs, backend, precision) for v in pair)
         except (CaptureError, RuntimeError, ValueError):
             continue
         p_ms, f_ms = _time_pair(plain.replay, fused.replay, device, sweep.reps)
@@ -233,6 +230,8 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
     models = {"plain": plain}
     if "fused" in sweep.variants:
         models["fused"] = fuse(plain)
+    if "lean" in sweep.variants:
+        models["lean"] = lean(plain)
     ins, outs = _buffers(cfg, device)
     ins.write({k: torch.from_numpy(v) for k, v in _inputs(cfg).items()})
     refs: dict = {}
@@ -270,7 +269,7 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
                 cell = {
                     **base,
                     "backend": backend,
-                    **_cell(model, ins, outs, backend, precision, device, sweep.reps, eager),
+                    **_cell(model, ins, outs, backend, precision, device, sweep.reps, eager, sweep.profile),
                 }
                 if (
                     cell.get("kernels") is not None and cell["kernels"] <= 1
@@ -290,8 +289,15 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
             if row.get("eager_ms") is None:
                 row["eager_ms"] = _time(eager.replay, device, sweep.reps)
             del eager
-    if len(models) == 2 and (_HAS_PRECISION or sweep.precisions[0] == "fp32"):
+    if "plain" in models and "fused" in models and (_HAS_PRECISION or sweep.precisions[0] == "fp32"):
         out["fused_over_plain"] = _fused_over_plain(models, ins, outs, sweep, device)
+    if "fused" in models and "lean" in models:
+        out["lean_over_fused"] = _fused_over_plain(models, ins, outs, sweep, device, ("fused", "lean"))
+        for p in sweep.precisions:
+            if ("fused", p) in refs and ("lean", p) in refs:
+                out.setdefault("lean_max_abs_diff_vs_fused", {})[p] = float(
+                    (refs["fused", p] - refs["lean", p]).abs().max()
+                )
     if ("plain", "fp32") in refs and ("fused", "fp32") in refs:
         out["fused_max_abs_diff_vs_plain"] = float((refs["plain", "fp32"] - refs["fused", "fp32"]).abs().max())
     del models, plain
@@ -311,6 +317,9 @@ def bench_sizes(device: str, sweep: SizeSweep, emit=None) -> dict:
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "reps": sweep.reps,
+        "samplers": list(sweep.variants),
+        "precisions": list(sweep.precisions),
+        "backends": ["eager", *sweep.backends],
         "sizes": {},
     }
     try:
@@ -360,13 +369,22 @@ def format_sizes(r: dict, row) -> None:
             exact = "== eager" if c.get("exact") else f"max|diff| {c.get('max_abs_diff', float('nan')):.2g}"
             over = f", {c['over_floor']:.1f}x floor" if "over_floor" in c else ""
             row(label, f"{c['graph_ms']:.2f} ms ({c['speedup']:.1f}x eager{over}){kern}, {exact}")
+            if "profile" in c:
+                format_profile(c["profile"], row)
         for backend, x in s.get("fused_over_plain", {}).items():
             row(
                 f"  fused / plain, {backend} {x['precision']} (alternating)",
                 f"{x['fused_ms']:.2f} / {x['plain_ms']:.2f} ms = {x['fused_over_plain']:.2f}",
             )
+        for backend, x in s.get("lean_over_fused", {}).items():
+            row(
+                f"  lean / fused, {backend} {x['precision']} (alternating)",
+                f"{x['fused_ms']:.2f} / {x['plain_ms']:.2f} ms = {x['fused_over_plain']:.2f}",
+            )
         if "fused_max_abs_diff_vs_plain" in s:
             row("  fused vs plain (fp32 eager)", f"max|diff| {s['fused_max_abs_diff_vs_plain']:.2g}")
+        for p, d in s.get("lean_max_abs_diff_vs_fused", {}).items():
+            row(f"  lean vs fused ({p} eager)", f"max|diff| {d:.2g}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,8 +400,13 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma list of graph backends beside eager (default: jit on CPU; cuda on GPU; add compile-cuda to measure it)",
     )
-    ap.add_argument("--precisions", default="", help="comma list of fp32,tf32,bf16 (default: fp32 on CPU; all on GPU)")
-    ap.add_argument("--variants", default="plain,fused")
+    ap.add_argument(
+        "--precisions", default="", help="comma list of fp32,tf32,bf16,fp8 (default: fp32 on CPU; all on GPU)"
+    )
+    ap.add_argument(
+        "--variants", default="", help="comma list of plain,fused,lean (default: plain,fused on CPU; all on a GPU)"
+    )
+    ap.add_argument("--no-profile", action="store_true", help="skip the kernel profile of each graph cell")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None, help="write the report here (after every cell)")
     args = ap.parse_args(argv)
@@ -393,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         sweep = SizeSweep(
-            split(args.sizes), split(args.backends), split(args.precisions), split(args.variants), args.reps
+            split(args.sizes),
+            split(args.backends),
+            split(args.precisions),
+            split(args.variants),
+            args.reps,
+            not args.no_profile,
         ).resolved(args.device)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -59,6 +59,8 @@ def _bench_checkpoint(parts: Parts, n: int) -> dict:
     out["policy_max_abs_diff"] = float(np.abs(a - b).max())
     out["critic_bit_identical"] = critic.value(obs) == critic.value_eager(obs)
     out["backend"] = policy.backend
+    out["precision"] = policy.precision  # what the checkpoint's figures ran at (issue 44: the JSON said neither)
+    out["sampler"] = parts.sampler
     eager_lane.close()
     policy.close()
     critic.close()
@@ -67,6 +69,8 @@ def _bench_checkpoint(parts: Parts, n: int) -> dict:
 
 def format_models(m: dict, row) -> None:
     """The section's rows of the human table."""
+    if "precision" in m:
+        row("policy backend / precision / sampler", f"{m['backend']} / {m['precision']} / {m['sampler']}")
     row(
         "policy chunk eager (median / p99)",
         f"{m['policy_eager']['median_ms']:.2f} / {m['policy_eager']['p99_ms']:.2f} ms",

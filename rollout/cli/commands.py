@@ -256,6 +256,7 @@ def cmd_inspect(args) -> int:
         check_plot_dir,
         episode_table,
         plot_episodes,
+        readable_episodes,
     )
     from rollcap.rollout.recording import iter_episodes
 
@@ -271,21 +272,17 @@ def cmd_inspect(args) -> int:
         from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
 
         try:
-            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in _readable(path)]
+            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in readable_episodes(path)]
         except ValueError as err:
             raise UserError(f"--early-stop: {err}") from err
         print(table(early_stop_rows(eps, thresholds, args.patience)))
     if args.plot is not None:
         for path in args.file:
-            for png in plot_episodes(list(_readable(path)), args.plot):  # branch fans need the episodes together
+            for png in plot_episodes(
+                list(readable_episodes(path)), args.plot
+            ):  # branch fans need the episodes together
                 print(f"wrote {png}")
     return 1 if bad else 0  # an unreadable episode is a failed check, as in replay
-
-
-def _readable(path):
-    from rollcap.rollout.recording import iter_episodes
-
-    return (rec for _, rec in iter_episodes(path) if not isinstance(rec, Exception))
 
 
 def _thresholds(values: list[float]) -> list[float]:

@@ -18,9 +18,22 @@ Autoreset follows gymnasium 1.x (``metadata["autoreset_mode"]``): ``NEXT_STEP``
 (the default, as ``SyncVectorEnv``: the step after an episode ends resets that
 sub-env, ignoring its action, with reward 0) or ``SAME_STEP`` (the ended
 sub-env is reset in the same step; ``info["final_obs"]`` / ``info["final_info"]``
-hold the last observation and info). ``reset(seed=s)`` seeds sub-env ``i``
-with ``s + i`` (a list: one seed each); its episode ``j`` then uses the run
-seed ``s + i``'s derived seed ``j``, as :class:`ChunkEnv` does.
+hold the last observation and info). Seeding is a single env's per sub-env:
+``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (a list: one seed each),
+its episode ``j`` then uses ``episode_seed(s + i, j)``; a sub-env never seeded
+draws its run seed from entropy, so unseeded sub-envs differ. Reset infos carry
+``rollcap_episode``, ``rollcap_seed`` and ``rollcap_index`` (the key ``episode``
+is gymnasium's ``RecordEpisodeStatistics``'s).
+
+A recorder among ``subscribers`` records every sub-env's episodes, under
+indices unique across the sub-envs. ``max_episode_steps`` (what
+``gym.make_vec(id, max_episode_steps=K)`` passes; gymnasium has no vector
+``TimeLimit``) truncates an episode after K steps with stop reason
+``time_limit``. ``render_mode="rgb_array"``: ``render()`` returns each
+sub-env's image as the policy sees it (gymnasium's vector ``RecordVideo``).
+Actions must have exactly the batch's shape and be finite. ``close()`` closes
+the envs, the runners and lanes the ``make_*`` functions made, and calls every
+subscriber's ``on_run_end``.
 
 Single-threaded, like the host.
 """
@@ -39,15 +52,27 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 from rollcap.rollout.batch import BatchedCore
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.gym.envs import MAX_TOKENS, NOISE_BOUND, TERMINAL, gym_obs, gym_obs_space
+from rollcap.rollout.gym.checks import (
+    CALLER_RESET,
+    TIME_LIMIT,
+    checked_action,
+    claim_index,
+    closed_error,
+    entropy_seed,
+    fork_safe_torch,
+    frame_key,
+    render_metadata,
+)
+from rollcap.rollout.gym.envs import MAX_TOKENS, NOISE_BOUND, TERMINAL, checked_bound, gym_obs, gym_obs_space, lanes_of
 from rollcap.rollout.host import HostState
+from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.seeding import episode_seed
 
 MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 
 
 class _CoreVectorEnv(VectorEnv):
-    """What both vector envs share: the batched core, observation batching, seeding and autoreset."""
+    """What both vector envs share: the batched core, observation batching, seeding, autoreset, recording, rendering."""
 
     def __init__(
         self,
@@ -58,6 +83,11 @@ class _CoreVectorEnv(VectorEnv):
         max_tokens: int = MAX_TOKENS,
         autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
         workers: int | None = None,
+        subscribers: Sequence[Subscriber] = (),
+        render_mode: str | None = None,
+        max_episode_steps: int | None = None,
+        state_only: bool = False,
+        owns: Sequence = (),
     ):
         envs = list(envs)
         if not envs or not all(isinstance(e, gym.Env) for e in envs):
@@ -65,31 +95,60 @@ class _CoreVectorEnv(VectorEnv):
         mode = AutoresetMode(autoreset_mode) if isinstance(autoreset_mode, str) else autoreset_mode
         if mode not in MODES:
             raise ConfigError("autoreset_mode", f"expected one of {[m.value for m in MODES]}, got {autoreset_mode!r}")
-        self.core = BatchedCore(envs, policy, critic, config, records=False, on_error="raise", workers=workers)
+        if max_episode_steps is not None and (
+            isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1
+        ):
+            raise ConfigError("max_episode_steps", f"expected an integer >= 1 or None, got {max_episode_steps!r}")
+        self._frame = frame_key(envs[0].observation_space, render_mode)
+        subscribers = list(subscribers)
+        self.core = BatchedCore(
+            envs,
+            policy,
+            critic,
+            config,
+            subscribers,
+            records=any(getattr(s, "wants_records", False) for s in subscribers),
+            on_error="raise",
+            workers=workers,
+        )
+        self.owns = list(owns)
+        """What :meth:`close` closes besides the core (the lanes and runners ``make_*_vector_env`` made)."""
         self.num_envs = len(envs)
         self.chunk_shape = tuple(int(n) for n in self.core.hosts[0].policy.chunk_shape)
         self.max_tokens = int(max_tokens)
-        self.metadata = {"autoreset_mode": mode, "render_modes": []}
+        self.state_only = bool(state_only)
+        self.max_episode_steps = max_episode_steps
+        self.render_mode = render_mode
+        self.metadata = {"autoreset_mode": mode, **render_metadata(envs[0], self.core.config.execute_steps)}
         self.autoreset_mode = mode
-        self.single_observation_space = gym_obs_space(envs[0].observation_space, self.max_tokens)
+        self.single_observation_space = gym_obs_space(envs[0].observation_space, self.max_tokens, self.state_only)
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.single_action_space = self._single_action_space(envs[0])
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._run_seeds = [0] * self.num_envs
+        self._run_seeds: list[int | None] = [None] * self.num_envs  # per sub-env, as a single env's
         self._episodes = [0] * self.num_envs
+        self._chunks = [0] * self.num_envs
+        self._last_obs: list = [None] * self.num_envs
+        self._index = 0  # the next episode's index, unique across the sub-envs (a shared recorder's file names)
         self._autoreset = np.zeros(self.num_envs, bool)
         self.core.open_pool()
 
     def _single_action_space(self, env: gym.Env) -> spaces.Box:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def _split(self, actions) -> tuple[list, list]:  # pragma: no cover - interface
-        """Per sub-env (noise, actions) for the core's round."""
+    def _split(self, actions: np.ndarray) -> tuple[list | None, list | None]:  # pragma: no cover - interface
+        """Per sub-env (noise, actions) for the core's round, from the checked ``[N, H, A]`` batch."""
         raise NotImplementedError
 
     # -- gymnasium -------------------------------------------------------------
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        """End every running episode (stop reason ``reset``) and start the next one in each sub-env."""
+        """End every running episode and start the next one in each sub-env (as a single env's ``reset``).
+
+        ``seed`` s: sub-env ``i`` starts the run ``s + i`` (a list: one seed each, None for "go on"); a sub-env
+        never seeded draws its run's seed from entropy, so unseeded sub-envs differ.
+        """
+        if self.closed:
+            raise closed_error("reset()")
         if seed is None:
             seeds = [None] * self.num_envs
         elif isinstance(seed, (int, np.integer)):
@@ -110,10 +169,12 @@ class _CoreVectorEnv(VectorEnv):
 
     def step(self, actions):
         """One chunk in every sub-env (see the module docstring for autoreset)."""
+        if self.closed:
+            raise closed_error("step()")
         hosts = self.core.hosts
         if any(h.state is not HostState.RUNNING for i, h in enumerate(hosts) if not self._autoreset[i]):
             raise gym.error.ResetNeeded("step() before reset(); call reset()")
-        noise, chunks = self._split(actions)
+        noise, chunks = self._split(checked_action(actions, self.action_space.shape, "actions"))
         stepping = [not r for r in self._autoreset]
         results = self.core.round(noise, chunks, stepping)
         obs, infos = [None] * self.num_envs, {}
@@ -125,13 +186,17 @@ class _CoreVectorEnv(VectorEnv):
                 infos = self._add_info(infos, info, i)
                 continue
             event, steps = results[i]
+            self._chunks[i] += 1
             rewards[i] = float(sum(s.reward for s in steps))
             info: dict[str, Any] = {"steps": len(steps)}
             if event is not None:
-                info.update(value=event.value, policy_chunk=event.actions)
-            obs[i] = gym_obs(h.obs, self.max_tokens)
-            if h.done:
-                end = h.finish()
+                info["policy_chunk"] = event.actions
+                if self.core.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's checks)
+                    info["value"] = event.value
+            self._last_obs[i] = h.obs
+            obs[i] = gym_obs(h.obs, self.max_tokens, self.state_only)
+            if h.done or (self.max_episode_steps is not None and self._chunks[i] >= self.max_episode_steps):
+                end = h.finish(TIME_LIMIT)  # the reason counts only for an episode still running
                 info.update(stop_reason=end.stop_reason, is_success=end.success)
                 terminated[i] = end.stop_reason in TERMINAL
                 truncated[i] = not terminated[i]
@@ -142,22 +207,38 @@ class _CoreVectorEnv(VectorEnv):
         self._autoreset = (terminated | truncated) & (self.autoreset_mode is AutoresetMode.NEXT_STEP)
         return self._batch(obs), rewards, terminated, truncated, infos
 
+    def render(self) -> tuple | None:
+        """Each sub-env's image, as the policy sees it (``render_mode="rgb_array"``)."""
+        if self._frame is None or any(o is None for o in self._last_obs):
+            return None
+        return tuple(np.array(o[self._frame]) for o in self._last_obs)
+
     def close_extras(self, **kwargs) -> None:
+        """Abandon running episodes (nothing recorded), close the envs and what the env owns; then every
+        subscriber's ``on_run_end`` (a recorder closes its files)."""
         self.core.close()
+        for part in self.owns:
+            part.close()
+        for s in self.core.subscribers:
+            s.on_run_end()
 
     # -- private ---------------------------------------------------------------
     def _reset_one(self, i: int, seed: int | None) -> tuple[dict[str, np.ndarray], dict]:
         host = self.core.hosts[i]
+        if host.state is not HostState.RESET:
+            host.finish(CALLER_RESET)
         if seed is not None:
             self._run_seeds[i], self._episodes[i] = int(seed), 0
-        if host.state is not HostState.RESET:
-            host.finish("reset")
-        j = self._episodes[i]
-        obs = host.start(j, episode_seed(self._run_seeds[i], j))
-        self._episodes[i] += 1
+        elif self._run_seeds[i] is None:
+            self._run_seeds[i], self._episodes[i] = entropy_seed(self.np_random), 0
+        j, index = self._episodes[i], claim_index(self._index, self.core.subscribers)
+        info = {"rollcap_episode": j, "rollcap_seed": episode_seed(self._run_seeds[i], j), "rollcap_index": index}
+        obs = host.start(index, info["rollcap_seed"])
+        self._episodes[i], self._index, self._chunks[i] = j + 1, index + 1, 0
         if host.done:  # the reset itself failed: finish() raises the env's error (on_error="raise")
             host.finish()
-        return gym_obs(obs, self.max_tokens), {"episode": j}
+        self._last_obs[i] = obs
+        return gym_obs(obs, self.max_tokens, self.state_only), info
 
     def _batch(self, obs: list[dict[str, np.ndarray]]):
         return concatenate(
@@ -174,6 +255,12 @@ class ChunkVectorEnv(_CoreVectorEnv):
         config: the hosts' config (stop rules, seed).
         autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
         workers: threads stepping the sub-envs (0: this thread).
+        subscribers: shared by every sub-env (a recorder records every sub-env's episodes, indices unique).
+        render_mode: None or ``"rgb_array"`` (``render()``: each sub-env's image, as the policy sees it).
+        max_episode_steps: truncate an episode after that many steps (chunks), stop reason ``time_limit``
+            (``gym.make_vec(id, max_episode_steps=K)``; gymnasium has no vector ``TimeLimit``).
+        state_only: the agent sees the env's ``state`` alone.
+        owns: closed with the env.
     """
 
     def _single_action_space(self, env: gym.Env) -> spaces.Box:
@@ -186,35 +273,57 @@ class ChunkVectorEnv(_CoreVectorEnv):
         return spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
 
     def _split(self, actions):
-        a = np.asarray(actions, dtype=np.float32).reshape(self.num_envs, *self.chunk_shape)
-        return None, list(a)
+        return None, list(actions)
 
 
 class NoiseSteeringVectorEnv(_CoreVectorEnv):
-    """N noise-steering envs on one batched core: an action is the flow noise ``[N, H, A]`` (clipped to ±NOISE_BOUND)."""
+    """N noise-steering envs on one batched core: an action is the flow noise ``[N, H, A]``, clipped to
+    ±``noise_bound`` (default :data:`~rollcap.rollout.gym.envs.NOISE_BOUND`); the other arguments are
+    :class:`ChunkVectorEnv`'s."""
+
+    def __init__(self, *args, noise_bound: float = NOISE_BOUND, **kw):
+        self.noise_bound = checked_bound(noise_bound)
+        super().__init__(*args, **kw)
 
     def _single_action_space(self, env: gym.Env) -> spaces.Box:
-        return spaces.Box(-NOISE_BOUND, NOISE_BOUND, self.chunk_shape, np.float32)
+        return spaces.Box(-self.noise_bound, self.noise_bound, self.chunk_shape, np.float32)
 
     def _split(self, actions):
-        a = np.clip(
-            np.asarray(actions, dtype=np.float32).reshape(self.num_envs, *self.chunk_shape), -NOISE_BOUND, NOISE_BOUND
-        )
-        return list(a), None
+        return list(np.clip(actions, -self.noise_bound, self.noise_bound)), None
 
 
 def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int, graphs: int, parts=None):
     from rollcap.rollout.batch import make_batched_runners
     from rollcap.rollout.build import Parts, make_env
 
+    if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+        raise ConfigError("num_envs", f"expected an integer >= 1, got {num_envs!r}")
     if graphs < 1 or num_envs % graphs:
         raise ConfigError("graphs", f"expected an integer >= 1 that divides num_envs ({num_envs}), got {graphs!r}")
     if parts is None:
         parts = Parts(env_kwargs=env_kwargs, device=device, threads=threads)
     elif env_kwargs is not None:
         raise ConfigError("env_kwargs", "give the env's kwargs in parts (Parts(env_kwargs=...)), not beside it")
+    fork_safe_torch()
     envs = [make_env(parts.env_id, parts.env_kwargs) for _ in range(num_envs)]
     return envs, *make_batched_runners(parts, num_envs, envs[0], graphs=graphs)
+
+
+def _owned(cls, envs, policy, critic, config: dict | None, kw: dict):
+    """``cls(envs, policy, critic, HostConfig(**config), **kw)`` owning the batched runners and their lanes (the core
+    closes neither); if it refuses its arguments, everything made for it is closed before the error goes on."""
+    runners = [r for r in (*_listed(policy), *_listed(critic)) if r is not None]
+    owns = [*runners, *lanes_of(*runners)]
+    try:
+        return cls(envs, policy, critic, HostConfig(**(config or {})), owns=owns, **kw)
+    except BaseException:
+        for part in (*envs, *owns):
+            part.close()
+        raise
+
+
+def _listed(runner) -> list:
+    return list(runner) if isinstance(runner, (list, tuple)) else [runner]
 
 
 def make_chunk_vector_env(
@@ -229,10 +338,9 @@ def make_chunk_vector_env(
 ) -> ChunkVectorEnv:
     """``gym.make_vec("rollcap/ChunkPushBlock-v0", num_envs)``: the built-in task, shipped policy and critic at batch
     ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
-    checkpoints, a :class:`~rollcap.rollout.build.Parts`, instead of ``env_kwargs`` / ``device`` / ``threads``)."""
-    return ChunkVectorEnv(
-        *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw
-    )
+    checkpoints, a :class:`~rollcap.rollout.build.Parts`, instead of ``env_kwargs`` / ``device`` / ``threads``;
+    ``kw``: :class:`ChunkVectorEnv`'s: ``subscribers``, ``render_mode``, ``max_episode_steps``, ...)."""
+    return _owned(ChunkVectorEnv, *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), config, kw)
 
 
 def make_noise_steering_vector_env(
@@ -247,7 +355,8 @@ def make_noise_steering_vector_env(
 ) -> NoiseSteeringVectorEnv:
     """``gym.make_vec("rollcap/NoiseSteerPushBlock-v0", num_envs)``: the shipped policy steered through its noise at batch
     ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
-    checkpoints, e.g. a MetaWorld task with the MT10 policy, instead of ``env_kwargs`` / ``device`` / ``threads``)."""
-    return NoiseSteeringVectorEnv(
-        *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), HostConfig(**(config or {})), **kw
+    checkpoints, e.g. a MetaWorld task with the MT10 policy, instead of ``env_kwargs`` / ``device`` / ``threads``;
+    ``kw``: :class:`NoiseSteeringVectorEnv`'s: ``noise_bound``, ``state_only``, ``subscribers``, ...)."""
+    return _owned(
+        NoiseSteeringVectorEnv, *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), config, kw
     )

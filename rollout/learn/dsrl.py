@@ -346,8 +346,10 @@ def steered_successes(
     for i in range(episodes):
         if i:
             obs, info = env.reset()
-        if info["episode"] != i:
-            raise RuntimeError(f"expected episode {i} of run {run_seed}, the env started episode {info['episode']}")
+        if info["rollcap_episode"] != i:
+            raise RuntimeError(
+                f"expected episode {i} of run {run_seed}, the env started episode {info['rollcap_episode']}"
+            )
         done = False
         while not done:
             obs, _, terminated, truncated, info = env.step(act(obs))

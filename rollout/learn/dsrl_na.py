@@ -6,7 +6,9 @@ against the frozen policy on held-out episodes, paired.
 - :func:`train`: N sub-envs of :class:`~rollcap.rollout.gym.vector.NoiseSteeringVectorEnv` (one policy graph at
   batch N) feed a replay buffer; after ``init_steps`` transitions of the policy's own noise (standard normal) the
   actor's sampled noise steers them; every vector step does ``critic_steps`` critic, ``distill_steps`` noise-critic
-  (NA) and ``actor_steps`` actor updates. Stops at a wall-clock or transition budget; logs a learning curve.
+  (NA) and ``actor_steps`` actor updates. Stops at a wall-clock or transition budget; logs a learning curve. Every
+  ``heldin_every`` transitions (and at 0 and at the end) it scores the agent on the held-in stream, paired against
+  zero noise (:mod:`~rollcap.rollout.learn.dsrl_heldin`), and ends with the best agent by that score (``keep_best``).
 - :func:`evaluate`: the actor's deterministic noise on held-out episodes ``episode_seed(eval_seed, i)``, batch 1,
   with the critic's value and the discounted return of every chunk (the critic against Monte-Carlo), and what
   noise the actor picks; :func:`baseline` scores the frozen policy (exactly ``rollcap run --seed eval_seed``) and
@@ -27,6 +29,16 @@ import numpy as np
 import torch
 
 from rollcap.rollout.build import Parts
+from rollcap.rollout.learn.dsrl_heldin import (
+    MAX_ENVS,
+    MAX_HELDIN,
+    MAX_SEED,
+    RESERVED,
+    TRAIN_SEED_BASE,
+    HeldIn,
+    KeepBest,
+)
+from rollcap.rollout.learn.dsrl_heldin import heldin_seeds, kept_line, line
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson
@@ -52,9 +64,6 @@ TASKS = {
         "peg-insert-side", "rollcap/MetaWorld-peg-insert-side-v3", {"render_images": False}, 4, 31337
     ),
 }
-TRAIN_SEED_BASE = 500_000
-"""Training sub-env ``i`` of seed ``s`` uses run seed ``TRAIN_SEED_BASE + 100 * s + i``: never a held-out or
-demonstration run seed."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +92,15 @@ class TrainConfig:
     threads: int = 1
     """Intra-op threads of the updates and of the policy's lane."""
     log_every_s: float = 30.0
+    heldin_every: int = 10_000
+    """Score the agent on the held-in stream every this many transitions (and at 0 and at the end); 0: never, no
+    keep-best [DSRL robomimic: eval_interval 3000 steps]."""
+    heldin_episodes: int = 32
+    """Held-in episodes per checkpoint, the same ones each time, paired against zero noise."""
+    heldin_envs: int = 16
+    """Sub-envs of the held-in vector env (its own policy graph at this batch)."""
+    keep_best: bool = True
+    """End with the best agent by held-in success (a copy of its weights), not the last one."""
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
@@ -92,12 +110,40 @@ class TrainConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
-        for name in ("init_steps", "distill_steps", "actor_steps", "seed"):
+        for name in (
+            "init_steps",
+            "distill_steps",
+            "actor_steps",
+            "seed",
+            "heldin_every",
+            "heldin_episodes",
+            "heldin_envs",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ValueError(f"{name}: expected an integer >= 0, got {v!r}")
-        if not (isinstance(self.minutes, (int, float)) and self.minutes > 0):
-            raise ValueError(f"minutes: expected a number > 0, got {self.minutes!r}")
+        for name, hi in (
+            ("seed", MAX_SEED),
+            ("num_envs", MAX_ENVS),
+            ("heldin_envs", MAX_ENVS),
+            ("heldin_episodes", MAX_HELDIN),
+        ):
+            if getattr(self, name) > hi:
+                raise ValueError(
+                    f"{name}: expected at most {hi} (the run seed streams stay apart), got {getattr(self, name)!r}"
+                )
+        if self.heldin_every and not (self.heldin_episodes and self.heldin_envs):
+            raise ValueError("heldin_episodes: expected >= 1 with heldin_every > 0 (and heldin_envs >= 1)")
+        if not isinstance(self.keep_best, bool):
+            raise ValueError(f"keep_best: expected True or False, got {self.keep_best!r}")
+        if not (isinstance(self.minutes, (int, float)) and 0 < self.minutes < math.inf):
+            raise ValueError(f"minutes: expected a finite number > 0, got {self.minutes!r}")
+        for name in ("success_reward", "env_reward_scale", "chunk_penalty", "log_every_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
+                raise ValueError(f"{name}: expected a finite number, got {v!r}")
+        if self.log_every_s < 0:
+            raise ValueError(f"log_every_s: expected a number >= 0, got {self.log_every_s!r}")
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -118,7 +164,8 @@ def _task_code(task: Task):
 
 
 def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
-    """Train DSRL on ``cfg.task``; returns the agent and ``{"curve": [...], "budget": {...}}``."""
+    """Train DSRL on ``cfg.task``; returns the agent (the kept one: :attr:`TrainConfig.keep_best`) and
+    ``{"curve": [...], "held_in": [...], "kept": {...}, "budget": {...}}``."""
     from gymnasium.vector import AutoresetMode
 
     from rollcap.rollout.gym.vector import make_noise_steering_vector_env
@@ -127,22 +174,23 @@ def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
     code = _task_code(task)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)  # the updates' budget, given back on return
+    venvs = []
     try:
-        venv = make_noise_steering_vector_env(
-            cfg.num_envs,
-            config={"execute_steps": task.execute_steps},
-            parts=task.parts(cfg.threads),
-            autoreset_mode=AutoresetMode.SAME_STEP,
-        )
-        try:
-            return _train(cfg, task, venv, code, progress)
-        finally:
-            venv.close()
+        for n in (cfg.num_envs, cfg.heldin_envs if cfg.heldin_every else 0):
+            if n:
+                venvs.append(make_noise_steering_vector_env(n, config={"execute_steps": task.execute_steps},
+                             parts=task.parts(cfg.threads), autoreset_mode=AutoresetMode.SAME_STEP))  # fmt: skip
+        heldin = None
+        if cfg.heldin_every:
+            heldin = HeldIn(venvs[1], heldin_seeds(cfg.seed, cfg.heldin_episodes), lambda o: features(o, code), cfg.agent.gamma)  # fmt: skip
+        return _train(cfg, task, venvs[0], code, progress, heldin)
     finally:
+        for v in venvs:
+            v.close()
         torch.set_num_threads(threads)
 
 
-def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAgent, dict]:
+def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | None) -> tuple[NoiseAgent, dict]:
     n, (h, a) = cfg.num_envs, venv.chunk_shape
     e = task.execute_steps
     obs, _ = venv.reset(seed=[TRAIN_SEED_BASE + 100 * cfg.seed + i for i in range(n)])
@@ -155,7 +203,23 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAge
     curve, stats = [], {}
     t0 = last_log = time.perf_counter()
     transitions = updates = 0
-    timing = {"env": 0.0, "update": 0.0}
+    timing = {"env": 0.0, "update": 0.0, "held_in": 0.0}
+    keep, points = KeepBest(), []
+
+    def checkpoint():
+        t1 = time.perf_counter()
+        if heldin.zero is None:
+            heldin.baselines(cfg.seed)
+        p = {"minutes": round((t1 - t0) / 60, 2), "transitions": transitions, "updates": updates, **heldin.score(agent),
+             "entropy": stats.get("entropy"), "alpha": round(agent.alpha, 6)}  # fmt: skip
+        p["kept"] = keep.offer(agent, p) if cfg.keep_best else False
+        points.append(p)
+        timing["held_in"] += time.perf_counter() - t1
+        progress(line(p))
+
+    if heldin is not None:
+        checkpoint()
+    next_check = cfg.heldin_every
     while transitions < cfg.max_transitions and time.perf_counter() - t0 < 60 * cfg.minutes:
         t1 = time.perf_counter()
         steering = transitions >= cfg.init_steps
@@ -202,6 +266,9 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAge
                 stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
             updates += 1
             timing["update"] += time.perf_counter() - t1
+        if heldin is not None and transitions >= next_check:
+            next_check += cfg.heldin_every
+            checkpoint()
         now = time.perf_counter()
         if now - last_log >= cfg.log_every_s:
             last_log = now
@@ -210,11 +277,19 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress) -> tuple[NoiseAge
                      "train_success_last100": (sum(recent) / len(recent)) if recent else None, **{k: round(v, 5) for k, v in stats.items()}}  # fmt: skip
             curve.append(point)
             progress(" ".join(f"{k}={v}" for k, v in point.items()))
+    if heldin is not None and points[-1]["transitions"] != transitions:
+        checkpoint()
+    if heldin is not None and cfg.keep_best:
+        keep.restore(agent)
+    kept = keep.point if cfg.keep_best else (points[-1] if points else None)
+    if kept is not None:
+        progress(kept_line(kept))
     seconds = time.perf_counter() - t0
     budget = {"seconds": round(seconds, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
               "critic_updates": updates * cfg.critic_steps, "distill_updates": updates * (cfg.distill_steps if cfg.agent.algorithm == "na" else 0),
-              "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1)}  # fmt: skip
-    return agent, {"curve": curve, "budget": budget}
+              "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1),
+              "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points)}  # fmt: skip
+    return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept}
 
 
 # ---------------------------------------------------------------- evaluation
@@ -273,8 +348,10 @@ def held_out(task_name: str, eval_seed: int | None) -> Task:
     task = TASKS[task_name]
     if eval_seed is None:
         return task
-    if TRAIN_SEED_BASE <= eval_seed < TRAIN_SEED_BASE + 100_000:
-        raise ValueError(f"eval_seed {eval_seed} is a training run seed ({TRAIN_SEED_BASE} + 100 x seed + sub-env)")
+    if RESERVED[0] <= eval_seed < RESERVED[1]:
+        raise ValueError(
+            f"eval_seed {eval_seed} is a training run seed or a held-in one ({RESERVED[0]} to {RESERVED[1] - 1})"
+        )
     return replace(task, eval_seed=int(eval_seed))
 
 
@@ -338,6 +415,11 @@ def summary_lines(result: dict) -> list[str]:
     d, lo, hi = result["difference_and_95ci"]
     out.append(
         f"steered - frozen: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {result['fixed']} fixed / {result['broken']} broken, McNemar p = {result['mcnemar_p']:.3g}"
+    )
+    z = result["vs_zero_noise"]
+    d, lo, hi = z["difference_and_95ci"]
+    out.append(
+        f"steered - zero noise: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {z['fixed']} fixed / {z['broken']} broken, McNemar p = {z['mcnemar_p']:.3g}"
     )
     c = result["critic_vs_monte_carlo"]
     out.append(

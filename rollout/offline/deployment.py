@@ -65,7 +65,7 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
         return ("expert" if not std else f"expert:{std}"), None
     digest = fp.get("weights_digest")
     config = fp.get("config") if isinstance(fp.get("config"), dict) else {}
-    if config.get("variant") == "fused" and isinstance(config.get("fused_from"), str):
+    if config.get("variant") in ("fused", "lean") and isinstance(config.get("fused_from"), str):
         digest = config[
             "fused_from"
         ]  # a fused sampler's weights are re-parameterised: the checkpoint it was fused from
@@ -126,6 +126,8 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
         precision = pol.get("precision", "fp32")
         if precision == "tf32" and not on_gpu:
             precision = "fp32"  # a CUDA mode: the device line above already says the episodes are not comparable
+        elif precision == "fp8" and not on_gpu:
+            precision = "bf16"  # likewise: float8 GEMMs are a CUDA mode; the rest of the model ran bf16
         elif precision != "fp32":
             said.append(f"{source}: recorded at precision {precision}: replaying at it")
         out["precision"] = precision
@@ -134,10 +136,10 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
         named = (
             given.get("policy") is not None and named_policy(given["policy"]) is not None
         )  # --policy lerobot:DIR / expert: no fused variant
-        fused = config.get("variant") == "fused" and not named
-        if fused:
-            said.append(f"{source}: recorded with the fused sampler: replaying with it")
-        out["sampler"] = "fused" if fused else "plain"
+        sampler = config.get("variant") if config.get("variant") in ("fused", "lean") and not named else "plain"
+        if sampler != "plain":
+            said.append(f"{source}: recorded with the {sampler} sampler: replaying with it")
+        out["sampler"] = sampler
     for component in ("policy", "critic"):
         if given.get(component) is not None:
             continue

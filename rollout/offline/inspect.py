@@ -18,6 +18,7 @@ import numpy as np
 
 from rollcap.kernels.files import atomic_write
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
+from rollcap.rollout.recording import iter_episodes
 from rollcap.rollout.recording.npz import npz_name_index
 
 
@@ -88,6 +89,11 @@ def episode_table(records: Iterable, instruction_width: int = 40, unreadable: li
     if counts:
         out.append("; ".join(counts))
     return "\n".join(out)
+
+
+def readable_episodes(path) -> Iterator[EpisodeRecord]:
+    """The episodes of ``path`` that can be read, one at a time (:func:`episode_table` lists the others)."""
+    return (rec for _, rec in iter_episodes(path) if not isinstance(rec, Exception))
 
 
 def _error(source: str | None, err: Exception) -> str:

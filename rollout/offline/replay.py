@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollcap.envs import exact_state_of, physics_row
-from rollcap.rollout.episode import EpisodeRecord
+from rollcap.rollout.episode import ACTOR_AGENT, EpisodeRecord
 from rollcap.rollout.protocols import observation_at, recorded_obs
 from rollcap.rollout.resume import fingerprint_diff
+from rollcap.rollout.seeding import chunk_noise
 
 MODES = ("policy", "env", "closed")
 _TIMING = ("latency_policy_s", "latency_critic_s", "latency_boundary_s")
@@ -64,6 +65,9 @@ class ReplayResult:
     error: str = ""
     """Why the episode could not be replayed at all (a damaged episode, an unusable recorded config)."""
     source: str = ""
+    not_applicable: str = ""
+    """Why this mode cannot check this episode at all (closed loop: the actions came from the caller); such a
+    result is "not comparable" and counts neither for nor against the replay."""
 
     @classmethod
     def could_not(cls, source, mode: str, err: BaseException, episode: int | None = None) -> ReplayResult:
@@ -82,6 +86,8 @@ class ReplayResult:
     def status(self) -> str:
         if self.error:
             return "failed"
+        if self.not_applicable:
+            return "not comparable"
         if self.exact:
             return "exact"
         return "not comparable" if self.fingerprint_diff else "diverged"
@@ -93,7 +99,9 @@ class ReplayResult:
 
     def line(self) -> str:
         status = self.status
-        if status == "not comparable":
+        if self.not_applicable:
+            status = f"not comparable: {self.not_applicable}"
+        elif status == "not comparable":
             status = f"not comparable bit-for-bit (fingerprint differs: {', '.join(self.fingerprint_diff[:4])}); max|diff| {self.max_abs_diff:.3g}"
         elif status == "diverged":
             status = f"DIVERGED at {self.divergence}"
@@ -108,9 +116,11 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     """The closing line (counts per status) and whether the replay passed.
 
     It passes only when every result is exact (or, with ``accept_not_comparable``,
-    not comparable): an episode that was skipped or could not be read never counts as exact.
+    not comparable): an episode that was skipped or could not be read never counts as exact. A mode that does not
+    apply to an episode (:attr:`ReplayResult.not_applicable`) is left out, as long as some mode checked something.
     """
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    inapplicable = sum(bool(r.not_applicable) for r in results)
     episodes = len(
         {(r.source, r.episode) if r.episode is not None else (r.source, id(r)) for r in results}
     )  # an unreadable one has no index
@@ -118,9 +128,12 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     ok = (
         bool(results)
         and counts["diverged"] == counts["failed"] == 0
-        and (accept_not_comparable or counts["not comparable"] == 0)
+        and (accept_not_comparable or counts["not comparable"] == inapplicable)
+        and inapplicable < len(results)
     )
     text = ", ".join(f"{n} {s}" for s, n in counts.items())
+    if inapplicable:
+        text += f" ({inapplicable} of them: a mode that does not apply, actions came from the caller)"
     return f"{episodes} episode(s), {len(modes)} mode(s): {text}" + (
         " -- all exact" if counts["exact"] == len(results) and results else ""
     ), ok
@@ -250,8 +263,25 @@ def closed_loop_host(rec: EpisodeRecord, env, policy, critic=None):
     return RolloutHost(env, policy, critic, config, [ReplayInputs(rec, bus)], events=bus)
 
 
+def caller_actions(rec: EpisodeRecord) -> str:
+    """Why a closed-loop re-run cannot reproduce ``rec`` whatever the code does: its actions came from the caller
+    (an agent's chunks through ``ChunkEnv``, or the flow noise an agent chose through ``NoiseSteeringEnv``: a
+    re-run draws every chunk's noise from the episode seed). "" for an episode the host drove itself."""
+    if (np.asarray(rec.steps["actor"]) == ACTOR_AGENT).any():
+        return "actions came from the caller (an agent's chunks)"
+    if rec.origin is None:  # a branch takes its first chunks' noise from its parent; it is checked as it was
+        noise = rec.chunks["noise"]
+        if any(not np.array_equal(chunk_noise(rec.seed, k, noise.shape[1:]), noise[k]) for k in range(len(noise))):
+            return "actions came from the caller (the noise an agent chose)"
+    return ""
+
+
 def replay_closed(rec: EpisodeRecord, host) -> ReplayResult:
-    """Mode ``closed``: re-run the episode from its seed and compare the whole record."""
+    """Mode ``closed``: re-run the episode from its seed and compare the whole record (not comparable, without
+    running, for an episode whose actions came from the caller: :func:`caller_actions`)."""
+    why = caller_actions(rec)
+    if why:
+        return ReplayResult(rec.index, "closed", False, not_applicable=why)
     fp = fingerprint_diff(rec.fingerprints.get("policy", {}), host.policy.state_fingerprint())
     from rollcap.rollout.resume import resume_of
 

@@ -42,10 +42,11 @@ from pathlib import Path
 
 from rollcap.rollout.build import Parts, named_policy
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.errors import ClusterFailure, ConfigError
+from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.ray.connect import EXTRA, connect, import_ray, log_ray_to, lost_line  # noqa: F401 - EXTRA and connect are part of this module's API
+from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
+from rollcap.rollout.ray.connect import log_ray_to, lost_to_cluster, lost_while_starting, say_lost
 from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-exported: part of this module's API
     _SHIPPED,
     EpisodeSpec,
@@ -113,8 +114,7 @@ class ActorPool:
             :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`, the default),
             and :meth:`run` sends it a list of episodes per call.
         graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
-        ray_log: the file Ray's own messages to this driver go to (a run's ``ray.log``; None: kept in memory),
-            instead of the terminal; a lost actor is one line of rollcap's naming its node.
+        ray_log: where Ray's own messages to this driver go (a run's ``ray.log``; None: kept), not the terminal.
 
     Attributes:
         replace_timeout_s: how long a replacement actor may take to be ready
@@ -235,16 +235,11 @@ class ActorPool:
                 try:
                     slot.info = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    if not _lost_infrastructure(ray, err):
+                    if not lost_to_cluster(ray, err):
                         raise _start_error(err) from err
-                    n = self.slots.index(slot)  # lost to the cluster while starting: the run goes on without it
-                    self.slots[n] = replace(slot, handle=None, ready=None)
+                    self.slots[self.slots.index(slot)] = replace(slot, handle=None, ready=None)  # the run goes on
                     self.dropped += 1
-                    live = sum(s.live for s in self.slots)
-                    if not live:
-                        line = lost_line(ray, None, err, "no actor is left to run on").removeprefix("rollcap: ")
-                        raise ClusterFailure(f"every actor was lost while starting: {line}") from err
-                    print(lost_line(ray, None, err, f"going on with {live} actor(s)"), file=sys.stderr)
+                    lost_while_starting(ray, err, sum(s.live for s in self.slots))
                     continue
                 slot.ready = None
                 self.nodes.add(slot.info["node"])
@@ -322,10 +317,7 @@ class ActorPool:
                     k = key(item)
                     if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
                         again = "runs again on a live actor" if tries.get(k, 0) + 1 < max_tries else "failed"
-                        print(
-                            lost_line(ray, self.slots[slot].info.get("node"), err, f"episode {k} {again}"),
-                            file=sys.stderr,
-                        )
+                        say_lost(ray, self.slots[slot].info.get("node"), err, f"episode {k} {again}")
                         self._replace(slot)
                     else:
                         idle.append(slot)
@@ -436,11 +428,6 @@ def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
         if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))
     ]
     return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in paths}), shipped
-
-
-def _lost_infrastructure(ray, err: BaseException) -> bool:
-    """The actor died of the cluster (its process or node lost, or cancelled by it), not of an error in its own start-up."""
-    return isinstance(err, ray.exceptions.RayActorError) and not getattr(err, "actor_init_failed", False)
 
 
 def _start_error(err: BaseException) -> Exception:

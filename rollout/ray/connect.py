@@ -55,10 +55,11 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
-from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.errors import ClusterFailure, ConfigError
 
 EXTRA = "pip install 'rollcap[ray]'"
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -331,3 +332,25 @@ def lost_line(ray, node_id: str | None, err: BaseException, retried: str) -> str
     died = info.get("Alive") is False if info else bool(_NODE_DIED.search(text))
     where = f"; Ray's messages in {RAY_LOG.path}" if RAY_LOG.path is not None else ""
     return f"rollcap: lost an actor on {node} ({'its node died' if died else 'its actor died'}); {retried}{where}"
+
+
+def lost_to_cluster(ray, err: BaseException) -> bool:
+    """The actor died of the cluster (its process or node lost, or cancelled by it), not of an error in its own start-up."""
+    return isinstance(err, ray.exceptions.RayActorError) and not getattr(err, "actor_init_failed", False)
+
+
+def say_lost(ray, node_id: str | None, err: BaseException, retried: str) -> None:
+    """Print :func:`lost_line` (stderr)."""
+    print(lost_line(ray, node_id, err, retried), file=sys.stderr)
+
+
+def lost_while_starting(ray, err: BaseException, live: int) -> None:
+    """An actor lost to the cluster while it started: one line, the run going on with the ``live`` others.
+
+    Raises:
+        ClusterFailure: none is left (exit 1: the machines failed, not the user).
+    """
+    if not live:
+        line = lost_line(ray, None, err, "no actor is left to run on").removeprefix("rollcap: ")
+        raise ClusterFailure(f"every actor was lost while starting: {line}") from err
+    say_lost(ray, None, err, f"going on with {live} actor(s)")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import safetensors.torch
 
-import rollcap.capsule.tiers as tiers
+import rollcap.capsule.disk as tiers
 from rollcap.capsule import (
     FORMAT_VERSION,
     Capsule,

@@ -28,3 +28,12 @@ def test_vector_noise_pg_smoke():
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("update")]
     assert len(lines) == 2 and all("mean chunk reward" in ln for ln in lines), res.stdout
+
+
+def test_vector_noise_pg_refuses_no_sub_envs_in_one_line():
+    """--envs 0: one line naming the flag, exit 2 (it was an IndexError traceback from inside the vector env)."""
+    cmd = [sys.executable, str(ROOT / "examples" / "vector_noise_pg.py"), "--envs", "0"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "vector_noise_pg.py: --envs: expected an integer >= 1, got 0"
+    ], res.stderr

@@ -26,8 +26,10 @@ def _inputs(runner, obs, noise=None):
 
 
 def test_precision_names_are_checked():
-    """An unknown precision, and tf32 on CPU, are one clear ValueError each."""
-    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+    """An unknown precision, and tf32 or fp8 on CPU, are one clear ValueError each."""
+    with pytest.raises(ValueError, match="unknown precision 'fp4'"):
+        check_precision("fp4", "cpu")
+    with pytest.raises(ValueError, match="fp8 needs float8 tensor cores"):
         check_precision("fp8", "cpu")
     with pytest.raises(ValueError, match="tf32 is a CUDA tensor-core mode; on CPU use fp32 or bf16"):
         check_precision("tf32", "cpu")

@@ -1,18 +1,24 @@
-"""DSRL on the batched vector env (rollout/learn/dsrl_na.py, noise_agent.py): both variants learn a bandit whose
-reward depends on the noise only through an aliased action; the loop stores what the env executed; a seed repeats a
-run bit for bit; a zero-noise actor scores exactly as the zero-noise baseline; the example runs at its smallest."""
+"""DSRL on the batched vector env (rollout/learn/dsrl_na.py, dsrl_heldin.py, noise_agent.py): both variants learn a
+bandit whose reward depends on the noise only through an aliased action; the entropy guard and keep-best hold on a
+bandit whose rewarded region moves; the loop stores what the env executed and scores a held-in stream; a seed repeats
+a run bit for bit; a zero-noise actor scores exactly as the zero-noise baseline; the example runs at its smallest."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
+from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest
 from rollcap.rollout.learn.dsrl_na import TASKS, TRAIN_SEED_BASE, TrainConfig, baseline, evaluate, held_out, train
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 
@@ -60,6 +66,85 @@ def _bandit(algorithm: str) -> None:
     assert reward.all(), (algorithm, agent.act(test, deterministic=True))
 
 
+@functools.lru_cache
+def _moving_bandit(alpha_min: float) -> dict:
+    """A one-step task whose rewarded region moves: the executed action is tanh(noise), rewarded within 0.3 (max norm)
+    of 0.5 x sign(obs) for 400 iterations, then of 0 (where the policy's own noise is densest). Held-in: the four
+    contexts scored on the first region (the task the user cares about; the moved reward stands for training data that
+    stopped agreeing with it, as the collapsed peg run's did). Returns the final agent's scores on both regions, the
+    kept agent's on the first, and the iteration it was kept at."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cfg = AgentConfig(
+            **{**TINY.to_json(), "lr": 3e-3, "init_alpha": 0.1, "target_entropy": -10.0, "alpha_min": alpha_min}
+        )
+        agent = NoiseAgent(2, 2, 2, cfg, seed=0)
+        rng = np.random.default_rng(0)
+        buf = Replay(2000, 2, 2, 2)
+        test = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1]], np.float32)
+
+        def score(obs, noise, centre):
+            return (np.abs(np.tanh(noise) - centre * np.sign(obs)).max(1) < 0.3).astype(np.float32)
+
+        keep = KeepBest()
+        for it in range(1000):
+            centre = 0.5 if it < 400 else 0.0
+            obs = rng.choice([-1.0, 1.0], (8, 2)).astype(np.float32)
+            noise = (
+                rng.uniform(-1.5, 1.5, (8, 2)).astype(np.float32) if it < 100 else agent.act(obs, deterministic=False)
+            )
+            reward = score(obs, noise, centre)
+            for i in range(8):
+                buf.add(
+                    obs=obs[i],
+                    noise=noise[i],
+                    action=np.tanh(noise[i]),
+                    reward=reward[i],
+                    done=1.0,
+                    next_obs=obs[i],
+                    ready=1.0,
+                )
+            if it >= 20:
+                agent.critic_step(buf.sample(rng, 64))
+                agent.distill_step(buf.sample(rng, 64))
+                stats = agent.actor_step(buf.sample(rng, 64))
+            if it % 100 == 99:
+                keep.offer(agent, {"iteration": it, "success": int(score(test, agent.act(test, True), 0.5).sum())})
+        w = agent.act(test, True)
+        out = {
+            "moved": int(score(test, w, 0.0).sum()),
+            "first": int(score(test, w, 0.5).sum()),
+            "alpha": stats["alpha"],
+        }
+        keep.restore(agent)
+        return {
+            **out,
+            "kept_first": int(score(test, agent.act(test, True), 0.5).sum()),
+            "kept_at": keep.point["iteration"],
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow(seconds=30)
+def test_the_entropy_guard_keeps_the_agent_exploring_when_its_reward_moves():
+    """With the entropy coefficient free (the published tuning, target far below), it decays to ~0.004 and the agent,
+    no longer exploring, does not find the moved region; with ``alpha_min`` it does, on every context."""
+    free, guarded = _moving_bandit(0.0), _moving_bandit(0.08)
+    assert free["alpha"] < 0.01 and guarded["alpha"] >= 0.08 * (1 - 1e-6), (free, guarded)
+    assert free["moved"] <= 2, free  # collapsed: at most half the contexts on the moved region
+    assert guarded["moved"] == 4, guarded
+
+
+@pytest.mark.slow(seconds=30)
+def test_keep_best_ends_with_the_best_held_in_checkpoint():
+    """The guarded agent follows the moved reward and scores 0 of 4 held-in at the end; the kept copy is the last
+    checkpoint that still scored 4 of 4, and says when it was kept."""
+    run = _moving_bandit(0.08)
+    assert run["first"] == 0 and run["kept_first"] == 4 and run["kept_at"] < 999, run
+
+
 def test_replay_holds_back_the_action_target_until_the_next_chunk_is_known():
     buf = Replay(4, 1, 2, 2)
     i = buf.add(obs=[0.0], noise=[1, 2], action=[3, 4], reward=0.0, done=0.0, next_obs=[1.0])
@@ -88,30 +173,56 @@ def test_configs_refuse_bad_values():
         AgentConfig(noise_penalty=-1.0)
     with pytest.raises(ValueError, match="training run seed"):
         held_out("pushblock", TRAIN_SEED_BASE + 3)
+    with pytest.raises(ValueError, match="held-in"):
+        held_out("pushblock", HELDIN_SEED_BASE + 7)
+    with pytest.raises(ValueError, match="alpha_min"):
+        AgentConfig(alpha_min=-0.1)
+    with pytest.raises(ValueError, match="seed"):
+        TrainConfig(seed=1000)  # its training run seeds would be held-in ones
+    with pytest.raises(ValueError, match="heldin_episodes"):
+        TrainConfig(heldin_episodes=0)
     assert held_out("pushblock", 4).eval_seed == 4 and held_out("pushblock", None) == TASKS["pushblock"]
 
 
-def _tiny_run(seed: int = 0, algorithm: str = "na"):
+def _tiny_run(seed: int = 0, algorithm: str = "na", **kw):
+    kw = {"heldin_every": 16, "heldin_episodes": 3, "heldin_envs": 2, **kw}
     cfg = TrainConfig(task="pushblock", seed=seed, minutes=5, max_transitions=48, num_envs=2, init_steps=16, critic_steps=1, distill_steps=1,
-                      agent=AgentConfig(**{**TINY.to_json(), "algorithm": algorithm}))  # fmt: skip
+                      agent=AgentConfig(**{**TINY.to_json(), "algorithm": algorithm}), **kw)  # fmt: skip
     return train(cfg, progress=lambda line: None)
 
 
-@pytest.mark.slow(seconds=20)
+@pytest.mark.slow(seconds=40)
 def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
     threads = torch.get_num_threads()
     a1, info1 = _tiny_run(0)
     assert torch.get_num_threads() == threads  # train() gives the caller's thread budget back
-    a2, _ = _tiny_run(0)
+    a2, info2 = _tiny_run(0)
     a3, _ = _tiny_run(1)
     s1, s2, s3 = a1.state_dict(), a2.state_dict(), a3.state_dict()
     assert all(torch.equal(s1[k], s2[k]) for k in s1)
     assert not all(torch.equal(s1[k], s3[k]) for k in s1)
+
+    def bits(points):  # all but the wall clock
+        return [{k: v for k, v in p.items() if k != "minutes"} for p in points]
+
+    assert bits(info1["held_in"]) == bits(info2["held_in"]) and bits([info1["kept"]]) == bits([info2["kept"]])
     b = info1["budget"]
     assert (
         b["transitions"] == 48 and b["vector_steps"] == 24 and b["env_steps"] == 48 * TASKS["pushblock"].execute_steps
     )
     assert b["critic_updates"] == b["distill_updates"] == b["actor_updates"] == 24 - 16 // 2 + 1
+    # held-in checkpoints at 0, every 16 transitions and at the end; the kept one is the best (ties: the later)
+    points = info1["held_in"]
+    assert [p["transitions"] for p in points] == [0, 16, 32, 48] and b["held_in_checkpoints"] == 4
+    best = max(p["success"] for p in points)
+    assert info1["kept"] == [p for p in points if p["success"] == best][-1]
+    assert all(p["episodes"] == 3 and p["zero_noise"] == points[0]["zero_noise"] for p in points)
+    # the held-in stream does not touch training: without keep-best the weights are a run's without held-in
+    a4, info4 = _tiny_run(0, keep_best=False)
+    a5, info5 = _tiny_run(0, heldin_every=0)
+    s4, s5 = a4.state_dict(), a5.state_dict()
+    assert all(torch.equal(s4[k], s5[k]) for k in s4) and info5["held_in"] == [] and info5["kept"] is None
+    assert bits([info4["kept"]]) == bits([{**points[-1], "kept": False}])
 
 
 @pytest.mark.slow(seconds=20)
@@ -128,10 +239,14 @@ def test_a_zero_noise_actor_scores_as_the_zero_noise_baseline():
     assert result["critic_vs_monte_carlo"]["chunks"] > 3
 
 
-@pytest.mark.slow(seconds=30)
+EXAMPLE = [sys.executable, str(ROOT / "examples" / "dsrl.py")]
+SMALL = ["--task", "pushblock", "--max-transitions", "32", "--num-envs", "2", "--init-steps", "8", "--hidden", "32",
+         "--log-every-s", "0", "--heldin-every", "16", "--heldin-episodes", "2", "--heldin-envs", "2"]  # fmt: skip
+
+
+@pytest.mark.slow(seconds=40)
 def test_example_writes_result_agent_and_curve(tmp_path):
-    cmd = [sys.executable, str(ROOT / "examples" / "dsrl.py"), "--task", "pushblock", "--algorithm", "sac", "--max-transitions", "32", "--num-envs", "2",
-           "--init-steps", "8", "--hidden", "32", "--eval-episodes", "2", "--log-every-s", "0", "--out", str(tmp_path / "run")]  # fmt: skip
+    cmd = [*EXAMPLE, *SMALL, "--algorithm", "sac", "--eval-episodes", "2", "--out", str(tmp_path / "run")]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "result.json").read_text())
@@ -139,19 +254,84 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert report["eval"]["episodes"] == 2 and len(report["eval"]["steered"]) == 2 and report["curve"]
     assert (tmp_path / "run" / "agent.safetensors").exists()
     assert (tmp_path / "baseline-pushblock-2-2.json").exists()
-    for flags, word in ((["--algorithm", "ppo"], "algorithm"), (["--eval-seed", "500001"], "training run seed")):
-        bad = subprocess.run(
-            [sys.executable, str(ROOT / "examples" / "dsrl.py"), *flags, "--out", str(tmp_path / "bad")],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert (
-            bad.returncode == 2
-            and word in bad.stderr
-            and "Traceback" not in bad.stderr
-            and not (tmp_path / "bad").exists()
-        ), bad.stderr
+    # the three streams, the held-in curve (0, 16, 32 transitions), the kept checkpoint and the last line
+    st = report["streams"]
+    assert st["held_out"] == {**st["held_out"], "run_seed": 2, "episodes": 2}
+    assert st["held_in"]["run_seeds"] == [HELDIN_SEED_BASE, HELDIN_SEED_BASE + 1]
+    assert st["training"]["run_seeds"] == [TRAIN_SEED_BASE, TRAIN_SEED_BASE + 1]
+    assert [p["transitions"] for p in report["held_in"]] == [0, 16, 32] and report["kept"] in report["held_in"]
+    k = report["kept"]
+    last = res.stdout.strip().splitlines()[-1]
+    n = k["episodes"]
+    said = f"kept agent from minute {k['minutes']:.1f}: {k['success'] / n:.1%} held-in vs {k['zero_noise'] / n:.1%} zero noise"
+    assert last.startswith(said), res.stdout[-2000:]
+    assert sum(line.startswith("held-in ") for line in res.stdout.splitlines()) == 3
+    # every output has the same mode (agent.safetensors was 0600)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("result.json", "agent.safetensors", "curve.png"):
+        if name != "curve.png" or (tmp_path / "run" / name).exists():
+            assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    # the probe reads the run's agent and ranks its chunks at one state
+    probe = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_probe.py"), "--states", "1", "--branches", "2", "--prefix", "1",
+                            "--run", str(tmp_path / "run"), "--out", str(tmp_path / "probe.json")], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    rows = json.loads((tmp_path / "probe.json").read_text())["rows"]
+    assert len(rows) <= 1 and all(len(r["qw"]) == len(r["success"]) == 2 and r["block_speed"] >= 0 for r in rows)
+    # a rerun into the same --out is refused before it trains, the result untouched
+    before = (tmp_path / "run" / "result.json").read_bytes()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "--overwrite" in again.stderr and "Traceback" not in again.stderr, again.stderr
+    assert (tmp_path / "run" / "result.json").read_bytes() == before and "transitions" not in again.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, word",
+    [
+        (["--algorithm", "ppo"], "--algorithm"),
+        (["--eval-seed", "500001"], "training run seed"),
+        (["--eval-seed", str(HELDIN_SEED_BASE + 5)], "held-in"),
+        (["--eval-episodes", "0"], "--eval-episodes"),
+        (["--eval-episodes", "-3"], "--eval-episodes"),
+        (["--out", "/proc/x"], "--out"),
+        (["--minutes", "nan"], "--minutes"),
+        (["--success-reward", "nan"], "--success-reward"),
+        (["--heldin-episodes", "0"], "--heldin-episodes"),
+        (["--alpha-min", "-1"], "--alpha-min"),
+        (["--seed", "1000"], "--seed"),
+    ],
+)
+def test_example_checks_every_flag_before_training(tmp_path, flags, word):
+    """One line naming the flag, exit 2, nothing created, no training (on the old example --eval-episodes 0 trained
+    its whole budget, then died in the evaluation; --out /proc/x did the same with a traceback)."""
+    out = [] if "--out" in flags else ["--out", str(tmp_path / "bad")]
+    bad = subprocess.run([*EXAMPLE, *flags, *out], capture_output=True, text=True, timeout=60)
+    lines = bad.stderr.strip().splitlines()
+    assert bad.returncode == 2 and len(lines) == 1 and word in lines[0] and "Traceback" not in bad.stderr, bad.stderr
+    assert not (tmp_path / "bad").exists() and not bad.stdout
+
+
+@pytest.mark.slow(seconds=90)
+def test_example_keeps_the_training_when_the_evaluation_dies(tmp_path):
+    """The agent and result.json (its training) are written before the held-out evaluation: killed during it, the
+    run keeps both (the old example wrote neither until the evaluation had finished)."""
+    out = tmp_path / "run"
+    cmd = [*EXAMPLE, *SMALL, "--eval-episodes", "40", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "agent.safetensors").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before its agent was written: " + proc.stderr.read()[-2000:]
+        time.sleep(0.5)  # inside the evaluation (40 steered + 80 baseline episodes at batch 1)
+        proc.kill()
+    finally:
+        proc.kill()
+        proc.wait()
+    report = json.loads((out / "result.json").read_text())
+    assert report["eval"] is None and report["budget"]["transitions"] == 32 and report["kept"] in report["held_in"]
+    weights = load_file(str(out / "agent.safetensors"))
+    assert "log_alpha" in weights and not (tmp_path / "baseline-pushblock-2-40.json").exists()
 
 
 def test_vector_env_over_a_metaworld_task_and_the_agents_view_of_it():

@@ -1,0 +1,169 @@
+"""The lean FlowVLA sampler: the fused sampler (:mod:`rollcap.policies.fused`) with fewer bytes between its GEMMs.
+
+:func:`lean` builds it from a plain model (``lean(load_policy(path))``), as :func:`~rollcap.policies.fused.fuse` does,
+and changes only how each block moves its activations:
+
+- the residual add is fused into the next layer norm (:func:`~rollcap.kernels.ops.add_layernorm`: one Triton kernel
+  on CUDA reads the residual and the last GEMM's output, writes the new residual and the normalised activation, in
+  the dtype the next GEMM reads): an add, a norm and a cast kernel become one, twice per block;
+- the MLP's bias and GELU run in the first MLP GEMM's epilogue (:func:`~rollcap.kernels.ops.linear_gelu`: cuBLASLt on
+  CUDA), so the hidden activation is written once and never re-read by a GELU pass;
+- at bf16 every matmul weight (the linears and the expert's prefix key/value and input projections) is stored in
+  bf16 once (:func:`~rollcap.kernels.precision.cast_linears` with :attr:`LeanExpert.CAST_PARAMS`), so no cast kernel
+  runs; the encoder's block norms double as the expert's prefix norms (the same affine-free norm of the same tensor
+  when the two eps agree), so the prefix's hidden states are never stacked and normalised a second time.
+
+The residual stream stays fp32 at every precision: it sums 18 (``3b``) blocks' updates onto the embeddings, and a
+bf16 stream would round each sum to 8 bits of mantissa (updates below 1/256 of the stream vanish), a drift the
+fp32 stream does not have; it costs one fp32 read and write per add, which the fused kernel already makes.
+
+On CPU every op is its torch reference, the unfused arithmetic: a lean chunk equals the fused sampler's byte for
+byte there (``tests/policies/test_lean.py``). On CUDA the Triton norm and the epilogue GELU round differently from
+ATen's, so a lean chunk equals its own eager reference, not the fused one (the bench states the max |diff|). The
+config JSON says ``"variant": "lean"`` (with ``fused_from``); the runner's fingerprint adds which kernels ran
+(:func:`~rollcap.kernels.ops.kernel_facts`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from rollcap.kernels.fp8 import FP8, Fp8Linear
+from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
+from rollcap.policies.flow_vla import FlowVLA
+from rollcap.policies.fused import FusedBlock, FusedExpert, FusedFlowVLA, FusedFlowVLAConfig, additive_mask
+
+
+@dataclasses.dataclass(frozen=True)
+class LeanFlowVLAConfig(FusedFlowVLAConfig):
+    """A fused config whose model is the lean sampler (``"variant": "lean"`` in its JSON)."""
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "variant": "lean"}
+
+
+class LeanBlock(nn.Module):
+    """A :class:`FusedBlock` whose residual adds are fused into the norms (see the module docstring).
+
+    ``forward(x, y, ...)`` takes the block's input ``x`` (fp32) and its normalised form ``y`` and returns the
+    residual after attention and the MLP's output: the caller adds that in the next norm.
+    """
+
+    def __init__(self, blk: FusedBlock):
+        super().__init__()
+        self.heads, self.eps1, self.eps2 = blk.heads, blk.eps1, blk.eps2
+        self.qkv, self.out, self.fc1, self.fc2 = blk.qkv, blk.out, blk.fc1, blk.fc2
+
+    @property
+    def in_dtype(self) -> torch.dtype | None:
+        """The dtype the block's first norm writes: float8 pairs when its ``qkv`` runs at fp8, else the compute dtype."""
+        return FP8 if isinstance(self.qkv, Fp8Linear) else None
+
+    def forward(self, x: torch.Tensor, y, mask: torch.Tensor, kv_buf=None):
+        b, n, w = x.shape
+        h = self.heads
+        qkv = self.qkv(y)
+        q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
+        kv = qkv[..., w:].view(b, n, 2, h, w // h)
+        if kv_buf is not None:
+            kv_buf[:, kv_buf.shape[1] - n :].copy_(kv)
+            kv = kv_buf
+        o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
+        fp8 = isinstance(self.fc1, Fp8Linear)
+        x, y = add_layernorm(x, self.out(o.transpose(1, 2).reshape(b, n, w)), self.eps2, FP8 if fp8 else None)
+        if fp8:  # fc1 at float8, then GELU and the row-wise quantisation fc2 reads in one pass
+            return x, self.fc2(
+                gelu_quantize_rows_fp8(self.fc1(y))
+                if isinstance(self.fc2, Fp8Linear)
+                else F.gelu(self.fc1(y), approximate="tanh")
+            )
+        return x, self.fc2(linear_gelu(y, self.fc1.weight, self.fc1.bias))
+
+
+def run_blocks(blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: list | None = None):
+    """``x`` through lean ``blocks``; returns the last block's residual and its pending MLP output.
+
+    ``inputs``: appended each block's ``(input, normalised input)``.
+    """
+    d = None
+    for i, blk in enumerate(blocks):
+        x, y = add_layernorm(x, d, blk.eps1, blk.in_dtype)
+        if inputs is not None:
+            inputs.append((x, y))
+        x, d = blk(x, y, mask, kv[i] if kv is not None else None)
+    return x, d
+
+
+class LeanExpert(FusedExpert):
+    """The fused expert with lean blocks; built from a :class:`FusedExpert` (its tensors are shared, not copied)."""
+
+    CAST_PARAMS = ("prefix_w", "prefix_b", "in_w")
+    """Matmul parameters that are not ``nn.Linear`` weights, stored in the compute dtype with the linears'."""
+
+    def __init__(self, fused: FusedExpert):  # noqa: D107 - the parent's init is not run: the state is taken over
+        nn.Module.__init__(self)
+        self.blocks = nn.ModuleList(LeanBlock(b) for b in fused.blocks)
+        self.prefix_w, self.prefix_b, self.in_w = fused.prefix_w, fused.prefix_b, fused.in_w
+        for name in ("step_bias", "base", "time_emb"):
+            self.register_buffer(name, getattr(fused, name))
+        self.prefix_eps, self.out, self.out_eps, self.width = fused.prefix_eps, fused.out, fused.out_eps, fused.width
+
+    def prefix_kv_normed(self, normed: list[torch.Tensor]) -> torch.Tensor:
+        """As :meth:`FusedExpert.prefix_kv` from the hidden states already normalised (affine-free, ``prefix_eps``)."""
+        depth = len(normed)
+        b, n, w = normed[0].shape
+        x = torch.stack(normed).view(depth, b * n, w)
+        heads = self.blocks[0].heads
+        return torch.baddbmm(self.prefix_b, x, self.prefix_w).view(depth, b, n, 2, heads, self.width // heads)
+
+    def forward(self, x, step_bias, kv, mask):
+        z = F.linear(x, self.in_w) + step_bias
+        z, d = run_blocks(self.blocks, z, mask, kv)
+        return self.out(add_layernorm(z, d, self.out_eps)[1])
+
+
+class LeanFlowVLA(FusedFlowVLA):
+    """The lean sampler (see the module docstring); the samplers are :class:`FusedFlowVLA`'s."""
+
+    def __init__(self, plain: FlowVLA, fused_from: str = ""):
+        super().__init__(plain, fused_from)
+        self.cfg = LeanFlowVLAConfig(
+            **{f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(FusedFlowVLAConfig)}
+        )
+        self.encoder.blocks = nn.ModuleList(LeanBlock(b) for b in self.encoder.blocks)
+        self.expert = LeanExpert(self.expert)
+
+    def fingerprint_facts(self, device: torch.device | str) -> dict:
+        """What a lean chunk's bits depend on beyond the config and weights: the fused ops' kernels."""
+        return kernel_facts(device)
+
+    def guided_prefix(self, images, state, tokens, adv):
+        x, valid = self.encoder.embed(images, state, tokens, self.adv_emb(adv)[:, None, :])
+        mask = additive_mask(valid, self.cfg.horizon)
+        inputs: list = []
+        run_blocks(self.encoder.blocks, x, mask[..., : valid.shape[1]], inputs=inputs)
+        e = self.expert
+        if all(blk.eps1 == e.prefix_eps and blk.in_dtype is None for blk in self.encoder.blocks):
+            normed = [y for _, y in inputs]  # each block's own input norm is the expert's prefix norm of that input
+        else:
+            normed = [add_layernorm(x, None, e.prefix_eps)[1] for x, _ in inputs]
+        kv = e.prefix_kv_normed(normed)
+        own = self.cfg.horizon
+        return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], own, *kv.shape[3:])], dim=2), mask
+
+
+def lean(model: FlowVLA, fused_from: str = "") -> LeanFlowVLA:
+    """The lean sampler of a plain :class:`FlowVLA` (``model`` is not changed); ``fused_from`` as for :func:`fuse`."""
+    if not isinstance(model, FlowVLA):
+        raise TypeError(f"lean: expected a FlowVLA, got {type(model).__name__}")
+    outer = torch.get_num_threads()
+    torch.set_num_threads(1)  # the folds' bits depend on the thread count (see fuse)
+    try:
+        with torch.no_grad():
+            return LeanFlowVLA(model, fused_from).eval()
+    finally:
+        torch.set_num_threads(outer)

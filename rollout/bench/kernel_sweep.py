@@ -1,0 +1,297 @@
+"""Issue 42's side-by-side: today's batch-1 chunk against the new settings, in one process, timed alternately.
+
+``python3 -m rollcap.rollout.bench.kernel_sweep --device cuda --json OUT.json`` builds each named size once (random
+weights) and captures one graph per setting over the same static buffers:
+
+- ``fused-bf16``: today's path (round 4: the fused sampler, bf16 weights, rollcap's CUDA graph);
+- ``lean-bf16``: the lean sampler (:mod:`rollcap.policies.lean`: residual adds fused into the norms, bias+GELU in the
+  GEMM epilogue, no cast kernels), bf16;
+- ``lean-fp8``: the lean sampler at ``--precision fp8`` (the expert's GEMMs in float8; sm89+ only, else an error entry);
+- ``lean-fp8-prefix``: a measurement, not a setting a user can pick: the encoder's block GEMMs in float8 too (at
+  ``3b`` the 1,092-token prefix is compute-bound: float8 tensor cores do twice the bf16 rate), with its max |diff|;
+- ``compile-bf16`` (``--compile``): the fused sampler through ``compile-cuda`` (inductor's kernels in rollcap's graph).
+
+Per size and setting: the chunk's median and range over ``reps`` rounds (every setting replayed once per round, in
+turn, so drift hits all alike), ``exact`` (the replay equals its own eager chunk byte for byte; compile-cuda states
+its max |diff| instead), ``max_abs_diff_vs_today`` (against ``fused-bf16``'s chunk), the kernel count and, for the
+sizes in ``--profile`` (default ``3b,205m``), the kernel table (:mod:`rollcap.rollout.bench.kernel_profile`). On a CPU
+(a dry run) the graph backend is ``jit`` and ``lean-fp8`` is refused. JSON is written after every size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rollcap.kernels.graph import default_backend
+from rollcap.kernels.precision import check_precision
+from rollcap.policies.fused import fuse
+from rollcap.policies.lean import lean
+from rollcap.policies.sizes import build, device_bandwidth, size_config, weight_floor
+from rollcap.rollout.bench.kernel_profile import CATEGORIES, format_profile, profile_replays
+from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
+
+SETTINGS = {
+    "fused-bf16": ("fused", "bf16", None),
+    "lean-bf16": ("lean", "bf16", None),
+    "lean-fp8": ("lean", "fp8", None),
+    "lean-fp8-prefix": ("lean", "fp8", None),
+    "compile-bf16": ("fused", "bf16", "compile-cuda"),
+}
+"""Setting -> (sampler, precision, graph backend; None: the device's default)."""
+FP8_SCOPES = {"lean-fp8-prefix": ("encoder.blocks", "expert.blocks")}
+"""Settings whose float8 linears are not the ``fp8`` precision's (``FP8_SCOPE``)."""
+TODAY = "fused-bf16"
+BETWEEN_GEMMS = ("elementwise add", "norm", "cast", "copies", "GELU")
+"""The categories issue 42 counts as traffic between GEMMs (its goal: at most 10% of the chunk)."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps: int, profile: bool) -> dict:
+    """Every setting of one size (see the module docstring)."""
+    cfg = size_config(name)
+    plain = build(cfg, device)
+    out: dict = {"params": sum(p.numel() for p in plain.parameters()), "settings": {}}
+    bw = device_bandwidth(device)
+    if bw is not None:
+        out["gpu"] = bw[0]
+        out["floor_ms"] = {p: weight_floor(cfg, p, bw[1])["chunk_floor_ms"] for p in ("bf16", "fp8")}
+    # Each setting's model as its runner would hold it, made once (the eager reference and the graph share it), and
+    # the fp32 masters dropped before anything is captured: at 3b each copy is 6-12 GB.
+    held: dict[str, object] = {}
+    errors: dict[str, str] = {}
+    for sampler in sorted({SETTINGS[s][0] for s in settings}):
+        master = (fuse if sampler == "fused" else lean)(plain)
+        for s in settings:
+            _, precision, backend = SETTINGS[s]
+            if SETTINGS[s][0] != sampler:
+                continue
+            twin = next((k for k in held if SETTINGS[k][:2] == SETTINGS[s][:2] and k not in FP8_SCOPES), None)
+            if twin is not None and s not in FP8_SCOPES:  # compile-bf16 holds fused-bf16's model
+                held[s] = held[twin]
+                continue
+            try:
+                check_precision(precision, device)
+                if (backend or "") == "compile-cuda" and device.type != "cuda":
+                    raise ValueError("compile-cuda captures a CUDA graph: GPU only")
+                held[s] = deployed(master, precision, device, FP8_SCOPES.get(s))
+            except Exception as err:
+                errors[s] = _one_line(err)
+        del master
+        _free(device)
+    del plain
+    _free(device)
+    ins, outs = _buffers(cfg, device)
+    ins.write({k: torch.from_numpy(v) for k, v in _inputs(cfg).items()})
+    graphs, chunks = {}, {}
+    for s in settings:
+        sampler, precision, backend = SETTINGS[s]
+        backend = backend or default_backend(device)
+        row: dict = {"sampler": sampler, "precision": precision, "backend": backend}
+        out["settings"][s] = row
+        try:
+            if s in errors or s not in held:
+                raise ValueError(errors.get(s, "not built"))
+            model = held[s]
+            eager = _graph(model, ins, outs, "eager", precision, cast=False)
+            eager.replay()
+            ref = outs["actions"].clone()
+            t0 = time.perf_counter()
+            g = _graph(model, ins, outs, backend, precision, cast=False)
+            row["capture_s"] = time.perf_counter() - t0
+            g.replay()
+            a = outs["actions"].clone()
+            g.replay()
+            row["same_bytes"] = bool(torch.equal(outs["actions"], a))
+            row["exact"] = bool(torch.equal(a, ref))
+            row["max_abs_diff_vs_eager"] = float((a - ref).abs().max())
+        except Exception as err:  # one setting failing (no fp8, out of memory, a compiler error) costs it alone
+            row["error"] = errors.get(s) or _one_line(err)
+            _free(device)
+            continue
+        graphs[s], chunks[s] = (g, eager), a
+    if TODAY in chunks:
+        for s, a in chunks.items():
+            out["settings"][s]["max_abs_diff_vs_today"] = float((a - chunks[TODAY]).abs().max())
+    times: dict[str, list[float]] = {s: [] for s in graphs}
+    for _ in range(2):
+        for g, _e in graphs.values():
+            g.replay()
+    _sync(device)
+    for _ in range(reps):
+        for s, (g, _e) in graphs.items():
+            t0 = time.perf_counter()
+            g.replay()
+            _sync(device)
+            times[s].append((time.perf_counter() - t0) * 1e3)
+    for s, ts in times.items():
+        row = out["settings"][s]
+        row.update(chunk_ms=statistics.median(ts), chunk_ms_min=min(ts), chunk_ms_max=max(ts))
+        if "floor_ms" in out:
+            row["over_floor"] = row["chunk_ms"] / out["floor_ms"]["fp8" if row["precision"] == "fp8" else "bf16"]
+    if TODAY in times:
+        for s in times:
+            out["settings"][s]["over_today"] = out["settings"][s]["chunk_ms"] / out["settings"][TODAY]["chunk_ms"]
+    for s, (g, eager) in graphs.items():
+        if profile:
+            p = profile_replays(g.replay, device, 3, eager=None if "compile" in s else eager.replay)
+            out["settings"][s]["profile"] = p
+            if "categories" in p:
+                out["settings"][s]["between_gemms_share"] = sum(
+                    p["categories"].get(c, {}).get("share", 0.0) for c in BETWEEN_GEMMS
+                )
+                out["settings"][s]["kernels"] = round(p["kernels"])
+    del graphs, held
+    if any("compile" in s for s in settings):  # the compiled regions hold frozen weight copies
+        from torch import _dynamo  # imported here: only a compile setting loads dynamo
+
+        _dynamo.reset()
+    _free(device)
+    return out
+
+
+def format_sweep(r: dict, row) -> None:
+    for name, s in r["sizes"].items():
+        if "error" in s:
+            row(name, s["error"])
+            continue
+        floor = s.get("floor_ms")
+        row(
+            f"{name} ({s['params'] / 1e6:.0f} M params)"
+            + (f", weight floor bf16 {floor['bf16']:.2f} ms, fp8 {floor['fp8']:.2f} ms on {s['gpu']}" if floor else "")
+        )
+        for k, c in s["settings"].items():
+            if "error" in c:
+                row(f"  {k}", c["error"])
+                continue
+            if "chunk_ms" not in c:
+                continue
+            exact = (
+                "== eager"
+                if c.get("exact")
+                else f"max|diff| vs eager {c.get('max_abs_diff_vs_eager', float('nan')):.2g}"
+            )
+            vs = f", {c['over_today']:.2f}x today" if "over_today" in c else ""
+            diff = (
+                f", max|diff| vs today {c['max_abs_diff_vs_today']:.2g}"
+                if k != TODAY and "max_abs_diff_vs_today" in c
+                else ""
+            )
+            between = f", between GEMMs {c['between_gemms_share']:.0%}" if "between_gemms_share" in c else ""
+            row(
+                f"  {k}",
+                f"{c['chunk_ms']:.2f} ms ({c['chunk_ms_min']:.2f}-{c['chunk_ms_max']:.2f}){vs}, {exact}{diff}{between}",
+            )
+            if "profile" in c:
+                format_profile(c["profile"], row, indent="    ", top=5)
+
+
+def kernel_table(r: dict, sizes: tuple[str, ...]) -> str:
+    """Markdown: per profiled size, each category's share and ms per chunk, side by side across the settings."""
+    lines = []
+    for name in sizes:
+        s = r["sizes"].get(name, {})
+        cols = [k for k, c in s.get("settings", {}).items() if "categories" in c.get("profile", {})]
+        if not cols:
+            continue
+        lines += [f"\n{name} ({r['device']}), kernel time per chunk by category (ms, share):\n"]
+        lines.append("| category | " + " | ".join(cols) + " |")
+        lines.append("| --- |" + " --- |" * len(cols))
+        for cat in (*CATEGORIES, "total"):
+            cells = []
+            for k in cols:
+                p = s["settings"][k]["profile"]
+                if cat == "total":
+                    cells.append(f"**{p['kernel_ms']:.2f}** ({p['kernels']:.0f} kernels)")
+                else:
+                    c = p["categories"].get(cat)
+                    cells.append(f"{c['ms']:.2f} ({c['share']:.0%}, {c['count']:.0f})" if c else "-")
+            if any(x != "-" for x in cells):
+                lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python3 -m rollcap.rollout.bench.kernel_sweep", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sizes", default="", help="comma list (default: 3b,205m,26m,shipped on a GPU; shipped on CPU)")
+    ap.add_argument(
+        "--settings",
+        default="fused-bf16,lean-bf16,lean-fp8,lean-fp8-prefix",
+        help=f"comma list of {', '.join(SETTINGS)}",
+    )
+    ap.add_argument(
+        "--compile", action="store_true", help="add compile-bf16 (inductor compiles each size: tens of seconds)"
+    )
+    ap.add_argument("--profile", default="3b,205m", help="sizes whose kernel table is taken (default 3b,205m)")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", type=Path, default=None, help="write the report here (after every size)")
+    ap.add_argument("--table", type=Path, default=None, help="write the kernel tables (markdown) here")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    sizes = tuple(x for x in args.sizes.split(",") if x) or (
+        ("3b", "205m", "26m", "shipped") if dev.type == "cuda" else ("shipped",)
+    )
+    settings = tuple(x for x in args.settings.split(",") if x) + (("compile-bf16",) if args.compile else ())
+    bad = [s for s in settings if s not in SETTINGS]
+    if bad:
+        print(f"error: --settings: unknown {', '.join(bad)}; choose from {', '.join(SETTINGS)}", file=sys.stderr)
+        return 2
+    profiled = tuple(x for x in args.profile.split(",") if x)
+    if dev.type == "cpu":
+        torch.set_num_threads(1)
+    report = {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "reps": args.reps,
+        "settings": list(settings),
+        "sizes": {},
+    }
+
+    def emit() -> None:
+        if args.json:
+            tmp = args.json.with_suffix(".tmp")
+            tmp.write_text(json.dumps(report, indent=1))
+            tmp.replace(args.json)
+
+    for name in sizes:
+        t0 = time.perf_counter()
+        try:
+            report["sizes"][name] = sweep_size(name, settings, dev, args.reps, name in profiled or dev.type == "cpu")
+        except Exception as err:  # out of memory for a size, say: the next size still runs
+            report["sizes"][name] = {"error": _one_line(err)}
+            _free(dev)
+        report["sizes"][name]["seconds"] = time.perf_counter() - t0
+        emit()
+    lines: list[str] = []
+    format_sweep(report, lambda n, v=None: lines.append(f"  {n}" if v is None else f"  {n:<16} {v}"))
+    print(f"batch-1 chunk, side by side ({report['device']}, torch {report['torch']}, {args.reps} alternating rounds):")
+    print("\n".join(lines))
+    table = kernel_table(report, profiled if dev.type == "cuda" else sizes)
+    if args.table:
+        args.table.write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The kernel table's categories (issue 42): names from an H100 profile and ATen ops, and a CPU profile's shape."""
+
+from __future__ import annotations
+
+import torch
+
+from rollcap.rollout.bench.kernel_profile import CATEGORIES, category, profile_replays
+
+
+def test_kernel_names_fall_in_the_issues_categories():
+    cases = {
+        ("nvjet_tst_128x64_64x4_1x2_h_bz_splitK_TNT", ()): "GEMM",  # a split-K GEMM is a GEMM ...
+        ("void splitKreduce_kernel<32, 16, int, float>", ()): "split-K reduce",  # ... its reduce is not
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", ()): "attention",
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>",
+            (),
+        ): "elementwise add",
+        ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float>", ()): "norm",
+        ("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", ()): "GELU",
+        ("_add_ln_kernel", ()): "add+norm (fused)",
+        ("_cfg_euler_kernel", ()): "CFG step",
+        ("direct_copy_kernel_cuda", ("aten::copy_", "aten::_to_copy", "aten::linear")): "cast",
+        ("direct_copy_kernel_cuda", ("aten::copy_",)): "copies",
+        ("aten::addmm", ()): "GEMM",
+        ("aten::native_layer_norm", ()): "norm",
+        ("aten::mul", ()): "other",
+    }
+    for (name, ops), want in cases.items():
+        assert category(name, ops) == want, name
+    assert set(cases.values()) <= set(CATEGORIES)
+
+
+def test_a_cpu_profile_groups_aten_ops_by_self_time():
+    x, w = torch.randn(64, 256), torch.randn(256, 256)
+
+    def call():
+        torch.nn.functional.layer_norm(x @ w + x, (256,))
+
+    p = profile_replays(call, "cpu", replays=2)
+    assert p["source"].startswith("ATen ops") and p["replays"] == 2
+    cats = p["categories"]
+    assert {"GEMM", "norm", "elementwise add"} <= set(cats) and cats["GEMM"][
+        "ms"
+    ] > 0  # ops, views and all, by their launching chain
+    assert abs(sum(c["share"] for c in cats.values()) - 1.0) < 1e-6
+    assert p["top"][0]["ms"] >= p["top"][-1]["ms"]
