@@ -156,14 +156,15 @@ def deployment(config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: 
     pol = fingerprints.get("policy") or {}
     crit = fingerprints.get("critic")
     pcfg = pol.get("config") if isinstance(pol.get("config"), Mapping) else {}
-    fused = pcfg.get("variant") == "fused"
+    variant = pcfg.get("variant") or "plain"  # fused, lean: re-parameterised, their weights are the checkpoint's
+    fused = variant != "plain"
     out = {
         "env": env_id,
         "env_kwargs": dict(env_kwargs),
         "device": pol.get("device_kind", "cpu"),  # the GPU's name is the machine's (the fingerprint check below)
         "backend": pol.get("backend"),
         "precision": pol.get("precision", "fp32"),
-        "sampler": "fused" if fused else "plain",
+        "sampler": variant,
         "policy": _weights(pol, pcfg.get("fused_from") if fused else None),
         "critic": None if crit is None else _weights(crit),
         "batch": pol.get("batch", 1),
