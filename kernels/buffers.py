@@ -249,6 +249,10 @@ class BufferSet:
         if name in self._staging_arrays:
             np.copyto(self._staging_arrays[name][row], value)
             self._tensors[name][row].copy_(self._staging[name][row], non_blocking=True)
+        elif (
+            name in self._arrays and value.dtype == self._arrays[name].dtype
+        ):  # CPU: the numpy view, ~1 us (copy_: ~10)
+            self._arrays[name][row] = value
         else:
             self._tensors[name][row].copy_(torch.from_numpy(np.ascontiguousarray(value)))
 

@@ -65,6 +65,8 @@ class RunConfig:
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
     """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
+    env_workers: int = 0
+    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. The same bytes either way."""
 
     def __post_init__(self):
         if not isinstance(self.episodes, int) or isinstance(self.episodes, bool) or self.episodes < 1:
@@ -84,6 +86,14 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
+        w, other = (
+            self.env_workers,
+            "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None,
+        )
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0 or (w and (self.envs < 2 or w > self.envs)):
+            raise ConfigError("env_workers", f"expected an integer in 0..envs (envs >= 2; here {self.envs}), got {w!r}")
+        if w and other:
+            raise ConfigError("env_workers", f"each env worker records its own shard in this run; drop `{other}`")
         if self.envs > 1 and self.teleop is not None:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not isinstance(self.actors, int) or isinstance(self.actors, bool) or self.actors < 0:
@@ -215,8 +225,15 @@ def run(
         )  # names and paths only, Ray installed, something answers at the address
     poll = poll_stop or (lambda: None)
     own = []  # what this call built, and so closes
+    workers = None
     try:
-        if run_cfg.envs > 1:  # N envs over one graph at batch N (rollcap.rollout.batch)
+        if run_cfg.env_workers:  # ------ the N envs in worker processes (rollcap.rollout.workers), recording shards
+            from rollcap.rollout.workers.run import worker_parts
+
+            workers, env = worker_parts(env, policy, critic, parts, host_cfg, run_cfg, own, poll, check_repeatable)
+            policy, critic = workers.policy, workers.critic
+            built = critic
+        elif run_cfg.envs > 1:  # N envs over one graph at batch N (rollcap.rollout.batch)
             from rollcap.rollout.batch import batched_parts
 
             env, policy, critic = batched_parts(
@@ -248,6 +265,7 @@ def run(
             on_started,
             on_finished,
             poll,
+            workers,
         )
     finally:
         for part in own:
@@ -319,6 +337,7 @@ def _record(
     on_started=None,
     on_finished=None,
     poll_stop=None,
+    workers=None,
 ) -> RunResult:
     from rollcap.rollout.recording import EpisodeRecorder
 
@@ -352,11 +371,11 @@ def _record(
         "type": 2,
         "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
     }
-    sharded = parts is not None and (cfg.shards or is_sharded(out))  # a sharded run stays sharded
-    if parts is None and is_sharded(out) and not cfg.writers:
+    sharded = workers is not None or (parts is not None and (cfg.shards or is_sharded(out)))  # stays sharded
+    if parts is None and is_sharded(out) and not cfg.writers and workers is None:
         raise ConfigError(
             "actors",
-            f"{out} is a sharded run ({MANIFEST}): resume it with actors or writers, or run `rollcap merge {out}` first",
+            f"{out} is a sharded run ({MANIFEST}): resume it with actors, writers or env workers, or run `rollcap merge {out}` first",
         )
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     if sharded:  # the actors write their shards; this process writes the manifest (no writer thread: nothing to write)
@@ -384,7 +403,10 @@ def _record(
             from rollcap.rollout.teleop import TeleopConfig, open_teleop
 
             tele = open_teleop(TeleopConfig(source=cfg.teleop)).__enter__()
-        if envs is not None:
+        if workers is not None:  # env workers: each records its shard; this process names the episodes in the manifest
+            workers.record_to(recorder, env_meta, subs)
+            host = workers
+        elif envs is not None:
             from rollcap.rollout.batch import BatchedCore
 
             host = BatchedCore(envs, policy, critic, host_cfg, subs)
@@ -399,7 +421,7 @@ def _record(
                 reset_hook=tele.reset_hook if tele else None,
             )
         if earlier:
-            _same_run(earlier[0], host, env_meta, cfg.graphs, elsewhere=bool(cfg.actors))
+            _same_run(earlier[0], host, env, env_meta, cfg.graphs, elsewhere=bool(cfg.actors))
         if parts is not None:  # Ray actors run the episodes; this process records what they return
             from rollcap.rollout.ray.actors import ActorPool
 
@@ -440,7 +462,7 @@ def _record(
                     _rewinds(host),
                     itertools.count(max(before | set(range(cfg.episodes)), default=-1) + 1),
                 )
-            elif envs is not None:
+            elif envs is not None or workers is not None:
                 episodes = host.episodes(todo)
             else:
                 episodes = (host.run_episode(i) for i in todo)
@@ -478,8 +500,9 @@ def _record(
             "discarded_by_key": [e.index for e in ends if e.dropped and e.error is None],  # teleop's r: not recorded, re-run
             "unwritten_at_interrupt": writer.discarded,  # finished, still queued at a second Ctrl-C: not written
         })  # fmt: skip
-        if pool is not None:
-            summary.update(pool.summary())
+        for source in (pool, workers):
+            if source is not None:
+                summary.update(source.summary())
         if sharded:
             summary["shards"] = len(
                 set(recorder.shard_names())
@@ -544,13 +567,14 @@ def _rewinds(host: RolloutHost):
     return RewindBuffer.on(host)
 
 
-def _same_run(recorded, host, env_meta: dict, graphs: int, elsewhere: bool = False) -> None:
-    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`)."""
+def _same_run(recorded, host, env, env_meta: dict, graphs: int, elsewhere: bool = False) -> None:
+    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`); ``env``: one
+    of the run's envs in this process (a host's, a batch's first, the env workers' local copy)."""
+    from rollcap.envs import exact_state_of
     from rollcap.rollout.lifecycle import fingerprints_of
     from rollcap.rollout.resume import check_same_run
 
-    state_env = host.hosts[0].state_env if hasattr(host, "hosts") else host.state_env  # a BatchedCore: its first
-    fps = fingerprints_of(host.policy, host.critic, state_env)
+    fps = fingerprints_of(host.policy, host.critic, exact_state_of(env))
     now = plain_json(dataclasses.asdict(host.config))
     check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs, elsewhere)
 

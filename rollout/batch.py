@@ -35,7 +35,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import torch
 
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
@@ -58,8 +57,8 @@ class Rows:
         self.runner = runner
         self._dirty = False
         self._inflight = False
-        self.host: dict[str, torch.Tensor] = {}
-        """The last replay's outputs on the host (one device-to-host copy a replay, not one a row)."""
+        self.host: dict[str, np.ndarray] = {}
+        """The last replay's outputs on the host as numpy (one device-to-host copy a replay, not one a row; a row reads ~1 us)."""
 
     def written(self) -> None:
         self._dirty = True
@@ -73,7 +72,7 @@ class Rows:
         self.launch()
         if self._inflight:
             self._inflight = False
-            self.host = {k: v.to("cpu") for k, v in self.runner.wait().items()}
+            self.host = {k: v.to("cpu").numpy() for k, v in self.runner.wait().items()}
 
     def settle(self) -> None:
         """Wait out (and discard) a replay in flight."""
@@ -122,7 +121,7 @@ class RowPolicy(_RowView):
 
     def result(self) -> np.ndarray:
         self.rows.wait()
-        return self.rows.host["actions"][self.row].numpy().copy()
+        return self.rows.host["actions"][self.row].copy()
 
 
 class RowCritic(_RowView):
@@ -134,7 +133,7 @@ class RowCritic(_RowView):
 
     def result(self) -> float:
         self.rows.wait()
-        return float(self.rows.host["value"][self.row].item())
+        return float(self.rows.host["value"][self.row])
 
 
 def recorded_batch(fingerprints: dict) -> int:

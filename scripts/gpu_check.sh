@@ -15,6 +15,8 @@
 # 5. the models sweep (issue 33): the named sizes, plain and fused, eager vs CUDA graph, fp32 / tf32 / bf16;
 # 6. the batched core at batch 32 vs 1 (`rollcap bench --only batch`, issue 34), and a recorded --envs 32 run replayed
 #    (with Ray installed: --actors 2 --envs 16 too);
+# 6c. env workers (issue 41): `--only batch` with envs 1/32/64 in process and on 14 env workers, and a recorded
+#    --envs 32 run in process vs on the workers, digests compared (workers_digests.json); alone: STEPS=workers;
 # 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
 # 8. opt-in (STEPS=kernels, issue 42; about 4 minutes on one H100): the batch-1 chunk side by side in one process
 #    (today's fused bf16 CUDA graph vs the lean sampler at bf16 and fp8; KERNEL_COMPILE=1 adds compile-cuda at 3b) at
@@ -26,7 +28,7 @@
 # log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
 # bench_core.json, bench_batch.json, pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json (each as its step
 # ends, so a cut run keeps what finished).
-# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,compile,kernels picks steps (default: all but compile and kernels; SIZES, PRECISIONS and
+# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,workers,compile,kernels picks steps (default: all but compile and kernels; SIZES, PRECISIONS and
 # COMPILE_SIZES narrow the sweeps); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
 set -u
 cd "$(dirname "$0")/.."
@@ -35,7 +37,7 @@ mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)
 WORK=$(mktemp -d)
 DEV=${GPU_CHECK_DEVICE:-cuda}
-STEPS=${STEPS:-tests,core,runs,bench,models,batch,envs}
+STEPS=${STEPS:-tests,core,runs,bench,models,envs,workers}  # batch: superseded by workers (the same section, more envs)
 exec > >(tee -a "$OUT_DIR/log.txt") 2>&1
 PY=python3
 ROLLCAP=("$PY" -m rollcap.rollout.cli)
@@ -113,6 +115,29 @@ if want envs; then
     step "run-actors-2-envs-$((N / 2))" 180 "${ROLLCAP[@]}" run --device "$DEV" --actors 2 --envs $((N / 2)) --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-actors"
     step "replay-actors" 120 "${ROLLCAP[@]}" replay "$WORK/run-actors"
   fi
+fi
+
+# ---------------------------------------------------------------- 6c. env workers (issue 41): envs in worker processes
+# `rollcap bench --only batch` with envs 1, 32, 64 (WORKER_ENVS) in this process and on WORKERS env workers (default 14 of
+# 16 cores), both formats recorded, the shipped policy on CUDA graphs -> bench_workers.json; then a recorded --envs 32
+# run in process and one on the workers, compared digest by digest (the same bytes wherever the envs lived).
+if want workers; then
+  if [ "$DEV" = cpu ]; then WENVS=1,4; WW=2; N=4; else WENVS=${WORKER_ENVS:-1,32,64}; WW=${WORKERS:-14}; N=32; fi
+  step bench-workers 200 "${ROLLCAP[@]}" bench --device "$DEV" --only batch "${QUICK[@]}" --batch-envs "$WENVS" \
+    --batch-workers "$WW" --batch-standin 0 --json "$OUT_DIR/bench_workers.json"
+  step "run-envs-$N-inproc" 60 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-w0"
+  step "run-envs-$N-workers-$WW" 60 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --env-workers "$WW" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-w1"
+  step "run-envs-$N-graphs-2-workers-$WW" 60 "${ROLLCAP[@]}" run --device "$DEV" --envs "$N" --graphs 2 --env-workers "$WW" --episodes $((2 * N)) --seed 7 --no-progress --out "$WORK/run-w2"
+  step workers-digests 60 "$PY" -c "
+import json, os, sys
+from rollcap.rollout.recording import episode_digest, load_any
+a, b = ([episode_digest(r) for r in load_any(d)] for d in sys.argv[1:3])
+s = {'episodes': [len(a), len(b)], 'identical': sum(x == y for x, y in zip(a, b))}
+for d, k in ((sys.argv[1], 'inproc'), (sys.argv[2], 'workers'), (sys.argv[4], 'graphs_2_workers')):
+    f = d + '/summary.json'
+    s[k] = {x: json.load(open(f)).get(x) for x in ('wall_s', 'episodes', 'boundary_ms_median', 'policy_ms_median', 'host_timing', 'worker_timing')} if os.path.exists(f) else None
+print(json.dumps(s, indent=1)); open(sys.argv[3], 'w').write(json.dumps(s, indent=1))
+sys.exit(0 if s['identical'] == len(a) == len(b) else 1)" "$WORK/run-w0" "$WORK/run-w1" "$OUT_DIR/workers_digests.json" "$WORK/run-w2"
 fi
 
 # ---------------------------------------------------------------- 7. compile-cuda (opt-in: inductor compiles each size, cold cache)

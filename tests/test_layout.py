@@ -57,6 +57,7 @@ RANK = {
     "rollcap.rollout.gym": 13,
     "rollcap.rollout.offline": 14,
     "rollcap.rollout.ray": 15,
+    "rollcap.rollout.workers": 15,  # env workers: one more episode source beside the Ray actors (core, recording below)
     "rollcap.rollout.learn": 16,
     "rollcap.rollout.api": 17,
     "rollcap.rollout.bench": 18,

@@ -12,8 +12,9 @@ re-creation), ``branch`` (:mod:`rollcap.rollout.bench.branch`), ``scaling``
 :mod:`rollcap.rollout.bench.peer`), ``recording`` (the writer's stages,
 :mod:`rollcap.rollout.bench.recording`). Each section's seconds are in
 ``section_s``. Opt-in (``--only``): ``backends`` (the CPU plans jit, aoti and
-compile side by side, :mod:`rollcap.rollout.bench.backends`), ``batch`` (``rollcap run --envs 8``
-vs ``--envs 1`` and the batched vector env vs ``AsyncVectorEnv(2)``, :mod:`rollcap.rollout.bench.batch`).
+compile side by side, :mod:`rollcap.rollout.bench.backends`), ``batch`` (envs 1 / 8 / ... in this process
+and on env workers, the shipped policy and a fixed-latency stand-in, recorded; the host's per-slot work; the batched
+vector env vs ``AsyncVectorEnv(2)``, :mod:`rollcap.rollout.bench.batch`).
 """
 
 from __future__ import annotations
@@ -71,7 +72,11 @@ def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
 
 
 def run_bench(
-    parts: Parts, quick: bool = False, only: tuple[str, ...] | None = None, sizes: tuple[str, ...] = ()
+    parts: Parts,
+    quick: bool = False,
+    only: tuple[str, ...] | None = None,
+    sizes: tuple[str, ...] = (),
+    batch: dict | None = None,
 ) -> dict:
     """Run the chosen sections (default: all) and return a JSON-able report (:func:`check_parts` first).
 
@@ -82,7 +87,7 @@ def run_bench(
     if bad:
         raise ValueError(f"--only: unknown section(s) {bad}; choose from {','.join(SECTIONS + OPT_IN)}")
     check_parts(parts, only)
-    extra: dict = {}
+    extra: dict = {"batch": batch or {}}  # section batch: envs, workers, standin (rollcap bench --batch-*)
     if "models" in only:
         from rollcap.rollout.bench.model_sizes import SizeSweep
 
@@ -126,7 +131,7 @@ _FORMAT = {
     "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
     "recording": ("recording", "recording (the writer's stages per episode, real episodes of the policy in the env):"),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
-    "batch": ("batch", "batch (envs on one policy graph at batch {envs} vs 1; recorded runs, then the vector env):"),
+    "batch": ("batch", "batch (envs {envs} on one policy graph, in this process and in env workers; recorded runs):"),
     "section_s": None,
     "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),
 }

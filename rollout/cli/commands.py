@@ -366,6 +366,7 @@ def cmd_export(args) -> int:
 
 # ------------------------------------------------------------------- bench
 def cmd_bench(args) -> int:
+    from rollcap.rollout.bench.batch_options import batch_options
     from rollcap.rollout.bench.report import format_report, run_bench
     from rollcap.rollout.build import Parts
 
@@ -377,7 +378,13 @@ def cmd_bench(args) -> int:
     sizes = tuple(s for s in (args.policy_size or "").split(",") if s)
     try:
         report = (
-            run_bench(parts, quick=args.quick, only=tuple(s for s in only or () if s != "ray") or None, sizes=sizes)
+            run_bench(
+                parts,
+                quick=args.quick,
+                only=tuple(s for s in only or () if s != "ray") or None,
+                sizes=sizes,
+                batch=batch_options(args.batch_envs, args.batch_workers, args.batch_standin),
+            )
             if only != ["ray"]
             else {}
         )
@@ -578,8 +585,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=None,
-        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (rollcap run --envs 8 vs 1 and the batched vector env vs AsyncVectorEnv(2); ~2.5 min)",
+        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (envs 1 and 8, in this process and in env workers, the shipped policy and a 4 ms stand-in, recorded; --batch-*; ~4 min)",
     )
+    from rollcap.rollout.bench.batch_options import add_batch_arguments
+
+    add_batch_arguments(p)
     p.add_argument(
         "--policy-size",
         default=None,

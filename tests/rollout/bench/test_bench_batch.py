@@ -9,17 +9,25 @@ from rollcap.rollout.build import Parts
 from rollcap.rollout.errors import ConfigError
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=90)
 def test_bench_batch_quick():
-    """The quick section runs envs 1, 8 and 8 on graphs, and the vector env against AsyncVectorEnv(2); every figure is a positive rate."""
-    b = bench_batch(Parts(), 20)
-    assert b["configs"] == ["envs_1", "envs_8", f"envs_8_graphs_{b['graphs']}"]
-    rates = [x for name in b["configs"] for x in b[f"{name}_episodes_per_s"] + b[f"{name}_episodes_per_cpu_s"]]
-    assert rates and all(x > 0 for x in rates)
-    assert b["vector_chunks_per_s"] > 0 and b["async_2_chunks_per_s"] > 0 and b["vector_graphs_chunks_per_s"] > 0
+    """The quick section runs envs 1 and 4, in process and on 2 env workers, with the shipped policy and a stand-in, then
+    the host's per-slot work and the vector env against AsyncVectorEnv(2); every rate is positive, every share of wall in 0..1."""
+    b = bench_batch(Parts(), 20, envs=(1, 4), workers=2, standin=4e-3)
+    assert b["configs"] == [f"{p}_envs_{e}" for p in ("policy", "standin") for e in ("1", "4", "4_workers_2")]
+    runs = [r for name in b["configs"] for r in b["runs"][name]]
+    assert all(r["episodes_per_s"] > 0 and 0 < r["policy_busy_fraction"] < 1 and r["chunks"] > 0 for r in runs)
+    assert all(r["worker_env_cpu_s"] > 0 and r["worker_write_cpu_s"] > 0 for r in b["runs"]["standin_envs_4_workers_2"])
+    assert set(b["speedup"]) == {f"{p}_envs_{e}" for p in ("policy", "standin") for e in ("4", "4_workers_2")}
+    assert b["model"]["predict_16_cores"]["envs_32"] > 0 and b["host_per_slot"]["host_us_per_slot_round"][0] > 0
+    assert b["vector_chunks_per_s"] > 0 and b["async_2_chunks_per_s"] > 0
     rows = []
     format_batch(b, lambda name, val=None: rows.append(name))
-    assert any("envs_8" in r for r in rows) and any("AsyncVectorEnv" in r for r in rows)
+    assert (
+        any("workers_2" in r for r in rows)
+        and any("host per slot" in r for r in rows)
+        and any("AsyncVectorEnv" in r for r in rows)
+    )
 
 
 def test_bench_batch_refuses_another_env():

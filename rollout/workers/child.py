@@ -1,0 +1,288 @@
+"""The env worker process: its slots' envs and hosts, stepped a whole chunk at a time, each episode recorded in its shard.
+
+A worker runs the :class:`~rollcap.rollout.host.RolloutHost` of each of its
+slots, over :mod:`~rollcap.rollout.workers.proxy` rows in the shared block. It
+talks to the parent over one pipe, in JSON messages (never a pickle):
+
+```
+parent -> worker                       worker -> parent
+{"start": [[slot, index, seed], ...]}  start them, launch every running slot -> {"launched": [slots], ...}
+{"go": 1, "more": bool}                the outputs are in the block: decide, execute the chunk, finish the ended (their
+                                       records to the writer thread); with free slots and "more": {"free": [slots], ...}
+                                       (a "start" follows), else launch the running ones -> {"launched": [slots], ...}
+{"flush": 1}                           wait for the writer -> {"launched": [], ...}
+{"stop": 1}                            abandon what runs, write what finished, close the shard -> {"bye": timings, ...}
+```
+
+Every reply also carries ``finished`` (``[slot, index]`` of the episodes that
+ended since the last reply: their slots are free) and ``ends``: the outcomes of
+episodes now written (index, seed, stop reason, success, steps, chunks, error,
+the digest and shard, and per chunk its step, critic value and timings: what the
+parent's metrics and progress read). Every step's data stays here. A writer
+thread writes the records (several at once: one HDF5 commit) while the worker
+steps its envs and waits for the replay; an end is sent once its episode is on
+disk (the parent names it in the manifest, the commit point).
+
+The worker ignores SIGINT (a Ctrl-C reaches the process group; the parent
+decides) and imports no CUDA: torch on the CPU, for the runners' validation.
+
+Imports point downward: ``build`` (the env), ``host``, ``config``, ``recording``, the block and the proxies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import threading
+import time
+from collections import deque
+
+import numpy as np
+
+from rollcap.policies.observation import ObsSpec
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.host import RolloutHost
+from rollcap.rollout.lifecycle import HostState
+from rollcap.rollout.protocols import EpisodeEnd
+from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
+from rollcap.rollout.workers.shm import Layout, SharedRows
+
+
+def serve(conn, spec: str) -> None:
+    """The worker's main (a spawn target): build, say ready (or why not), then answer the parent until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worker = Worker(json.loads(spec))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent
+        conn.send_bytes(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+        return
+    conn.send_bytes(json.dumps({"ready": os.getpid()}).encode())
+    try:
+        worker.loop(conn)
+    finally:
+        worker.close()
+    os._exit(0)  # everything is on disk and closed: skip the interpreter's teardown
+
+
+class Worker:
+    """The slots ``spec["slots"]`` of a run: one env and one host each (see the module docstring)."""
+
+    def __init__(self, spec: dict):
+        import torch
+
+        from rollcap.rollout.build import make_env
+
+        torch.set_num_threads(1)  # a worker steps envs; the policy is the parent's
+        self.shared = SharedRows(Layout.from_json(spec["layout"]), spec["shm"])
+        self.envs, self.hosts, self.recorder = [], {}, None
+        arrays = self.shared.arrays
+        config = HostConfig(**spec["config"])
+        pspec, cspec = (
+            ObsSpec(**_spec(spec["policy_spec"])),
+            spec["critic_spec"] and ObsSpec(**_spec(spec["critic_spec"])),
+        )
+        try:
+            for slot in spec["slots"]:
+                env = make_env(spec["env_id"], spec["env_kwargs"])
+                self.envs.append(env)
+                policy = ProxyPolicy(
+                    arrays, slot, pspec, spec["chunk_shape"], spec["execute_steps"], spec["fingerprints"]["policy"]
+                )
+                critic = ProxyCritic(arrays, slot, cspec, spec["fingerprints"]["critic"]) if cspec else None
+                self.hosts[slot] = RolloutHost(env, policy, critic, config, on_error=spec.get("on_error", "record"))
+        except BaseException:
+            self.close()
+            raise
+        self.writer: ShardWriter | None = None
+        self.unrecorded: list[dict] = []  # outcomes of a worker that does not record (tests, benches)
+        self.launched: dict[int, object] = {}
+        self.timing = dict.fromkeys(("host_s", "env_s", "write_s", "host_cpu_s", "env_cpu_s", "write_cpu_s"), 0.0)
+
+    # -- the protocol --------------------------------------------------------
+    def loop(self, conn) -> None:
+        while True:
+            try:
+                msg = json.loads(conn.recv_bytes())
+            except (EOFError, OSError):  # the parent is gone
+                return
+            try:
+                if not self.answer(conn, msg):
+                    return
+            except Exception as err:  # noqa: BLE001 - a failed write (disk full), a bug: the parent stops the run
+                conn.send_bytes(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
+                return
+
+    def answer(self, conn, msg: dict) -> bool:
+        """One message of the protocol; False: stop."""
+        if "stop" in msg:
+            for h in self.hosts.values():
+                h.abort()
+            ends = self.writer.flush() if self.writer is not None else []
+            conn.send_bytes(json.dumps({"bye": self.timing, "ends": ends}).encode())
+            return False
+        if "record" in msg:  # from now on every episode is written to this shard before its end is sent
+            from rollcap.rollout.recording import EpisodeRecorder
+
+            r = msg["record"]
+            self.recorder = EpisodeRecorder(r["shard_dir"], tuple(r["formats"]), r["env_meta"])
+            self.writer = ShardWriter(self.recorder, r["shard"], self.timing)
+            conn.send_bytes(json.dumps({"recording": 1}).encode())
+            return True
+        finished: list = []
+        if "go" in msg:
+            self.chunk(finished)
+            free = [s for s, h in self.hosts.items() if h.state is not HostState.RUNNING]
+            if free and msg.get("more"):
+                conn.send_bytes(json.dumps({"finished": finished, "ends": self.written(), "free": free}).encode())
+                return True
+        for slot, index, seed in msg.get("start", ()):
+            self.hosts[slot].start(int(index), int(seed))
+        self.launch(finished)
+        ends = self.written(wait="flush" in msg)
+        conn.send_bytes(json.dumps({"finished": finished, "ends": ends, "launched": sorted(self.launched)}).encode())
+        return True
+
+    def written(self, wait: bool = False) -> list[dict]:
+        """The outcomes of the episodes written since the last call (``wait``: every one handed over)."""
+        if self.writer is None:
+            out, self.unrecorded = self.unrecorded, []
+            return out
+        return self.writer.flush() if wait else self.writer.take()
+
+    def launch(self, finished: list) -> None:
+        """Launch every running slot (its row written), then draw each one's next noise while the parent replays."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for slot, h in self.hosts.items():
+            if h.state is HostState.RUNNING:
+                ticket = h.launch()
+                if ticket is not None:
+                    self.launched[slot] = ticket
+        self.finish(finished)  # an episode that ended at its start or launch
+        for slot in self.launched:
+            self.hosts[slot].draw_ahead()
+        self.timing["host_s"] += time.perf_counter() - t0
+        self.timing["host_cpu_s"] += time.thread_time() - c0
+
+    def chunk(self, finished: list) -> None:
+        """The parent's outputs are in the block: every launched slot decides, then executes its chunk; the ended finish."""
+        launched, self.launched = self.launched, {}
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for slot, ticket in launched.items():
+            self.hosts[slot].decide(ticket)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        for slot in launched:
+            h = self.hosts[slot]
+            if h.state is HostState.RUNNING:
+                h.execute()
+        t2, c2 = time.perf_counter(), time.thread_time()
+        self.timing["host_s"] += t1 - t0
+        self.timing["env_s"] += t2 - t1
+        self.timing["host_cpu_s"] += c1 - c0
+        self.timing["env_cpu_s"] += c2 - c1
+        self.finish(finished)
+
+    def finish(self, finished: list) -> None:
+        """Finish every ended episode (its slot is free) and hand its record to the writer."""
+        for slot, h in self.hosts.items():
+            if h.state is HostState.STOP_INFER:
+                end = h.finish()
+                finished.append([slot, end.index])
+                out = self.outcome(end)
+                if self.writer is not None and end.record is not None and not end.dropped:
+                    self.writer.put(out, end.record)
+                elif self.writer is not None:
+                    self.writer.done.append(out)
+                else:
+                    self.unrecorded.append(out)
+
+    def outcome(self, end: EpisodeEnd) -> dict:
+        """What the parent gets of an episode: its outcome, where it is recorded, and per chunk what the metrics read."""
+        out = {
+            "index": end.index, "seed": end.seed, "stop_reason": end.stop_reason, "success": bool(end.success),
+            "steps": end.num_steps, "chunks": end.num_chunks, "error": end.error, "dropped": end.dropped,
+        }  # fmt: skip
+        rec = end.record
+        if rec is not None:
+            c = rec.chunks
+            cols = ("chunk_start", "critic_value", "latency_policy_s", "latency_critic_s", "latency_boundary_s")
+            out["instruction"] = rec.instruction
+            out["chunk_rows"] = (
+                np.stack([np.asarray(c[k], np.float64) for k in cols], 1).tolist() if rec.num_chunks else []
+            )
+        return out
+
+    def close(self) -> None:
+        for h in self.hosts.values():
+            h.abort()
+        if self.writer is not None:
+            self.writer.close()
+        if self.recorder is not None:
+            self.recorder.close()
+        for env in self.envs:
+            env.close()
+        self.shared.close()
+
+
+class ShardWriter:
+    """The worker's writer thread: records in, outcomes (digest and shard added) out once written; several a write."""
+
+    def __init__(self, recorder, shard: str, timing: dict):
+        self.recorder, self.shard, self.timing = recorder, shard, timing
+        self.q: queue.Queue = queue.Queue()
+        self.done: deque[dict] = deque()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._loop, name="rollcap-env-writer", daemon=True)
+        self.thread.start()
+
+    def put(self, outcome: dict, record) -> None:
+        self.q.put((outcome, record))
+
+    def _loop(self) -> None:
+        while True:
+            items = [self.q.get()]
+            while items[-1] is not None and len(items) < 16:
+                try:
+                    items.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = items[-1] is None
+            work = [i for i in items if i is not None]
+            try:
+                if work and self.error is None:
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    digests = self.recorder.write_many([r for _, r in work])
+                    self.timing["write_s"] += time.perf_counter() - t0
+                    self.timing["write_cpu_s"] += time.thread_time() - c0
+                    for (out, _), d in zip(work, digests):
+                        self.done.append({**out, "digest": d, "shard": self.shard})
+            except BaseException as err:  # noqa: BLE001 - reported by take()
+                self.error = f"{type(err).__name__}: {err}"
+            finally:
+                for _ in items:
+                    self.q.task_done()
+            if stop:
+                return
+
+    def take(self) -> list[dict]:
+        """The outcomes written so far (a failed write raises: the worker reports it and stops)."""
+        if self.error is not None:
+            raise RuntimeError(f"writing the shard {self.shard} failed: {self.error}")
+        out = []
+        while self.done:
+            out.append(self.done.popleft())
+        return out
+
+    def flush(self) -> list[dict]:
+        """Wait until everything handed over is written; :meth:`take`."""
+        self.q.join()
+        return self.take()
+
+    def close(self) -> None:
+        self.q.put(None)
+        self.thread.join(timeout=60)
+
+
+def _spec(d: dict) -> dict:
+    return {**d, "image_keys": tuple(d["image_keys"])}

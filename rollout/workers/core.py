@@ -1,0 +1,444 @@
+"""EnvWorkers: the N envs of a batched run in W worker processes; this process owns the batched graphs.
+
+```
+each round:  every worker: its slots launch (rows written into the shared block)  -> "launched"
+             this process: the block's rows -> the runners' static inputs (one copy per input and graph),
+                           one replay of the policy ‖ one of the critic per graph, the outputs -> the block
+             every worker: "go": decide, execute the whole chunk (every step's data stays there),
+                           finish and record the ended episodes in its shard  -> ends, free slots
+             this process: names each recorded episode in the manifest, hands out the next (index, seed) items
+```
+
+It offers :class:`~rollcap.rollout.batch.BatchedCore`'s interface: :meth:`episodes`
+over ``(index, seed)`` items (or indices) yields each :class:`EpisodeEnd` as it
+ends (outcomes: the record is in the worker's shard), :meth:`abort`,
+:meth:`close`. An episode's bytes are those of the same episode in an
+in-process ``BatchedCore`` at the same batch (and graphs): a worker's hosts are
+plain :class:`~rollcap.rollout.host.RolloutHost` s over row views
+(:mod:`~rollcap.rollout.workers.proxy`) that write the bytes ``load_row`` writes,
+and a row's outputs depend on its own inputs and the batch only
+(``tests/rollout/test_batch.py``), so which slot, which worker and how many
+workers cannot change them.
+
+Recording (:meth:`record_to`): each worker writes its episodes to its own shard
+(``shards/wNNN`` of a sharded run, :mod:`~rollcap.rollout.recording.shards`), and
+this process appends one manifest line per episode once the worker says it is
+written (the commit point), so the run reads as one run (replay, inspect,
+merge, resume) and only outcomes cross back.
+
+With G graphs and W a multiple of G, each graph's slots live on W/G workers of their own and a graph's round runs as
+soon as its workers have launched: one graph replays while the others' envs step (a pipeline; the bytes are those of
+the same graphs in process). Otherwise every round waits for every worker.
+
+Faults: a worker that dies (killed, crashed) ends its slots' episodes: each is
+listed in :attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error
+naming the worker, and runs again (from its start, the same bytes) on a
+replacement worker with a new shard; an episode lost :data:`MAX_TRIES` times is
+given up (:attr:`EnvWorkers.failed`). An episode it had written but not yet
+reported is an orphan of its shard (readers ignore it; a resume adopts it).
+An env exception ends one episode (stop reason ``error``), as in process.
+
+The caller's subscribers see each episode's start (no observation), each
+chunk's step, critic value and timings (no observation, noise or chunk: those
+stay in the worker and its shard) and its end.
+
+Imports point downward: ``batch`` (its checks), ``config``, ``protocols``,
+``seeding``, the block; the worker's module by name (the spawn target).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import signal
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from multiprocessing.connection import wait as wait_any
+
+import numpy as np
+
+from rollcap.rollout.batch import _check_config
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.errors import ConfigError, RecordingFailed
+from rollcap.rollout.lifecycle import jsonable
+from rollcap.rollout.protocols import EpisodeEnd, Subscriber
+from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.workers.procs import Proc, emit, replay_rows
+from rollcap.rollout.workers.shm import SharedRows, layout_for
+
+MAX_TRIES = 3
+"""Times an episode may be lost with its worker before it is given up."""
+START_TIMEOUT_S = 300.0
+"""A worker that is not ready after this long (spawn, imports, envs) is a failed start."""
+
+
+class EnvWorkers:
+    """N envs (of ``env_id``) in ``workers`` processes over batched runners this process owns (see the module docstring).
+
+    Args:
+        env_id, env_kwargs: the envs each worker builds (one per slot).
+        policy: a batched ``PolicyRunner`` (or G at batch N/G: slot ``i`` is row ``i % (N/G)`` of graph ``i // (N/G)``),
+            or anything with its interface (``batch``, ``inputs``, ``write``, ``launch``, ``wait``, ``chunk_shape``, ...).
+        critic: a ``CriticRunner`` at the policy's batch (G of them), or None.
+        config: the hosts' config (synchronous chunking, no control period).
+        workers: processes; slots are split into contiguous groups, one per worker.
+        subscribers: see each episode's start, chunks (timings and value) and end.
+        on_error: as :class:`~rollcap.rollout.host.RolloutHost`'s ("raise" is not offered: the episode ends in a worker).
+        poll_stop: called while the workers start (raise to stop there).
+
+    Single-threaded: drive it from one thread.
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        env_kwargs: dict | None,
+        policy,
+        critic=None,
+        config: HostConfig | None = None,
+        workers: int = 2,
+        subscribers: Sequence[Subscriber] = (),
+        on_error: str = "record",
+        poll_stop=None,
+    ):
+        config = config or HostConfig()
+        _check_config(config)
+        self.policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+        self.critics = [] if critic is None else list(critic) if isinstance(critic, (list, tuple)) else [critic]
+        self.batch = self.policies[0].batch
+        self.n = self.batch * len(self.policies)
+        if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= self.n:
+            raise ConfigError("env_workers", f"expected an integer in 1..envs ({self.n}), got {workers!r}")
+        if on_error not in ("record", "drop"):
+            raise ValueError(f"on_error: expected record or drop with env workers, got {on_error!r}")
+        horizon = self.policies[0].chunk_shape[0]
+        if config.execute_steps is None:  # resolved as a host resolves it, so _same_run and the records agree
+            config = dataclasses.replace(config, execute_steps=int(getattr(self.policies[0], "execute_steps", horizon)))
+        self.config = config
+        self.policy, self.critic = self.policies[0], (self.critics[0] if self.critics else None)
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.subscribers = list(subscribers)
+        self.fingerprints = {"policy": self.policy.state_fingerprint()}
+        if self.critic is not None:
+            self.fingerprints["critic"] = self.critic.state_fingerprint()
+        self.on_error, self.poll_stop = on_error, poll_stop or (lambda: None)
+        self._start_fields = (
+            self.env_id,
+            self.env_kwargs,
+            jsonable(dataclasses.asdict(config)),
+            self.fingerprints,
+            tuple(self.policy.chunk_shape),
+        )
+        self.shared = SharedRows(layout_for(self.policies, self.critics or None))
+        self.arrays = self.shared.arrays
+        g, b = len(self.policies), self.batch
+        if (
+            g > 1 and workers % g == 0
+        ):  # each graph's slots on workers of their own: a graph's round runs beside the others'
+            slots = [part for k in range(g) for part in np.array_split(np.arange(k * b, (k + 1) * b), workers // g)]
+            self.groups = [list(range(k * (workers // g), (k + 1) * (workers // g))) for k in range(g)]
+        else:
+            slots, self.groups = np.array_split(np.arange(self.n), workers), [list(range(workers))]
+        self.procs = [Proc(k, [int(s) for s in part]) for k, part in enumerate(slots)]
+        self.manifest = self.env_meta = None
+        self._shards = 0
+        self.lost: list[EpisodeEnd] = []
+        """Episodes a dying worker ended (stop reason ``worker_lost``; each ran again unless in :attr:`failed`)."""
+        self.failed: dict[int, str] = {}
+        """Episodes given up after :data:`MAX_TRIES` losses: index -> why."""
+        self.restarts = 0
+        self.digests: dict[int, str] = {}
+        """Digest of every episode recorded this session, by index."""
+        self.timing = {
+            "rounds": 0,
+            "wait_workers_s": 0.0,
+            "replay_s": 0.0,
+            "policy_busy_s": 0.0,
+            "host_s": 0.0,
+            "commit_s": 0.0,
+        }
+        """Where this process's time goes: waiting for the workers' rows and ends, the replays (and the policy's own share),
+        its own work on the messages (``host_s``, the episodes' commits and subscribers included: ``commit_s``)."""
+        self._again: deque[tuple[int, int]] = deque()
+        self._tries: dict[int, int] = {}
+        self._todo: Iterator | None = None
+        self._closing = False
+        self.worker_timing: dict[str, float] = {}
+        """The workers' own seconds, summed once they stop: ``host_s`` (launch, decide), ``env_s`` (the chunks' steps), ``write_s``."""
+        self._ctx = multiprocessing.get_context("spawn")  # this process has threads (lanes): never fork them
+        try:
+            self._start_all()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- processes -------------------------------------------------------------
+    def _spec(self, p: Proc) -> str:
+        def obs(r):
+            return None if r is None else dataclasses.asdict(r.spec)
+
+        return json.dumps({
+            "layout": self.shared.layout.to_json(), "shm": self.shared.name, "slots": p.slots,
+            "env_id": self.env_id, "env_kwargs": self.env_kwargs, "config": jsonable(dataclasses.asdict(self.config)),
+            "policy_spec": obs(self.policy), "critic_spec": obs(self.critic), "chunk_shape": list(self.policy.chunk_shape),
+            "execute_steps": self.config.execute_steps, "fingerprints": {"critic": None, **self.fingerprints},
+            "on_error": self.on_error,
+        })  # fmt: skip
+
+    def _start_all(self) -> None:
+        for p in self.procs:
+            if p.state == "down":
+                p.spawn(self._ctx, self._spec(p))
+        while any(p.state in ("starting", "recording") for p in self.procs):
+            self.poll_stop()
+            for _ in self._gather(until_idle=True):
+                pass
+
+    def record_to(self, manifest, env_meta: dict, subscribers: Sequence[Subscriber] = ()) -> None:
+        """Record every episode in the workers' shards of ``manifest``'s run (a ``ManifestWriter``); ``subscribers`` added."""
+        self.manifest, self.env_meta = manifest, env_meta
+        self.subscribers += list(subscribers)
+        names = [n for n in manifest.shard_names() if n[:1] == "w" and n[1:].isdigit()]
+        self._shards = max([int(n[1:]) + 1 for n in names], default=0)
+        for p in self.procs:
+            if p.state == "idle":
+                self._record(p)
+        self._start_all()
+
+    def _record(self, p: Proc) -> None:
+        from rollcap.rollout.recording.shards import SHARDS_DIR
+
+        p.shard, self._shards = f"{SHARDS_DIR}/w{self._shards:03d}", self._shards + 1
+        where = str((self.manifest.run_dir / p.shard).resolve())
+        p.send(
+            {
+                "record": {
+                    "shard_dir": where,
+                    "shard": p.shard,
+                    "formats": list(self.manifest.formats),
+                    "env_meta": self.env_meta,
+                }
+            }
+        )
+        p.state = "recording"
+
+    # -- the run -----------------------------------------------------------------
+    def run(self, episodes: int, start: int = 0) -> list[EpisodeEnd]:
+        """Episodes ``start .. start+episodes-1`` in the order they end."""
+        return list(self.episodes(range(start, start + episodes)))
+
+    def episodes(self, todo: Iterable[int | tuple[int, int]]) -> Iterator[EpisodeEnd]:
+        """Run the episodes ``todo`` names (an index, or ``(index, seed)``) in the workers' slots; yield each end as it comes back."""
+        self._todo = iter(todo)
+        try:
+            self._start_all()
+            self.timing = dict.fromkeys(self.timing, 0)  # the rounds' time, not the workers' start
+            for p in self.procs:
+                if p.state == "idle":
+                    self._give(p)
+            while True:
+                yield from self._gather()
+                ready = [[self.procs[i] for i in grp] for grp in self.groups if self._ready(grp)]
+                if not ready:  # every worker idle (or starting): the run is over, or a worker has work again
+                    if not self._more():
+                        waiting = [p for p in self.procs if p.pending and p.state == "idle"]
+                        for p in waiting:  # episodes finished, their records still being written
+                            p.state = "launching"
+                            p.try_send({"flush": 1})
+                        if waiting or any(p.pending for p in self.procs):
+                            continue
+                        return
+                    for p in self.procs:
+                        if p.state == "idle":
+                            self._give(p)
+                    continue
+                for procs in ready:  # a group's round: its rows replayed, its workers told to go on
+                    launched = [s for p in procs if p.state == "launched" for s in p.launched]
+                    t0 = time.perf_counter()
+                    busy = replay_rows(self.arrays, self.batch, self.policies, self.critics, launched)
+                    self.timing["policy_busy_s"] += busy
+                    self.timing["replay_s"] += time.perf_counter() - t0
+                    self.timing["rounds"] += sum(len(p.slots) for p in procs) / self.n  # whole rounds' worth
+                    more = self._more()
+                    for p in procs:
+                        if p.state == "launched":
+                            p.state, p.launched = "launching", []
+                            p.try_send({"go": 1, "more": more})
+        except BaseException:
+            self.abort()
+            raise
+
+    def _more(self) -> bool:
+        """Whether an episode waits to start (taking it from ``todo`` into the queue)."""
+        if self._closing:
+            return False
+        if not self._again and self._todo is not None:
+            item = next(self._todo, None)
+            if item is not None:
+                self._again.append(self._item(item))
+        return bool(self._again)
+
+    def _item(self, item) -> tuple[int, int]:
+        if isinstance(item, tuple):
+            return int(item[0]), int(item[1])
+        return int(item), episode_seed(self.config.seed, int(item))
+
+    def _give(self, p: Proc, free: Sequence[int] | None = None) -> None:
+        """Start the next episodes in ``p``'s free slots (all of them if None) and launch its running slots."""
+        items = []
+        for slot in p.free if free is None else free:
+            if not self._more():
+                break
+            index, seed = self._again.popleft()
+            p.running[slot] = (index, seed)
+            items.append([slot, index, seed])
+        if items or free is not None or p.running:
+            p.state = "launching"
+            p.try_send({"start": items})
+
+    def _ready(self, group: list[int]) -> bool:
+        """Whether a group's round can run: one of its workers has launched rows, none is still mid-chunk."""
+        procs = [self.procs[i] for i in group]
+        return any(p.state == "launched" for p in procs) and not any(p.state == "launching" for p in procs)
+
+    def _gather(self, until_idle: bool = False) -> Iterator[EpisodeEnd]:
+        """Take the workers' messages until a group's round can run or none is mid-round (``until_idle``: until none is
+        mid-round or starting); yield the ends."""
+        while True:
+            busy = [p for p in self.procs if p.state in ("launching", "starting", "recording")]
+            if not until_idle:
+                busy = [p for p in busy if p.state == "launching" or not self._others_busy(p)]
+            if not busy or (not until_idle and any(self._ready(g) for g in self.groups)):
+                return
+            t0 = time.perf_counter()
+            ready = wait_any([p.conn for p in busy] + [p.proc.sentinel for p in busy], timeout=1.0)
+            self.timing["wait_workers_s"] += time.perf_counter() - t0
+            for p in busy:
+                if p.conn in ready or p.proc.sentinel in ready:
+                    yield from self._take(p)
+                elif p.state == "starting" and time.perf_counter() - p.t_start > START_TIMEOUT_S:
+                    p.proc.kill()
+
+    def _others_busy(self, p: Proc) -> bool:
+        """Whether a round can go on without ``p`` (starting): another worker runs episodes."""
+        return any(q is not p and (q.running or q.state == "launching") for q in self.procs)
+
+    def _take(self, p: Proc) -> Iterator[EpisodeEnd]:
+        """Every message ``p`` has sent (or its death)."""
+        while True:
+            try:
+                if not p.conn.poll():
+                    if p.proc.is_alive():
+                        return
+                    raise EOFError
+                msg = json.loads(p.conn.recv_bytes())
+            except (EOFError, OSError):
+                self._died(p)
+                return
+            t0 = time.perf_counter()
+            if "error" in msg:
+                what = "could not start" if p.state == "starting" else "failed"
+                self._stop(p)
+                raise RecordingFailed(f"env worker {p.number} {what}: {msg['error']}")
+            if "ready" in msg and self.manifest is not None:
+                self._record(p)
+            elif "ready" in msg or "recording" in msg:
+                p.state = "idle"
+                if self._todo is not None:
+                    self._give(p)
+            for slot, index in msg.get("finished", ()):  # its slot is free; it is p's until written
+                p.pending[index] = p.running.pop(slot)
+            for e in msg.get("ends", ()):
+                yield self._end(p, e)
+            if "free" in msg:
+                self._give(p, msg["free"])
+            elif "launched" in msg:
+                p.launched = msg["launched"]
+                p.state = "launched" if p.launched else "idle"
+            self.timing["host_s"] += time.perf_counter() - t0
+
+    def _end(self, p: Proc, e: dict) -> EpisodeEnd:
+        """An episode a worker finished: named in the manifest (once it is in the shard), shown to the subscribers."""
+        t0 = time.perf_counter()
+        index = e["index"]
+        p.pending.pop(index, None)
+        if e.get("digest") is not None:
+            self.digests[index] = e["digest"]
+            if self.manifest is not None:
+                self.manifest.add(index, e["digest"], e["shard"])
+        end = EpisodeEnd(
+            index,
+            e["seed"],
+            e["stop_reason"],
+            e["success"],
+            e["steps"],
+            e["chunks"],
+            error=e["error"],
+            dropped=e["dropped"],
+        )
+        if self.subscribers:
+            emit(self.subscribers, end, e, self._start_fields)
+        self.timing["commit_s"] += time.perf_counter() - t0  # the manifest's fsynced line, the subscribers
+        return end
+
+    def _died(self, p: Proc) -> None:
+        """``p`` is gone: its episodes end (``worker_lost``) and go back to the queue; a replacement starts."""
+        p.proc.join(timeout=5)
+        code = p.proc.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        if p.state == "starting" and not p.running:
+            self._stop(p)
+            raise RecordingFailed(f"env worker {p.number} could not start ({how})")
+        for index, seed in sorted([*p.running.values(), *p.pending.values()]):
+            why = f"env worker {p.number} (pid {p.pid}) died mid-episode ({how})"
+            self.lost.append(EpisodeEnd(index, seed, "worker_lost", False, 0, 0, error=why, dropped=True))
+            self._tries[index] = self._tries.get(index, 0) + 1
+            if self._tries[index] >= MAX_TRIES:
+                self.failed[index] = why
+            else:
+                self._again.appendleft((index, seed))
+        p.running, p.pending, p.launched = {}, {}, []
+        p.conn.close()
+        stopping, p.state = p.state == "stopping", "down"
+        if self._closing or stopping:
+            return
+        self.restarts += 1
+        if self.restarts > MAX_TRIES * len(self.procs):
+            raise RecordingFailed(f"env workers died {self.restarts} times; the last: worker {p.number} ({how})")
+        p.spawn(self._ctx, self._spec(p))
+
+    # -- ending ------------------------------------------------------------------
+    def summary(self) -> dict:
+        """What the run's summary says of the workers."""
+        lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
+        return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "lost_and_rerun": lost,
+                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing)}  # fmt: skip
+
+    def abort(self) -> None:
+        """Abandon every running episode: the ends already on their way are taken (named in the manifest), the workers stop
+        (the next :meth:`episodes` starts them again)."""
+        self._closing = True
+        for p in self.procs:
+            if p.state in ("launching", "recording"):
+                deadline = time.perf_counter() + 60
+                while p.state in ("launching", "recording") and time.perf_counter() < deadline:
+                    wait_any([p.conn, p.proc.sentinel], timeout=1.0)
+                    for _ in self._take(p):
+                        pass
+            self._stop(p)
+        self._again.clear()
+        self._closing = False
+
+    def _stop(self, p: Proc) -> None:
+        """Stop ``p``; the ends it wrote last are named in the manifest."""
+        for e in p.stop(self.worker_timing):
+            self._end(p, e)
+
+    def close(self) -> None:
+        """Stop the workers (abandoning what runs) and remove the shared block (the runners are the caller's)."""
+        self._closing = True
+        for p in self.procs:
+            self._stop(p)
+        self.shared.close()
