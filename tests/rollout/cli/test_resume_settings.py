@@ -93,3 +93,14 @@ def test_the_table_holds_every_host_setting_and_no_placement():
     options = {option for _, option in SAME_ON_RESUME}
     assert {f.name for f in dataclasses.fields(HostConfig)} <= options
     assert not options & {"actors", "env_workers", "writers", "graphs", "threads", "out", "episodes"}
+
+
+def test_resume_with_another_env_worker_count_is_accepted(ckpt, tmp_path):
+    """Where the envs step (--env-workers) changes no byte: a run made on 2 workers resumes on 1, all its settings the same."""
+    out = tmp_path / "w"
+    common = ["--seed", 5, "--out", out, "--max-chunks", 2, "--no-progress", "--envs", 2, *ckpt]
+    first = rollcap("run", "--episodes", 2, "--env-workers", 2, *common)
+    assert first.returncode == 0, first.stderr[-3000:]
+    res = rollcap("run", "--episodes", 4, "--env-workers", 1, "--resume", *common)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((out / "summary.json").read_text())["episodes"] == 4
