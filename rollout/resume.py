@@ -199,15 +199,15 @@ def check_same_run(
     now = deployment(config, fingerprints, env_id, env_kwargs)
     for setting, option in SAME_ON_RESUME:
         if _json(was[setting]) != _json(now[setting]):
-            got = _show(now[setting])
-            if setting == "batch":  # the bytes depend on the batch of each graph, envs / graphs
+            was_, got = _show(was[setting]), _show(now[setting])
+            recorded_with = {"policy": "policy weights", "critic": "critic weights"}.get(setting, setting)
+            if setting == "batch":  # the bytes depend on the batch of each graph: envs / graphs
                 got += f" (`envs={now[setting] * graphs}` over `graphs={graphs}`)"
-            what = {"batch": "batch (envs / graphs)", "policy": "policy weights", "critic": "critic weights"}.get(
-                setting, setting
-            )
+                raise ConfigError(
+                    option, f"this run was recorded at batch {was_} (envs / graphs); `resume=True` needs it, got {got}"
+                )
             raise ConfigError(
-                option,
-                f"this run was recorded with {what} {_show(was[setting])}; `resume=True` needs the same, got {got}",
+                option, f"this run was recorded with {recorded_with} {was_}; `resume=True` needs the same, got {got}"
             )
     rest = [] if elsewhere else fingerprint_diff(_plain(recorded.fingerprints), _plain(fingerprints))
     if rest:
