@@ -11,15 +11,16 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollcap.kernels.files import atomic_write, canonical_json, plain_json
+from rollcap.kernels.files import atomic_write, cannot_create_dir, canonical_json, plain_json
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_critic, make_env, make_runners
-from rollcap.rollout.errors import ConfigError, NotExactWarning, RecordingFailed
+from rollcap.rollout.errors import ClusterFailure, ConfigError, NotExactWarning, RecordingFailed
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
@@ -214,6 +215,8 @@ def run(
         Interrupted: Ctrl-C; finished episodes are kept (``.result``).
     """
     host_cfg, run_cfg, parts = _configs(episodes, out, env, policy, critic, options)
+    if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
+        raise ConfigError("out", why)  # before minutes of building what would write there
     if run_cfg.actors:
         from rollcap.rollout.ray.actors import check_actor_run
 
@@ -418,7 +421,7 @@ def _record(
                 reset_hook=tele.reset_hook if tele else None,
             )
         if earlier:
-            _same_run(earlier[0], host, env_meta)
+            _same_run(earlier[0], host, env, env_meta, cfg.graphs, elsewhere=bool(cfg.actors))
         if parts is not None:  # Ray actors run the episodes; this process records what they return
             from rollcap.rollout.ray.actors import ActorPool
 
@@ -426,7 +429,8 @@ def _record(
                 from rollcap.rollout.ray.shards import Shards
 
                 shards = Shards(recorder, env_meta, cfg.shard_dir)
-            pool = ActorPool.for_run(parts, host, cfg, setup=shards and shards.setup, poll_stop=poll_stop)
+            run_cfg = dataclasses.replace(cfg, out=out)  # the run's directory: Ray's own messages go to a file there
+            pool = ActorPool.for_run(parts, host, run_cfg, setup=shards and shards.setup, poll_stop=poll_stop)
             if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
                 subs.append(Progress(len(todo)))
         if on_started is not None:
@@ -437,8 +441,9 @@ def _record(
         if tele is not None:
             tele.__exit__(None, None, None)
         writer.close()
-        if not recorder.indices:  # nothing recorded, ever: leave no trace of this call (a bad option is found here)
-            _remove_new(out, before_setup)
+        lost = isinstance(sys.exc_info()[1], ClusterFailure)  # the machines failed: the run keeps Ray's log (ray.log)
+        if not recorder.indices and not lost:  # nothing recorded, ever: leave no trace of this call
+            _remove_new(out, before_setup)  # (a bad option is found here)
         raise
     ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
@@ -562,37 +567,16 @@ def _rewinds(host: RolloutHost):
     return RewindBuffer.on(host)
 
 
-def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
-    """Refuse to resume a run with another config, env or model (naming the first differing field)."""
-    now = plain_json(dataclasses.asdict(host.config))
-    for name in sorted(set(now) | set(recorded.config)):
-        if now.get(name) != recorded.config.get(name):
-            raise ConfigError(
-                name,
-                f"this run was recorded with {recorded.config.get(name)!r}; `resume=True` needs the same (got {now.get(name)!r})",
-            )
-    if (recorded.env_id, plain_json(recorded.env_kwargs)) != (env_meta["env_name"], plain_json(env_meta["env_kwargs"])):
-        field = "env_id" if recorded.env_id != env_meta["env_name"] else "env_kwargs"
-        raise ConfigError(
-            field,
-            f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env",
-        )
-    from rollcap.rollout.batch import recorded_batch
+def _same_run(recorded, host, env, env_meta: dict, graphs: int, elsewhere: bool = False) -> None:
+    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`); ``env``: one
+    of the run's envs in this process (a host's, a batch's first, the env workers' local copy)."""
+    from rollcap.envs import exact_state_of
+    from rollcap.rollout.lifecycle import fingerprints_of
+    from rollcap.rollout.resume import check_same_run
 
-    was, now = recorded_batch(recorded.fingerprints), host.policy.state_fingerprint().get("batch", 1)
-    if was != now:  # a row's bits depend on the batch (the env workers' layout never changes them)
-        raise ConfigError(
-            "envs", f"this run was recorded at batch {was} (`envs`/`graphs`); `resume=True` needs it, got {now}"
-        )
-    for part in ("policy", "critic"):
-        was = (recorded.fingerprints.get(part) or {}).get("weights_digest")
-        comp = getattr(host, part)
-        now_digest = None if comp is None else comp.state_fingerprint().get("weights_digest")
-        if was != now_digest:
-            raise ConfigError(
-                part,
-                f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})",
-            )
+    fps = fingerprints_of(host.policy, host.critic, exact_state_of(env))
+    now = plain_json(dataclasses.asdict(host.config))
+    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs, elsewhere)
 
 
 def new_run_dir(root: Path) -> Path:

@@ -87,9 +87,10 @@ class Parts:
             raise ConfigError(
                 "precision", f"{self.precision} runs on the eager, jit and cuda backends, not {self.backend!r}"
             )
-        if self.backend == "compile-cuda" and dev.type != "cuda":
+        if self.backend in ("cuda", "compile-cuda") and dev.type != "cuda":
             raise ConfigError(
-                "backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {self.device}"
+                "backend",
+                f"{self.backend!r} captures a CUDA graph; use it with `device=cuda`, not {self.device} (on the CPU: jit, eager, aoti or compile)",
             )
         if self.backend in ("aoti", "compile"):
             from rollcap.kernels.compiled import cxx_compiler

@@ -169,6 +169,10 @@ def _check_new_dir(out: Path) -> None:
 
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"{out} exists and is not a directory")
+    from rollcap.kernels.files import cannot_create_dir
+
+    if why := cannot_create_dir(out):
+        raise ConfigError("out", why)
     if out.is_dir() and any(out.iterdir()):
         raise ConfigError(
             "out",

@@ -53,8 +53,8 @@ def _first_sentence(cls, field: str) -> str:
     from rollcap.rollout.cli.options import field_docs
 
     doc = field_docs(cls).get(field, "")
-    head = doc.split(" (default")[0].split("; default")[0]
-    return head.rstrip(".") + "."
+    head = doc.split(" (default")[0].split("; default")[0].rstrip(".")
+    return head + ")" * (head.count("(") - head.count(")")) + "."  # a parenthesis the cut left open is closed
 
 
 def _run_options(p: argparse.ArgumentParser):
@@ -68,7 +68,9 @@ def _run_options(p: argparse.ArgumentParser):
 
 
 def cmd_run(args) -> int:
+    from rollcap.kernels.files import cannot_create_dir
     from rollcap.rollout.api import Interrupted, RunConfig, run
+    from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.build import Parts, make_env, make_runners
     from rollcap.rollout.config import HostConfig
 
@@ -76,6 +78,8 @@ def cmd_run(args) -> int:
     opts = args.options
     parts = Parts(**opts.values(args, Parts))
     host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
+    if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
+        raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     built = []
     opts = {
         **dataclasses.asdict(host_cfg),
@@ -252,29 +256,33 @@ def cmd_inspect(args) -> int:
         check_plot_dir,
         episode_table,
         plot_episodes,
+        readable_episodes,
     )
-    from rollcap.rollout.recording import iter_any, load_any
+    from rollcap.rollout.recording import iter_episodes
 
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
     thresholds = _thresholds(args.early_stop) if args.early_stop is not None else None
     if args.patience < 1:
         raise UserError(f"--patience: expected an integer >= 1, got {args.patience}")
-    for path in args.file:
-        print(episode_table(iter_any(path)))  # streamed: memory is one episode's, whatever the run's size
+    bad: list = []
+    for path in args.file:  # streamed: memory is one episode's, whatever the run's size; a bad episode is a row
+        print(episode_table(iter_episodes(path), unreadable=bad))
     if thresholds is not None:
         from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
 
         try:
-            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in iter_any(path)]
+            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in readable_episodes(path)]
         except ValueError as err:
             raise UserError(f"--early-stop: {err}") from err
         print(table(early_stop_rows(eps, thresholds, args.patience)))
     if args.plot is not None:
         for path in args.file:
-            for png in plot_episodes(load_any(path), args.plot):  # branch fans need the episodes together
+            for png in plot_episodes(
+                list(readable_episodes(path)), args.plot
+            ):  # branch fans need the episodes together
                 print(f"wrote {png}")
-    return 0
+    return 1 if bad else 0  # an unreadable episode is a failed check, as in replay
 
 
 def _thresholds(values: list[float]) -> list[float]:

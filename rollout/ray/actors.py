@@ -46,6 +46,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
+from rollcap.rollout.ray.connect import log_ray_to, lost_to_cluster, lost_while_starting, say_lost
 from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-exported: part of this module's API
     _SHIPPED,
     EpisodeSpec,
@@ -113,6 +114,7 @@ class ActorPool:
             :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`, the default),
             and :meth:`run` sends it a list of episodes per call.
         graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
+        ray_log: where Ray's own messages to this driver go (a run's ``ray.log``; None: kept), not the terminal.
 
     Attributes:
         replace_timeout_s: how long a replacement actor may take to be ready
@@ -138,6 +140,7 @@ class ActorPool:
         poll_stop: Callable[[], None] | None = None,
         envs: int = 1,
         graphs: int = 1,
+        ray_log: Path | None = None,
     ):
         if num_actors < 1:
             raise ConfigError("actors", f"expected an integer >= 1, got {num_actors!r}")
@@ -156,6 +159,7 @@ class ActorPool:
         self._setup, self._poll_stop, self._started = setup, poll_stop or (lambda: None), 0
         self._ray = None
         self._owned = False
+        log_ray_to(ray_log)  # Ray's own messages to this driver: a file of the run (None: kept in memory)
         t0 = time.perf_counter()
         try:
             self._poll_stop()
@@ -194,6 +198,7 @@ class ActorPool:
             poll_stop=poll_stop,
             envs=cfg.envs,
             graphs=cfg.graphs,
+            ray_log=None if cfg.out is None else Path(cfg.out) / "ray.log",
         )
 
     # -- start-up --------------------------------------------------------
@@ -230,7 +235,12 @@ class ActorPool:
                 try:
                     slot.info = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    raise _start_error(err) from err
+                    if not lost_to_cluster(ray, err):
+                        raise _start_error(err) from err
+                    self.slots[self.slots.index(slot)] = replace(slot, handle=None, ready=None)  # the run goes on
+                    self.dropped += 1
+                    lost_while_starting(ray, err, sum(s.live for s in self.slots))
+                    continue
                 slot.ready = None
                 self.nodes.add(slot.info["node"])
                 if expect is not None:
@@ -304,11 +314,13 @@ class ActorPool:
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as err:
+                    k = key(item)
                     if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
+                        again = "runs again on a live actor" if tries.get(k, 0) + 1 < max_tries else "failed"
+                        say_lost(ray, self.slots[slot].info.get("node"), err, f"episode {k} {again}")
                         self._replace(slot)
                     else:
                         idle.append(slot)
-                    k = key(item)
                     tries[k] = tries.get(k, 0) + 1
                     if tries[k] >= max_tries:
                         self.failed[k] = _one_line(err)
