@@ -12,6 +12,7 @@ gymnasium, once however often it is imported.
 
 from __future__ import annotations
 
+import rollcap.envs.gl  # noqa: F401  first: it sets MUJOCO_GL (when unset) before anything imports mujoco
 import gymnasium as gym
 
 from rollcap.envs.adapters import (

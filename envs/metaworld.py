@@ -44,8 +44,10 @@ model arrays are task state and the model digest masks them
 (:meth:`_Sawyer.rollcap_model_digest`).
 
 Images: MuJoCo's renderer (``MUJOCO_GL=egl`` or ``osmesa`` set before
-``mujoco`` is imported) on a private ``MjData`` from qpos and the mocap pose,
-shadows off by default (with a software GL the shadow pass is most of a frame).
+``mujoco`` is imported; unset, :mod:`rollcap.envs.gl` picks one, and a backend
+that cannot render here is refused at construction, naming ``MUJOCO_GL``) on a
+private ``MjData`` from qpos and the mocap pose, shadows off by default (with a
+software GL the shadow pass is most of a frame).
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from rollcap.envs.gl import check_renderer
 from rollcap.envs.render import MujocoRenderer
 from rollcap.envs.task_state import kind_of
-from rollcap.envs.errors import NoExactState
+from rollcap.envs.errors import NoExactState, RenderUnavailable
 
 ID_PREFIX = "rollcap/MetaWorld-"
 """``rollcap/MetaWorld-<task>``, e.g. ``rollcap/MetaWorld-push-v3`` (the task's own name and version)."""
@@ -448,6 +451,11 @@ def make_metaworld_env(task: str, render_mode: str | None = None, **kwargs: Any)
         raise ValueError(
             f"render_mode must be None or 'rgb_array' (the first camera's image; needs render_images=True), got {render_mode!r}"
         )
+    if config.render_images:
+        try:
+            check_renderer()  # before anything renders: a GL backend that cannot work is one line naming MUJOCO_GL
+        except RenderUnavailable as err:
+            raise gym.error.DependencyNotInstalled(f"its images need a GL backend: {err}") from None
     sim = sim_class(task)(max_steps=config.max_steps)
     return ExactStateWrapper(
         MetaWorldObservation(sim, task, config, render_mode), extra_stateless=(MetaWorldObservation,)

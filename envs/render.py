@@ -19,6 +19,7 @@ import mujoco
 import numpy as np
 
 from rollcap.envs.errors import RenderUnavailable
+from rollcap.envs.gl import check_renderer
 from rollcap.envs.scene import SceneSpec
 
 
@@ -94,12 +95,14 @@ class MujocoRenderer:
     """
 
     def __init__(self, model: mujoco.MjModel, size: int, camera: str = "front", shadows: bool = True) -> None:
+        check_renderer()  # a GL backend that cannot work here is named now, before anything renders
         self.model, self.size, self.camera, self.shadows = model, size, camera, shadows
         self._data = mujoco.MjData(model)
         self._renderer: mujoco.Renderer | None = None
 
     def _ensure(self) -> mujoco.Renderer:
         if self._renderer is None:
+            check_renderer()  # on the thread that renders (GLFW off the main thread aborts the process)
             try:
                 self._renderer = mujoco.Renderer(self.model, self.size, self.size)
             except Exception as err:  # backend errors vary: ImportError, AttributeError, mujoco.FatalError

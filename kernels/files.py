@@ -92,6 +92,36 @@ def atomic_write(path, write: Callable[[str], None], mode: int | None = None) ->
     fsync_dir(path.parent)
 
 
+def cannot_create_dir(path) -> str | None:
+    """Why directory ``path`` could not be made here (None: it exists, or it and its missing parents can be created).
+
+    Tries: makes the missing directories and removes them again at once, so it leaves nothing behind; a cheap
+    check to run before minutes of work that end by writing there.
+    """
+    path = Path(path)
+    missing = []
+    for p in (path, *path.parents):
+        if p.is_dir():
+            break
+        if p.exists() or p.is_symlink():
+            return f"{p} is not a directory"
+        missing.append(p)
+    try:
+        for p in reversed(missing):
+            p.mkdir()
+    except OSError as err:
+        return f"{path} cannot be created ({err.strerror or err})"
+    finally:
+        for p in missing:
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+    if not missing and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    return None
+
+
 def remove_stale_temps(directory) -> list[Path]:
     """Delete the temp files a crash inside :func:`atomic_write` left in ``directory``; return them."""
     stale = sorted(Path(directory).glob(f".*{TEMP_SUFFIX}"))

@@ -96,23 +96,21 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests
         tl.store(s_ptr + row, scale)
         tl.store(q_ptr + row * n_cols + cols, tl.div_rn(g, scale).to(q_ptr.dtype.element_ty), mask=m)
 
-    def _gelu_quant_rows_triton(x):
+    def _rows_to_fp8(kernel, x):
+        """Launch a row-wise float8 kernel (one program a row): ``(q, scale)`` as the references return them."""
         x = x.contiguous()
         w = x.shape[-1]
         q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
         block = max(16, triton.next_power_of_2(w))
-        _gelu_quant_rows_kernel[(x.numel() // w,)](x, q, scale, w, BLOCK=block, num_warps=4 if block <= 2048 else 8)
+        kernel[(x.numel() // w,)](x, q, scale, w, BLOCK=block, num_warps=4 if block <= 2048 else 8)
         return q, scale
 
+    def _gelu_quant_rows_triton(x):
+        return _rows_to_fp8(_gelu_quant_rows_kernel, x)
+
     def _quant_rows_triton(x):
-        x = x.contiguous()
-        w = x.shape[-1]
-        q = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-        scale = torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
-        block = max(16, triton.next_power_of_2(w))
-        _quant_rows_kernel[(x.numel() // w,)](x, q, scale, w, BLOCK=block, num_warps=4 if block <= 2048 else 8)
-        return q, scale
+        return _rows_to_fp8(_quant_rows_kernel, x)
 
     @triton.jit
     def _add_ln_kernel(

@@ -111,7 +111,7 @@ class GraphRunner:
         with _intra_op_threads(self.threads if self.device.type == "cpu" else None):
             self.graph.prepare()
         self._caller_lane: CallerLane | None = None
-        self._replay = self.graph.replay
+        self._replay = self._replay_only
         self._events = None
         if self.device.type == "cuda" and self.outputs.staged:
             self._replay = self._replay_and_fetch
@@ -144,6 +144,10 @@ class GraphRunner:
         else:
             self._in_flight = lane.submit(self._replay)
         return self._in_flight
+
+    def _replay_only(self) -> None:
+        """CPU (and CUDA without staging): the replay; ``self.graph.replay`` is looked up at every call."""
+        self.graph.replay()
 
     def _replay_and_fetch(self) -> None:
         """CUDA: the replay, then the outputs to their pinned host twins (both on the lane's stream)."""

@@ -10,7 +10,8 @@ The few names a user needs, in one place::
 
 The parts live in subpackages (``rollcap.rollout``, ``rollcap.envs``,
 ``rollcap.policies``, ...). These names come from ``rollcap.rollout`` on first
-use, so ``import rollcap.envs`` alone does not import torch. Importing
+use (``Parts`` from its ``build``; ``check_capturable`` and ``CaptureHazard``,
+the capture guard for a function of yours, from ``rollcap.kernels``), so ``import rollcap.envs`` alone does not import torch. Importing
 registers the gymnasium ids ``rollcap/ChunkPushBlock-v0`` and
 ``rollcap/NoiseSteerPushBlock-v0`` (see :mod:`rollcap.rollout.gym.envs`): at
 once when gymnasium is already imported, else right after gymnasium's own
@@ -20,9 +21,28 @@ command holds Ctrl-C from its first line; see :mod:`rollcap.rollout.cli`).
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
+
+import _signal  # built in (no file, no time): the ``rollcap`` command holds SIGINT / SIGTERM before any other import
+
+
+def _is_command() -> bool:
+    """This process is the ``rollcap`` command (the console script, or ``python -m rollcap.rollout.cli``)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0.replace("\\", "/").rsplit("/", 1)[-1] in ("rollcap", "rollcap.exe", "rollcap-script.py"):
+        return True
+    orig = getattr(sys, "orig_argv", [])
+    return (
+        argv0 == "-m" and "-m" in orig and orig[orig.index("-m") + 1 : orig.index("-m") + 2] == ["rollcap.rollout.cli"]
+    )
+
+
+if hasattr(_signal, "pthread_sigmask") and _is_command():  # rollcap.rollout.cli.main unblocks them behind its handler
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT, _signal.SIGTERM})
+
+import importlib  # noqa: E402
+import importlib.abc  # noqa: E402
+import importlib.util  # noqa: E402
 
 __all__ = [
     "ChunkCritic",
@@ -31,6 +51,9 @@ __all__ = [
     "EpisodeRecord",
     "EventBus",
     "HostConfig",
+    "Parts",
+    "CaptureHazard",
+    "check_capturable",
     "Interrupted",
     "RecapConfig",
     "RolloutHost",
@@ -44,6 +67,12 @@ __all__ = [
     "run",
 ]
 
+_ELSEWHERE = {
+    "Parts": "rollcap.rollout.build",
+    "CaptureHazard": "rollcap.kernels.errors",
+    "check_capturable": "rollcap.kernels.guard",
+}
+"""Names that come from a module other than ``rollcap.rollout`` (each imported on first use)."""
 
 GYM_IDS = {
     "rollcap/ChunkPushBlock-v0": "rollcap.rollout.gym.envs:make_chunk_env",
@@ -105,9 +134,12 @@ elif not any(isinstance(f, _RegisterAfterGymnasium) for f in sys.meta_path):
 def __getattr__(name: str):
     if name not in __all__:
         raise AttributeError(f"module 'rollcap' has no attribute {name!r}")
-    import rollcap.rollout
+    if name in _ELSEWHERE:
+        value = getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    else:
+        import rollcap.rollout
 
-    value = getattr(rollcap.rollout, {"load": "load_any", "branch": "branch_episode"}.get(name, name))
+        value = getattr(rollcap.rollout, {"load": "load_any", "branch": "branch_episode"}.get(name, name))
     globals()[name] = value
     return value
 

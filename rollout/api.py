@@ -15,16 +15,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollcap.kernels.files import atomic_write, canonical_json, plain_json
-from rollcap.rollout.batch import recorded_batch
+from rollcap.envs import exact_state_of
+from rollcap.kernels.files import atomic_write, cannot_create_dir, canonical_json, plain_json
 from rollcap.rollout.build import Built, build, check_repeatable  # noqa: F401 - check_repeatable: this module's API before
-from rollcap.rollout.errors import ConfigError, RecordingFailed
-from rollcap.rollout.host import RolloutHost
+from rollcap.rollout.errors import ClusterFailure, ConfigError, RecordingFailed
+from rollcap.rollout.lifecycle import fingerprints_of
+from rollcap.rollout.resume import check_same_run
 from rollcap.rollout.offline.branching import branch_recorded
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.actors import ActorPool, identity
@@ -122,6 +124,8 @@ def run(
         Interrupted: Ctrl-C; finished episodes are kept (``.result``).
     """
     spec = Spec.of(episodes, out, env, policy, critic, **options)
+    if spec.run.out is not None and (why := cannot_create_dir(spec.run.out)):
+        raise ConfigError("out", why)  # before minutes of building what would write there
     if spec.run.actors:  # names and paths only, Ray installed, something answers at the address
         check_actor_run(env, policy, critic, spec.run.address)
     poll = poll_stop or (lambda: None)
@@ -182,9 +186,10 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     source = None
     try:
         spare = max(before | set(range(cfg.episodes)), default=-1) + 1
-        source = open_source(spec, built, sink, subs, env_meta, spare, poll_stop)
+        here = dataclasses.replace(spec, run=dataclasses.replace(cfg, out=out))  # Ray's own messages: a file there
+        source = open_source(here, built, sink, subs, env_meta, spare, poll_stop)
         if earlier:
-            _same_run(earlier[0], source.host, env_meta)
+            _same_run(earlier[0], source.host, built.env, env_meta, cfg.graphs, elsewhere=remote)
         if remote:  # Ray actors run the episodes; this process records what they return
             source.start(poll_stop=poll_stop)
             if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
@@ -195,8 +200,9 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         if source is not None:
             source.close()
         sink.close()
-        if not recorder.indices:  # nothing recorded, ever: leave no trace of this call (a bad option is found here)
-            _remove_new(out, before_setup)
+        lost = isinstance(sys.exc_info()[1], ClusterFailure)  # the machines failed: the run keeps Ray's log (ray.log)
+        if not recorder.indices and not lost:  # nothing recorded, ever: leave no trace of this call
+            _remove_new(out, before_setup)  # (a bad option is found here)
         raise
     ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
@@ -273,35 +279,12 @@ def _remove_new(out: Path, before: set | None) -> None:
             p.unlink(missing_ok=True)
 
 
-def _same_run(recorded, host: RolloutHost, env_meta: dict) -> None:
-    """Refuse to resume a run with another config, env or model (naming the first differing field)."""
+def _same_run(recorded, host, env, env_meta: dict, graphs: int, elsewhere: bool = False) -> None:
+    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`); ``env``: one
+    of the run's envs in this process (a host's, a batch's first, the env workers' local copy)."""
+    fps = fingerprints_of(host.policy, host.critic, exact_state_of(env))
     now = plain_json(dataclasses.asdict(host.config))
-    for name in sorted(set(now) | set(recorded.config)):
-        if now.get(name) != recorded.config.get(name):
-            raise ConfigError(
-                name,
-                f"this run was recorded with {recorded.config.get(name)!r}; `resume=True` needs the same (got {now.get(name)!r})",
-            )
-    if (recorded.env_id, plain_json(recorded.env_kwargs)) != (env_meta["env_name"], plain_json(env_meta["env_kwargs"])):
-        field = "env_id" if recorded.env_id != env_meta["env_name"] else "env_kwargs"
-        raise ConfigError(
-            field,
-            f"this run was recorded in {recorded.env_id} {canonical_json(recorded.env_kwargs)}; `resume=True` needs the same env",
-        )
-    was, now = recorded_batch(recorded.fingerprints), host.policy.state_fingerprint().get("batch", 1)
-    if was != now:  # a row's bits depend on the batch (the env workers' layout never changes them)
-        raise ConfigError(
-            "envs", f"this run was recorded at batch {was} (`envs`/`graphs`); `resume=True` needs it, got {now}"
-        )
-    for part in ("policy", "critic"):
-        was = (recorded.fingerprints.get(part) or {}).get("weights_digest")
-        comp = getattr(host, part)
-        now_digest = None if comp is None else comp.state_fingerprint().get("weights_digest")
-        if was != now_digest:
-            raise ConfigError(
-                part,
-                f"this run was recorded with {part} weights {was or 'none'}; `resume=True` needs the same (got {now_digest or 'none'})",
-            )
+    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs, elsewhere)
 
 
 def new_run_dir(root: Path) -> Path:

@@ -28,6 +28,10 @@ class RecordingFailed(RolloutError):
     """Writing an episode failed (a full disk, a lost mount): the run stops; episodes written before are intact."""
 
 
+class ClusterFailure(RolloutError):
+    """The machines failed, not the user: a Ray node or actor was lost and retrying did not get past it (exit 1)."""
+
+
 class NotExactWarning(UserWarning):
     """The env's episodes cannot be replayed byte for byte (not repeatable, or its exact state is missing); the run records anyway.
 

@@ -134,8 +134,11 @@ def check_graph_settings(backend: str | None, precision: str, device: str) -> to
         check_plan_precision(precision, backend)
     except ValueError as err:
         raise ConfigError("precision", str(err)) from None
-    if backend == "compile-cuda" and dev.type != "cuda":
-        raise ConfigError("backend", f"'compile-cuda' captures a CUDA graph; use it with --device cuda, not {device}")
+    if backend in ("cuda", "compile-cuda") and dev.type != "cuda":
+        raise ConfigError(
+            "backend",
+            f"{backend!r} captures a CUDA graph; use it with `device=cuda`, not {device} (on the CPU: jit, eager, aoti or compile)",
+        )
     if backend in ("aoti", "compile"):
         try:
             check_cpu_plan(backend, device)

@@ -79,7 +79,7 @@ class Metrics(Subscriber):
             "success_rate": (sum(e["success"] for e in episodes) / n) if n else float("nan"),
             "stop_reasons": dict(sorted(reasons.items())),
             "dropped": self.dropped,
-            "chunks": len(self.boundary_s),
+            "chunks": sum(e["chunks"] for e in episodes),  # the whole run's, as the episodes; latencies: this session's
             "boundary_ms_median": ms(self.boundary_s, 50),
             "boundary_ms_p99": ms(self.boundary_s, 99),
             "policy_ms_median": ms(self.policy_s, 50),

@@ -3,7 +3,11 @@
 The wheel is built from this checkout (``pip wheel --no-deps``) and installed
 into a new venv that sees this interpreter's site-packages for rollcap's
 dependencies (torch, mujoco, ...), so nothing is downloaded; rollcap itself
-must come from the wheel, which the test checks. Then ``rollcap COMMAND --help``
+must come from the wheel, which the test checks. "This interpreter's" is the
+point: run from a virtualenv (where most users install), the packages are in
+that venv, not in the base Python a new venv's ``system_site_packages`` would
+show, so the new venv is given this interpreter's site directories by a
+``.pth`` file (``.ci/run`` runs this module once more from a venv). Then ``rollcap COMMAND --help``
 for every command, and a 2-episode ``rollcap run`` + ``rollcap replay`` with the
 shipped weights, from a directory outside the checkout.
 """
@@ -44,8 +48,9 @@ def installed(tmp_path_factory):
     )
     (wheel,) = dist.glob("rollcap-*.whl")
     env_dir = tmp / "venv"
-    venv.create(env_dir, system_site_packages=True, with_pip=True)
+    venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
+    _see_these_packages(py)
     subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
         check=True,
@@ -53,6 +58,23 @@ def installed(tmp_path_factory):
         timeout=600,
     )
     return py, env_dir / "bin" / "rollcap", wheel
+
+
+def _site_dirs() -> list[str]:
+    """This interpreter's site directories, in its order: a venv's own first, then what it sees of its base Python."""
+    return [p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir()]
+
+
+def _see_these_packages(py: Path) -> None:
+    """Make the venv of ``py`` see :func:`_site_dirs` after its own site-packages (``.pth`` files in them included)."""
+    own = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    lines = [f"import site; site.addsitedir({d!r})" for d in _site_dirs()]
+    Path(own, "_rollcap_test_parent_site.pth").write_text("\n".join(lines) + "\n")
 
 
 def _run(args, cwd, timeout=300):
@@ -79,6 +101,17 @@ def test_the_wheel_holds_every_package_and_the_weights(installed, tmp_path):
     assert str(ROOT) not in out.stdout and "site-packages" in out.stdout, (
         f"rollcap came from {out.stdout.strip()}, not the installed wheel"
     )
+
+
+def test_the_wheel_venv_sees_this_interpreters_packages(installed, tmp_path):
+    """From a virtualenv too: the wheel's venv imports torch where this interpreter does (not from the base Python)."""
+    import torch
+
+    py, _, _ = installed
+    out = _run([py, "-c", "import sys, torch; print(torch.__file__); print(sys.path)"], cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[0] == torch.__file__
+    assert all(d in out.stdout.splitlines()[1] for d in _site_dirs()), (out.stdout, _site_dirs())
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)

@@ -17,10 +17,11 @@ from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS, Terminated as _Term
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``rollcap`` command. Exit codes: 0 done, 1 a check failed or recording failed, 2 a user mistake,
+    """The ``rollcap`` command. Exit codes: 0 done, 1 a check failed, recording failed or the cluster did, 2 a user mistake,
     130 Ctrl-C (143 SIGTERM), always without a traceback for these."""
     signal.signal(signal.SIGINT, _SIGNALS)
     signal.signal(signal.SIGTERM, _SIGNALS)
+    _unblock()
     warnings.showwarning = _show_warning
     try:
         return _main(argv)
@@ -35,10 +36,17 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def _unblock() -> None:
+    """Unblock SIGINT and SIGTERM, which ``import rollcap`` blocked for the command (its first lines): one sent
+    meanwhile reaches the handler now, which holds it until start-up ends; processes started from here inherit no block."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def _main(argv: list[str] | None) -> int:
     from rollcap.capsule.errors import CapsuleMismatch, CorruptCapsule
     from rollcap.kernels.errors import BadInput, CheckpointMismatch
-    from rollcap.rollout.errors import ConfigError, CorruptEpisode, RecordingFailed
+    from rollcap.rollout.errors import ClusterFailure, ConfigError, CorruptEpisode, RecordingFailed
 
     from rollcap.rollout.cli.commands import UserError, build_parser
 
@@ -53,7 +61,7 @@ def _main(argv: list[str] | None) -> int:
         problem = opts.spell(err.problem) if opts is not None else err.problem
         print(f"rollcap {args.command}: error: {flag + ': ' if flag else ''}{problem}", file=sys.stderr)
         return 2
-    except RecordingFailed as err:
+    except (RecordingFailed, ClusterFailure) as err:  # the disk or the machines, not the user: exit 1
         print(f"rollcap {args.command}: error: {err}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # e.g. `rollcap inspect ... | head`: stop quietly

@@ -6,6 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
+
+from rollcap.kernels.files import cannot_create_dir
+from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.api import Interrupted, run
 from rollcap.rollout.bench.report import format_report, run_bench
 from rollcap.rollout.bench.batch_options import add_batch_arguments, batch_options
@@ -56,8 +59,8 @@ def _parts_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), as_re
 
 def _first_sentence(cls, field: str) -> str:
     doc = field_docs(cls).get(field, "")
-    head = doc.split(" (default")[0].split("; default")[0]
-    return head.rstrip(".") + "."
+    head = doc.split(" (default")[0].split("; default")[0].rstrip(".")
+    return head + ")" * (head.count("(") - head.count(")")) + "."  # a parenthesis the cut left open is closed
 
 
 def _run_options(p: argparse.ArgumentParser):
@@ -72,6 +75,8 @@ def cmd_run(args) -> int:
     opts = args.options
     parts = Parts(**opts.values(args, Parts))
     host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
+    if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
+        raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     spec = Spec(parts, host_cfg, run_cfg)
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over
         result = run(

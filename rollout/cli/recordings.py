@@ -11,10 +11,10 @@ from rollcap.rollout.build import Parts, named_env
 from rollcap.rollout.options import UserError, json_object
 from rollcap.rollout.offline.deployment import recorded_parts
 from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
-from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes
+from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes, readable_episodes
 from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
 from rollcap.rollout.ray.episodes import check_actor_run
-from rollcap.rollout.recording import iter_any, iter_episodes, load_any
+from rollcap.rollout.recording import iter_episodes
 
 ENV_HELP = (
     "allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported "
@@ -219,19 +219,20 @@ def cmd_inspect(args) -> int:
     thresholds = _thresholds(args.early_stop) if args.early_stop is not None else None
     if args.patience < 1:
         raise UserError(f"--patience: expected an integer >= 1, got {args.patience}")
-    for path in args.file:
-        print(episode_table(iter_any(path)))  # streamed: memory is one episode's, whatever the run's size
+    bad: list = []
+    for path in args.file:  # streamed: memory is one episode's, whatever the run's size; a bad episode is a row
+        print(episode_table(iter_episodes(path), unreadable=bad))
     if thresholds is not None:
         try:
-            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in iter_any(path)]
+            eps = [boundaries_of(rec, str(path)) for path in args.file for rec in readable_episodes(path)]
         except ValueError as err:
             raise UserError(f"--early-stop: {err}") from err
         print(table(early_stop_rows(eps, thresholds, args.patience)))
     if args.plot is not None:
         for path in args.file:
-            for png in plot_episodes(load_any(path), args.plot):  # branch fans need the episodes together
+            for png in plot_episodes(list(readable_episodes(path)), args.plot):  # branch fans: the episodes together
                 print(f"wrote {png}")
-    return 0
+    return 1 if bad else 0  # an unreadable episode is a failed check, as in replay
 
 
 def _thresholds(values: list[float]) -> list[float]:

@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from rollcap.kernels.files import atomic_write, canonical_json
+from rollcap.kernels.files import atomic_write, cannot_create_dir, canonical_json
 from rollcap.rollout.batch import recorded_batch, row_views
 from rollcap.rollout.build import make_env, named_env, runners
 from rollcap.rollout.config import HostConfig
@@ -107,9 +107,10 @@ def branch_recorded(
 
 def check_new_dir(out: Path) -> None:
     """Branches are a new run of their own: ``out`` must be absent or an empty directory (there is nothing to resume)."""
-
     if out.exists() and not out.is_dir():
         raise ConfigError("out", f"{out} exists and is not a directory")
+    if why := cannot_create_dir(out):
+        raise ConfigError("out", why)
     if out.is_dir() and any(out.iterdir()):
         raise ConfigError(
             "out",

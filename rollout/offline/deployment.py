@@ -73,6 +73,12 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
         return shipped_checkpoints()[digest], None
     if not kind and not isinstance(digest, str):  # not a model rollcap builds (a Python policy of your own): as before
         return None, None
+    if not isinstance(digest, str):  # a policy of the user's own, with no weights (a scripted controller)
+        return None, (
+            f"a {component} of its own ({kind}, no weights), which no flag rebuilds: replay its actions on the env "
+            f"with --mode env, or replay the {component} from Python (rollcap.rollout.offline.replay)"
+            + (", or pass --critic none" if component == "critic" else "")
+        )
     if kind.startswith("lerobot."):
         return (
             None,

@@ -18,23 +18,41 @@ import numpy as np
 
 from rollcap.kernels.files import atomic_write
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
+from rollcap.rollout.recording import iter_episodes
+from rollcap.rollout.recording.npz import npz_name_index
 
 
 def _fmt(x: float) -> str:
     return "-" if not np.isfinite(x) else f"{x:.3f}"
 
 
-def episode_table(records: Iterable[EpisodeRecord], instruction_width: int = 40) -> str:
+def episode_table(records: Iterable, instruction_width: int = 40, unreadable: list | None = None) -> str:
     """A plain-text table, one row per episode (``records`` is gone through once: pass :func:`iter_any` for a large run).
 
     Columns: index, seed, steps, chunks, human (steps a person acted), stop
     reason, success, mean / min critic value over the chunks, instruction
-    (cut to ``instruction_width`` characters).
+    (cut to ``instruction_width`` characters). ``records`` may also hold
+    :func:`~rollcap.rollout.recording.iter_episodes`' ``(source, record or
+    error)`` pairs: an episode that cannot be read is a row marked ``BAD``,
+    its file and error are listed under the table, and the last line counts them
+    (and each ``(source, error)`` is appended to ``unreadable``, when given).
     """
     header = ("index", "seed", "steps", "chunks", "human", "stop", "success", "v_mean", "v_min", "instruction")
-    rows = []
+    rows, bad = [], []
     n = ok = steps = 0
-    for r in records:
+    for item in records:
+        source, r = item if isinstance(item, tuple) else (None, item)
+        if isinstance(r, Exception):
+            bad.append(f"  BAD {source}: {_error(source, r)}")
+            if unreadable is not None:
+                unreadable.append((source, r))
+            index = npz_name_index(source) if source and source.endswith(".npz") else None
+            if index is None and source and ":demo_" in source:
+                index = source.rsplit(":demo_", 1)[1]
+            rows.append(
+                ("?" if index is None else str(index), "-", "-", "-", "-", "BAD", "-", "-", "-", "(unreadable)")
+            )
+            continue
         n, ok, steps = n + 1, ok + bool(r.success), steps + r.num_steps
         v = r.chunks["critic_value"].astype(np.float64)
         v = v[np.isfinite(v)]
@@ -65,9 +83,23 @@ def episode_table(records: Iterable[EpisodeRecord], instruction_width: int = 40)
 
     out = [line(header), line(["-" * w for w in widths])]
     out += [line(row) for row in rows]
-    if n:
-        out.append(f"{n} episode(s), {ok} successful ({ok / n:.0%}), {steps} steps")
+    out += bad
+    counts = [f"{n} episode(s), {ok} successful ({ok / n:.0%}), {steps} steps"] if n else []
+    counts += [f"{len(bad)} episode(s) unreadable (BAD above)"] if bad else []
+    if counts:
+        out.append("; ".join(counts))
     return "\n".join(out)
+
+
+def readable_episodes(path) -> Iterator[EpisodeRecord]:
+    """The episodes of ``path`` that can be read, one at a time (:func:`episode_table` lists the others)."""
+    return (rec for _, rec in iter_episodes(path) if not isinstance(rec, Exception))
+
+
+def _error(source: str | None, err: Exception) -> str:
+    """The error without the file name it repeats."""
+    text = str(err)
+    return text[len(source) + 2 :] if source and text.startswith(f"{source}: ") else text
 
 
 def _spans(mask: np.ndarray) -> list[tuple[int, int]]:

@@ -22,6 +22,7 @@ import numpy as np
 from rollcap.envs import exact_state_of, physics_row
 from rollcap.rollout.episode import ACTOR_AGENT, EpisodeRecord
 from rollcap.rollout.protocols import observation_at, recorded_obs
+from rollcap.rollout.resume import fingerprint_diff
 from rollcap.rollout.seeding import chunk_noise
 
 MODES = ("policy", "env", "closed")
@@ -136,18 +137,6 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     return f"{episodes} episode(s), {len(modes)} mode(s): {text}" + (
         " -- all exact" if counts["exact"] == len(results) and results else ""
     ), ok
-
-
-def fingerprint_diff(recorded: dict, current: dict, prefix: str = "") -> list[str]:
-    """Names of fields that differ between two fingerprints (nested dicts flattened)."""
-    out = []
-    for k in sorted(set(recorded) | set(current)):
-        a, b = recorded.get(k), current.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += fingerprint_diff(a, b, f"{prefix}{k}.")
-        elif a != b:
-            out.append(f"{prefix}{k}")
-    return out
 
 
 def _cmp(key: str, got: np.ndarray, want: np.ndarray, **where) -> Divergence | None:

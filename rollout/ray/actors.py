@@ -47,6 +47,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
+from rollcap.rollout.ray.connect import log_ray_to, lost_to_cluster, lost_while_starting
 from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-exported: part of this module's API
     _SHIPPED,
     EpisodeSpec,
@@ -112,6 +113,7 @@ class ActorPool(Scheduling):
             :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`, the default),
             and :meth:`run` sends it a list of episodes per call.
         graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
+        ray_log: where Ray's own messages to this driver go (a run's ``ray.log``; None: kept), not the terminal.
 
     Attributes:
         replace_timeout_s: how long a replacement actor may take to be ready
@@ -137,6 +139,7 @@ class ActorPool(Scheduling):
         poll_stop: Callable[[], None] | None = None,
         envs: int = 1,
         graphs: int = 1,
+        ray_log: Path | None = None,
     ):
         if num_actors < 1:
             raise ConfigError("actors", f"expected an integer >= 1, got {num_actors!r}")
@@ -153,6 +156,7 @@ class ActorPool(Scheduling):
         self._setup, self._poll_stop, self._started = setup, poll_stop or (lambda: None), 0
         self._ray = None
         self._owned = False
+        log_ray_to(ray_log)  # Ray's own messages to this driver: a file of the run (None: kept in memory)
         t0 = time.perf_counter()
         try:
             self._poll_stop()
@@ -192,6 +196,7 @@ class ActorPool(Scheduling):
             poll_stop=poll_stop,
             envs=cfg.envs,
             graphs=cfg.graphs,
+            ray_log=None if cfg.out is None else Path(cfg.out) / "ray.log",
         )
 
     # -- start-up --------------------------------------------------------
@@ -228,7 +233,12 @@ class ActorPool(Scheduling):
                 try:
                     slot.info = ray.get(ref)
                 except ray.exceptions.RayError as err:
-                    raise _start_error(err) from err
+                    if not lost_to_cluster(ray, err):
+                        raise _start_error(err) from err
+                    self.slots[self.slots.index(slot)] = replace(slot, handle=None, ready=None)  # the run goes on
+                    self.dropped += 1
+                    lost_while_starting(ray, err, sum(s.live for s in self.slots))
+                    continue
                 slot.ready = None
                 self.nodes.add(slot.info["node"])
                 if expect is not None:

@@ -39,18 +39,27 @@ processes it starts, unless the user chose a value (read when gRPC first
 starts, so it is left set). A failed ``ray.init`` is shut down before the
 error goes on, so the process can use Ray again (without that, the next
 ``ray.init`` failed on an assertion inside Ray).
+
+Ray's own messages to the driver (a raylet that died, with the last 20 lines
+of its log, about 22 lines each time and printed to stdout once per
+subscriber) are not rollcap's to print: :func:`connect` routes them to
+:data:`RAY_LOG` (a file under the run, once a run names it with
+:func:`log_ray_to`); rollcap says what happened in one line of its own
+(:func:`lost_line`, from the actor pool).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 
-from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.errors import ClusterFailure, ConfigError
 
 EXTRA = "pip install 'rollcap[ray]'"
 _LOCAL_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -129,6 +138,7 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
             auth_log.setLevel(auth_level)
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
+        _route_ray_messages()
         if local and ray.util.get_node_ip_address() != "127.0.0.1":
             ip = ray.util.get_node_ip_address()
             ray.shutdown()
@@ -253,3 +263,94 @@ def _have_token() -> bool:
         bool(os.environ.get("RAY_AUTH_TOKEN"))
         or Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token").is_file()
     )
+
+
+class _RayLog:
+    """Where Ray's messages to the driver go: lines kept until a run names its file, then appended there."""
+
+    def __init__(self):
+        self.path: Path | None = None
+        self.pending: list[str] = []
+        self.lock = threading.Lock()
+
+    def write(self, lines: list[str]) -> None:
+        with self.lock:
+            self.pending += [str(line).rstrip("\n") for line in lines]
+            if self.path is not None and self.pending:
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write("\n".join(self.pending) + "\n")
+                self.pending = []
+
+
+RAY_LOG = _RayLog()
+"""Ray's messages to this driver (see the module docstring); :func:`log_ray_to` names the file."""
+
+
+def log_ray_to(path: Path | None) -> None:
+    """Append Ray's messages to this driver to ``path`` from now on (the ones so far included); None: keep them."""
+    RAY_LOG.path = None if path is None else Path(path)
+    if RAY_LOG.path is not None:
+        RAY_LOG.path.touch()  # there from the start, so a line naming it never names a missing file
+    RAY_LOG.write([])
+
+
+def _route_ray_messages() -> None:
+    """Ray's error listener prints through ``ray._private.worker.print_to_stdstream``: send what it prints to RAY_LOG."""
+    import ray._private.worker as worker
+
+    worker.print_to_stdstream = lambda data, ignore_prefix=False: RAY_LOG.write(data.get("lines", []))
+
+
+def _node(ray, node_id: str | None) -> dict:
+    try:
+        return next((n for n in ray.nodes() if n.get("NodeID") == node_id), {}) if node_id else {}
+    except Exception:  # noqa: BLE001 - the GCS may be gone too: the id alone still names it
+        return {}
+
+
+def node_label(ray, node_id: str | None) -> str:
+    """``IP (node 1be2b24f)`` for a Ray node id (dead nodes included), else ``an unknown node``."""
+    if not node_id:
+        return "an unknown node"
+    ip = _node(ray, node_id).get("NodeManagerAddress")
+    return f"{ip + ' ' if ip else ''}(node {node_id[:8]})"
+
+
+_NODE_DIED = re.compile(r"node (has )?died|its node|node was terminated|raylet (died|is terminated)", re.IGNORECASE)
+
+
+def lost_line(ray, node_id: str | None, err: BaseException, retried: str) -> str:
+    """The one line rollcap prints when an actor (or its node) died: which node, why in a few words, what was retried.
+
+    ``node_id``: the actor's node when it had said (a started actor: whether that node is still alive decides
+    "its node died"); else the ``ip:`` Ray's error names, if any, and what the error says.
+    """
+    text = str(err)
+    ip = re.search(r"\bip: (\S+)", text)
+    node = ip.group(1) if not node_id and ip else node_label(ray, node_id)
+    info = _node(ray, node_id)
+    died = info.get("Alive") is False if info else bool(_NODE_DIED.search(text))
+    where = f"; Ray's messages in {RAY_LOG.path}" if RAY_LOG.path is not None else ""
+    return f"rollcap: lost an actor on {node} ({'its node died' if died else 'its actor died'}); {retried}{where}"
+
+
+def lost_to_cluster(ray, err: BaseException) -> bool:
+    """The actor died of the cluster (its process or node lost, or cancelled by it), not of an error in its own start-up."""
+    return isinstance(err, ray.exceptions.RayActorError) and not getattr(err, "actor_init_failed", False)
+
+
+def say_lost(ray, node_id: str | None, err: BaseException, retried: str) -> None:
+    """Print :func:`lost_line` (stderr)."""
+    print(lost_line(ray, node_id, err, retried), file=sys.stderr)
+
+
+def lost_while_starting(ray, err: BaseException, live: int) -> None:
+    """An actor lost to the cluster while it started: one line, the run going on with the ``live`` others.
+
+    Raises:
+        ClusterFailure: none is left (exit 1: the machines failed, not the user).
+    """
+    if not live:
+        line = lost_line(ray, None, err, "no actor is left to run on").removeprefix("rollcap: ")
+        raise ClusterFailure(f"every actor was lost while starting: {line}") from err
+    say_lost(ray, None, err, f"going on with {live} actor(s)")

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
+from rollcap.rollout.ray.connect import say_lost
 from rollcap.rollout.ray.episodes import _one_line
 
 MAX_TRIES = 3
@@ -74,6 +75,10 @@ class Scheduling:
 
         def lost(slot: int, left: dict, err: BaseException) -> None:
             if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
+                if not streaming:  # one line naming the node and what runs again (a batched call's: its halves)
+                    (k,) = left
+                    again = "runs again on a live actor" if tries.get(k, 0) + 1 < max_tries else "failed"
+                    say_lost(ray, self.slots[slot].info.get("node"), err, f"episode {k} {again}")
                 self._replace(slot)
             else:
                 idle.append(slot)

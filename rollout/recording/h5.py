@@ -60,6 +60,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from rollcap.rollout.errors import ConfigError
 from rollcap.kernels.files import atomic_write, canonical_json, plain_json
 from rollcap.rollout.episode import ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.recording.codec import check_record, episode_meta, is_image
@@ -248,6 +249,17 @@ def _update_derived(path, f: h5py.File, record: EpisodeRecord) -> None:
         _append_names(mask, k, names[k])
 
 
+def _refuse_other_env(path: Path, stored: dict, env_meta: dict) -> None:
+    """An append of another env's episodes: naming the option that differs (as a resumed run's check does)."""
+    for key, option in (("env_name", "env_id"), ("env_kwargs", "env_kwargs"), ("type", "env_id")):
+        if stored.get(key) != env_meta.get(key):
+            was, got = (canonical_json(d.get(key)) if key != "env_name" else d.get(key) for d in (stored, env_meta))
+            raise ConfigError(
+                option, f"{path} was recorded with {option} {was}; `resume=True` needs the same, got {got}"
+            )
+    raise ConfigError("env_id", f"{path}: env_meta {canonical_json(env_meta)} differs from the file's env_args")
+
+
 class H5Writer:
     """Appends episodes to one robomimic-layout HDF5 file; each append is atomic.
 
@@ -273,9 +285,7 @@ class H5Writer:
             with _open_committed(self.path, lock_timeout_s) as f:
                 stored, self._indices = _env_args(self.path, f), set(_indices(self.path, f))
             if env_meta is not None and plain_json(env_meta) != stored:
-                raise ValueError(
-                    f"{self.path}: env_meta {canonical_json(env_meta)} differs from the file's env_args {canonical_json(stored)}"
-                )
+                _refuse_other_env(self.path, stored, plain_json(env_meta))
             self.env_meta = stored
         else:
             if env_meta is None:

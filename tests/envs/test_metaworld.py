@@ -249,3 +249,47 @@ def test_cli_expert_run_records_and_replays_exact(tmp_path):
     clean = subprocess.run([*cli, "replay", str(tmp_path / "run"), "--policy", "expert", "--critic", "none", "--mode", "policy"],
                            env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert clean.returncode == 1 and "2 not comparable" in clean.stdout.splitlines()[-1], clean.stdout[-2000:]
+
+
+def _rollcap(*args, **env):
+    """The rollcap command in a subprocess whose environment has no MUJOCO_GL (unless given) and no display."""
+    base = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "DISPLAY", "WAYLAND_DISPLAY")}
+    cmd = [sys.executable, "-m", "rollcap.rollout.cli", *map(str, args)]
+    return subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, timeout=600)
+
+
+_EXPERT_RUN = ["--env", "rollcap/MetaWorld-reach-v3", "--policy", "expert", "--critic", "none", "--episodes", 1,
+               "--env-kwargs", json.dumps({"image_size": 32, "max_steps": 12}), "--no-progress"]  # fmt: skip
+
+
+@pytest.mark.slow(seconds=30)
+def test_images_without_mujoco_gl_choose_a_headless_backend(tmp_path):
+    """No MUJOCO_GL, no display: rollcap picks EGL or OSMesa itself, records images, and replays them exact in env mode."""
+    from rollcap.envs.gl import headless_backend
+
+    if headless_backend() is None:
+        pytest.skip("no EGL or OSMesa libraries here (the refusal is checked by the next test)")
+    rec = _rollcap("run", *_EXPERT_RUN, "--out", tmp_path / "run")
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    from rollcap.rollout.recording import load_any
+
+    image = load_any(tmp_path / "run" / "episodes")[0].obs["image_corner"]
+    assert image.shape[1:] == (32, 32, 3) and image.std() > 0
+    out = _rollcap("replay", tmp_path / "run", "--mode", "env,closed")
+    assert out.returncode == 0 and "2 exact" in out.stdout.splitlines()[-1], out.stdout[-2000:] + out.stderr[-2000:]
+
+
+@pytest.mark.slow(seconds=20)
+def test_a_gl_backend_that_cannot_render_is_one_line_naming_mujoco_gl(tmp_path):
+    """MUJOCO_GL=glfw without a display: run refuses in one line naming MUJOCO_GL (exit 2, nothing created, no abort);
+    replay reports the env mode failed for that reason, never 'no exact state'."""
+    res = _rollcap("run", *_EXPERT_RUN, "--out", tmp_path / "run", MUJOCO_GL="glfw")
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "MUJOCO_GL" in lines[0], res.stderr[-2000:]
+    assert lines[0].startswith("rollcap run: error: --env: ") and not (tmp_path / "run").exists()
+    if _gl() is None:
+        return
+    rec = _rollcap("run", *_EXPERT_RUN, "--out", tmp_path / "ok", MUJOCO_GL=_gl())
+    assert rec.returncode == 0, rec.stderr[-2000:]
+    out = _rollcap("replay", tmp_path / "ok", "--mode", "env", MUJOCO_GL="glfw")
+    assert out.returncode == 1 and "MUJOCO_GL" in out.stdout and "no exact state" not in out.stdout, out.stdout

@@ -155,8 +155,8 @@ _MUJOCO_RENDER = textwrap.dedent(
             raise
         print("UNAVAILABLE", "import mujoco failed under MUJOCO_GL: ", type(err).__name__, err)
         raise SystemExit(0)
-    env = PushBlockEnv(renderer="mujoco")
-    try:
+    try:  # a backend that cannot render here is refused when the env is made, before anything renders
+        env = PushBlockEnv(renderer="mujoco")
         obs, _ = env.reset(seed=4)
     except RenderUnavailable as err:
         print("UNAVAILABLE", err)

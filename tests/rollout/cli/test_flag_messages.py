@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -121,3 +122,26 @@ def test_branching_a_run_the_policy_cannot_read_names_the_policy_and_the_file(ru
     ip = record_inverted_pendulum(tmp_path / "ip", episodes=1)
     line = _line(rollcap("branch", ip, "--out", tmp_path / "b", *ckpt[:4]))
     assert line.startswith("rollcap branch: error: --policy: ") and str(ip) in line and "InvertedPendulum-v5" in line
+
+
+@pytest.mark.parametrize("command", ["run", "branch"])
+def test_an_out_that_cannot_be_created_names_out(run_dir, ckpt, tmp_path, command):
+    """--out under a file, or where no directory can be made (/proc): one line naming --out and why, before building."""
+    (tmp_path / "file").write_text("")
+    outs = [tmp_path / "file" / "x"] + ([Path("/proc/rollcap-x")] if Path("/proc/self").is_dir() else [])
+    for out in outs:
+        args = ["run", "--episodes", 1, *ckpt] if command == "run" else ["branch", run_dir, *ckpt[:4]]
+        line = _line(rollcap(*args, "--out", out))
+        assert line.startswith(f"rollcap {command}: error: --out: ") and str(out.parent) in line, line
+        assert "Errno" not in line and not out.exists()
+
+
+def test_a_cuda_backend_without_a_cuda_device_names_backend_and_device(ckpt, tmp_path):
+    """--backend cuda on the CPU: one line naming --backend and --device, not a critic's buffers."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: --backend cuda is fine")
+    line = _line(rollcap("run", "--backend", "cuda", "--episodes", 1, "--out", tmp_path / "o", *ckpt))
+    assert line.startswith("rollcap run: error: --backend: ") and "--device cuda" in line and "critic" not in line
+    assert not (tmp_path / "o").exists()

@@ -83,3 +83,22 @@ def test_bad_values_are_argparse_errors(argv):
     """A value of the wrong type is refused by the parser (one line through the CLI)."""
     with pytest.raises((argparse.ArgumentError, SystemExit)):
         _parse(*argv)
+
+
+def test_every_flags_help_closes_its_parentheses():
+    """No --help text of any command leaves a parenthesis open (replay's --policy once read '(.json or .safetensors. Default:')."""
+    from rollcap.rollout.cli.commands import build_parser
+
+    parser = build_parser()
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    parsers = [parser, *(p for s in subs for p in s.choices.values())]
+    parsers += [
+        q for p in parsers for s in p._actions if isinstance(s, argparse._SubParsersAction) for q in s.choices.values()
+    ]
+    bad = [
+        (p.prog, a.option_strings, a.help)
+        for p in parsers
+        for a in p._actions
+        if a.help and a.help.count("(") != a.help.count(")")
+    ]
+    assert len(parsers) > 5 and not bad, bad

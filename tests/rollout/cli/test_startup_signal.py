@@ -1,9 +1,12 @@
 """Ctrl-C in the first two seconds of `rollcap run` (imports, checkpoint loading, capture): exit 130, one line, nothing written.
 
-The console script holds SIGINT from its first line (``import rollcap`` imports
-nothing heavy; gymnasium ids register after gymnasium's own import), so a
-Ctrl-C while modules still import takes effect when start-up ends, as README
-says, instead of a KeyboardInterrupt traceback from inside an import.
+The command holds SIGINT from rollcap's first line: ``rollcap/__init__.py``
+blocks SIGINT and SIGTERM before any other import when the process is the
+``rollcap`` command, and ``main`` unblocks them once its handler is in place
+(which holds a signal until start-up ends). So a Ctrl-C while modules still
+import takes effect when start-up ends, as README says, instead of a
+KeyboardInterrupt traceback from inside an import. ``import rollcap`` in
+your own program blocks nothing.
 """
 
 from __future__ import annotations
@@ -19,45 +22,29 @@ import pytest
 SCRIPT = Path(sys.executable).with_name("rollcap")
 """The console script pip wrote beside this interpreter (not a shell shim in front of it)."""
 MOMENTS = (0.0, 0.03, 0.1, 0.2, 0.4, 0.8, 1.2, 2.0)
-"""Seconds after the interpreter's own start-up (measured: ``python -c pass``), i.e. after the entry point's first line can run.
+"""Seconds after rollcap's first line blocked SIGINT (seen in ``/proc/PID/status``): the whole start-up after it.
 
-A signal before that lands in Python's own initialisation (site-packages
-``.pth`` files), where no program can handle it yet."""
-
-
-SITE_INIT = "init_import_site: Failed to import the site module"
-"""CPython's own message when a signal interrupts its site initialisation."""
+Before that line only the interpreter's own initialisation and the console
+script's search for the package run, where no program can handle a signal;
+the test starts its clock at the line, so every moment it tries is rollcap's."""
 
 
-def landed_before_rollcap(stderr: str) -> bool:
-    """The signal interrupted the interpreter before any of rollcap's code ran: CPython's site initialisation, or the
-    console script's ``from rollcap... import main`` still searching for the package (a traceback whose every frame is
-    the script's own line or importlib's frozen code). No program can handle a signal there."""
-    if SITE_INIT in stderr:
-        return True
-    if "KeyboardInterrupt" not in stderr or "Traceback" not in stderr:
-        return False
-    frames = [line.strip() for line in stderr.splitlines() if line.strip().startswith('File "')]
-    if bool(frames) and all(f.startswith(f'File "{SCRIPT}"') or f.startswith('File "<frozen ') for f in frames):
-        return True
-    # Inside the stdlib's own ``import signal`` (it builds its enums for some ms): the module rollcap needs before it can
-    # hold a signal at all. Seen once in 8 clean-clone runs at the 0.0 s moment.
-    stdlib_signal = [
-        f for f in frames if f.startswith('File "') and f.split('"')[1].endswith(("/signal.py", "/enum.py"))
-    ]
-    return bool(stdlib_signal) and "import signal" in stderr and frames[-1] in stdlib_signal
-
-
-@pytest.fixture(scope="module")
-def interpreter_start_s():
-    """The longest of 5 bare interpreter start-ups: with the median, a start-up slower than usual (a busy machine) put
-    the 0.0 s signal inside site initialisation, where no program can handle it (seen in 2 of 14 runs)."""
-    walls = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        walls.append(time.perf_counter() - t0)
-    return max(walls)
+def wait_until_held(proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Return once ``proc``'s main thread blocks SIGINT (``import rollcap``'s first lines did it: ``SigBlk`` in
+    ``/proc/PID/status``); it stays blocked until the command's handler is installed, a second or more later."""
+    status, cmdline = Path(f"/proc/{proc.pid}/status"), Path(f"/proc/{proc.pid}/cmdline")
+    bit = 1 << (signal.SIGINT - 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+            execed = str(SCRIPT).encode() in cmdline.read_bytes()  # not the forked child still blocking all before exec
+        except OSError:  # the process ended
+            break
+        if execed and int(fields["SigBlk"].strip(), 16) & bit:
+            return
+        time.sleep(0.0005)
+    raise AssertionError(f"rollcap never held SIGINT at start-up (exit {proc.poll()})")
 
 
 @pytest.mark.slow
@@ -75,6 +62,13 @@ def test_import_rollcap_imports_nothing_heavy():
     assert out.stdout.strip() == "[]"
 
 
+def test_import_rollcap_in_a_program_blocks_no_signal():
+    """Only the command holds signals at import: a program importing rollcap keeps its signal mask."""
+    code = "import rollcap, _signal; print(sorted(_signal.pthread_sigmask(_signal.SIG_BLOCK, set())))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr
+
+
 @pytest.mark.slow
 def test_gym_ids_register_when_gymnasium_is_imported_after_rollcap():
     code = (
@@ -86,36 +80,22 @@ def test_gym_ids_register_when_gymnasium_is_imported_after_rollcap():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the signal mask from /proc (Linux)")
 @pytest.mark.parametrize("at", MOMENTS)
-def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, at, interpreter_start_s):
+def test_ctrl_c_during_start_up_exits_130_with_one_line(tmp_path, at):
+    """Ctrl-C at each moment of start-up, counted from the line that holds it: exit 130 (or 0), one line, no partial file."""
     assert SCRIPT.exists(), f"the rollcap console script is not installed at {SCRIPT}"
-    for attempt in range(3):
-        out = tmp_path / f"run{attempt}"
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(SCRIPT),
-                "run",
-                "--episodes",
-                "50",
-                "--out",
-                str(out),
-                "--no-progress",
-                "--threads",
-                "1",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        time.sleep(interpreter_start_s + at)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-        if not landed_before_rollcap(stderr):
-            break
-        # This start-up was slower than the measured ones and the signal landed before rollcap's first line (Python's
-        # site initialisation, or the console script still finding the package): that sample says nothing about
-        # rollcap; take another. Seen on a busy box (load 6): a traceback of importlib frames only.
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "run", "--episodes", "50", "--out", str(out), "--no-progress", "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until_held(proc)
+    time.sleep(at)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode in (130, 0), (
         f"at {at}s: exit {proc.returncode} (a negative code is a death by signal)\n{stderr}"
     )

@@ -257,3 +257,15 @@ def test_every_backend_of_the_device_is_taken_back(monkeypatch):
     monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 1)
     parts, said = recorded_parts(dict(UNSET), _rec({"device_kind": "cuda", "backend": "compile-cuda"}), "r")
     assert parts["backend"] == "compile-cuda" and "r: recorded with backend compile-cuda: replaying with it" in said
+
+
+def test_a_policy_of_your_own_without_weights_names_the_env_mode():
+    """A recording made by a scripted Python policy (examples/fetch_reach.py's: a kind, no weights): no --policy PATH can
+    rebuild it, so the message names --mode env instead of asking for a checkpoint."""
+    rec = _rec({"kind": "examples.fetch_reach", "gain": 10.0, "std": 0.05, "numpy": "2"})
+    with pytest.raises(ConfigError) as err:
+        recorded_parts(dict(UNSET), rec, "runs/fetch")
+    assert err.value.field == "policy" and "--mode env" in err.value.problem, err.value
+    assert "None" not in err.value.problem and "pass --policy PATH" not in err.value.problem
+    parts, _ = recorded_parts(dict(UNSET), rec, "runs/fetch", needs_models=False)  # --mode env runs no model
+    assert "policy" not in parts

@@ -103,3 +103,28 @@ def test_plotting_without_matplotlib_is_refused_before_loading(tmp_path, monkeyp
     with pytest.raises(ValueError, match=r"needs matplotlib: pip install 'rollcap\[plot\]'"):
         check_plot_dir(tmp_path / "plots")
     assert not (tmp_path / "plots").exists()
+
+
+def test_inspect_lists_every_episode_and_marks_each_bad_one(run_dir):
+    """`rollcap inspect` on a run with one altered and one truncated npz: every episode is a row, both bad ones are
+    marked and named with their error, the counts say so, exit 1 (as replay); the readable ones still tabulated."""
+    import subprocess
+    import sys
+    import zipfile
+
+    altered = run_dir / "episodes" / "episode_00001.npz"
+    with zipfile.ZipFile(altered) as z:
+        arrays = {n: np.load(z.open(n), allow_pickle=False) for n in z.namelist()}
+    key = next(n for n, a in arrays.items() if a.dtype == np.float32 and a.size)
+    arrays[key] = arrays[key] + 1
+    np.savez(altered, **{n[: -len(".npy")]: a for n, a in arrays.items()})
+    cut = run_dir / "episodes" / "episode_00002.npz"
+    cut.write_bytes(cut.read_bytes()[:500])
+    res = subprocess.run(
+        [sys.executable, "-m", "rollcap.rollout.cli", "inspect", str(run_dir)], capture_output=True, text=True
+    )
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    rows = [ln.split() for ln in res.stdout.splitlines()[2:5]]
+    assert [r[0] for r in rows] == ["0", "1", "2"] and [r[5] for r in rows[1:]] == ["BAD", "BAD"], res.stdout
+    assert f"BAD {altered}: content digest mismatch" in res.stdout and f"BAD {cut}: " in res.stdout
+    assert res.stdout.splitlines()[-1].startswith("1 episode(s), ") and "2 episode(s) unreadable" in res.stdout

@@ -464,11 +464,12 @@ def test_with_no_live_actor_left_the_rest_fails_with_one_line(ray_local, parts, 
     err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("rollcap:")]
     assert [e.index for e in result.ends] == [0] and episode_digest(result.ends[0].record) == local[1][0]
     assert result.summary["failed"] == {str(i): "no live actor left (1 dropped)" for i in (1, 2, 3)}
-    assert result.summary["actors_dropped"] == 1 and len(err) == 2
-    assert err[0].startswith("rollcap: a replacement actor could not start (") and err[0].endswith(
+    assert result.summary["actors_dropped"] == 1 and len(err) == 3, err
+    assert err[0].startswith("rollcap: lost an actor on ") and "(its actor died); episode 1 runs again" in err[0]
+    assert err[1].startswith("rollcap: a replacement actor could not start (") and err[1].endswith(
         "going on with 0 actor(s)"
     )
-    assert err[1] == "rollcap: no live actor left (1 dropped): 3 item(s) not run"
+    assert err[2] == "rollcap: no live actor left (1 dropped): 3 item(s) not run"
 
 
 def test_an_address_nothing_answers_at_is_refused_before_anything_is_built(parts, monkeypatch, tmp_path):
