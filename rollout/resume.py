@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollcap.rollout.spec import byte_fields
 from rollcap.rollout.protocols import Observation
 
 
@@ -122,31 +123,11 @@ def resume_of(record) -> Resume | None:
     )
 
 
-SAME_ON_RESUME = (
-    # (setting, option): a resumed run needs each setting as its earlier episodes were recorded with; ``option``
-    # is the field that sets it (RunConfig / Parts / HostConfig; the CLI shows its flag). The settings are those
-    # in an episode's fingerprints or config, which is what its bytes depend on.
-    ("env", "env_id"),
-    ("env_kwargs", "env_kwargs"),
-    ("device", "device"),
-    ("backend", "backend"),
-    ("precision", "precision"),
-    ("sampler", "sampler"),
-    ("policy", "policy"),
-    ("critic", "critic"),
-    ("batch", "envs"),
-    ("seed", "seed"),
-    ("chunking", "chunking"),
-    ("execute_steps", "execute_steps"),
-    ("inference_delay", "inference_delay"),
-    ("rtc_mask", "rtc_mask"),
-    ("control_period_s", "control_period_s"),
-    ("critic_threshold", "critic_threshold"),
-    ("critic_patience", "critic_patience"),
-    ("max_chunks", "max_chunks"),
-    ("max_seconds", "max_seconds"),
-)
-"""What ``resume=True`` compares, in order (the first difference is named). Anything else in the fingerprints (a
+RECORDED_AS = {"env_id": "env", "envs": "batch"}
+"""A setting's name in what an episode records, where it is not the option's (the batch is ``envs`` / ``graphs``)."""
+SAME_ON_RESUME = tuple((RECORDED_AS.get(name, name), name) for name, _ in byte_fields() if name != "graphs")
+"""What ``resume=True`` compares, in order (the first difference is named): ``(setting, option)`` for every spec field an
+episode's bytes depend on (:func:`rollcap.rollout.spec.byte_fields`, one list; ``graphs`` counts through the batch). Anything else in the fingerprints (a
 torch version, a CPU capability) is refused as well, naming ``resume`` and the fingerprint field. Not here, because
 the bytes do not depend on them: ``graphs`` at one batch, ``actors``, ``writers``, ``env_workers``, ``threads``."""
 
