@@ -22,9 +22,7 @@ from rollcap.rollout.seeding import episode_seed  # noqa: E402
 def test_mt10_smallest_setting_writes_a_loadable_policy_that_acts_on_metaworld(tmp_path, capsys):
     """One demo per task, 40 steps: a checkpoint that loads and gives a (horizon, 4) chunk on a state-only observation."""
     out = tmp_path / "mt10_policy"
-    main(
-        ["--demos-per-task", "1", "--steps", "40", "--tasks", "reach-v3", "button-press-topdown-v3", "--out", str(out)]
-    )
+    main(["--demos-per-task", "1", "--steps", "40", "--tasks", "reach-v3,button-press-topdown-v3", "--out", str(out)])
     report = json.loads((tmp_path / "mt10_training_report.json").read_text())
     assert report["steps"] == 40 and report["samples"] == sum(v["steps"] for v in report["demos"].values()) > 0
     assert set(report["demos"]) == {"reach-v3", "button-press-topdown-v3"}

@@ -162,7 +162,9 @@ def test_h5_writer_refuses_clobber_and_duplicates(tmp_path):
     path, _ = write_all("h5", episodes()[:2], tmp_path)
     with pytest.raises(FileExistsError, match="resume=True"):
         H5Writer(path, ENV_META)
-    with pytest.raises(ValueError, match="differs"):
+    with pytest.raises(
+        ValueError, match="recorded with env_id PushBlock-v0; `resume=True` needs the same, got Other-v0"
+    ):
         H5Writer(path, {**ENV_META, "env_name": "Other-v0"}, resume=True)
     before = path.read_bytes()
     w = H5Writer(path, resume=True)
