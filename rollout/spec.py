@@ -104,8 +104,10 @@ class Parts:
             )
         if not isinstance(self.threads, int) or self.threads < 1:
             raise ConfigError("threads", f"expected an integer >= 1, got {self.threads!r}")
-        check_graph_settings(self.backend, self.precision, self.device)
-        if self.precision != "fp32" and (named := named_policy(self.policy)) is not None and named[0] == "lerobot":
+        lerobot = (named := named_policy(self.policy)) is not None and named[0] == "lerobot"
+        # a LeRobot policy's backends are its own ('eager' or the device's capture): build names them (named.py)
+        check_graph_settings(None if lerobot else self.backend, self.precision, self.device)
+        if self.precision != "fp32" and lerobot:
             raise ConfigError(
                 "precision",
                 f"{self.precision}: a LeRobot policy runs at its own dtype (fp32 here); the setting applies to rollcap's graphs",
