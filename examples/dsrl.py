@@ -11,6 +11,10 @@ bootstraps through the noise) or sac (noise-space SAC). Training runs --num-envs
 The frozen and zero-noise outcomes do not depend on the agent: --baseline caches them (computed and written when
 the file is missing). Writes result.json (config, learning curve, budget, held-out table, the critic against
 Monte-Carlo returns, the noise it picks), agent.safetensors and curve.png (with matplotlib) to --out.
+
+--snapshot-minutes M also scores, on the same held-out episodes, the agent a run of M minutes would have ended with
+(agent-snapshot.safetensors: a 15-minute and a 60-minute result from one run). When keep-best kept an earlier agent
+than the last, the last one is scored too (agent-last.safetensors), so what keeping it was worth is measured.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from rollcap.rollout.learn.dsrl_heldin import kept_line, streams
 from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
 from rollcap.rollout.learn.noise_agent import AgentConfig
 
-OUTPUTS = ("result.json", "agent.safetensors", "curve.png")
+OUTPUTS = ("result.json", "agent.safetensors", "curve.png", "agent-snapshot.safetensors", "agent-last.safetensors")
 
 
 @dataclass
@@ -125,6 +129,8 @@ def plot(info: dict, result: dict, path: Path, title: str) -> bool:
         x = [p["transitions"] for p in points]
         for key, style, label in (("success", "o-", "held-in: the agent"), ("zero_noise", ":", "held-in: zero noise"), ("own_noise", "--", "held-in: own noise")):  # fmt: skip
             ax.plot(x, [p[key] / p["episodes"] for p in points], style, color="C0" if key == "success" else "C1", label=f"{label} ({points[0]['episodes']})")  # fmt: skip
+        if info.get("snapshot") is not None:
+            ax.axvline(info["snapshot"]["budget"]["transitions"], color="0.4", lw=0.8, ls="-.", label=f"snapshot (minute {info['snapshot']['minutes']:g})")  # fmt: skip
         if info["kept"] is not None:
             k = info["kept"]
             ax.plot([k["transitions"]], [k["success"] / k["episodes"]], "*", ms=14, color="C3", label="kept")
@@ -158,6 +164,17 @@ def main(args: Args, cfg: TrainConfig) -> None:
     # the training is kept before anything is evaluated: an evaluation that fails leaves the agent and its curves
     args.out.mkdir(parents=True, exist_ok=True)
     write(args.out / "agent.safetensors", save({k: v.contiguous() for k, v in agent.state_dict().items()}))
+    others = {}  # the other agents scored on held-out: the snapshot's and the last one
+    snap, last = info.get("snapshot"), info.get("last")
+    if snap is not None:
+        others["snapshot"] = (
+            {"minutes": snap["minutes"], "kept": snap["kept"], "budget": snap["budget"]},
+            snap["state"],
+        )
+    if last is not None:
+        others["last"] = ({"point": last["point"]}, last["state"])
+    for name, (_, state) in others.items():
+        write(args.out / f"agent-{name}.safetensors", save({k: v.contiguous() for k, v in state.items()}))
     report = {
         "config": cfg.to_json(),
         "task": vars(TASKS[cfg.task]),
@@ -168,6 +185,7 @@ def main(args: Args, cfg: TrainConfig) -> None:
         "held_in": info["held_in"],
         "kept": info["kept"],
         "eval": None,
+        **{name: {**meta, "eval": None} for name, (meta, _) in others.items()},
     }  # fmt: skip
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
     if path.exists():
@@ -178,9 +196,22 @@ def main(args: Args, cfg: TrainConfig) -> None:
         write(path, json.dumps(base).encode())
     report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma)
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
+    kept_state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
+    for name, (_, state) in others.items():
+        agent.load_state_dict(state)
+        report[name]["eval"] = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma)
+        write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
+    agent.load_state_dict(kept_state)
     title = f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}"
     plot(info, result, args.out / "curve.png", title)
     print("\n".join(summary_lines(result)))
+    for name, label in (
+        ("snapshot", f"the {cfg.snapshot_minutes:g}-minute snapshot"),
+        ("last", "the last agent (not kept)"),
+    ):
+        if name in others:
+            print(f"{label}:")
+            print("\n".join("  " + text for text in summary_lines(report[name]["eval"])))
     print(f"-> {args.out / 'result.json'}")
     if info["kept"] is not None:
         print(kept_line(info["kept"]))

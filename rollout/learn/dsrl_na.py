@@ -101,6 +101,9 @@ class TrainConfig:
     """Sub-envs of the held-in vector env (its own policy graph at this batch)."""
     keep_best: bool = True
     """End with the best agent by held-in success (a copy of its weights), not the last one."""
+    snapshot_minutes: float = 0.0
+    """Also end a shorter run inside this one: at this minute a held-in checkpoint, then the agent a run of that
+    many minutes would have ended with (the best so far with keep_best), scored on held-out too; 0: none."""
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
@@ -138,6 +141,11 @@ class TrainConfig:
             raise ValueError(f"keep_best: expected True or False, got {self.keep_best!r}")
         if not (isinstance(self.minutes, (int, float)) and 0 < self.minutes < math.inf):
             raise ValueError(f"minutes: expected a finite number > 0, got {self.minutes!r}")
+        snap = self.snapshot_minutes
+        if not (isinstance(snap, (int, float)) and not isinstance(snap, bool) and 0 <= snap < self.minutes):
+            raise ValueError(
+                f"snapshot_minutes: expected 0 (none) or a number below minutes ({self.minutes}), got {snap!r}"
+            )
         for name in ("success_reward", "env_reward_scale", "chunk_penalty", "log_every_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
@@ -205,6 +213,27 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
     transitions = updates = 0
     timing = {"env": 0.0, "update": 0.0, "held_in": 0.0}
     keep, points = KeepBest(), []
+    snap: dict | None = None
+
+    def budget_now() -> dict:
+        return {"seconds": round(time.perf_counter() - t0, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
+                "critic_updates": updates * cfg.critic_steps, "distill_updates": updates * (cfg.distill_steps if cfg.agent.algorithm == "na" else 0),
+                "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1),
+                "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points)}  # fmt: skip
+
+    def take_snapshot() -> dict:
+        """What a run of ``cfg.snapshot_minutes`` would have ended with: a last held-in checkpoint, then the kept agent."""
+        if heldin is not None and points[-1]["transitions"] != transitions:
+            checkpoint()
+        if heldin is not None and cfg.keep_best:
+            state, kept = {k: v.clone() for k, v in keep.state.items()}, keep.point
+        else:
+            state, kept = (
+                {k: v.detach().clone() for k, v in agent.state_dict().items()},
+                (points[-1] if points else None),
+            )
+        progress(f"snapshot at minute {cfg.snapshot_minutes:g}: " + (kept_line(kept) if kept else "no held-in stream"))
+        return {"minutes": cfg.snapshot_minutes, "kept": kept, "budget": budget_now(), "state": state}
 
     def checkpoint():
         t1 = time.perf_counter()
@@ -269,6 +298,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         if heldin is not None and transitions >= next_check:
             next_check += cfg.heldin_every
             checkpoint()
+        if cfg.snapshot_minutes and snap is None and time.perf_counter() - t0 >= 60 * cfg.snapshot_minutes:
+            snap = take_snapshot()
         now = time.perf_counter()
         if now - last_log >= cfg.log_every_s:
             last_log = now
@@ -279,17 +310,17 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
             progress(" ".join(f"{k}={v}" for k, v in point.items()))
     if heldin is not None and points[-1]["transitions"] != transitions:
         checkpoint()
+    last_state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
     if heldin is not None and cfg.keep_best:
         keep.restore(agent)
     kept = keep.point if cfg.keep_best else (points[-1] if points else None)
     if kept is not None:
         progress(kept_line(kept))
-    seconds = time.perf_counter() - t0
-    budget = {"seconds": round(seconds, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
-              "critic_updates": updates * cfg.critic_steps, "distill_updates": updates * (cfg.distill_steps if cfg.agent.algorithm == "na" else 0),
-              "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1),
-              "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points)}  # fmt: skip
-    return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept}
+    budget = budget_now()
+    last = None
+    if kept is not None and kept is not points[-1]:  # keep-best restored an earlier agent: the last one, for comparison
+        last = {"point": points[-1], "state": last_state}
+    return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
 
 
 # ---------------------------------------------------------------- evaluation
