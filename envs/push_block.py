@@ -79,6 +79,10 @@ class PushBlockConfig:
     """The block counts as on the target when its centre is this close (metres)."""
     scene: SceneSpec = field(default_factory=SceneSpec)
     """Geometry and colours."""
+    block_velocity: bool = False
+    """Also put ``block_velocity`` in the observation: per block (red, green, blue) its x, y velocity (m/s) and yaw
+    rate (rad/s / 10), float32 ``(9,)`` clipped to [-1, 1]. ``state`` has the blocks' poses but not how they move, so
+    at a chunk boundary mid-push it is not Markov; a critic or a noise agent can ask for this. No policy reads it."""
 
     def __post_init__(self) -> None:
         if (
@@ -101,6 +105,8 @@ class PushBlockConfig:
             raise ValueError(f"frame_skip must be an int >= 1, got {self.frame_skip!r}")
         if not self.max_speed > 0 or not self.success_radius > 0:
             raise ValueError("max_speed and success_radius must be > 0")
+        if not isinstance(self.block_velocity, bool):
+            raise ValueError(f"block_velocity must be True or False, got {self.block_velocity!r}")
 
     @classmethod
     def with_overrides(cls, base: PushBlockConfig | None = None, **overrides: Any) -> PushBlockConfig:
@@ -159,6 +165,8 @@ class PushBlockEnv(gym.Env):
 
         self.action_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
         obs = {"state": spaces.Box(-1.0, 1.0, shape=(STATE_DIM,), dtype=np.float32)}
+        if cfg.block_velocity:
+            obs["block_velocity"] = spaces.Box(-1.0, 1.0, shape=(3 * len(BLOCKS),), dtype=np.float32)
         if cfg.render_images:
             for cam in cfg.cameras:
                 s = cfg.image_size
@@ -340,6 +348,10 @@ class PushBlockEnv(gym.Env):
         tgt[:, 0:2] = self._targets - q[0:2]
         tgt[:, 2:4] = self._targets
         obs: dict[str, Any] = {"state": state}
+        if self.config.block_velocity:
+            bv = np.array(v[2:], dtype=np.float64).reshape(len(BLOCKS), 3)
+            bv[:, 2] *= 0.1
+            obs["block_velocity"] = np.clip(bv, -1.0, 1.0).astype(np.float32).reshape(-1)
         if self.config.render_images:
             for cam, r in self._image_renderers.items():
                 obs[f"image_{cam}"] = r.render(q)

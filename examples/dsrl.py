@@ -194,12 +194,12 @@ def main(args: Args, cfg: TrainConfig) -> None:
         base = baseline(cfg.task, args.eval_episodes, eval_seed=eval_seed)
         path.parent.mkdir(parents=True, exist_ok=True)
         write(path, json.dumps(base).encode())
-    report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma)
+    report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
     kept_state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
     for name, (_, state) in others.items():
         agent.load_state_dict(state)
-        report[name]["eval"] = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma)
+        report[name]["eval"] = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
         write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
     agent.load_state_dict(kept_state)
     title = f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}"

@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode
 from safetensors.torch import load_file
 
 from rollcap.rollout.gym.vector import make_noise_steering_vector_env
-from rollcap.rollout.learn.dsrl_na import TASKS, _task_code, features
+from rollcap.rollout.learn.dsrl_na import TASKS, VIEWS, _task_code, features, viewed
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
 
 
@@ -51,12 +51,20 @@ def main(argv=None) -> int:
     ap.add_argument("--branches", type=int, default=8, help="K: chunks tried at each state (the first is zero noise)")
     ap.add_argument("--prefix", type=int, default=2, help="zero-noise chunks before the branch")
     ap.add_argument("--seed", type=int, default=7_777_000, help="first run seed of the development stream")
-    ap.add_argument("--run", type=Path, help="a run directory of examples/dsrl.py: rank with its critics")
+    ap.add_argument(
+        "--run", type=Path, help="a run directory of examples/dsrl.py: rank with its critics (and its view)"
+    )
+    ap.add_argument("--view", choices=VIEWS, help="what the agent sees (default: the run's, else state)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.states < 1 or args.branches < 2 or args.prefix < 0:
         ap.error("--states >= 1, --branches >= 2, --prefix >= 0")
-    task = TASKS[args.task]
+    view = args.view
+    if view is None:
+        view = (
+            json.loads((args.run / "result.json").read_text())["config"].get("view", "state") if args.run else "state"
+        )
+    task = viewed(TASKS[args.task], view)
     code = _task_code(task)
     k, e = args.branches, task.execute_steps
     venv = make_noise_steering_vector_env(k, config={"execute_steps": e}, parts=task.parts(1), autoreset_mode=AutoresetMode.SAME_STEP)  # fmt: skip
@@ -76,7 +84,7 @@ def main(argv=None) -> int:
                     break
             if not alive:
                 continue  # ended before the branch: nothing to rank
-            f = features(obs, code)
+            f = features(obs, code, task.extra)
             assert (f == f[0]).all(), "the sub-envs should be at one state"
             block, pusher = speeds(venv, 0) if args.task == "pushblock" else (None, None)
             w = np.concatenate(
@@ -123,7 +131,7 @@ def main(argv=None) -> int:
     differ = [r for r in rows if len(set(r["success"])) > 1]
     spd = np.array([r["block_speed"] for r in rows if r["block_speed"] is not None])
     summary = {
-        "states": len(rows), "branches": k, "prefix": args.prefix, "dev_run_seeds": [args.seed, args.seed + args.states - 1],
+        "states": len(rows), "branches": k, "view": view, "prefix": args.prefix, "dev_run_seeds": [args.seed, args.seed + args.states - 1],
         "states_whose_outcome_turns_on_the_chunk": len(differ),
         "mean_success": float(np.mean([np.mean(r["success"]) for r in rows])) if rows else None,
         "zero_noise_success": float(np.mean([r["success"][0] for r in rows])) if rows else None,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -53,6 +53,8 @@ class Task:
     env_kwargs: dict | None
     execute_steps: int
     eval_seed: int
+    extra: tuple[str, ...] = ()
+    """Observation keys the agent sees beside ``state`` (its :data:`VIEWS`)."""
 
     def parts(self, threads: int = 1) -> Parts:
         return Parts(env_id=self.env_id, env_kwargs=self.env_kwargs, critic="none", threads=threads)
@@ -64,6 +66,21 @@ TASKS = {
         "peg-insert-side", "rollcap/MetaWorld-peg-insert-side-v3", {"render_images": False}, 4, 31337
     ),
 }
+
+
+VIEWS = ("state", "state+velocity")
+"""The agent's view: the env's ``state`` (and the task code), or PushBlock's state with each block's velocity (env
+option ``block_velocity``): PushBlock's state has the blocks' poses, not how they move (MetaWorld's 39 numbers
+already hold the previous frame)."""
+
+
+def viewed(task: Task, view: str) -> Task:
+    """``task`` with the env options and observation keys of ``view``."""
+    if view == "state":
+        return task
+    if view != "state+velocity" or task.name != "pushblock":
+        raise ValueError(f"view: expected one of {VIEWS} ({VIEWS[1]!r} on pushblock only), got {view!r} on {task.name}")
+    return replace(task, env_kwargs={**(task.env_kwargs or {}), "block_velocity": True}, extra=("block_velocity",))
 
 
 @dataclass(frozen=True)
@@ -101,6 +118,8 @@ class TrainConfig:
     """Sub-envs of the held-in vector env (its own policy graph at this batch)."""
     keep_best: bool = True
     """End with the best agent by held-in success (a copy of its weights), not the last one."""
+    view: str = "state"
+    """What the agent sees: ``state`` or ``state+velocity`` (pushblock: also each block's velocity; see VIEWS)."""
     snapshot_minutes: float = 0.0
     """Also end a shorter run inside this one: at this minute a held-in checkpoint, then the agent a run of that
     many minutes would have ended with (the best so far with keep_best), scored on held-out too; 0: none."""
@@ -109,6 +128,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"task: expected one of {sorted(TASKS)}, got {self.task!r}")
+        viewed(TASKS[self.task], self.view)
         for name in ("num_envs", "critic_steps", "threads", "buffer", "max_transitions"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -157,12 +177,18 @@ class TrainConfig:
         return asdict(self)
 
 
-def features(obs: dict, code) -> np.ndarray:
-    """The agent's view of a batch of vector-env observations: ``state`` and the task code, float32 ``[B, D]``."""
-    state = np.asarray(obs["state"], np.float32)
-    if code is None:
-        return state
-    return np.concatenate([state, np.stack([code.encode(t) for t in obs["instruction_tokens"]])], 1).astype(np.float32)
+def features(obs: dict, code, extra: tuple[str, ...] = ()) -> np.ndarray:
+    """The agent's view of a batch of vector-env observations: ``state``, the ``extra`` keys and the task code,
+    float32 ``[B, D]``."""
+    parts = [np.asarray(obs["state"], np.float32), *(np.asarray(obs[k], np.float32) for k in extra)]
+    if code is not None:
+        parts.append(np.stack([code.encode(t) for t in obs["instruction_tokens"]]))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, 1).astype(np.float32)
+
+
+def obs_keys(task: Task) -> tuple[str, ...]:
+    """The observation keys :func:`features` reads for ``task``."""
+    return ("state", *task.extra, "instruction_tokens")
 
 
 def _task_code(task: Task):
@@ -178,7 +204,7 @@ def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
 
     from rollcap.rollout.gym.vector import make_noise_steering_vector_env
 
-    task = TASKS[cfg.task]
+    task = viewed(TASKS[cfg.task], cfg.view)
     code = _task_code(task)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)  # the updates' budget, given back on return
@@ -190,7 +216,7 @@ def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
                              parts=task.parts(cfg.threads), autoreset_mode=AutoresetMode.SAME_STEP))  # fmt: skip
         heldin = None
         if cfg.heldin_every:
-            heldin = HeldIn(venvs[1], heldin_seeds(cfg.seed, cfg.heldin_episodes), lambda o: features(o, code), cfg.agent.gamma)  # fmt: skip
+            heldin = HeldIn(venvs[1], heldin_seeds(cfg.seed, cfg.heldin_episodes), lambda o: features(o, code, task.extra), cfg.agent.gamma)  # fmt: skip
         return _train(cfg, task, venvs[0], code, progress, heldin)
     finally:
         for v in venvs:
@@ -202,11 +228,13 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
     n, (h, a) = cfg.num_envs, venv.chunk_shape
     e = task.execute_steps
     obs, _ = venv.reset(seed=[TRAIN_SEED_BASE + 100 * cfg.seed + i for i in range(n)])
-    feat = features(obs, code)
+    feat = features(obs, code, task.extra)
     agent = NoiseAgent(feat.shape[1], h * a, e * a, cfg.agent, seed=cfg.seed)
     buf = Replay(cfg.buffer, feat.shape[1], h * a, e * a)
     rng = np.random.default_rng([cfg.seed, 0xD5])
     pending = [-1] * n
+    nstep = cfg.agent.n_step
+    windows: list[list] = [[] for _ in range(n)]  # n-step: each sub-env's transitions whose n chunks are not all in
     outcomes: list[bool] = []
     curve, stats = [], {}
     t0 = last_log = time.perf_counter()
@@ -259,14 +287,12 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         final = info.get("final_obs")
         nxt = (
             features(
-                {
-                    k: np.stack([final[i][k] if done[i] else obs[k][i] for i in range(n)])
-                    for k in ("state", "instruction_tokens")
-                },
+                {k: np.stack([final[i][k] if done[i] else obs[k][i] for i in range(n)]) for k in obs_keys(task)},
                 code,
+                task.extra,
             )
             if done.any()
-            else features(obs, code)
+            else features(obs, code, task.extra)
         )
         for i in range(n):
             src = info["final_info"] if done[i] else info
@@ -274,6 +300,12 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
             chunk = np.asarray(inf["policy_chunk"], np.float32)[:e].reshape(-1)
             success = bool(done[i] and inf.get("is_success", False))
             r = cfg.success_reward * success + cfg.env_reward_scale * float(reward[i]) - cfg.chunk_penalty
+            if done[i]:
+                outcomes.append(success)
+            if nstep > 1:
+                windows[i].append((feat[i], noise[i], chunk, r))
+                n_step_rows(buf, windows[i], nstep, cfg.agent.gamma, bool(done[i]), nxt[i])
+                continue
             if pending[i] >= 0:
                 buf.complete(pending[i], chunk)
             ready = 1.0 if (done[i] or cfg.agent.algorithm == "sac") else 0.0
@@ -281,9 +313,7 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
                 obs=feat[i], noise=noise[i], action=chunk, reward=r, done=float(done[i]), next_obs=nxt[i], ready=ready
             )
             pending[i] = -1 if done[i] else slot
-            if done[i]:
-                outcomes.append(success)
-        feat = features(obs, code)
+        feat = features(obs, code, task.extra)
         transitions += n
         if transitions >= cfg.init_steps:
             t1 = time.perf_counter()
@@ -323,6 +353,28 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
     return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
 
 
+def n_step_rows(buf: Replay, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:
+    """Move the transitions of one sub-env's window ``win`` (its latest ``(obs, noise, chunk, reward)`` last) whose
+    n-step targets are now known into ``buf``: the oldest once ``nstep`` chunks follow it (its next state and chunk
+    are the last row's), all of them when the episode ended (``done``: no bootstrap; ``final_obs`` stands in)."""
+
+    def put(rows, next_obs, next_action, ended):
+        ret = 0.0
+        for *_, r in reversed(rows):
+            ret = r + gamma * ret
+        o, w, a, _ = rows[0]
+        buf.add(obs=o, noise=w, action=a, reward=ret, done=float(ended), next_obs=next_obs, next_action=next_action,
+                ready=1.0, discount=gamma ** len(rows))  # fmt: skip
+
+    if len(win) == nstep + 1:
+        put(win[:nstep], win[nstep][0], win[nstep][2], False)
+        win.pop(0)
+    if done:
+        while win:
+            put(win, final_obs, np.zeros_like(win[0][2]), True)
+            win.pop(0)
+
+
 # ---------------------------------------------------------------- evaluation
 def _single_env(task: Task):
     from rollcap.rollout.build import make_env, make_runners
@@ -354,6 +406,7 @@ def baseline(task_name: str, episodes: int, progress=print, eval_seed: int | Non
 
 def _steered(core, task: Task, act, episodes: int, probe=None) -> tuple[list[bool], list[dict]]:
     code = _task_code(task)
+    keys = obs_keys(task)
     out, chunks = [], []
     obs, info = core.reset(seed=task.eval_seed)
     for i in range(episodes):
@@ -361,7 +414,7 @@ def _steered(core, task: Task, act, episodes: int, probe=None) -> tuple[list[boo
             obs, info = core.reset()
         rows, done = [], False
         while not done:
-            f = features({k: np.asarray(obs[k])[None] for k in ("state", "instruction_tokens")}, code)
+            f = features({k: np.asarray(obs[k])[None] for k in keys}, code, task.extra)
             w = act(f)
             obs, _, term, trunc, info = core.step(w.reshape(core.chunk_shape))
             done = term or trunc
@@ -386,9 +439,10 @@ def held_out(task_name: str, eval_seed: int | None) -> Task:
     return replace(task, eval_seed=int(eval_seed))
 
 
-def evaluate(agent: NoiseAgent, task_name: str, episodes: int, base: dict, gamma: float) -> dict:
-    """The agent's deterministic noise on ``base``'s held-out seeds, paired against it (:func:`baseline`)."""
-    task = held_out(task_name, base["eval_seed"])
+def evaluate(agent: NoiseAgent, task_name: str, episodes: int, base: dict, gamma: float, view: str = "state") -> dict:
+    """The agent's deterministic noise on ``base``'s held-out seeds, paired against it (:func:`baseline`); ``view``:
+    what the agent sees (:data:`VIEWS`; the baseline's episodes do not depend on it: no policy reads the extra keys)."""
+    task = viewed(held_out(task_name, base["eval_seed"]), view)
     e = task.execute_steps
 
     @torch.no_grad()

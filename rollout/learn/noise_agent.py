@@ -58,6 +58,9 @@ class AgentConfig:
     it had collapsed, the entropy with it."""
     magnitude: float = 1.5
     """The actor's noise lies in [-magnitude, magnitude] per element [1.5]."""
+    n_step: int = 1
+    """Chunks of reward the critic's TD target sums before it bootstraps (with gamma^n) [1]. Carries a late success
+    back to the chunk that decided it without leaning on a critic that cannot yet rank that chunk."""
     noise_penalty: float = 0.0
     """Adds this x the mean squared noise element to the actor's loss: a pull towards the noise's mode, zero, where
     the policy was trained densest [not in DSRL; 0: off]."""
@@ -65,7 +68,7 @@ class AgentConfig:
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm: expected one of {ALGORITHMS}, got {self.algorithm!r}")
-        for name in ("hidden", "layers", "batch"):
+        for name in ("hidden", "layers", "batch", "n_step"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {v!r}")
@@ -219,6 +222,8 @@ class NoiseAgent(nn.Module):
             else:
                 w2, logp2 = self.actor(b["next_obs"])
                 nxt = self.qw_target(torch.cat([b["next_obs"], w2], -1)).min(0).values - self.alpha * logp2
+            if self.cfg.n_step > 1:  # the row's own discount: gamma^n, or gamma^m where the episode ended sooner
+                g = b["discount"]
             y = b["reward"] + g * (1.0 - b["done"]) * nxt
         net = self.qa if self.cfg.algorithm == "na" else self.qw
         inp = torch.cat([b["obs"], b["action"] if self.cfg.algorithm == "na" else b["noise"]], -1)
@@ -268,9 +273,10 @@ class NoiseAgent(nn.Module):
 
 
 class Replay:
-    """A ring of transitions; ``next_action`` arrives one step after the rest (NA's target needs it), ``ready`` says so."""
+    """A ring of transitions; ``next_action`` arrives one step after the rest (NA's target needs it), ``ready`` says so.
+    ``discount`` is what the TD target multiplies the next value by (n-step rows only; see :attr:`AgentConfig.n_step`)."""
 
-    FIELDS = ("obs", "noise", "action", "reward", "done", "next_obs", "next_action", "ready")
+    FIELDS = ("obs", "noise", "action", "reward", "done", "next_obs", "next_action", "ready", "discount")
 
     def __init__(self, capacity: int, obs_dim: int, noise_dim: int, action_dim: int):
         self.capacity, self.size, self.head = int(capacity), 0, 0
