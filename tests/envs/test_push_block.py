@@ -111,6 +111,30 @@ def test_success_terminates_and_ended_episode_refuses_steps():
         env.step(np.zeros(2, np.float32))
 
 
+def test_block_velocity_adds_an_observation_and_changes_nothing_else():
+    """block_velocity=True: the blocks' velocities (in the space, moving while the expert pushes) beside the same
+    state, rewards and outcome as without it."""
+    runs = []
+    for option in (False, True):
+        env = PushBlockEnv(render_images=False, block_velocity=option)
+        expert = ScriptedExpert()
+        obs, _ = env.reset(seed=3)
+        expert.reset(3)
+        steps = []
+        for _ in range(env.config.max_steps):
+            assert env.observation_space.contains(obs)
+            obs, reward, terminated, truncated, info = env.step(expert.act(obs))
+            steps.append((obs["state"].tobytes(), reward, terminated, obs.get("block_velocity")))
+            if terminated or truncated:
+                break
+        runs.append(steps)
+    assert [s[:3] for s in runs[0]] == [s[:3] for s in runs[1]] and runs[0][-1][2]
+    assert all(s[3] is None for s in runs[0])
+    vel = np.stack([s[3] for s in runs[1]])
+    assert vel.shape[1] == 3 * len(BLOCKS) and vel.dtype == np.float32 and np.abs(vel).max() <= 1.0
+    assert np.abs(vel).max() > 0.02  # a block moved
+
+
 def test_truncates_at_max_steps():
     """With max_steps=3 the third idle step truncates."""
     env = PushBlockEnv(render_images=False, max_steps=3)

@@ -19,7 +19,16 @@ import torch
 from safetensors.torch import load_file
 
 from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest
-from rollcap.rollout.learn.dsrl_na import TASKS, TRAIN_SEED_BASE, TrainConfig, baseline, evaluate, held_out, train
+from rollcap.rollout.learn.dsrl_na import (
+    TASKS,
+    TRAIN_SEED_BASE,
+    TrainConfig,
+    baseline,
+    evaluate,
+    held_out,
+    n_step_rows,
+    train,
+)
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -156,6 +165,34 @@ def test_replay_holds_back_the_action_target_until_the_next_chunk_is_known():
     assert buf.size == 4 and (buf.data["obs"][:, 0] == 2.0).all()
 
 
+def test_n_step_rows_sum_the_rewards_and_bootstrap_from_n_chunks_on():
+    """A 5-chunk episode that succeeds on its last chunk, n = 3: each row enters the buffer once its 3 next chunks
+    are known (its next state and chunk are the third one's, discount gamma^3), the rest when the episode ends."""
+    g, buf, win = 0.5, Replay(16, 1, 1, 1), []
+    rewards = [0.0, 0.0, 0.0, 0.25, 1.0]
+    for t, r in enumerate(rewards):
+        win.append((np.float32([t]), np.float32([10 + t]), np.float32([20 + t]), r))
+        n_step_rows(buf, win, 3, g, done=t == 4, final_obs=np.float32([99]))
+        assert buf.size == (max(0, t - 2) if t < 4 else 5)
+    d = {k: v[: buf.size] for k, v in buf.data.items()}
+    assert d["obs"][:, 0].tolist() == [0, 1, 2, 3, 4] and d["action"][:, 0].tolist() == [20, 21, 22, 23, 24]
+    assert d["reward"].tolist() == [0.0, g**2 * 0.25, g * 0.25 + g**2 * 1.0, 0.25 + g, 1.0]
+    assert d["next_obs"][:, 0].tolist() == [3, 4, 99, 99, 99] and d["next_action"][:2, 0].tolist() == [23, 24]
+    assert d["done"].tolist() == [0, 0, 1, 1, 1] and d["discount"].tolist() == [g**3, g**3, g**3, g**2, g]
+    assert (d["ready"] == 1).all() and not win
+
+
+@pytest.mark.parametrize("n_step, want", [(1, 0.99), (3, 0.25)])
+def test_the_td_target_bootstraps_with_the_rows_own_discount_at_n_step(n_step, want):
+    agent = NoiseAgent(1, 1, 1, AgentConfig(**{**TINY.to_json(), "n_step": n_step, "gamma": 0.99}))
+    with torch.no_grad():
+        for q in agent.qa_target.q:
+            q[-1].bias.fill_(1.0)  # the target critics value every next state at 1
+    b = {k: torch.zeros(4, 1) for k in ("obs", "noise", "action", "next_obs", "next_action")}
+    b.update(reward=torch.zeros(4), done=torch.zeros(4), ready=torch.ones(4), discount=torch.full((4,), 0.25))
+    assert agent.critic_step(b)["target_mean"] == pytest.approx(want)
+
+
 def test_configs_refuse_bad_values():
     with pytest.raises(ValueError, match="algorithm"):
         AgentConfig(algorithm="ppo")
@@ -181,6 +218,14 @@ def test_configs_refuse_bad_values():
         TrainConfig(seed=1000)  # its training run seeds would be held-in ones
     with pytest.raises(ValueError, match="heldin_episodes"):
         TrainConfig(heldin_episodes=0)
+    with pytest.raises(ValueError, match="n_step"):
+        AgentConfig(n_step=0)
+    with pytest.raises(ValueError, match="view"):
+        TrainConfig(view="state+velocity")  # peg-insert-side: MetaWorld's observation already holds the last frame
+    with pytest.raises(ValueError, match="view"):
+        TrainConfig(task="pushblock", view="pixels")
+    with pytest.raises(ValueError, match="snapshot_minutes"):
+        TrainConfig(minutes=15, snapshot_minutes=15)
     assert held_out("pushblock", 4).eval_seed == 4 and held_out("pushblock", None) == TASKS["pushblock"]
 
 
@@ -225,15 +270,38 @@ def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
     assert bits([info4["kept"]]) == bits([{**points[-1], "kept": False}])
 
 
+@pytest.mark.slow(seconds=40)
+def test_a_snapshot_is_what_a_shorter_run_would_have_kept_and_the_last_agent_comes_along():
+    """--snapshot-minutes: a held-in checkpoint at that minute and the best agent so far, without touching the
+    training; when keep-best keeps an earlier agent than the last, the last one is returned beside it."""
+    agent, info = _tiny_run(0, snapshot_minutes=1e-6)  # due after the first vector step
+    snap, points = info["snapshot"], info["held_in"]
+    assert [p["transitions"] for p in points] == [0, 2, 16, 32, 48] and snap["budget"]["transitions"] == 2
+    assert snap["kept"] is [p for p in points[:2] if p["success"] == max(q["success"] for q in points[:2])][-1]
+    fresh = NoiseAgent(agent.obs_dim, agent.noise_dim, agent.action_dim, agent.cfg, seed=0).state_dict()
+    assert all(torch.equal(snap["state"][k], fresh[k]) for k in fresh)  # no update before init_steps
+    if info["kept"] is points[-1]:
+        assert info["last"] is None
+    else:
+        assert info["last"]["point"] is points[-1]
+        assert not all(torch.equal(info["last"]["state"][k], v) for k, v in agent.state_dict().items())
+    a1, _ = _tiny_run(0, snapshot_minutes=1e-6, keep_best=False)
+    a2, _ = _tiny_run(0, keep_best=False)
+    assert all(torch.equal(a1.state_dict()[k], v) for k, v in a2.state_dict().items())
+
+
 @pytest.mark.slow(seconds=20)
-def test_a_zero_noise_actor_scores_as_the_zero_noise_baseline():
-    """The held-out side runs the actor's deterministic noise through the same env as the baseline's zero noise."""
-    agent, _ = _tiny_run(0)
+@pytest.mark.parametrize("view", ["state", "state+velocity"])
+def test_a_zero_noise_actor_scores_as_the_zero_noise_baseline(view):
+    """The held-out side runs the actor's deterministic noise through the same env as the baseline's zero noise; a
+    view with the blocks' velocities changes what the agent sees, not what the policy does."""
+    agent, _ = _tiny_run(0, view=view)
+    assert agent.obs_dim == 28 + 6 + (9 if view == "state+velocity" else 0)
     with torch.no_grad():  # the squashed mean is tanh(0) = 0 everywhere
         agent.actor.net[-1].weight.zero_()
         agent.actor.net[-1].bias.zero_()
     base = baseline("pushblock", 3, progress=lambda line: None)
-    result = evaluate(agent, "pushblock", 3, base, 0.99)
+    result = evaluate(agent, "pushblock", 3, base, 0.99, view)
     assert result["steered"] == base["zero_noise"]
     assert result["noise"]["abs_mean"] == 0.0
     assert result["critic_vs_monte_carlo"]["chunks"] > 3
@@ -246,10 +314,14 @@ SMALL = ["--task", "pushblock", "--max-transitions", "32", "--num-envs", "2", "-
 
 @pytest.mark.slow(seconds=40)
 def test_example_writes_result_agent_and_curve(tmp_path):
-    cmd = [*EXAMPLE, *SMALL, "--algorithm", "sac", "--eval-episodes", "2", "--out", str(tmp_path / "run")]
+    cmd = [*EXAMPLE, *SMALL, "--algorithm", "sac", "--eval-episodes", "2", "--snapshot-minutes", "1e-6",
+           "--out", str(tmp_path / "run")]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((tmp_path / "run" / "result.json").read_text())
+    # the snapshot (right after the first vector step) is scored on the same held-out episodes
+    assert report["snapshot"]["budget"]["transitions"] == 2 and report["snapshot"]["eval"]["episodes"] == 2
+    assert (tmp_path / "run" / "agent-snapshot.safetensors").exists() and "-minute snapshot:" in res.stdout
     assert report["config"]["agent"]["algorithm"] == "sac" and report["budget"]["transitions"] == 32
     assert report["eval"]["episodes"] == 2 and len(report["eval"]["steered"]) == 2 and report["curve"]
     assert (tmp_path / "run" / "agent.safetensors").exists()
@@ -259,17 +331,17 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert st["held_out"] == {**st["held_out"], "run_seed": 2, "episodes": 2}
     assert st["held_in"]["run_seeds"] == [HELDIN_SEED_BASE, HELDIN_SEED_BASE + 1]
     assert st["training"]["run_seeds"] == [TRAIN_SEED_BASE, TRAIN_SEED_BASE + 1]
-    assert [p["transitions"] for p in report["held_in"]] == [0, 16, 32] and report["kept"] in report["held_in"]
+    assert [p["transitions"] for p in report["held_in"]] == [0, 2, 16, 32] and report["kept"] in report["held_in"]
     k = report["kept"]
     last = res.stdout.strip().splitlines()[-1]
     n = k["episodes"]
     said = f"kept agent from minute {k['minutes']:.1f}: {k['success'] / n:.1%} held-in vs {k['zero_noise'] / n:.1%} zero noise"
     assert last.startswith(said), res.stdout[-2000:]
-    assert sum(line.startswith("held-in ") for line in res.stdout.splitlines()) == 3
+    assert sum(line.startswith("held-in ") for line in res.stdout.splitlines()) == 4
     # every output has the same mode (agent.safetensors was 0600)
     umask = os.umask(0)
     os.umask(umask)
-    for name in ("result.json", "agent.safetensors", "curve.png"):
+    for name in ("result.json", "agent.safetensors", "agent-snapshot.safetensors", "curve.png"):
         if name != "curve.png" or (tmp_path / "run" / name).exists():
             assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
     # the probe reads the run's agent and ranks its chunks at one state
@@ -299,6 +371,9 @@ def test_example_writes_result_agent_and_curve(tmp_path):
         (["--heldin-episodes", "0"], "--heldin-episodes"),
         (["--alpha-min", "-1"], "--alpha-min"),
         (["--seed", "1000"], "--seed"),
+        (["--snapshot-minutes", "15"], "--snapshot-minutes"),
+        (["--view", "state+velocity"], "--view"),
+        (["--n-step", "0"], "--n-step"),
     ],
 )
 def test_example_checks_every_flag_before_training(tmp_path, flags, word):
