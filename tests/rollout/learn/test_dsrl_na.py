@@ -350,6 +350,10 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     assert probe.returncode == 0, probe.stderr[-2000:]
     rows = json.loads((tmp_path / "probe.json").read_text())["rows"]
     assert len(rows) <= 1 and all(len(r["qw"]) == len(r["success"]) == 2 and r["block_speed"] >= 0 for r in rows)
+    # the table script lists the kept agent and the snapshot, with their held-out figures
+    table = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_table.py"), str(tmp_path / "run")],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert table.returncode == 0 and "| run | kept |" in table.stdout and "kept at minute 1e-06" in table.stdout
     # a rerun into the same --out is refused before it trains, the result untouched
     before = (tmp_path / "run" / "result.json").read_bytes()
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
