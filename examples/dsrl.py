@@ -167,8 +167,10 @@ def main(args: Args, cfg: TrainConfig) -> None:
     others = {}  # the other agents scored on held-out: the snapshot's and the last one
     snap, last = info.get("snapshot"), info.get("last")
     if snap is not None:
+        # the snapshot's kept agent may be the run's kept one (no better checkpoint came later): scored once
+        same = snap["kept"] is not None and snap["kept"] is info["kept"]
         others["snapshot"] = (
-            {"minutes": snap["minutes"], "kept": snap["kept"], "budget": snap["budget"]},
+            {"minutes": snap["minutes"], "kept": snap["kept"], "budget": snap["budget"], "same_as_kept": same},
             snap["state"],
         )
     if last is not None:
@@ -197,9 +199,12 @@ def main(args: Args, cfg: TrainConfig) -> None:
     report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
     kept_state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
-    for name, (_, state) in others.items():
-        agent.load_state_dict(state)
-        report[name]["eval"] = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
+    for name, (meta, state) in others.items():
+        if meta.get("same_as_kept"):
+            report[name]["eval"] = result
+        else:
+            agent.load_state_dict(state)
+            report[name]["eval"] = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
         write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
     agent.load_state_dict(kept_state)
     title = f"DSRL-{cfg.agent.algorithm.upper()} on {cfg.task}, seed {cfg.seed}"
