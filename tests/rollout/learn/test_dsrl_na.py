@@ -262,18 +262,19 @@ def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
     best = max(p["success"] for p in points)
     assert info1["kept"] == [p for p in points if p["success"] == best][-1]
     assert all(p["episodes"] == 3 and p["zero_noise"] == points[0]["zero_noise"] for p in points)
-    # the held-in stream does not touch training: without keep-best the weights are a run's without held-in
-    a4, info4 = _tiny_run(0, keep_best=False)
+    # the held-in stream and a snapshot do not touch training: without keep-best the weights are a run's without held-in
+    a4, info4 = _tiny_run(0, keep_best=False, snapshot_minutes=1e-6)
     a5, info5 = _tiny_run(0, heldin_every=0)
     s4, s5 = a4.state_dict(), a5.state_dict()
     assert all(torch.equal(s4[k], s5[k]) for k in s4) and info5["held_in"] == [] and info5["kept"] is None
     assert bits([info4["kept"]]) == bits([{**points[-1], "kept": False}])
 
 
-@pytest.mark.slow(seconds=40)
+@pytest.mark.slow(seconds=10)
 def test_a_snapshot_is_what_a_shorter_run_would_have_kept_and_the_last_agent_comes_along():
     """--snapshot-minutes: a held-in checkpoint at that minute and the best agent so far, without touching the
-    training; when keep-best keeps an earlier agent than the last, the last one is returned beside it."""
+    training (the bit-for-bit test runs one with a snapshot); when keep-best keeps an earlier agent than the last, the
+    last one is returned beside it."""
     agent, info = _tiny_run(0, snapshot_minutes=1e-6)  # due after the first vector step
     snap, points = info["snapshot"], info["held_in"]
     assert [p["transitions"] for p in points] == [0, 2, 16, 32, 48] and snap["budget"]["transitions"] == 2
@@ -285,9 +286,6 @@ def test_a_snapshot_is_what_a_shorter_run_would_have_kept_and_the_last_agent_com
     else:
         assert info["last"]["point"] is points[-1]
         assert not all(torch.equal(info["last"]["state"][k], v) for k, v in agent.state_dict().items())
-    a1, _ = _tiny_run(0, snapshot_minutes=1e-6, keep_best=False)
-    a2, _ = _tiny_run(0, keep_best=False)
-    assert all(torch.equal(a1.state_dict()[k], v) for k, v in a2.state_dict().items())
 
 
 @pytest.mark.slow(seconds=20)
