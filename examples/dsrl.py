@@ -30,7 +30,7 @@ from pathlib import Path
 from safetensors.torch import save
 
 from rollcap.rollout.cli.options import Options
-from rollcap.rollout.learn.dsrl_heldin import kept_line, streams
+from rollcap.rollout.learn.dsrl_heldin import kept_line, streams, weights
 from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
 from rollcap.rollout.learn.noise_agent import AgentConfig
 
@@ -198,7 +198,7 @@ def main(args: Args, cfg: TrainConfig) -> None:
         write(path, json.dumps(base).encode())
     report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
-    kept_state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
+    kept_state = weights(agent)
     for name, (meta, state) in others.items():
         if meta.get("same_as_kept"):
             report[name]["eval"] = result

@@ -124,8 +124,14 @@ class HeldIn:
         }  # fmt: skip
 
 
+def weights(module: torch.nn.Module) -> dict:
+    """A copy of ``module``'s state dict, detached from training."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
 class KeepBest:
-    """A copy of the best agent's weights by held-in success (ties: the later checkpoint)."""
+    """A copy of the best agent's weights by held-in success (ties: the later checkpoint). :attr:`state` is replaced,
+    never changed in place, so a reference to it stays that checkpoint's."""
 
     def __init__(self):
         self.state: dict | None = None
@@ -134,7 +140,7 @@ class KeepBest:
     def offer(self, agent, point: dict) -> bool:
         if self.point is not None and point["success"] < self.point["success"]:
             return False
-        self.state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
+        self.state = weights(agent)
         self.point = point
         return True
 

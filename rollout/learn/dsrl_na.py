@@ -45,7 +45,7 @@ from rollcap.rollout.learn.dsrl_heldin import (
     HeldIn,
     KeepBest,
 )
-from rollcap.rollout.learn.dsrl_heldin import heldin_seeds, kept_line, line
+from rollcap.rollout.learn.dsrl_heldin import heldin_seeds, kept_line, line, weights
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 
 
@@ -200,12 +200,9 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         if heldin is not None and points[-1]["transitions"] != transitions:
             checkpoint()
         if heldin is not None and cfg.keep_best:
-            state, kept = {k: v.clone() for k, v in keep.state.items()}, keep.point
+            state, kept = keep.state, keep.point
         else:
-            state, kept = (
-                {k: v.detach().clone() for k, v in agent.state_dict().items()},
-                (points[-1] if points else None),
-            )
+            state, kept = weights(agent), (points[-1] if points else None)
         progress(f"snapshot at minute {cfg.snapshot_minutes:g}: " + (kept_line(kept) if kept else "no held-in stream"))
         return {"minutes": cfg.snapshot_minutes, "kept": kept, "budget": budget_now(), "state": state}
 
@@ -286,16 +283,15 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
             progress(" ".join(f"{k}={v}" for k, v in point.items()))
     if heldin is not None and points[-1]["transitions"] != transitions:
         checkpoint()
-    last_state = {k: v.detach().clone() for k, v in agent.state_dict().items()}
+    last = None
     if heldin is not None and cfg.keep_best:
+        if keep.point is not points[-1]:  # an earlier agent is kept: the last one comes along, for comparison
+            last = {"point": points[-1], "state": weights(agent)}
         keep.restore(agent)
     kept = keep.point if cfg.keep_best else (points[-1] if points else None)
     if kept is not None:
         progress(kept_line(kept))
     budget = budget_now()
-    last = None
-    if kept is not None and kept is not points[-1]:  # keep-best restored an earlier agent: the last one, for comparison
-        last = {"point": points[-1], "state": last_state}
     return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
 
 
