@@ -31,9 +31,12 @@ the test starts its clock at the line, so every moment it tries is rollcap's."""
 
 def wait_until_held(proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Return once ``proc``'s main thread blocks SIGINT (``import rollcap``'s first lines did it: ``SigBlk`` in
-    ``/proc/PID/status``); it stays blocked until the command's handler is installed, a second or more later."""
+    ``/proc/PID/status``), or once ``main`` has put its handler in place (``SigCgt`` holds SIGTERM, which Python
+    itself never catches), if this poller slept through the block: about 1.2 s here, but a busy 2-core CI box has
+    descheduled the poller for longer than that. Either way the signal sent next lands in start-up, after rollcap's
+    first line."""
     status, cmdline = Path(f"/proc/{proc.pid}/status"), Path(f"/proc/{proc.pid}/cmdline")
-    bit = 1 << (signal.SIGINT - 1)
+    sigint, sigterm = 1 << (signal.SIGINT - 1), 1 << (signal.SIGTERM - 1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -41,7 +44,7 @@ def wait_until_held(proc: subprocess.Popen, timeout: float = 120.0) -> None:
             execed = str(SCRIPT).encode() in cmdline.read_bytes()  # not the forked child still blocking all before exec
         except OSError:  # the process ended
             break
-        if execed and int(fields["SigBlk"].strip(), 16) & bit:
+        if execed and (int(fields["SigBlk"].strip(), 16) & sigint or int(fields["SigCgt"].strip(), 16) & sigterm):
             return
         time.sleep(0.0005)
     raise AssertionError(f"rollcap never held SIGINT at start-up (exit {proc.poll()})")
