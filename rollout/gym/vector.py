@@ -67,6 +67,7 @@ from rollcap.rollout.gym.checks import (
 from rollcap.rollout.gym.envs import MAX_TOKENS, NOISE_BOUND, TERMINAL, checked_bound, gym_obs, gym_obs_space, lanes_of
 from rollcap.rollout.host import HostState
 from rollcap.rollout.protocols import Subscriber
+from rollcap.rollout.resume import Resume
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.spec import Parts, RunConfig, Spec
 
@@ -130,6 +131,7 @@ class _CoreVectorEnv(VectorEnv):
         self._run_seeds: list[int | None] = [None] * self.num_envs  # per sub-env, as a single env's
         self._episodes = [0] * self.num_envs
         self._chunks = [0] * self.num_envs
+        self._values: list[list[float]] = [[] for _ in range(self.num_envs)]  # per sub-env: its episode's critic values
         self._last_obs: list = [None] * self.num_envs
         self._index = 0  # the next episode's index, unique across the sub-envs (a shared recorder's file names)
         self._autoreset = np.zeros(self.num_envs, bool)
@@ -192,6 +194,7 @@ class _CoreVectorEnv(VectorEnv):
             rewards[i] = float(sum(s.reward for s in steps))
             info: dict[str, Any] = {"steps": len(steps)}
             if event is not None:
+                self._values[i].append(float(event.value))
                 info["policy_chunk"] = event.actions
                 if self.core.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's checks)
                     info["value"] = event.value
@@ -209,6 +212,49 @@ class _CoreVectorEnv(VectorEnv):
         self._autoreset = (terminated | truncated) & (self.autoreset_mode is AutoresetMode.NEXT_STEP)
         return self._batch(obs), rewards, terminated, truncated, infos
 
+    # -- branching: start a sub-env's episode at another's boundary ---------------
+    def boundary(self, i: int) -> Resume:
+        """Sub-env ``i``'s chunk boundary now (after the last ``step``): its env's exact state, its observation and its
+        chunk and step counts, as a :class:`~rollcap.rollout.resume.Resume` that :meth:`restart` starts any sub-env at.
+
+        Raises:
+            ConfigError: the env has no exact state.
+        """
+        host = self._live(i, "boundary()")
+        if host.state_env is None:
+            raise ConfigError("env_id", f"{host.env_id} has no exact state; boundary() needs one")
+        ep, (chunk, step) = host._ep, (int(c) for c in host.book.counters[1:3])
+        origin = {"parent": "live", "episode": ep.index, "chunk": chunk, "step": step, "noise": "caller"}
+        copy = lambda v: v.copy() if isinstance(v, np.ndarray) else v  # noqa: E731 (the instruction is a str)
+        obs = {k: copy(v) for k, v in host.obs.items()} if isinstance(host.obs, dict) else copy(host.obs)
+        state = {k: np.array(v) for k, v in host.state_env.get_state().items()}
+        values = tuple(self._values[i])  # the critic's values at the earlier chunks: its stop predicates count them
+        if len(values) != chunk:  # pragma: no cover - a boundary that ran no chunk
+            raise RuntimeError(f"boundary(): sub-env {i} kept {len(values)} critic values for {chunk} chunks")
+        origin["prior_values"] = list(values)
+        return Resume(state, obs, chunk, step, origin, prior_values=values)
+
+    def restart(self, i: int, at: Resume) -> tuple[dict[str, np.ndarray], dict]:
+        """End sub-env ``i``'s episode (stop reason ``caller_reset``) and start its next one at ``at`` (a
+        :meth:`boundary` of any sub-env): reset from the next episode seed, then the boundary's exact state. Returns
+        the sub-env's observation (unbatched, as gymnasium's) and reset info (``rollcap_origin``: ``at.origin``)."""
+        self._live(i, "restart()", running=False)
+        if not isinstance(at, Resume):
+            raise TypeError(f"at: expected a Resume (from boundary()), got {type(at).__name__}")
+        obs, info = self._reset_one(i, None, at)
+        self._chunks[i], self._autoreset[i] = at.chunk, False
+        return obs, {**info, "rollcap_origin": dict(at.origin)}
+
+    def _live(self, i: int, what: str, running: bool = True):
+        if self.closed:
+            raise closed_error(what)
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs:
+            raise ValueError(f"{what}: sub-env index must be an integer in [0, {self.num_envs}), got {i!r}")
+        host = self.core.hosts[int(i)]
+        if running and (host.state is not HostState.RUNNING or self._autoreset[i]):
+            raise gym.error.ResetNeeded(f"{what}: sub-env {i} has no running episode; reset() or step() first")
+        return host
+
     def render(self) -> tuple | None:
         """Each sub-env's image, as the policy sees it (``render_mode="rgb_array"``)."""
         if self._frame is None or any(o is None for o in self._last_obs):
@@ -225,7 +271,7 @@ class _CoreVectorEnv(VectorEnv):
             s.on_run_end()
 
     # -- private ---------------------------------------------------------------
-    def _reset_one(self, i: int, seed: int | None) -> tuple[dict[str, np.ndarray], dict]:
+    def _reset_one(self, i: int, seed: int | None, at: Resume | None = None) -> tuple[dict[str, np.ndarray], dict]:
         host = self.core.hosts[i]
         if host.state is not HostState.RESET:
             host.finish(CALLER_RESET)
@@ -235,8 +281,9 @@ class _CoreVectorEnv(VectorEnv):
             self._run_seeds[i], self._episodes[i] = entropy_seed(self.np_random), 0
         j, index = self._episodes[i], claim_index(self._index, self.core.subscribers)
         info = {"rollcap_episode": j, "rollcap_seed": episode_seed(self._run_seeds[i], j), "rollcap_index": index}
-        obs = host.start(index, info["rollcap_seed"])
+        obs = host.start(index, info["rollcap_seed"], at)
         self._episodes[i], self._index, self._chunks[i] = j + 1, index + 1, 0
+        self._values[i] = [] if at is None else list(at.prior_values)
         if host.done:  # the reset itself failed: finish() raises the env's error (on_error="raise")
             host.finish()
         self._last_obs[i] = obs

@@ -89,6 +89,12 @@ class TrainConfig:
     snapshot_minutes: float = 0.0
     """Also end a shorter run inside this one: at this minute a held-in checkpoint, then the agent a run of that
     many minutes would have ended with (the best so far with keep_best), scored on held-out too; 0: none."""
+    branches: int = 0
+    """Branch data: each training boundary the loop keeps is where this many later episodes start (a sub-env whose
+    episode ended restarts there, exactly: :meth:`NoiseSteeringVectorEnv.restart`), each with the actor's fresh noise;
+    so the critic sees several chunks from one state, and what each led to; 0: off."""
+    branch_fraction: float = 0.5
+    """With ``branches``: the share of ended episodes that restart at a kept boundary (the rest start afresh)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
@@ -107,6 +113,7 @@ class TrainConfig:
             "heldin_every",
             "heldin_episodes",
             "heldin_envs",
+            "branches",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -136,6 +143,9 @@ class TrainConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
                 raise ValueError(f"{name}: expected a finite number, got {v!r}")
+        f = self.branch_fraction
+        if not (isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1):
+            raise ValueError(f"branch_fraction: expected a number in [0, 1], got {f!r}")
         if self.log_every_s < 0:
             raise ValueError(f"log_every_s: expected a number >= 0, got {self.log_every_s!r}")
 
@@ -188,12 +198,14 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
     timing = {"env": 0.0, "update": 0.0, "held_in": 0.0}
     keep, points = KeepBest(), []
     snap: dict | None = None
+    kept_boundaries: list = []  # branch data: [Resume, starts left], oldest first
+    restarts = 0
 
     def budget_now() -> dict:
         return {"seconds": round(time.perf_counter() - t0, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
                 "critic_updates": updates * cfg.critic_steps, "distill_updates": updates * (cfg.distill_steps if cfg.agent.algorithm == "na" else 0),
                 "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1),
-                "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points)}  # fmt: skip
+                "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points), "restarts": restarts}  # fmt: skip
 
     def take_snapshot() -> dict:
         """What a run of ``cfg.snapshot_minutes`` would have ended with: a last held-in checkpoint, then the kept agent."""
@@ -256,6 +268,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
                 obs=feat[i], noise=noise[i], action=chunk, reward=r, done=float(done[i]), next_obs=nxt[i], ready=ready
             )
             pending[i] = -1 if done[i] else slot
+        if cfg.branches:
+            restarts += branch(venv, obs, done, kept_boundaries, cfg, rng)
         feat = features(obs, code, task.extra)
         transitions += n
         if transitions >= cfg.init_steps:
@@ -293,6 +307,28 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         progress(kept_line(kept))
     budget = budget_now()
     return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
+
+
+def branch(venv, obs: dict, done: np.ndarray, kept: list, cfg: TrainConfig, rng: np.random.Generator) -> int:
+    """Branch data, after a vector step: sub-envs whose episode ended restart at kept boundaries (each with
+    ``branch_fraction``'s odds, oldest boundary first; ``obs`` is updated in place), then, while fewer starts are
+    left than sub-envs, the boundary of one running sub-env is kept for ``cfg.branches`` more. Returns the restarts."""
+    n = 0
+    for i in np.flatnonzero(done):
+        if kept and rng.random() < cfg.branch_fraction:
+            at = kept[0]
+            o, _ = venv.restart(int(i), at[0])
+            at[1] -= 1
+            if not at[1]:
+                kept.pop(0)
+            for k in obs:
+                obs[k][i] = o[k]
+            n += 1
+    if sum(left for _, left in kept) < len(done):
+        running = np.flatnonzero(~done)
+        if running.size:
+            kept.append([venv.boundary(int(rng.choice(running))), cfg.branches])
+    return n
 
 
 def n_step_rows(buf: Replay, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:
