@@ -113,3 +113,48 @@ def test_make_vec_builds_the_batched_env():
         assert env.observation_space.contains(obs)
     finally:
         env.close()
+
+
+def test_restart_at_a_boundary_continues_that_sub_env_exactly():
+    """restart(j, boundary(i)): sub-env j is sub-env i from that boundary on (same noise, same future, bit for bit),
+    counted from the root episode (max_chunks ends both at the same chunk); other noise gives another future."""
+    env = _vector(NoiseSteeringVectorEnv, AutoresetMode.SAME_STEP)
+    try:
+        env.reset(seed=11)
+        noise = _actions(env, 5, seed=2)
+        obs, *_ = env.step(noise[0])
+        at = env.boundary(0)
+        assert at.chunk == 1 and len(at.prior_values) == 1 and at.origin["parent"] == "live"
+        for j in (1, 2):
+            o, info = env.restart(j, at)
+            assert data_equivalence(o, {k: v[0] for k, v in obs.items()}, exact=True)
+            assert info["rollcap_origin"]["chunk"] == 1
+        for k, x in enumerate(noise[1:]):
+            x = x.copy()
+            x[1] = x[0]  # sub-env 1 plays sub-env 0's noise, sub-env 2 its own
+            obs, reward, term, trunc, info = env.step(x)
+            ends = term | trunc
+            seen = info["final_obs"] if ends.any() else [{key: v[i] for key, v in obs.items()} for i in range(N)]
+            assert data_equivalence(seen[0], seen[1], exact=True) and reward[0] == reward[1]
+            assert not data_equivalence(seen[0], seen[2], exact=True)
+            if ends.any():
+                break
+        assert list(ends) == [True] * N and k == 2  # the root's chunks count: all three end where sub-env 0 would
+    finally:
+        env.close()
+
+
+def test_boundary_and_restart_refuse_bad_input():
+    env = _vector(NoiseSteeringVectorEnv, AutoresetMode.SAME_STEP)
+    try:
+        with pytest.raises(gym.error.ResetNeeded, match="sub-env 0"):
+            env.boundary(0)
+        env.reset(seed=1)
+        with pytest.raises(ValueError, match=r"sub-env index must be an integer in \[0, 3\)"):
+            env.boundary(3)
+        with pytest.raises(TypeError, match="at: expected a Resume"):
+            env.restart(0, {"chunk": 0})
+        first = env.boundary(0)
+        env.restart(1, first)  # a boundary at chunk 0: the episode's own start
+    finally:
+        env.close()

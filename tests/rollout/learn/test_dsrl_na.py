@@ -26,6 +26,7 @@ from rollcap.rollout.learn.dsrl_na import (
     baseline,
     evaluate,
     held_out,
+    branch,
     n_step_rows,
     train,
 )
@@ -268,6 +269,51 @@ def test_a_seed_repeats_the_run_bit_for_bit_and_the_budget_adds_up():
     s4, s5 = a4.state_dict(), a5.state_dict()
     assert all(torch.equal(s4[k], s5[k]) for k in s4) and info5["held_in"] == [] and info5["kept"] is None
     assert bits([info4["kept"]]) == bits([{**points[-1], "kept": False}])
+
+
+def test_branch_restarts_ended_episodes_at_kept_boundaries():
+    """Branch data: while fewer starts are left than sub-envs, one running sub-env's boundary is kept for ``branches``
+    starts; ended episodes restart there (oldest first; ``obs`` updated in place), exactly at that state."""
+    from gymnasium.vector import AutoresetMode
+
+    from rollcap.critics import CriticRunner, ValueCritic
+    from rollcap.policies import FlowVLA, PolicyRunner
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.gym.vector import NoiseSteeringVectorEnv
+    from tests.rollout._tiny import CRITIC, POLICY, make_env
+
+    torch.manual_seed(0)
+    runners = PolicyRunner(FlowVLA(POLICY).eval(), batch=3), CriticRunner(ValueCritic(CRITIC).eval(), batch=3)
+    env = NoiseSteeringVectorEnv([make_env() for _ in range(3)], *runners, HostConfig(max_chunks=3),
+                                 autoreset_mode=AutoresetMode.SAME_STEP)  # fmt: skip
+    cfg = TrainConfig(task="pushblock", branches=2, branch_fraction=1.0)
+    rng, kept, restarts = np.random.default_rng(0), [], 0
+    try:
+        obs, _ = env.reset(seed=4)
+        for t in range(9):
+            obs, _, term, trunc, _ = env.step(np.zeros(env.action_space.shape, np.float32))
+            done = term | trunc
+            before = [(at, left) for at, left in kept]
+            n = branch(env, obs, done, kept, cfg, rng)
+            restarts += n
+            assert n == min(int(done.sum()), sum(left for _, left in before))  # every ended one, while starts last
+            for i in np.flatnonzero(done)[:n]:  # restarted at the oldest boundaries: their observations, exactly
+                assert any(np.array_equal(obs["state"][i], at.obs["state"]) for at, _ in before)
+            assert all(0 < left <= 2 for _, left in kept) and sum(left for _, left in kept) <= 2 * len(kept)
+        assert restarts >= 3
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="branch_fraction"):
+        TrainConfig(branches=2, branch_fraction=1.5)
+
+
+@pytest.mark.slow(seconds=5)
+def test_a_run_with_branch_data_repeats_bit_for_bit():
+    (a1, info1), (a2, info2) = (_tiny_run(0, heldin_every=0, branches=2, branch_fraction=1.0) for _ in range(2))
+    assert info1["budget"]["restarts"] >= 2 and info1["budget"]["transitions"] == 48
+    assert info1["budget"]["restarts"] == info2["budget"]["restarts"]
+    s1, s2 = a1.state_dict(), a2.state_dict()
+    assert all(torch.equal(s1[k], s2[k]) for k in s1)
 
 
 @pytest.mark.slow(seconds=10)
