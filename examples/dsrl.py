@@ -149,7 +149,12 @@ def plot(info: dict, result: dict, path: Path, title: str) -> bool:
     ax.legend(fontsize=6, ncol=2)
     bx.set_xlabel("transitions (chunks)")
     bx.set_ylabel("entropy")
-    bx.legend(fontsize=7, loc="upper left")
+    if not points:  # no held-in checkpoints (--heldin-every 0): the entropy the training log printed
+        ent = [(p["transitions"], p["entropy"]) for p in curve if p.get("entropy") is not None]
+        if ent:
+            bx.plot(*zip(*ent), "-", color="C2", label="entropy (nats, training log)")
+    if bx.get_legend_handles_labels()[0]:
+        bx.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

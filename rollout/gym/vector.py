@@ -31,7 +31,12 @@ indices unique across the sub-envs. ``max_episode_steps`` (what
 ``TimeLimit``) truncates an episode after K steps with stop reason
 ``time_limit``. ``render_mode="rgb_array"``: ``render()`` returns each
 sub-env's image as the policy sees it (gymnasium's vector ``RecordVideo``).
-Actions must have exactly the batch's shape and be finite. ``close()`` closes
+Actions must have exactly the batch's shape and be finite. Branching:
+``boundary(i)`` is sub-env ``i``'s chunk boundary now (its exact env state, as
+a :class:`~rollcap.rollout.resume.Resume`), and ``restart(j, at)`` starts
+sub-env ``j``'s next episode there, so several sub-envs can play different
+chunks from one state (DSRL's branch data); needs an env with exact state.
+``close()`` closes
 the envs, the runners and lanes the ``make_*`` functions made, and calls every
 subscriber's ``on_run_end``.
 

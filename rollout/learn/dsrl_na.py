@@ -91,10 +91,13 @@ class TrainConfig:
     many minutes would have ended with (the best so far with keep_best), scored on held-out too; 0: none."""
     branches: int = 0
     """Branch data: each training boundary the loop keeps is where this many later episodes start (a sub-env whose
-    episode ended restarts there, exactly: :meth:`NoiseSteeringVectorEnv.restart`), each with the actor's fresh noise;
+    episode ended restarts there, exactly, through the vector env's restart()), each with the actor's fresh noise;
     so the critic sees several chunks from one state, and what each led to; 0: off."""
     branch_fraction: float = 0.5
     """With ``branches``: the share of ended episodes that restart at a kept boundary (the rest start afresh)."""
+    branch_greedy: bool = False
+    """With ``branches``: a restarted episode samples only its first chunk's noise, then plays the actor's
+    deterministic noise, so its return values that chunk under the agent that is evaluated (as the probe does)."""
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
@@ -130,8 +133,9 @@ class TrainConfig:
                 )
         if self.heldin_every and not (self.heldin_episodes and self.heldin_envs):
             raise ValueError("heldin_episodes: expected >= 1 with heldin_every > 0 (and heldin_envs >= 1)")
-        if not isinstance(self.keep_best, bool):
-            raise ValueError(f"keep_best: expected True or False, got {self.keep_best!r}")
+        for name in ("keep_best", "branch_greedy"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         if not (isinstance(self.minutes, (int, float)) and 0 < self.minutes < math.inf):
             raise ValueError(f"minutes: expected a finite number > 0, got {self.minutes!r}")
         snap = self.snapshot_minutes
@@ -200,6 +204,9 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
     snap: dict | None = None
     kept_boundaries: list = []  # branch data: [Resume, starts left], oldest first
     restarts = 0
+    phase = np.zeros(
+        n, np.int8
+    )  # branch data: 0 an episode started afresh, 1 a restarted one's first chunk, 2 after it
 
     def budget_now() -> dict:
         return {"seconds": round(time.perf_counter() - t0, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
@@ -236,6 +243,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         t1 = time.perf_counter()
         steering = transitions >= cfg.init_steps
         noise = agent.act(feat, deterministic=False) if steering else rng.standard_normal((n, h * a)).astype(np.float32)
+        if cfg.branch_greedy and steering and (phase == 2).any():
+            noise[phase == 2] = agent.act(feat[phase == 2], deterministic=True)
         obs, reward, term, trunc, info = venv.step(noise.reshape(n, h, a))
         timing["env"] += time.perf_counter() - t1
         done = term | trunc
@@ -269,7 +278,11 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
             )
             pending[i] = -1 if done[i] else slot
         if cfg.branches:
-            restarts += branch(venv, obs, done, kept_boundaries, cfg, rng)
+            phase[phase == 1] = 2
+            phase[done] = 0
+            again = branch(venv, obs, done, kept_boundaries, cfg, rng)
+            phase[again] = 1
+            restarts += len(again)
         feat = features(obs, code, task.extra)
         transitions += n
         if transitions >= cfg.init_steps:
@@ -312,8 +325,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
 def branch(venv, obs: dict, done: np.ndarray, kept: list, cfg: TrainConfig, rng: np.random.Generator) -> int:
     """Branch data, after a vector step: sub-envs whose episode ended restart at kept boundaries (each with
     ``branch_fraction``'s odds, oldest boundary first; ``obs`` is updated in place), then, while fewer starts are
-    left than sub-envs, the boundary of one running sub-env is kept for ``cfg.branches`` more. Returns the restarts."""
-    n = 0
+    left than sub-envs, the boundary of one running sub-env is kept for ``cfg.branches`` more. Returns the restarted."""
+    again = []
     for i in np.flatnonzero(done):
         if kept and rng.random() < cfg.branch_fraction:
             at = kept[0]
@@ -323,12 +336,12 @@ def branch(venv, obs: dict, done: np.ndarray, kept: list, cfg: TrainConfig, rng:
                 kept.pop(0)
             for k in obs:
                 obs[k][i] = o[k]
-            n += 1
+            again.append(int(i))
     if sum(left for _, left in kept) < len(done):
         running = np.flatnonzero(~done)
         if running.size:
             kept.append([venv.boundary(int(rng.choice(running))), cfg.branches])
-    return n
+    return again
 
 
 def n_step_rows(buf: Replay, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:

@@ -294,7 +294,7 @@ def test_branch_restarts_ended_episodes_at_kept_boundaries():
             obs, _, term, trunc, _ = env.step(np.zeros(env.action_space.shape, np.float32))
             done = term | trunc
             before = [(at, left) for at, left in kept]
-            n = branch(env, obs, done, kept, cfg, rng)
+            n = len(branch(env, obs, done, kept, cfg, rng))
             restarts += n
             assert n == min(int(done.sum()), sum(left for _, left in before))  # every ended one, while starts last
             for i in np.flatnonzero(done)[:n]:  # restarted at the oldest boundaries: their observations, exactly
