@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--view", choices=VIEWS, help="what the agent sees (default: the run's, else state)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--dump", type=Path, help="also write each branch's features, noise, chunk and outcome (npz)")
     args = ap.parse_args(argv)
     if args.states < 1 or args.branches < 2 or args.prefix < 0:
         ap.error("--states >= 1, --branches >= 2, --prefix >= 0")
@@ -71,7 +72,7 @@ def main(argv=None) -> int:
     h, a = venv.chunk_shape
     agent = None
     rng = np.random.default_rng(args.seed)
-    rows = []
+    rows, dump = [], {"features": [], "noise": [], "chunk": [], "success": [], "run_seed": []}
     try:
         for j in range(args.states):
             obs, _ = venv.reset(seed=[args.seed + j] * k)
@@ -111,6 +112,8 @@ def main(argv=None) -> int:
                     if agent.cfg.algorithm == "na":
                         row["qa"] = agent.action_value(o, torch.as_tensor(chunks)).tolist()
             rows.append(row)
+            for key, v in (("features", f), ("noise", w), ("chunk", chunks), ("success", success), ("run_seed", [args.seed + j] * k)):  # fmt: skip
+                dump[key].append(np.asarray(v))
             speed = "" if block is None else f", block {block:.3f} m/s, pusher {pusher:.3f} m/s"
             print(f"state {j}: {sum(success)}/{k} succeed{speed}", file=sys.stderr)
     finally:
@@ -152,6 +155,8 @@ def main(argv=None) -> int:
         "qa_pairwise": agreement("qa"), "qw_pairwise": agreement("qw"),
     }  # fmt: skip
     args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    if args.dump is not None and rows:
+        np.savez(args.dump, **{key: np.stack(v) for key, v in dump.items()})  # [states, K, ...]
     print(json.dumps(summary, indent=1))
     return 0
 

@@ -390,10 +390,20 @@ def test_example_writes_result_agent_and_curve(tmp_path):
             assert (tmp_path / "run" / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
     # the probe reads the run's agent and ranks its chunks at one state
     probe = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_probe.py"), "--states", "1", "--branches", "2", "--prefix", "1",
-                            "--run", str(tmp_path / "run"), "--out", str(tmp_path / "probe.json")], capture_output=True, text=True, timeout=120)  # fmt: skip
+                            "--run", str(tmp_path / "run"), "--out", str(tmp_path / "probe.json"), "--dump", str(tmp_path / "probe.npz")],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert probe.returncode == 0, probe.stderr[-2000:]
     rows = json.loads((tmp_path / "probe.json").read_text())["rows"]
-    assert len(rows) <= 1 and all(len(r["qw"]) == len(r["success"]) == 2 and r["block_speed"] >= 0 for r in rows)
+    assert len(rows) == 1 and all(len(r["qw"]) == len(r["success"]) == 2 and r["block_speed"] >= 0 for r in rows)
+    with np.load(tmp_path / "probe.npz") as dump:  # the branches themselves, for scripts/dsrl_rankable.py
+        assert (
+            dump["chunk"].shape[:2] == dump["success"].shape == (1, 2)
+            and (dump["features"][0] == dump["features"][0, 0]).all()
+        )
+    npz = str(tmp_path / "probe.npz")
+    ranked = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_rankable.py"), npz, npz, "--epochs", "1", "--hidden", "8"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ranked.returncode == 0 and json.loads(ranked.stdout)["test_states"] == 1, ranked.stderr[-2000:]
     # the table script lists the kept agent and the snapshot, with their held-out figures
     table = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_table.py"), str(tmp_path / "run")],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
