@@ -37,6 +37,7 @@ from rollcap.rollout.learn.dsrl_eval import (  # noqa: F401 (re-exported: the ex
     summary_lines,
     viewed,
 )
+from rollcap.rollout.learn.dsrl_branch import Branches
 from rollcap.rollout.learn.dsrl_heldin import (
     MAX_ENVS,
     MAX_HELDIN,
@@ -98,6 +99,9 @@ class TrainConfig:
     branch_greedy: bool = False
     """With ``branches``: a restarted episode samples only its first chunk's noise, then plays the actor's
     deterministic noise, so its return values that chunk under the agent that is evaluated (as the probe does)."""
+    rank_steps: int = 0
+    """With ``branches`` (NA): action-critic steps per vector step that order the chunks tried at one kept boundary
+    by their returns (:mod:`~rollcap.rollout.learn.dsrl_branch`), 32 boundaries a step; 0: off."""
     agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self):
@@ -117,6 +121,7 @@ class TrainConfig:
             "heldin_episodes",
             "heldin_envs",
             "branches",
+            "rank_steps",
         ):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -147,6 +152,8 @@ class TrainConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)):
                 raise ValueError(f"{name}: expected a finite number, got {v!r}")
+        if self.rank_steps and not (self.branches and self.agent.algorithm == "na"):
+            raise ValueError(f"rank_steps: needs branches >= 1 and the na algorithm, got branches={self.branches}, algorithm={self.agent.algorithm!r}")  # fmt: skip
         f = self.branch_fraction
         if not (isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1):
             raise ValueError(f"branch_fraction: expected a number in [0, 1], got {f!r}")
@@ -202,17 +209,13 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
     timing = {"env": 0.0, "update": 0.0, "held_in": 0.0}
     keep, points = KeepBest(), []
     snap: dict | None = None
-    kept_boundaries: list = []  # branch data: [Resume, starts left], oldest first
-    restarts = 0
-    phase = np.zeros(
-        n, np.int8
-    )  # branch data: 0 an episode started afresh, 1 a restarted one's first chunk, 2 after it
+    branches = Branches(n, cfg.branches, cfg.branch_fraction, cfg.agent.gamma) if cfg.branches else None
 
     def budget_now() -> dict:
         return {"seconds": round(time.perf_counter() - t0, 1), "transitions": transitions, "env_steps": transitions * e, "episodes": len(outcomes), "vector_steps": transitions // n,
                 "critic_updates": updates * cfg.critic_steps, "distill_updates": updates * (cfg.distill_steps if cfg.agent.algorithm == "na" else 0),
                 "actor_updates": updates * cfg.actor_steps, "env_seconds": round(timing["env"], 1), "update_seconds": round(timing["update"], 1),
-                "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points), "restarts": restarts}  # fmt: skip
+                "held_in_seconds": round(timing["held_in"], 1), "held_in_checkpoints": len(points), "restarts": branches.restarts if branches else 0}  # fmt: skip
 
     def take_snapshot() -> dict:
         """What a run of ``cfg.snapshot_minutes`` would have ended with: a last held-in checkpoint, then the kept agent."""
@@ -243,8 +246,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         t1 = time.perf_counter()
         steering = transitions >= cfg.init_steps
         noise = agent.act(feat, deterministic=False) if steering else rng.standard_normal((n, h * a)).astype(np.float32)
-        if cfg.branch_greedy and steering and (phase == 2).any():
-            noise[phase == 2] = agent.act(feat[phase == 2], deterministic=True)
+        if branches is not None and cfg.branch_greedy and steering and branches.greedy().any():
+            noise[branches.greedy()] = agent.act(feat[branches.greedy()], deterministic=True)
         obs, reward, term, trunc, info = venv.step(noise.reshape(n, h, a))
         timing["env"] += time.perf_counter() - t1
         done = term | trunc
@@ -266,6 +269,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
             r = cfg.success_reward * success + cfg.env_reward_scale * float(reward[i]) - cfg.chunk_penalty
             if done[i]:
                 outcomes.append(success)
+            if branches is not None:
+                branches.record(i, feat[i], chunk, r, bool(done[i]))
             if nstep > 1:
                 windows[i].append((feat[i], noise[i], chunk, r))
                 n_step_rows(buf, windows[i], nstep, cfg.agent.gamma, bool(done[i]), nxt[i])
@@ -277,12 +282,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
                 obs=feat[i], noise=noise[i], action=chunk, reward=r, done=float(done[i]), next_obs=nxt[i], ready=ready
             )
             pending[i] = -1 if done[i] else slot
-        if cfg.branches:
-            phase[phase == 1] = 2
-            phase[done] = 0
-            again = branch(venv, obs, done, kept_boundaries, cfg, rng)
-            phase[again] = 1
-            restarts += len(again)
+        if branches is not None:
+            branches.step(venv, obs, done, rng)
         feat = features(obs, code, task.extra)
         transitions += n
         if transitions >= cfg.init_steps:
@@ -291,6 +292,9 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
                 stats.update(agent.critic_step(buf.sample(rng, cfg.agent.batch)))
             for _ in range(cfg.distill_steps if cfg.agent.algorithm == "na" else 0):
                 stats.update(agent.distill_step(buf.sample(rng, cfg.agent.batch)))
+            for _ in range(cfg.rank_steps if branches is not None else 0):
+                if (pairs := branches.pairs(rng, 32)) is not None:
+                    stats.update(agent.rank_step(pairs))
             for _ in range(cfg.actor_steps):
                 stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
             updates += 1
@@ -320,28 +324,6 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         progress(kept_line(kept))
     budget = budget_now()
     return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
-
-
-def branch(venv, obs: dict, done: np.ndarray, kept: list, cfg: TrainConfig, rng: np.random.Generator) -> int:
-    """Branch data, after a vector step: sub-envs whose episode ended restart at kept boundaries (each with
-    ``branch_fraction``'s odds, oldest boundary first; ``obs`` is updated in place), then, while fewer starts are
-    left than sub-envs, the boundary of one running sub-env is kept for ``cfg.branches`` more. Returns the restarted."""
-    again = []
-    for i in np.flatnonzero(done):
-        if kept and rng.random() < cfg.branch_fraction:
-            at = kept[0]
-            o, _ = venv.restart(int(i), at[0])
-            at[1] -= 1
-            if not at[1]:
-                kept.pop(0)
-            for k in obs:
-                obs[k][i] = o[k]
-            again.append(int(i))
-    if sum(left for _, left in kept) < len(done):
-        running = np.flatnonzero(~done)
-        if running.size:
-            kept.append([venv.boundary(int(rng.choice(running))), cfg.branches])
-    return again
 
 
 def n_step_rows(buf: Replay, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:

@@ -237,6 +237,17 @@ class NoiseAgent(nn.Module):
                 t.lerp_(p, self.cfg.tau)
         return {"critic_loss": float(loss.detach()), "target_mean": float(y.mean())}
 
+    def rank_step(self, b: dict[str, torch.Tensor], temperature: float = 0.1) -> dict[str, float]:
+        """NA only: one step ordering the action critic's values of chunks tried at one state by what they led to
+        (branch data: ``hi_*`` returned more than ``lo_*``), a logistic loss on each twin's difference / ``temperature``."""
+        hi = self.qa(torch.cat([b["hi_obs"], b["hi_action"]], -1))
+        lo = self.qa(torch.cat([b["lo_obs"], b["lo_action"]], -1))
+        loss = torch.nn.functional.softplus((lo - hi) / temperature).mean()
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.critic_opt.step()
+        return {"rank_loss": float(loss.detach()), "rank_agree": float(((hi - lo) > 0).float().mean())}
+
     def distill_step(self, b: dict[str, torch.Tensor]) -> dict[str, float]:
         """NA only: one step fitting QW(s, w) to QA(s, a) on the data's (noise, chunk) pairs."""
         with torch.no_grad():

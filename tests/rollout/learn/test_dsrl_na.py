@@ -18,6 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rollcap.rollout.learn.dsrl_branch import Branches
 from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest
 from rollcap.rollout.learn.dsrl_na import (
     TASKS,
@@ -26,7 +27,6 @@ from rollcap.rollout.learn.dsrl_na import (
     baseline,
     evaluate,
     held_out,
-    branch,
     n_step_rows,
     train,
 )
@@ -286,30 +286,45 @@ def test_branch_restarts_ended_episodes_at_kept_boundaries():
     runners = PolicyRunner(FlowVLA(POLICY).eval(), batch=3), CriticRunner(ValueCritic(CRITIC).eval(), batch=3)
     env = NoiseSteeringVectorEnv([make_env() for _ in range(3)], *runners, HostConfig(max_chunks=3),
                                  autoreset_mode=AutoresetMode.SAME_STEP)  # fmt: skip
-    cfg = TrainConfig(task="pushblock", branches=2, branch_fraction=1.0)
-    rng, kept, restarts = np.random.default_rng(0), [], 0
+    b = Branches(3, branches=2, fraction=1.0, gamma=0.5)
+    rng = np.random.default_rng(0)
     try:
         obs, _ = env.reset(seed=4)
-        for t in range(9):
-            obs, _, term, trunc, _ = env.step(np.zeros(env.action_space.shape, np.float32))
+        for t in range(12):
+            obs, _, term, trunc, info = env.step(np.zeros(env.action_space.shape, np.float32))
             done = term | trunc
-            before = [(at, left) for at, left in kept]
-            n = len(branch(env, obs, done, kept, cfg, rng))
-            restarts += n
-            assert n == min(int(done.sum()), sum(left for _, left in before))  # every ended one, while starts last
-            for i in np.flatnonzero(done)[:n]:  # restarted at the oldest boundaries: their observations, exactly
-                assert any(np.array_equal(obs["state"][i], at.obs["state"]) for at, _ in before)
-            assert all(0 < left <= 2 for _, left in kept) and sum(left for _, left in kept) <= 2 * len(kept)
-        assert restarts >= 3
+            for i in range(3):  # a made-up reward, on an episode's last chunk: one more in each sub-env
+                r = float(done[i]) * (1 + i)
+                b.record(i, np.full(4, float(b.group[i])), np.full(2, float(t)), r, bool(done[i]))
+            before = [(at, left) for at, left, _ in b.kept]
+            again = b.step(env, obs, done, rng)
+            assert len(again) == min(
+                int(done.sum()), sum(left for _, left in before)
+            )  # every ended one, while starts last
+            for i in again:  # restarted at the oldest boundaries: their observations, exactly
+                assert any(np.array_equal(obs["state"][i], at.obs["state"]) for at, _ in before) and b.phase[i] == 1
+            assert all(0 < left <= 2 for _, left, _ in b.kept)
+        assert b.restarts >= 3 and b.groups
+        for g, members in b.groups.items():  # a group: the first chunks of the episodes restarted at one boundary
+            assert 1 <= len(members) <= 2 and all(o[0] == g for o, _, _ in members)
+        pairs = b.pairs(rng, 8)  # the groups whose two episodes returned differently: one pair each, the better first
+        assert pairs is not None and (pairs["hi_obs"] == pairs["lo_obs"]).all()
+        assert len(pairs["hi_obs"]) == min(8, len(b.ranked)) and b.ranked
     finally:
         env.close()
     with pytest.raises(ValueError, match="branch_fraction"):
         TrainConfig(branches=2, branch_fraction=1.5)
+    with pytest.raises(ValueError, match="rank_steps: needs branches"):
+        TrainConfig(rank_steps=1)
 
 
 @pytest.mark.slow(seconds=5)
 def test_a_run_with_branch_data_repeats_bit_for_bit():
-    (a1, info1), (a2, info2) = (_tiny_run(0, heldin_every=0, branches=2, branch_fraction=1.0) for _ in range(2))
+    runs = (
+        _tiny_run(0, heldin_every=0, branches=2, branch_fraction=1.0, branch_greedy=True, rank_steps=1)
+        for _ in range(2)
+    )
+    (a1, info1), (a2, info2) = runs
     assert info1["budget"]["restarts"] >= 2 and info1["budget"]["transitions"] == 48
     assert info1["budget"]["restarts"] == info2["budget"]["restarts"]
     s1, s2 = a1.state_dict(), a2.state_dict()
