@@ -141,7 +141,7 @@ class Options:
                 continue
             flag = flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            text = help.get(f.name, docs.get(f.name, ""))
+            text = plain(help.get(f.name, docs.get(f.name, "")), {g.name: flags.get(g.name) or g.metadata.get("flag") or "--" + g.name.replace("_", "-") for g in dataclasses.fields(cls)})  # fmt: skip
             if f.name in unset:
                 default = None
             dest = f"{cls.__name__}.{f.name}"
@@ -200,6 +200,15 @@ class Options:
         return _QUOTED.sub(one, text)
 
 
+def plain(text: str, flags: dict[str, str]) -> str:
+    """A field docstring as ``--help`` shows it: a quoted field name as its flag (````name```` -> ``--name``), other
+    literals unquoted, and a cross-reference (``:mod:`~a.b.c``` / ``:meth:`X.y```) as the name it shows."""
+    text = _ROLE.sub(lambda m: m["target"].rsplit(".", 1)[-1] if m["tilde"] else m["target"], text)
+    return _LITERAL.sub(lambda m: flags.get(m[1], m[1]), text)
+
+
+_ROLE = re.compile(r":(?:mod|meth|func|class|attr|data):`(?P<tilde>~?)(?P<target>[^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
 _QUOTED = re.compile(r"`(?P<name>[a-z_][a-z0-9_]*)(?:=(?P<value>[^`]*))?`")
 
 

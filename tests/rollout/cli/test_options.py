@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -102,3 +103,18 @@ def test_every_flags_help_closes_its_parentheses():
         if a.help and a.help.count("(") != a.help.count(")")
     ]
     assert len(parsers) > 5 and not bad, bad
+
+
+def test_help_shows_field_names_as_flags_and_no_rest_markup():
+    """A field docstring's ``name`` is the flag in --help, a cross-reference the name it shows; no reST is left."""
+    from rollcap.rollout.options import plain
+
+    flags = {"branches": "--branches", "keep_best": "--keep-best"}
+    text = "With ``branches`` (see :mod:`~rollcap.rollout.learn.dsrl_branch` and :meth:`Host.start`); ``None``: off"
+    assert plain(text, flags) == "With --branches (see dsrl_branch and Host.start); None: off"
+    from rollcap.rollout.cli.commands import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for name, parser in sub.choices.items():
+        shown = parser.format_help()
+        assert "``" not in shown and not re.search(r":(mod|meth|func|class|attr|data):`", shown), name
