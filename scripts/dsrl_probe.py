@@ -29,10 +29,10 @@ from rollcap.rollout.learn.dsrl_na import TASKS, VIEWS, _task_code, features, vi
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
 
 
-def load_agent(run: Path, obs_dim: int, noise_dim: int, action_dim: int) -> NoiseAgent:
+def load_agent(run: Path, obs_dim: int, noise_dim: int, action_dim: int, name: str = "agent") -> NoiseAgent:
     cfg = json.loads((run / "result.json").read_text())["config"]["agent"]
     agent = NoiseAgent(obs_dim, noise_dim, action_dim, AgentConfig(**cfg))
-    agent.load_state_dict(load_file(str(run / "agent.safetensors")))
+    agent.load_state_dict(load_file(str(run / f"{name}.safetensors")))
     return agent
 
 
@@ -54,12 +54,18 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--run", type=Path, help="a run directory of examples/dsrl.py: rank with its critics (and its view)"
     )
+    ap.add_argument(
+        "--agent", default="agent", choices=("agent", "agent-snapshot", "agent-last"),
+        help="which of the run's agents: the kept one (default), the snapshot's or the last one",
+    )  # fmt: skip
     ap.add_argument("--view", choices=VIEWS, help="what the agent sees (default: the run's, else state)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dump", type=Path, help="also write each branch's features, noise, chunk and outcome (npz)")
     args = ap.parse_args(argv)
     if args.states < 1 or args.branches < 2 or args.prefix < 0:
         ap.error("--states >= 1, --branches >= 2, --prefix >= 0")
+    if args.run is not None and not (args.run / f"{args.agent}.safetensors").is_file():
+        ap.error(f"--agent: {args.run / (args.agent + '.safetensors')} does not exist (no such agent in that run)")
     view = args.view
     if view is None:
         view = (
@@ -105,7 +111,7 @@ def main(argv=None) -> int:
             row = {"run_seed": args.seed + j, "success": success, "block_speed": block, "pusher_speed": pusher}
             if args.run is not None:
                 if agent is None:
-                    agent = load_agent(args.run, f.shape[1], h * a, e * a)
+                    agent = load_agent(args.run, f.shape[1], h * a, e * a, args.agent)
                 with torch.no_grad():
                     o = torch.as_tensor(f)
                     row["qw"] = agent.noise_value(o, torch.as_tensor(w)).tolist()
