@@ -136,12 +136,13 @@ class Options:
             doc = ""
         title = doc.splitlines()[0].rstrip(".") if doc else ""
         group = self.parser.add_argument_group(f"{title} ({cls.__name__})" if title else None)
+        flag_of = {f.name: flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-") for f in dataclasses.fields(cls)}  # fmt: skip
         for f in dataclasses.fields(cls):
             if f.name in skip or not f.init:
                 continue
-            flag = flags.get(f.name) or f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+            flag = flag_of[f.name]
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            text = plain(help.get(f.name, docs.get(f.name, "")), {g.name: flags.get(g.name) or g.metadata.get("flag") or "--" + g.name.replace("_", "-") for g in dataclasses.fields(cls)})  # fmt: skip
+            text = plain(help.get(f.name, docs.get(f.name, "")), flag_of)
             if f.name in unset:
                 default = None
             dest = f"{cls.__name__}.{f.name}"

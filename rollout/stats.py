@@ -1,4 +1,5 @@
-"""Success rates as claims about seeds: Wilson intervals, paired differences, exact McNemar.
+"""Success rates as claims about seeds: Wilson intervals, paired differences, exact McNemar; and how well scores
+order candidates at one state (pairwise agreement, resampled over states).
 
 One implementation for every report that states a success rate (``rollcap run``'s
 summary, branch values, RECAP's before/after, DSRL, the RTC benchmark).
@@ -42,3 +43,25 @@ def rate_line(k: int, n: int) -> str:
         return "-"
     p, lo, hi = wilson(k, n)
     return f"{p:.1%} [{lo * 100:.1f}, {hi * 100:.1f}] ({k}/{n})"
+
+
+def pairwise_agreement(scores, outcomes, resamples: int = 2000) -> dict | None:
+    """How often ``scores`` order two candidates at one state as their ``outcomes`` do, over the pairs whose outcomes
+    differ (0.5 is chance), with a 95% interval from resampling states (the pairs at one state share its scores, so
+    they are not independent). ``scores`` and ``outcomes`` hold one sequence per state; None when no pair differs."""
+    import numpy as np
+
+    per = []  # (agreeing, pairs) per state
+    for q, y in zip(scores, outcomes):
+        q, y = np.asarray(q), np.asarray(y, bool)
+        i, j = np.triu_indices(len(y), 1)
+        d = y[i] != y[j]
+        if d.any():
+            per.append((((q[i] > q[j]) == y[i])[d].sum(), d.sum()))
+    if not per:
+        return None
+    a = np.array(per, float)
+    boot = np.random.default_rng(0).integers(0, len(a), (resamples, len(a)))
+    frac = a[boot, 0].sum(1) / a[boot, 1].sum(1)
+    return {"states": len(a), "pairs": int(a[:, 1].sum()), "agreement": float(a[:, 0].sum() / a[:, 1].sum()),
+            "ci95": [float(np.quantile(frac, 0.025)), float(np.quantile(frac, 0.975))]}  # fmt: skip

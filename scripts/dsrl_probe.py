@@ -27,6 +27,7 @@ from safetensors.torch import load_file
 from rollcap.rollout.gym.vector import make_noise_steering_vector_env
 from rollcap.rollout.learn.dsrl_na import TASKS, VIEWS, _task_code, features, viewed
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
+from rollcap.rollout.stats import pairwise_agreement
 
 
 def load_agent(run: Path, obs_dim: int, noise_dim: int, action_dim: int, name: str = "agent") -> NoiseAgent:
@@ -126,27 +127,12 @@ def main(argv=None) -> int:
         venv.close()
 
     def agreement(key):
-        """Pairwise agreement over the pairs whose outcomes differ, with a 95% interval from resampling states (the
-        pairs at one state share its critic values, so they are not independent)."""
-        per = []  # (agreeing, pairs) per state
-        for r in rows:
-            if key not in r:
-                return None
-            agree = total = 0
-            for x in range(k):
-                for y in range(x + 1, k):
-                    if r["success"][x] != r["success"][y]:
-                        total += 1
-                        agree += (r[key][x] > r[key][y]) == r["success"][x]
-            if total:
-                per.append((agree, total))
-        if not per:
+        if any(key not in r for r in rows):
+            return None
+        got = pairwise_agreement([r[key] for r in rows], [r["success"] for r in rows])
+        if got is None:
             return {"pairs": 0, "states": 0, "agreement": None, "ci95_over_states": None}
-        a = np.array(per, float)
-        boot = np.random.default_rng(0).integers(0, len(a), (2000, len(a)))
-        frac = a[boot, 0].sum(1) / a[boot, 1].sum(1)
-        return {"pairs": int(a[:, 1].sum()), "states": len(a), "agreement": float(a[:, 0].sum() / a[:, 1].sum()),
-                "ci95_over_states": [float(np.quantile(frac, 0.025)), float(np.quantile(frac, 0.975))]}  # fmt: skip
+        return {"pairs": got["pairs"], "states": got["states"], "agreement": got["agreement"], "ci95_over_states": got["ci95"]}  # fmt: skip
 
     differ = [r for r in rows if len(set(r["success"])) > 1]
     spd = np.array([r["block_speed"] for r in rows if r["block_speed"] is not None])

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from rollcap.rollout.learn.noise_agent import mlp
+from rollcap.rollout.stats import pairwise_agreement
 
 
 def load(path):
@@ -31,19 +32,10 @@ def load(path):
 
 def agreement(score: np.ndarray, success: np.ndarray) -> dict:
     """Pairwise agreement over pairs whose outcomes differ, with a 95% interval from resampling states."""
-    per = []
-    for q, y in zip(score, success):
-        i, j = np.triu_indices(len(y), 1)
-        d = y[i] != y[j]
-        if d.any():
-            per.append((((q[i] > q[j]) == y[i])[d].sum(), d.sum()))
-    if not per:
+    got = pairwise_agreement(score, success)
+    if got is None:
         return {"states": 0, "pairs": 0, "agreement": None, "ci95": None}
-    a = np.array(per, float)
-    boot = np.random.default_rng(0).integers(0, len(a), (2000, len(a)))
-    frac = a[boot, 0].sum(1) / a[boot, 1].sum(1)
-    return {"states": len(a), "pairs": int(a[:, 1].sum()), "agreement": round(float(a[:, 0].sum() / a[:, 1].sum()), 4),
-            "ci95": [round(float(np.quantile(frac, q)), 4) for q in (0.025, 0.975)]}  # fmt: skip
+    return {**got, "agreement": round(got["agreement"], 4), "ci95": [round(c, 4) for c in got["ci95"]]}
 
 
 def inputs_of(d: dict, inputs: str) -> torch.Tensor:

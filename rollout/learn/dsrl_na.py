@@ -246,8 +246,8 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         t1 = time.perf_counter()
         steering = transitions >= cfg.init_steps
         noise = agent.act(feat, deterministic=False) if steering else rng.standard_normal((n, h * a)).astype(np.float32)
-        if branches is not None and cfg.branch_greedy and steering and branches.greedy().any():
-            noise[branches.greedy()] = agent.act(feat[branches.greedy()], deterministic=True)
+        if branches is not None and cfg.branch_greedy and steering and (greedy := branches.greedy()).any():
+            noise[greedy] = agent.act(feat[greedy], deterministic=True)
         obs, reward, term, trunc, info = venv.step(noise.reshape(n, h, a))
         timing["env"] += time.perf_counter() - t1
         done = term | trunc
