@@ -2,12 +2,13 @@
 
 python examples/train_default.py                   # full run, writes policies/weights and critics/weights
 python examples/train_default.py --demos 4 --policy-steps 5 --critic-steps 5 --eval-episodes 2 --out /tmp/w
+python examples/train_default.py --shared-prefix --out runs/shared   # the guidance branches share the observation's prefix
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC
@@ -24,6 +25,11 @@ def main() -> None:
         "--eval-only", action="store_true", help="only re-evaluate the checkpoints (refreshes training_report.json)"
     )
     ap.add_argument(
+        "--shared-prefix",
+        action="store_true",
+        help="train the policy with FlowVLAConfig.shared_prefix (the observation does not attend to the advantage token)",
+    )
+    ap.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -31,6 +37,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in numeric})
+    if args.shared_prefix:
+        cfg = replace(cfg, policy=replace(cfg.policy, shared_prefix=True))
     policy, critic = (POLICY, CRITIC) if args.out is None else (args.out / POLICY.name, args.out / CRITIC.name)
     if args.eval_only:
         evaluate_checkpoints(cfg, policy, critic)

@@ -68,6 +68,12 @@ class FlowVLAConfig(ObsModelConfig):
     """Trained with a clean action prefix (real-time chunking's hard-prefix variant): each action token has its own
     flow time, 0 on the prefix; sampling pins the prefix (:meth:`FlowVLA.inpaint_sample`). Omitted from the JSON when
     False, so checkpoints without it keep their config and fingerprint."""
+    shared_prefix: bool = False
+    """The observation's tokens do not attend to the advantage indicator (the prefix's last token, which attends to
+    them; the action expert reads both), so the guidance branches share the observation's prefix: a guided chunk
+    runs it once, at the observation's batch, and only the indicator token per branch, about half the prefix's
+    work. The indicator then reaches the actions through its own keys/values alone. Another model, not a faster
+    path to the same one: a checkpoint is trained with it or without it. Omitted from the JSON when False."""
 
     LIMITS = {**ObsModelConfig.LIMITS, "action_dim": 4096, "horizon": 4096, "num_steps": 1000}
 
@@ -82,8 +88,9 @@ class FlowVLAConfig(ObsModelConfig):
         self._require_number("adv_dropout")
         if not 0.0 <= self.adv_dropout < 1.0:
             raise self._fail("adv_dropout", "a probability in [0, 1)")
-        if not isinstance(self.prefix_conditioning, bool):
-            raise self._fail("prefix_conditioning", "true or false")
+        for name in ("prefix_conditioning", "shared_prefix"):
+            if not isinstance(getattr(self, name), bool):
+                raise self._fail(name, "true or false")
         self._require_int("expert_width", 0, self.LIMITS["width"])
         if self.expert_width and (self.expert_width % 2 or self.expert_width % self.heads):
             raise self._fail("expert_width", f"0 or an even multiple of heads {self.heads}")
@@ -91,7 +98,12 @@ class FlowVLAConfig(ObsModelConfig):
 
     def to_json(self) -> dict:
         d = super().to_json()
-        for name, default in (("prefix_conditioning", False), ("expert_width", 0), ("mlp_ratio", 2)):
+        for name, default in (
+            ("prefix_conditioning", False),
+            ("shared_prefix", False),
+            ("expert_width", 0),
+            ("mlp_ratio", 2),
+        ):
             if d[name] == default:
                 del d[
                     name
@@ -117,15 +129,29 @@ class ActionExpert(nn.Module):
         nn.init.normal_(self.pos, std=0.02)
         self.width = w
 
-    def prefix_kv(self, hidden: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Project the prefix's per-layer hidden states once per chunk."""
-        if not hasattr(self, "prefix_proj"):
-            return [blk.attn.project_kv(ln(h)) for blk, ln, h in zip(self.blocks, self.prefix_ln, hidden)]
+    def prefix_kv(self, hidden: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Project the prefix's per-layer hidden states once per chunk.
+
+        ``hidden``: per layer ``[B, N, width]``, or a shared prefix's ``(observation, extra)`` pair
+        (:meth:`~rollcap.policies.layers.PrefixEncoder.forward_shared`): the observation's keys/values are made
+        once at its batch and repeated for each branch, before the extra tokens' own.
+        """
         out = []
-        for blk, ln, proj, h in zip(self.blocks, self.prefix_ln, self.prefix_proj, hidden):
-            k, v = proj(ln(h)).chunk(2, dim=-1)
-            out.append((blk.attn.split(k), blk.attn.split(v)))
+        for i, h in enumerate(hidden):
+            if isinstance(h, tuple):
+                (ko, vo), (ke, ve) = self._layer_kv(i, h[0]), self._layer_kv(i, h[1])
+                r = h[1].shape[0] // h[0].shape[0]
+                out.append((torch.cat([ko.repeat(r, 1, 1, 1), ke], 2), torch.cat([vo.repeat(r, 1, 1, 1), ve], 2)))
+            else:
+                out.append(self._layer_kv(i, h))
         return out
+
+    def _layer_kv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        blk, ln = self.blocks[i], self.prefix_ln[i]
+        if not hasattr(self, "prefix_proj"):
+            return blk.attn.project_kv(ln(h))
+        k, v = self.prefix_proj[i](ln(h)).chunk(2, dim=-1)
+        return blk.attn.split(k), blk.attn.split(v)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, kv: list, mask: torch.Tensor) -> torch.Tensor:
         """``t``: flow time ``[B]`` (one per chunk), or ``[B, H]`` (one per action token: prefix-conditioned models)."""
@@ -170,12 +196,27 @@ class FlowVLA(CompiledRegions, nn.Module):
         # checkpoints (and their weights digest) are unchanged.
         self.register_buffer("cfg_adv", torch.tensor([ADV_POSITIVE, ADV_DROPPED]), persistent=False)
 
+    def prefix_hidden(self, images, state, tokens, adv) -> tuple[list, torch.Tensor]:
+        """The encoder's per-layer hidden states and key mask for advantage rows ``adv`` (the expert's input).
+
+        Without ``shared_prefix`` the observation's batch is ``adv``'s; with it, ``adv`` may have ``r`` rows per
+        observation (row ``j`` is observation ``j % b``'s), and the observation runs once
+        (:meth:`~rollcap.policies.layers.PrefixEncoder.forward_shared`).
+        """
+        extra = self.adv_emb(adv)[:, None, :]
+        if self.cfg.shared_prefix:
+            return self.encoder.forward_shared(images, state, tokens, extra)
+        hidden, _, valid = self.encoder(images, state, tokens, extra)
+        return hidden, valid
+
     def _prefix(self, images, state, tokens, adv):
-        hidden, _, valid = self.encoder(images, state, tokens, self.adv_emb(adv)[:, None, :])
+        hidden, valid = self.prefix_hidden(images, state, tokens, adv)
         return self.expert.prefix_kv(hidden), valid
 
     def cfg_prefix(self, images, state, tokens):
         """The prefix of one observation for classifier-free guidance: batch 2, advantage positive / dropped."""
+        if self.cfg.shared_prefix:  # the observation once, the indicator for both branches
+            return self._prefix(images, state, tokens, self.cfg_adv)
         return self._prefix(
             [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
         )
@@ -228,12 +269,13 @@ class FlowVLA(CompiledRegions, nn.Module):
         :meth:`inpaint_sample`'s path with an empty prefix, as :meth:`sample` does.
         """
         cfg, n = self.cfg, noise.shape[0]
-        kv, valid = self._prefix(
-            [img.repeat(2, 1, 1, 1) for img in images],
-            state.repeat(2, 1),
-            tokens.repeat(2, 1),
-            self.cfg_adv[:, None].expand(2, n).reshape(-1),
-        )
+        adv = self.cfg_adv[:, None].expand(2, n).reshape(-1)
+        if cfg.shared_prefix:
+            kv, valid = self._prefix(images, state, tokens, adv)
+        else:
+            kv, valid = self._prefix(
+                [img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), adv
+            )
         x, dt = noise, -1.0 / cfg.num_steps
         if cfg.prefix_conditioning:
             zero = torch.zeros_like(noise)

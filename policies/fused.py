@@ -85,6 +85,10 @@ class FusedBlock(nn.Module):
         ``kv_buf`` ``[B, N_prefix + N, 2, heads, head_dim]``: the prefix's keys/values with room for this block's
         own, which are written into its last ``N`` rows (in place: the prefix is not copied at every step).
         """
+        return self.forward_kv(x, mask, kv_buf)[0]
+
+    def forward_kv(self, x: torch.Tensor, mask: torch.Tensor, kv_buf: torch.Tensor | None = None):
+        """:meth:`forward`, and the keys/values it attended to (``[B, N_keys, 2, heads, head_dim]``)."""
         b, n, w = x.shape
         h = self.heads
         qkv = self.qkv(F.layer_norm(x, (w,), eps=self.eps1))
@@ -95,7 +99,32 @@ class FusedBlock(nn.Module):
             kv = kv_buf
         o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
         x = x + self.out(o.transpose(1, 2).reshape(b, n, w))
-        return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh"))
+        return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh")), kv
+
+
+def extra_kv(kv: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+    """A shared prefix's key/value buffer for the extra tokens: the observation's ``kv`` ``[b, N_obs, 2, heads, d]``
+    repeated for each of ``extra``'s ``r * b`` rows, with room for the extra tokens' own after it."""
+    r = extra.shape[0] // kv.shape[0]
+    return torch.cat([kv.repeat(r, 1, 1, 1, 1), kv.new_zeros(extra.shape[0], extra.shape[1], *kv.shape[2:])], 1)
+
+
+def shared_layout(obs: list[torch.Tensor], extra: list[torch.Tensor]) -> tuple[torch.Tensor, int, int, int]:
+    """Each layer's observation rows, then its extra rows, as one ``[depth, b * N_obs + r * b * n_extra, width]``
+    operand (one batched projection for both); and ``b, N_obs, r``."""
+    b, n, w = obs[0].shape
+    rows = torch.stack([torch.cat([o.reshape(-1, w), e.reshape(-1, w)]) for o, e in zip(obs, extra)])
+    return rows, b, n, extra[0].shape[0] // b
+
+
+def shared_kv(proj: torch.Tensor, b: int, n: int, r: int, heads: int, room: int) -> torch.Tensor:
+    """``[depth, r * b, n + n_extra + room, 2, heads, head_dim]`` from :func:`shared_layout`'s rows projected: the
+    observation's keys/values repeated for each branch, the extra tokens' after them, ``room`` zero rows last."""
+    depth, m, two_w = proj.shape
+    d = two_w // 2 // heads
+    obs = proj[:, : b * n].view(depth, b, n, 2, heads, d).repeat(1, r, 1, 1, 1, 1)
+    extra = proj[:, b * n :].view(depth, r * b, -1, 2, heads, d)
+    return torch.cat([obs, extra, proj.new_zeros(depth, r * b, room, 2, heads, d)], dim=2)
 
 
 def additive_mask(valid: torch.Tensor, extra: int = 0) -> torch.Tensor:
@@ -185,8 +214,24 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         self.expert = FusedExpert(plain.expert, cfg)
         self.register_buffer("cfg_adv", plain.cfg_adv.clone(), persistent=False)
 
+    def shared_inputs(self, images, state, tokens, adv):
+        """A shared prefix's observation tokens, extra tokens, and the observation's and the extra tokens' masks, and
+        the expert's (``[r * b, 1, 1, N + H]``)."""
+        enc = self.encoder
+        x, valid = enc.embed_obs(images, state, tokens)
+        e = self.adv_emb(adv)[:, None, :] + enc.extra_pos
+        valid = enc.extra_valid(valid.repeat(e.shape[0] // x.shape[0], 1), e)
+        mask = additive_mask(valid, self.cfg.horizon)
+        return x, e, mask[: x.shape[0], ..., : x.shape[1]], mask[..., : valid.shape[1]], mask
+
     def guided_prefix(self, images, state, tokens, adv):
-        """Keys/values ``[depth, B, N + H, 2, heads, head_dim]`` (the last ``H`` rows: room for the expert's own) and the additive key mask."""
+        """Keys/values ``[depth, B, N + H, 2, heads, head_dim]`` (the last ``H`` rows: room for the expert's own) and the additive key mask.
+
+        With ``shared_prefix`` the observation comes at its own batch and ``adv`` has a row per branch (as
+        :meth:`FlowVLA.prefix_hidden`).
+        """
+        if self.cfg.shared_prefix:
+            return self._shared_prefix(images, state, tokens, adv)
         x, valid = self.encoder.embed(images, state, tokens, self.adv_emb(adv)[:, None, :])
         mask = additive_mask(valid, self.cfg.horizon)
         enc_mask = mask[..., : valid.shape[1]]
@@ -197,6 +242,31 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         kv = self.expert.prefix_kv(hidden)
         own = self.cfg.horizon  # room for the action tokens' keys/values, written by each expert block at each step
         return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], own, *kv.shape[3:])], dim=2), mask
+
+    def _shared_prefix(self, images, state, tokens, adv):
+        x, e, obs_mask, e_mask, mask = self.shared_inputs(images, state, tokens, adv)
+        obs, extra = [], []
+        for blk in self.encoder.blocks:
+            obs.append(x)
+            extra.append(e)
+            x, kv = blk.forward_kv(x, obs_mask)
+            e = blk(e, e_mask, extra_kv(kv, e))
+        rows, b, n, r = shared_layout(obs, extra)
+        ex = self.expert
+        proj = torch.baddbmm(ex.prefix_b, F.layer_norm(rows, (rows.shape[-1],), eps=ex.prefix_eps), ex.prefix_w)
+        return shared_kv(proj, b, n, r, ex.blocks[0].heads, self.cfg.horizon), mask
+
+    def _guided(self, images, state, tokens, rows: int = 0):
+        """The guided prefix of ``rows`` observations (0: one, batch 1), both branches (``[rows positive, rows dropped]``)."""
+        n = rows or 1
+        adv = self.cfg_adv[:, None].expand(2, n).reshape(-1) if rows else self.cfg_adv
+        if not self.cfg.shared_prefix:
+            if rows:
+                images, state, tokens = [i.repeat(2, 1, 1, 1) for i in images], state.repeat(2, 1), tokens.repeat(2, 1)
+            else:
+                images = [i.expand(2, -1, -1, -1) for i in images]
+                state, tokens = state.expand(2, -1), tokens.expand(2, -1)
+        return self._region("guided_prefix")(images, state, tokens, adv)
 
     def step(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One guided Euler step of ``x [N, H, A]`` (both branches through the expert, then the guided update).
@@ -222,30 +292,20 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor
     ) -> torch.Tensor:
         """As :meth:`FlowVLA.sample` (batch 1, guided; capturable)."""
-        kv, mask = self._region("guided_prefix")(
-            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
-        )
+        kv, mask = self._guided(images, state, tokens)
         return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
     def sample_rows(
         self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, noise: torch.Tensor
     ) -> torch.Tensor:
         """As :meth:`FlowVLA.sample_rows` (batch N: N positive rows, then N dropped)."""
-        n = noise.shape[0]
-        kv, mask = self._region("guided_prefix")(
-            [img.repeat(2, 1, 1, 1) for img in images],
-            state.repeat(2, 1),
-            tokens.repeat(2, 1),
-            self.cfg_adv[:, None].expand(2, n).reshape(-1),
-        )
+        kv, mask = self._guided(images, state, tokens, rows=noise.shape[0])
         return self._euler(noise, kv, mask, lambda k: self.expert.step_bias[k])
 
     def guided_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
         """As :func:`rollcap.policies.rtc.guided_sample`: each step's clean estimate blended towards ``carried`` (``weights`` ``[1, H, 1]``; capturable)."""
         cfg, e = self.cfg, self.expert
-        kv, mask = self._region("guided_prefix")(
-            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
-        )
+        kv, mask = self._guided(images, state, tokens)
         x, dt = noise, -1.0 / cfg.num_steps
         for k in range(cfg.num_steps):
             tk = 1.0 - k / cfg.num_steps
@@ -258,9 +318,7 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
 
     def inpaint_sample(self, images, state, tokens, noise, carried, weights) -> torch.Tensor:
         """As :meth:`FlowVLA.inpaint_sample` (a prefix-conditioned model; ``weights`` 0/1)."""
-        kv, mask = self._region("guided_prefix")(
-            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
-        )
+        kv, mask = self._guided(images, state, tokens)
         keep = 1.0 - weights
         pinned = carried * weights
         e = self.expert

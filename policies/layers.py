@@ -80,14 +80,18 @@ class Attention(nn.Module):
         self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
         """``mask``: bool ``[B, N_keys]``, True where a key may be attended."""
+        return self.forward_kv(x, mask, prefix_kv)[0]
+
+    def forward_kv(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None):
+        """:meth:`forward`, and the keys/values of ``x`` itself (without ``prefix_kv``'s)."""
         q = self.split(self.q(x))
-        k, v = self.project_kv(x)
+        own = k, v = self.project_kv(x)
         if prefix_kv is not None:
             k = torch.cat([prefix_kv[0], k], dim=2)
             v = torch.cat([prefix_kv[1], v], dim=2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
         b, h, n, d = o.shape
-        return self.out(o.transpose(1, 2).reshape(b, n, h * d))
+        return self.out(o.transpose(1, 2).reshape(b, n, h * d)), own
 
 
 class Block(nn.Module):
@@ -103,8 +107,13 @@ class Block(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), mask, prefix_kv)
-        return x + self.mlp(self.ln2(x))
+        return self.forward_kv(x, mask, prefix_kv)[0]
+
+    def forward_kv(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None):
+        """:meth:`forward`, and the keys/values this block's attention made of ``x`` (for tokens that attend to it)."""
+        a, kv = self.attn.forward_kv(self.ln1(x), mask, prefix_kv)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), kv
 
 
 class PrefixEncoder(nn.Module):
@@ -171,10 +180,43 @@ class PrefixEncoder(nn.Module):
             x = blk(x, valid)
         return hidden, self.ln_out(x), valid
 
+    def forward_shared(self, images, state, tokens, extra: torch.Tensor):
+        """The prefix when the observation does not attend to the extra tokens (a shared guidance prefix).
+
+        The observation's tokens run through the blocks at their own batch ``b``; the extra tokens (``extra``
+        ``[r * b, n_extra, width]``, row ``j`` belonging to observation ``j % b``) attend to the observation's
+        keys/values at every layer and to each other, and nothing attends to them. Equal to :meth:`forward` over the
+        whole sequence with the observation's rows masked off the extra keys, at a fraction of the work when ``r``
+        branches share one observation. Returns each layer's input as an ``(observation [b, N_obs, width], extra
+        [r * b, n_extra, width])`` pair, and the key mask ``[r * b, N_obs + n_extra]``.
+        """
+        x, valid = self.embed_obs(images, state, tokens)
+        r = extra.shape[0] // x.shape[0]
+        e = extra + self.extra_pos
+        valid = self.extra_valid(valid.repeat(r, 1), e)
+        hidden = []
+        for blk in self.blocks:
+            hidden.append((x, e))
+            x, (k, v) = blk.forward_kv(x, valid[: x.shape[0], : x.shape[1]])
+            e = blk(e, valid, (k.repeat(r, 1, 1, 1), v.repeat(r, 1, 1, 1)))
+        return hidden, valid
+
     def embed(
         self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix tokens ``[B, N, width]`` before the blocks, and the key mask ``[B, N]``."""
+        x, valid = self.embed_obs(images, state, tokens)
+        return torch.cat([x, extra + self.extra_pos], dim=1), self.extra_valid(valid, extra)
+
+    @staticmethod
+    def extra_valid(valid: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
+        """The observation's key mask with the extra tokens' keys (always valid) after it."""
+        return torch.cat([valid, torch.ones(valid.shape[0], extra.shape[1], dtype=torch.bool, device=valid.device)], 1)
+
+    def embed_obs(
+        self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The observation's tokens ``[B, N_obs, width]`` (images, instruction, state) and their key mask."""
         b = state.shape[0]
         parts = [self.patchify(img) + self.cam_pos[i] for i, img in enumerate(images)]
         parts.append(self.tok_emb(tokens) + self.tok_pos)
@@ -188,14 +230,13 @@ class PrefixEncoder(nn.Module):
             n_state = self.state_w.shape[0]
             feats = feats.reshape(b, n_state, -1)
             parts.append(torch.einsum("bgf,gfw->bgw", feats, self.state_w) + self.state_b)
-        parts.append(extra + self.extra_pos)
         x = torch.cat(parts, dim=1)
         n_img = len(images) * self.n_patches
         valid = torch.cat(
             [
                 torch.ones(b, n_img, dtype=torch.bool, device=x.device),
                 tokens != PAD,
-                torch.ones(b, n_state + extra.shape[1], dtype=torch.bool, device=x.device),
+                torch.ones(b, n_state, dtype=torch.bool, device=x.device),
             ],
             dim=1,
         )

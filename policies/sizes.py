@@ -121,6 +121,32 @@ def weight_floor(cfg: FlowVLAConfig, precision: str = "bf16", bandwidth: float =
     }
 
 
+def chunk_flops(cfg: FlowVLAConfig) -> dict[str, float]:
+    """Floating-point operations of one guided batch-1 chunk: ``prefix`` (the encoder's blocks and the expert's
+    prefix keys/values, both guidance branches), ``expert`` (``K`` steps of both branches' ``H`` action tokens),
+    ``total``, and ``attention`` (the part of ``total`` in attention's two products). Matmuls count 2 per
+    multiply-add; the other embeddings, the flow-time MLP, norms and elementwise work are left out (0.25% at ``26m``).
+
+    Without ``shared_prefix`` every prefix token runs once per branch; with it the observation's tokens run once and
+    the advantage token once per branch.
+    """
+    w, we, r, depth = cfg.width, cfg.expert_width or cfg.width, cfg.mlp_ratio, cfg.depth
+    n_img = len(cfg.image_keys) * (cfg.image_size // cfg.patch_size) ** 2
+    n_obs = n_img + cfg.max_tokens + (cfg.state_dim // cfg.state_group if cfg.state_group else 1)
+    patches = n_img * cfg.patch_size**2 * 3 * w  # the patch projection's multiply-adds, per branch
+    n, h = n_obs + 1, cfg.horizon  # the advantage token last
+    block, kv = (4 + 2 * r) * w * w, w * 2 * we  # multiply-adds per token: a block's linears; the expert's prefix k/v
+    if cfg.shared_prefix:  # the observation once (attending to itself), the indicator per branch (attending to all)
+        lin, att, patches = (n_obs + 2) * (block + kv), n_obs * 2 * n_obs * w + 2 * 2 * n * w, patches
+    else:
+        lin, att, patches = 2 * n * (block + kv), 2 * n * 2 * n * w, 2 * patches
+    step_lin = 2 * h * ((4 + 2 * r) * we * we * depth + 2 * cfg.action_dim * we)
+    step_att = 2 * h * 2 * (n + h) * we * depth
+    macs = {"prefix": (lin + att) * depth + patches, "expert": cfg.num_steps * (step_lin + step_att)}
+    out = {k: 2.0 * v for k, v in macs.items()}
+    return {**out, "total": out["prefix"] + out["expert"], "attention": 2.0 * (att * depth + cfg.num_steps * step_att)}
+
+
 def device_bandwidth(device: torch.device | str) -> tuple[str, float] | None:
     """``(name, bytes/s)`` of a CUDA device this module knows (H100 SXM, H200), else None."""
     device = torch.device(device)

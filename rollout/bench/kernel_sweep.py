@@ -9,7 +9,10 @@ weights) and captures one graph per setting over the same static buffers:
 - ``lean-fp8``: the lean sampler at ``--precision fp8`` (the expert's GEMMs in float8; sm89+ only, else an error entry);
 - ``lean-fp8-prefix``: a measurement, not a setting a user can pick: the encoder's block GEMMs in float8 too (at
   ``3b`` the 1,092-token prefix is compute-bound: float8 tensor cores do twice the bf16 rate), with its max |diff|;
-- ``compile-bf16`` (``--compile``): the fused sampler through ``compile-cuda`` (inductor's kernels in rollcap's graph).
+- ``compile-bf16`` (``--compile``): the fused sampler through ``compile-cuda`` (inductor's kernels in rollcap's graph);
+- ``lean-bf16-shared``: ``lean-bf16`` of the same size and weights with ``shared_prefix`` (the guidance branches share
+  the observation's prefix: :attr:`~rollcap.policies.flow_vla.FlowVLAConfig.shared_prefix`). Another model: its
+  max |diff| against today is that of a different network, not a rounding.
 
 Per size and setting: the chunk's median and range over ``reps`` rounds (every setting replayed once per round, in
 turn, so drift hits all alike), ``exact`` (the replay equals its own eager chunk byte for byte; compile-cuda states
@@ -21,6 +24,7 @@ sizes in ``--profile`` (default ``3b,205m``), the kernel table (:mod:`rollcap.ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import statistics
@@ -34,7 +38,7 @@ from rollcap.kernels.graph import default_backend
 from rollcap.kernels.precision import check_precision
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
-from rollcap.policies.sizes import build, device_bandwidth, size_config, weight_floor
+from rollcap.policies.sizes import build, chunk_flops, device_bandwidth, size_config, weight_floor
 from rollcap.rollout.bench.kernel_profile import CATEGORIES, format_profile, profile_replays
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
 
@@ -44,8 +48,11 @@ SETTINGS = {
     "lean-fp8": ("lean", "fp8", None),
     "lean-fp8-prefix": ("lean", "fp8", None),
     "compile-bf16": ("fused", "bf16", "compile-cuda"),
+    "lean-bf16-shared": ("lean", "bf16", None),
 }
 """Setting -> (sampler, precision, graph backend; None: the device's default)."""
+SHARED = ("lean-bf16-shared",)
+"""Settings whose model is the size with ``shared_prefix`` (same weights)."""
 FP8_SCOPES = {"lean-fp8-prefix": ("encoder.blocks", "expert.blocks")}
 """Settings whose float8 linears are not the ``fp8`` precision's (``FP8_SCOPE``)."""
 TODAY = "fused-bf16"
@@ -67,8 +74,7 @@ def _free(device: torch.device) -> None:
 def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps: int, profile: bool) -> dict:
     """Every setting of one size (see the module docstring)."""
     cfg = size_config(name)
-    plain = build(cfg, device)
-    out: dict = {"params": sum(p.numel() for p in plain.parameters()), "settings": {}}
+    out: dict = {"settings": {}, "gflop": {}}
     bw = device_bandwidth(device)
     if bw is not None:
         out["gpu"] = bw[0]
@@ -77,27 +83,33 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
     # the fp32 masters dropped before anything is captured: at 3b each copy is 6-12 GB.
     held: dict[str, object] = {}
     errors: dict[str, str] = {}
-    for sampler in sorted({SETTINGS[s][0] for s in settings}):
-        master = (fuse if sampler == "fused" else lean)(plain)
-        for s in settings:
-            _, precision, backend = SETTINGS[s]
-            if SETTINGS[s][0] != sampler:
-                continue
-            twin = next((k for k in held if SETTINGS[k][:2] == SETTINGS[s][:2] and k not in FP8_SCOPES), None)
-            if twin is not None and s not in FP8_SCOPES:  # compile-bf16 holds fused-bf16's model
-                held[s] = held[twin]
-                continue
-            try:
-                check_precision(precision, device)
-                if (backend or "") == "compile-cuda" and device.type != "cuda":
-                    raise ValueError("compile-cuda captures a CUDA graph: GPU only")
-                held[s] = deployed(master, precision, device, FP8_SCOPES.get(s))
-            except Exception as err:
-                errors[s] = _one_line(err)
-        del master
+    for shared in sorted({s in SHARED for s in settings}):
+        cfg_s = dataclasses.replace(cfg, shared_prefix=True) if shared else cfg
+        out["gflop"]["shared" if shared else "today"] = chunk_flops(cfg_s)["total"] / 1e9
+        plain = build(cfg_s, device)  # the same seed: the same weights
+        out["params"] = sum(p.numel() for p in plain.parameters())
+        for sampler in sorted({SETTINGS[s][0] for s in settings if (s in SHARED) == shared}):
+            master = (fuse if sampler == "fused" else lean)(plain)
+            for s in settings:
+                _, precision, backend = SETTINGS[s]
+                if SETTINGS[s][0] != sampler or (s in SHARED) != shared:
+                    continue
+                own = (*FP8_SCOPES, *SHARED)  # settings that hold a model of their own
+                twin = next((k for k in held if SETTINGS[k][:2] == SETTINGS[s][:2] and k not in own), None)
+                if twin is not None and s not in own:  # compile-bf16 holds fused-bf16's model
+                    held[s] = held[twin]
+                    continue
+                try:
+                    check_precision(precision, device)
+                    if (backend or "") == "compile-cuda" and device.type != "cuda":
+                        raise ValueError("compile-cuda captures a CUDA graph: GPU only")
+                    held[s] = deployed(master, precision, device, FP8_SCOPES.get(s))
+                except Exception as err:
+                    errors[s] = _one_line(err)
+            del master
+            _free(device)
+        del plain
         _free(device)
-    del plain
-    _free(device)
     ins, outs = _buffers(cfg, device)
     ins.write({k: torch.from_numpy(v) for k, v in _inputs(cfg).items()})
     graphs, chunks = {}, {}
@@ -173,8 +185,9 @@ def format_sweep(r: dict, row) -> None:
             row(name, s["error"])
             continue
         floor = s.get("floor_ms")
+        gflop = ", ".join(f"{k} {v:,.0f}" for k, v in s.get("gflop", {}).items())
         row(
-            f"{name} ({s['params'] / 1e6:.0f} M params)"
+            f"{name} ({s['params'] / 1e6:.0f} M params, GFLOP a chunk: {gflop})"
             + (f", weight floor bf16 {floor['bf16']:.2f} ms, fp8 {floor['fp8']:.2f} ms on {s['gpu']}" if floor else "")
         )
         for k, c in s["settings"].items():
@@ -190,7 +203,7 @@ def format_sweep(r: dict, row) -> None:
             )
             vs = f", {c['over_today']:.2f}x today" if "over_today" in c else ""
             diff = (
-                f", max|diff| vs today {c['max_abs_diff_vs_today']:.2g}"
+                f", max|diff| vs today {c['max_abs_diff_vs_today']:.2g}" + (" (another model)" if k in SHARED else "")
                 if k != TODAY and "max_abs_diff_vs_today" in c
                 else ""
             )
@@ -236,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="", help="comma list (default: 3b,205m,26m,shipped on a GPU; shipped on CPU)")
     ap.add_argument(
         "--settings",
-        default="fused-bf16,lean-bf16,lean-fp8,lean-fp8-prefix",
+        default="fused-bf16,lean-bf16,lean-fp8,lean-fp8-prefix,lean-bf16-shared",
         help=f"comma list of {', '.join(SETTINGS)}",
     )
     ap.add_argument(

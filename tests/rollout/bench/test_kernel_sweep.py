@@ -10,11 +10,20 @@ from rollcap.rollout.bench.kernel_sweep import main
 def test_cpu_dry_run_times_today_and_lean_and_refuses_fp8_in_its_row(tmp_path, capsys):
     out = tmp_path / "k.json"
     assert (
-        main(["--device", "cpu", "--reps", "1", "--settings", "fused-bf16,lean-bf16,lean-fp8", "--json", str(out)]) == 0
+        main(
+            ["--device", "cpu", "--reps", "1", "--settings", "fused-bf16,lean-bf16,lean-fp8,lean-bf16-shared"]
+            + ["--json", str(out)]
+        )
+        == 0
     )
-    s = json.loads(out.read_text())["sizes"]["shipped"]["settings"]
+    size = json.loads(out.read_text())["sizes"]["shipped"]
+    s = size["settings"]
     assert s["fused-bf16"]["exact"] and s["lean-bf16"]["exact"] and s["lean-bf16"]["max_abs_diff_vs_today"] == 0.0
     assert s["lean-bf16"]["backend"] == "jit" and "GEMM" in s["lean-bf16"]["profile"]["categories"]
     assert s["lean-fp8"]["error"].endswith("has none: use bf16") and "chunk_ms" not in s["lean-fp8"]
-    assert "| category | fused-bf16 | lean-bf16 |" in capsys.readouterr().out
+    # the shared prefix: its own model (same weights, another network), exact to its own eager, fewer FLOPs
+    assert s["lean-bf16-shared"]["exact"] and s["lean-bf16-shared"]["max_abs_diff_vs_today"] > 0
+    assert size["gflop"]["shared"] < 0.8 * size["gflop"]["today"]
+    printed = capsys.readouterr().out
+    assert "| category | fused-bf16 | lean-bf16 | lean-bf16-shared |" in printed and "(another model)" in printed
     assert main(["--device", "cpu", "--settings", "fp4"]) == 2
