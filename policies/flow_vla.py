@@ -111,6 +111,16 @@ class FlowVLAConfig(ObsModelConfig):
         return d
 
 
+def split_branches(t: torch.Tensor, n_obs: int, branches: int, batch_dim: int = 0) -> torch.Tensor:
+    """A shared prefix's keys or values, tokens on axis 2 (``n_obs`` observation tokens, then ``branches`` branches'
+    extra tokens), as each branch's: the observation's tokens, then the branch's own; the batch (axis ``batch_dim``)
+    grows from ``b`` to ``branches * b``, branch-major."""
+    ext = t.narrow(2, n_obs, t.shape[2] - n_obs).unflatten(2, (branches, -1)).movedim(2, batch_dim)
+    reps = [1] * t.dim()
+    reps[batch_dim] = branches
+    return torch.cat([t.narrow(2, 0, n_obs).repeat(reps), ext.flatten(batch_dim, batch_dim + 1)], dim=2)
+
+
 class ActionExpert(nn.Module):
     """Denoises action tokens while attending to the prefix's per-layer keys/values."""
 
@@ -129,21 +139,20 @@ class ActionExpert(nn.Module):
         nn.init.normal_(self.pos, std=0.02)
         self.width = w
 
-    def prefix_kv(self, hidden: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def prefix_kv(
+        self, hidden: list, n_obs: int | None = None, branches: int = 1
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Project the prefix's per-layer hidden states once per chunk.
 
-        ``hidden``: per layer ``[B, N, width]``, or a shared prefix's ``(observation, extra)`` pair
-        (:meth:`~rollcap.policies.layers.PrefixEncoder.forward_shared`): the observation's keys/values are made
-        once at its batch and repeated for each branch, before the extra tokens' own.
+        A shared prefix (:meth:`~rollcap.policies.layers.PrefixEncoder.forward_shared`: ``n_obs`` observation tokens
+        followed by ``branches`` branches' extra tokens per sequence) is projected once, then split: each branch's
+        keys/values are the observation's followed by its own extra tokens', ``[branches * b, heads, n_obs + n_extra,
+        head_dim]`` (branch-major, as the advantage rows are).
         """
         out = []
         for i, h in enumerate(hidden):
-            if isinstance(h, tuple):
-                (ko, vo), (ke, ve) = self._layer_kv(i, h[0]), self._layer_kv(i, h[1])
-                r = h[1].shape[0] // h[0].shape[0]
-                out.append((torch.cat([ko.repeat(r, 1, 1, 1), ke], 2), torch.cat([vo.repeat(r, 1, 1, 1), ve], 2)))
-            else:
-                out.append(self._layer_kv(i, h))
+            kv = self._layer_kv(i, h)
+            out.append(kv if n_obs is None else tuple(split_branches(t, n_obs, branches) for t in kv))
         return out
 
     def _layer_kv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,8 +205,9 @@ class FlowVLA(CompiledRegions, nn.Module):
         # checkpoints (and their weights digest) are unchanged.
         self.register_buffer("cfg_adv", torch.tensor([ADV_POSITIVE, ADV_DROPPED]), persistent=False)
 
-    def prefix_hidden(self, images, state, tokens, adv) -> tuple[list, torch.Tensor]:
-        """The encoder's per-layer hidden states and key mask for advantage rows ``adv`` (the expert's input).
+    def prefix_hidden(self, images, state, tokens, adv) -> tuple[list, torch.Tensor, dict]:
+        """The encoder's per-layer hidden states, the expert's key mask for advantage rows ``adv``, and how
+        :meth:`ActionExpert.prefix_kv` reads the hidden states (its keyword arguments).
 
         Without ``shared_prefix`` the observation's batch is ``adv``'s; with it, ``adv`` may have ``r`` rows per
         observation (row ``j`` is observation ``j % b``'s), and the observation runs once
@@ -205,13 +215,14 @@ class FlowVLA(CompiledRegions, nn.Module):
         """
         extra = self.adv_emb(adv)[:, None, :]
         if self.cfg.shared_prefix:
-            return self.encoder.forward_shared(images, state, tokens, extra)
+            hidden, n_obs, valid = self.encoder.forward_shared(images, state, tokens, extra)
+            return hidden, valid, {"n_obs": n_obs, "branches": adv.shape[0] // state.shape[0]}
         hidden, _, valid = self.encoder(images, state, tokens, extra)
-        return hidden, valid
+        return hidden, valid, {}
 
     def _prefix(self, images, state, tokens, adv):
-        hidden, valid = self.prefix_hidden(images, state, tokens, adv)
-        return self.expert.prefix_kv(hidden), valid
+        hidden, valid, split = self.prefix_hidden(images, state, tokens, adv)
+        return self.expert.prefix_kv(hidden, **split), valid
 
     def cfg_prefix(self, images, state, tokens):
         """The prefix of one observation for classifier-free guidance: batch 2, advantage positive / dropped."""

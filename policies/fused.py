@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollcap.kernels.ops import cfg_euler_step
-from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig
+from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig, split_branches
 from rollcap.policies.layers import Block, CompiledRegions, timestep_embedding
 
 MASK_ALIGN = 16
@@ -85,10 +85,6 @@ class FusedBlock(nn.Module):
         ``kv_buf`` ``[B, N_prefix + N, 2, heads, head_dim]``: the prefix's keys/values with room for this block's
         own, which are written into its last ``N`` rows (in place: the prefix is not copied at every step).
         """
-        return self.forward_kv(x, mask, kv_buf)[0]
-
-    def forward_kv(self, x: torch.Tensor, mask: torch.Tensor, kv_buf: torch.Tensor | None = None):
-        """:meth:`forward`, and the keys/values it attended to (``[B, N_keys, 2, heads, head_dim]``)."""
         b, n, w = x.shape
         h = self.heads
         qkv = self.qkv(F.layer_norm(x, (w,), eps=self.eps1))
@@ -99,53 +95,35 @@ class FusedBlock(nn.Module):
             kv = kv_buf
         o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
         x = x + self.out(o.transpose(1, 2).reshape(b, n, w))
-        return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh")), kv
-
-
-def extra_kv(kv: torch.Tensor, extra: torch.Tensor) -> torch.Tensor:
-    """A shared prefix's key/value buffer for the extra tokens: the observation's ``kv`` ``[b, N_obs, 2, heads, d]``
-    repeated for each of ``extra``'s ``r * b`` rows, with room for the extra tokens' own after it."""
-    r = extra.shape[0] // kv.shape[0]
-    return torch.cat([kv.repeat(r, 1, 1, 1, 1), kv.new_zeros(extra.shape[0], extra.shape[1], *kv.shape[2:])], 1)
-
-
-def shared_layout(obs: list[torch.Tensor], extra: list[torch.Tensor]) -> tuple[torch.Tensor, int, int, int]:
-    """Each layer's observation rows, then its extra rows, as one ``[depth, b * N_obs + r * b * n_extra, width]``
-    operand (one batched projection for both); and ``b, N_obs, r``."""
-    b, n, w = obs[0].shape
-    rows = torch.stack([torch.cat([o.reshape(-1, w), e.reshape(-1, w)]) for o, e in zip(obs, extra)])
-    return rows, b, n, extra[0].shape[0] // b
-
-
-def shared_kv(proj: torch.Tensor, b: int, n: int, r: int, heads: int, room: int) -> torch.Tensor:
-    """``[depth, r * b, n + n_extra + room, 2, heads, head_dim]`` from :func:`shared_layout`'s rows projected: the
-    observation's keys/values repeated for each branch, the extra tokens' after them, ``room`` zero rows last."""
-    depth, m, two_w = proj.shape
-    d = two_w // 2 // heads
-    obs = proj[:, : b * n].view(depth, b, n, 2, heads, d).repeat(1, r, 1, 1, 1, 1)
-    extra = proj[:, b * n :].view(depth, r * b, -1, 2, heads, d)
-    return torch.cat([obs, extra, proj.new_zeros(depth, r * b, room, 2, heads, d)], dim=2)
+        return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh"))
 
 
 def additive_mask(valid: torch.Tensor, extra: int = 0) -> torch.Tensor:
-    """``[B, 1, 1, N + extra]``: 0 where ``valid`` (and on ``extra`` trailing keys), -inf elsewhere.
+    """``[B, 1, 1, N + extra]``: 0 where ``valid`` ``[B, N]`` (and on ``extra`` trailing keys), -inf elsewhere; a
+    per-query ``valid`` ``[B, Nq, N]`` gives ``[B, 1, Nq, N + extra]``.
 
     In the dtype attention runs in (autocast's, else float32), rows allocated to a multiple of :data:`MASK_ALIGN`.
     """
     dev = valid.device
     dtype = torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else torch.float32
-    b, n = valid.shape
+    *lead, n = valid.shape
     total = n + extra
     pad = -total % MASK_ALIGN
     zero = torch.zeros((), dtype=dtype, device=dev)
     rows = torch.cat(
         [
             torch.where(valid, zero, torch.full((), -math.inf, dtype=dtype, device=dev)),
-            torch.zeros(b, extra + pad, dtype=dtype, device=dev),
+            torch.zeros(*lead, extra + pad, dtype=dtype, device=dev),
         ],
-        dim=1,
+        dim=-1,
     )
-    return rows.view(b, 1, 1, total + pad)[..., :total]
+    return rows.view(lead[0], 1, *(lead[1:] or [1]), total + pad)[..., :total]
+
+
+def with_room(kv: torch.Tensor, room: int) -> torch.Tensor:
+    """Prefix keys/values ``[depth, B, N, 2, heads, head_dim]`` with ``room`` zero rows after them (the action
+    tokens' own keys/values, written by each expert block at each step)."""
+    return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], room, *kv.shape[3:])], dim=2)
 
 
 class FusedExpert(nn.Module):
@@ -215,14 +193,20 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         self.register_buffer("cfg_adv", plain.cfg_adv.clone(), persistent=False)
 
     def shared_inputs(self, images, state, tokens, adv):
-        """A shared prefix's observation tokens, extra tokens, and the observation's and the extra tokens' masks, and
-        the expert's (``[r * b, 1, 1, N + H]``)."""
+        """A shared prefix's sequence (:meth:`~rollcap.policies.layers.PrefixEncoder.shared_sequence`), its additive
+        mask ``[b, 1, N, N]``, the observation's length and the branch count, and the expert's key mask."""
         enc = self.encoder
         x, valid = enc.embed_obs(images, state, tokens)
         e = self.adv_emb(adv)[:, None, :] + enc.extra_pos
-        valid = enc.extra_valid(valid.repeat(e.shape[0] // x.shape[0], 1), e)
-        mask = additive_mask(valid, self.cfg.horizon)
-        return x, e, mask[: x.shape[0], ..., : x.shape[1]], mask[..., : valid.shape[1]], mask
+        seq, allowed = enc.shared_sequence(x, valid, e)
+        r = adv.shape[0] // x.shape[0]
+        return (
+            seq,
+            additive_mask(allowed),
+            x.shape[1],
+            r,
+            additive_mask(enc.extra_valid(valid.repeat(r, 1), e), self.cfg.horizon),
+        )
 
     def guided_prefix(self, images, state, tokens, adv):
         """Keys/values ``[depth, B, N + H, 2, heads, head_dim]`` (the last ``H`` rows: room for the expert's own) and the additive key mask.
@@ -239,22 +223,16 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         for blk in self.encoder.blocks:
             hidden.append(x)
             x = blk(x, enc_mask)
-        kv = self.expert.prefix_kv(hidden)
-        own = self.cfg.horizon  # room for the action tokens' keys/values, written by each expert block at each step
-        return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], own, *kv.shape[3:])], dim=2), mask
+        return with_room(self.expert.prefix_kv(hidden), self.cfg.horizon), mask
 
     def _shared_prefix(self, images, state, tokens, adv):
-        x, e, obs_mask, e_mask, mask = self.shared_inputs(images, state, tokens, adv)
-        obs, extra = [], []
+        x, enc_mask, n_obs, r, mask = self.shared_inputs(images, state, tokens, adv)
+        hidden = []
         for blk in self.encoder.blocks:
-            obs.append(x)
-            extra.append(e)
-            x, kv = blk.forward_kv(x, obs_mask)
-            e = blk(e, e_mask, extra_kv(kv, e))
-        rows, b, n, r = shared_layout(obs, extra)
-        ex = self.expert
-        proj = torch.baddbmm(ex.prefix_b, F.layer_norm(rows, (rows.shape[-1],), eps=ex.prefix_eps), ex.prefix_w)
-        return shared_kv(proj, b, n, r, ex.blocks[0].heads, self.cfg.horizon), mask
+            hidden.append(x)
+            x = blk(x, enc_mask)
+        kv = split_branches(self.expert.prefix_kv(hidden), n_obs, r, batch_dim=1)
+        return with_room(kv, self.cfg.horizon), mask
 
     def _guided(self, images, state, tokens, rows: int = 0):
         """The guided prefix of ``rows`` observations (0: one, batch 1), both branches (``[rows positive, rows dropped]``)."""

@@ -79,19 +79,16 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor, prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     ) -> torch.Tensor:
-        """``mask``: bool ``[B, N_keys]``, True where a key may be attended."""
-        return self.forward_kv(x, mask, prefix_kv)[0]
-
-    def forward_kv(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None):
-        """:meth:`forward`, and the keys/values of ``x`` itself (without ``prefix_kv``'s)."""
+        """``mask``: bool ``[B, N_keys]`` (every query alike) or ``[B, N, N_keys]`` (per query), True where a key may
+        be attended."""
         q = self.split(self.q(x))
-        own = k, v = self.project_kv(x)
+        k, v = self.project_kv(x)
         if prefix_kv is not None:
             k = torch.cat([prefix_kv[0], k], dim=2)
             v = torch.cat([prefix_kv[1], v], dim=2)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None] if mask.dim() == 3 else mask[:, None, None])
         b, h, n, d = o.shape
-        return self.out(o.transpose(1, 2).reshape(b, n, h * d)), own
+        return self.out(o.transpose(1, 2).reshape(b, n, h * d))
 
 
 class Block(nn.Module):
@@ -107,13 +104,8 @@ class Block(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None) -> torch.Tensor:
-        return self.forward_kv(x, mask, prefix_kv)[0]
-
-    def forward_kv(self, x: torch.Tensor, mask: torch.Tensor, prefix_kv=None):
-        """:meth:`forward`, and the keys/values this block's attention made of ``x`` (for tokens that attend to it)."""
-        a, kv = self.attn.forward_kv(self.ln1(x), mask, prefix_kv)
-        x = x + a
-        return x + self.mlp(self.ln2(x)), kv
+        x = x + self.attn(self.ln1(x), mask, prefix_kv)
+        return x + self.mlp(self.ln2(x))
 
 
 class PrefixEncoder(nn.Module):
@@ -183,23 +175,36 @@ class PrefixEncoder(nn.Module):
     def forward_shared(self, images, state, tokens, extra: torch.Tensor):
         """The prefix when the observation does not attend to the extra tokens (a shared guidance prefix).
 
-        The observation's tokens run through the blocks at their own batch ``b``; the extra tokens (``extra``
-        ``[r * b, n_extra, width]``, row ``j`` belonging to observation ``j % b``) attend to the observation's
-        keys/values at every layer and to each other, and nothing attends to them. Equal to :meth:`forward` over the
-        whole sequence with the observation's rows masked off the extra keys, at a fraction of the work when ``r``
-        branches share one observation. Returns each layer's input as an ``(observation [b, N_obs, width], extra
-        [r * b, n_extra, width])`` pair, and the key mask ``[r * b, N_obs + n_extra]``.
+        ``extra`` ``[r * b, n_extra, width]`` holds ``r`` branches' extra tokens per observation (row ``j`` belongs to
+        observation ``j % b``). Each observation's sequence is its own tokens followed by every branch's extra tokens
+        (:meth:`shared_sequence`): one pass at batch ``b`` (every linear reads its weights once for all branches),
+        the observation's tokens attending to themselves only and each branch's extra tokens to the observation and
+        to each other. Per branch that is :meth:`forward` over the whole sequence with the observation's rows masked
+        off the extra keys. Returns each layer's input ``[b, N_obs + r * n_extra, width]``, the observation's
+        length, and each branch's key mask ``[r * b, N_obs + n_extra]`` (for the expert:
+        :meth:`~rollcap.policies.flow_vla.ActionExpert.prefix_kv` splits the branches).
         """
         x, valid = self.embed_obs(images, state, tokens)
-        r = extra.shape[0] // x.shape[0]
-        e = extra + self.extra_pos
-        valid = self.extra_valid(valid.repeat(r, 1), e)
+        seq, mask = self.shared_sequence(x, valid, extra + self.extra_pos)
         hidden = []
         for blk in self.blocks:
-            hidden.append((x, e))
-            x, (k, v) = blk.forward_kv(x, valid[: x.shape[0], : x.shape[1]])
-            e = blk(e, valid, (k.repeat(r, 1, 1, 1), v.repeat(r, 1, 1, 1)))
-        return hidden, valid
+            hidden.append(seq)
+            seq = blk(seq, mask)
+        return hidden, x.shape[1], self.extra_valid(valid.repeat(extra.shape[0] // x.shape[0], 1), extra)
+
+    @staticmethod
+    def shared_sequence(x: torch.Tensor, valid: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` ``[b, N_obs, width]`` followed by each branch's ``extra`` tokens (embedded), and the attention mask
+        ``[b, N, N]``: observation rows see the observation's valid keys; a branch's rows see those and their own."""
+        b, n_obs, w = x.shape
+        r, n_e = extra.shape[0] // b, extra.shape[1]
+        seq = torch.cat([x, extra.view(r, b, n_e, w).transpose(0, 1).reshape(b, r * n_e, w)], dim=1)
+        branch = torch.arange(r * n_e, device=x.device) // n_e
+        own = (branch[:, None] == branch[None, :]).expand(b, -1, -1)
+        obs_keys = valid[:, None, :]
+        rows_obs = torch.cat([obs_keys.expand(b, n_obs, n_obs), own.new_zeros(b, n_obs, r * n_e)], dim=2)
+        rows_extra = torch.cat([obs_keys.expand(b, r * n_e, n_obs), own], dim=2)
+        return seq, torch.cat([rows_obs, rows_extra], dim=1)
 
     def embed(
         self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor

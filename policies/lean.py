@@ -34,16 +34,14 @@ from torch import nn
 
 from rollcap.kernels.fp8 import FP8, Fp8Linear
 from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
-from rollcap.policies.flow_vla import FlowVLA
+from rollcap.policies.flow_vla import FlowVLA, split_branches
 from rollcap.policies.fused import (
     FusedBlock,
     FusedExpert,
     FusedFlowVLA,
     FusedFlowVLAConfig,
     additive_mask,
-    extra_kv,
-    shared_kv,
-    shared_layout,
+    with_room,
 )
 
 
@@ -73,10 +71,6 @@ class LeanBlock(nn.Module):
         return FP8 if isinstance(self.qkv, Fp8Linear) else None
 
     def forward(self, x: torch.Tensor, y, mask: torch.Tensor, kv_buf=None):
-        return self.forward_kv(x, y, mask, kv_buf)[:2]
-
-    def forward_kv(self, x: torch.Tensor, y, mask: torch.Tensor, kv_buf=None):
-        """:meth:`forward`, and the keys/values it attended to (as :meth:`FusedBlock.forward_kv`)."""
         b, n, w = x.shape
         h = self.heads
         qkv = self.qkv(y)
@@ -89,16 +83,12 @@ class LeanBlock(nn.Module):
         fp8 = isinstance(self.fc1, Fp8Linear)
         x, y = add_layernorm(x, self.out(o.transpose(1, 2).reshape(b, n, w)), self.eps2, FP8 if fp8 else None)
         if fp8:  # fc1 at float8, then GELU and the row-wise quantisation fc2 reads in one pass
-            return (
-                x,
-                self.fc2(
-                    gelu_quantize_rows_fp8(self.fc1(y))
-                    if isinstance(self.fc2, Fp8Linear)
-                    else F.gelu(self.fc1(y), approximate="tanh")
-                ),
-                kv,
+            return x, self.fc2(
+                gelu_quantize_rows_fp8(self.fc1(y))
+                if isinstance(self.fc2, Fp8Linear)
+                else F.gelu(self.fc1(y), approximate="tanh")
             )
-        return x, self.fc2(linear_gelu(y, self.fc1.weight, self.fc1.bias)), kv
+        return x, self.fc2(linear_gelu(y, self.fc1.weight, self.fc1.bias))
 
 
 def run_blocks(blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: list | None = None):
@@ -163,11 +153,13 @@ class LeanFlowVLA(FusedFlowVLA):
             return self._shared_prefix(images, state, tokens, adv)
         x, valid = self.encoder.embed(images, state, tokens, self.adv_emb(adv)[:, None, :])
         mask = additive_mask(valid, self.cfg.horizon)
+        return with_room(self._prefix_kv(x, mask[..., : valid.shape[1]]), self.cfg.horizon), mask
+
+    def _prefix_kv(self, x: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:
+        """The prefix sequence ``x`` through the encoder's blocks, projected to the expert's keys/values."""
         inputs: list = []
-        run_blocks(self.encoder.blocks, x, mask[..., : valid.shape[1]], inputs=inputs)
-        kv = self.expert.prefix_kv_normed(self._normed(inputs))
-        own = self.cfg.horizon
-        return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], own, *kv.shape[3:])], dim=2), mask
+        run_blocks(self.encoder.blocks, x, enc_mask, inputs=inputs)
+        return self.expert.prefix_kv_normed(self._normed(inputs))
 
     def _normed(self, inputs: list) -> list[torch.Tensor]:
         """The expert's prefix norm of each block's input (``inputs``: :func:`run_blocks`'s pairs)."""
@@ -177,22 +169,9 @@ class LeanFlowVLA(FusedFlowVLA):
         return [add_layernorm(x, None, e.prefix_eps)[1] for x, _ in inputs]
 
     def _shared_prefix(self, images, state, tokens, adv):
-        x, e, obs_mask, e_mask, mask = self.shared_inputs(images, state, tokens, adv)
-        obs: list = []
-        extra: list = []
-        d = de = None
-        for blk in self.encoder.blocks:
-            x, y = add_layernorm(x, d, blk.eps1, blk.in_dtype)
-            e, ye = add_layernorm(e, de, blk.eps1, blk.in_dtype)
-            obs.append((x, y))
-            extra.append((e, ye))
-            x, d, kv = blk.forward_kv(x, y, obs_mask)
-            e, de = blk(e, ye, e_mask, extra_kv(kv, e))
-        rows, b, n, r = shared_layout(self._normed(obs), self._normed(extra))
-        ex = self.expert
-        return shared_kv(
-            torch.baddbmm(ex.prefix_b, rows, ex.prefix_w), b, n, r, ex.blocks[0].heads, self.cfg.horizon
-        ), mask
+        x, enc_mask, n_obs, r, mask = self.shared_inputs(images, state, tokens, adv)
+        kv = split_branches(self._prefix_kv(x, enc_mask), n_obs, r, batch_dim=1)
+        return with_room(kv, self.cfg.horizon), mask
 
 
 def lean(model: FlowVLA, fused_from: str = "") -> LeanFlowVLA:

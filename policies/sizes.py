@@ -55,6 +55,9 @@ SMALL = ("shipped", "26m")
 HBM_BYTES_PER_S = {"H100 SXM": 3.35e12, "H200": 4.8e12}
 """Peak memory bandwidth of the GPUs the floor is stated for (vendor figures)."""
 
+BF16_DENSE_FLOPS = {"H100 SXM": 989e12, "H200": 989e12}
+"""Peak dense bf16 tensor-core rate of the same GPUs (vendor figures, FLOP/s)."""
+
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp8": 2}
 """Bytes per weight read at each precision (``bf16``: weights held in bf16; autocast over fp32 weights reads more;
 ``fp8``: the prefix in bf16, the expert's per-step weights at :data:`FP8_STEP_BYTES`)."""
@@ -127,8 +130,8 @@ def chunk_flops(cfg: FlowVLAConfig) -> dict[str, float]:
     ``total``, and ``attention`` (the part of ``total`` in attention's two products). Matmuls count 2 per
     multiply-add; the other embeddings, the flow-time MLP, norms and elementwise work are left out (0.25% at ``26m``).
 
-    Without ``shared_prefix`` every prefix token runs once per branch; with it the observation's tokens run once and
-    the advantage token once per branch.
+    Without ``shared_prefix`` every prefix token runs once per branch; with it one sequence holds the observation's
+    tokens once and the advantage token of each branch (its attention over the whole sequence, masked).
     """
     w, we, r, depth = cfg.width, cfg.expert_width or cfg.width, cfg.mlp_ratio, cfg.depth
     n_img = len(cfg.image_keys) * (cfg.image_size // cfg.patch_size) ** 2
@@ -136,8 +139,8 @@ def chunk_flops(cfg: FlowVLAConfig) -> dict[str, float]:
     patches = n_img * cfg.patch_size**2 * 3 * w  # the patch projection's multiply-adds, per branch
     n, h = n_obs + 1, cfg.horizon  # the advantage token last
     block, kv = (4 + 2 * r) * w * w, w * 2 * we  # multiply-adds per token: a block's linears; the expert's prefix k/v
-    if cfg.shared_prefix:  # the observation once (attending to itself), the indicator per branch (attending to all)
-        lin, att, patches = (n_obs + 2) * (block + kv), n_obs * 2 * n_obs * w + 2 * 2 * n * w, patches
+    if cfg.shared_prefix:  # one sequence: the observation, then both branches' indicators (attention masked, not cut)
+        lin, att, patches = (n_obs + 2) * (block + kv), (n_obs + 2) * 2 * (n_obs + 2) * w, patches
     else:
         lin, att, patches = 2 * n * (block + kv), 2 * n * 2 * n * w, 2 * patches
     step_lin = 2 * h * ((4 + 2 * r) * we * we * depth + 2 * cfg.action_dim * we)
@@ -145,6 +148,19 @@ def chunk_flops(cfg: FlowVLAConfig) -> dict[str, float]:
     macs = {"prefix": (lin + att) * depth + patches, "expert": cfg.num_steps * (step_lin + step_att)}
     out = {k: 2.0 * v for k, v in macs.items()}
     return {**out, "total": out["prefix"] + out["expert"], "attention": 2.0 * (att * depth + cfg.num_steps * step_att)}
+
+
+def roofline_ms(cfg: FlowVLAConfig, gpu: str = "H100 SXM") -> dict[str, float]:
+    """A bf16 chunk's lower bound on ``gpu``: the prefix and the expert's steps, each at the slower of its weight
+    traffic (:func:`weight_floor`) and its tensor-core work at the peak rate (:func:`chunk_flops`), summed; and each.
+
+    Arithmetic from vendor peaks, not a measurement: no kernel reaches either peak, and activations are not counted.
+    """
+    bw, peak = HBM_BYTES_PER_S[gpu], BF16_DENSE_FLOPS[gpu]
+    floor, flops = weight_floor(cfg, "bf16", bw), chunk_flops(cfg)
+    prefix = max(flops["prefix"] / peak, floor["prefix"] * DTYPE_BYTES["bf16"] / bw)
+    expert = max(flops["expert"] / peak, floor["sampler_floor_ms"] / 1e3)
+    return {"prefix": prefix * 1e3, "expert": expert * 1e3, "chunk": (prefix + expert) * 1e3}
 
 
 def device_bandwidth(device: torch.device | str) -> tuple[str, float] | None:

@@ -38,7 +38,7 @@ from rollcap.kernels.graph import default_backend
 from rollcap.kernels.precision import check_precision
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
-from rollcap.policies.sizes import build, chunk_flops, device_bandwidth, size_config, weight_floor
+from rollcap.policies.sizes import build, chunk_flops, device_bandwidth, roofline_ms, size_config, weight_floor
 from rollcap.rollout.bench.kernel_profile import CATEGORIES, format_profile, profile_replays
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
 
@@ -86,6 +86,8 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
     for shared in sorted({s in SHARED for s in settings}):
         cfg_s = dataclasses.replace(cfg, shared_prefix=True) if shared else cfg
         out["gflop"]["shared" if shared else "today"] = chunk_flops(cfg_s)["total"] / 1e9
+        if bw is not None:
+            out.setdefault("roofline_ms", {})["shared" if shared else "today"] = roofline_ms(cfg_s, bw[0])["chunk"]
         plain = build(cfg_s, device)  # the same seed: the same weights
         out["params"] = sum(p.numel() for p in plain.parameters())
         for sampler in sorted({SETTINGS[s][0] for s in settings if (s in SHARED) == shared}):
@@ -186,9 +188,11 @@ def format_sweep(r: dict, row) -> None:
             continue
         floor = s.get("floor_ms")
         gflop = ", ".join(f"{k} {v:,.0f}" for k, v in s.get("gflop", {}).items())
+        roof = ", ".join(f"{k} {v:.2f}" for k, v in s.get("roofline_ms", {}).items())
         row(
             f"{name} ({s['params'] / 1e6:.0f} M params, GFLOP a chunk: {gflop})"
             + (f", weight floor bf16 {floor['bf16']:.2f} ms, fp8 {floor['fp8']:.2f} ms on {s['gpu']}" if floor else "")
+            + (f", bf16 roofline ms: {roof}" if roof else "")
         )
         for k, c in s["settings"].items():
             if "error" in c:

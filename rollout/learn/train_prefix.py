@@ -112,8 +112,8 @@ def prefix_loss(
     noise = torch.randn(actions.shape, generator=generator, device=dev)
     x_t = t_tok[..., None] * noise + (1.0 - t_tok[..., None]) * actions  # the prefix is the clean action
     with torch.no_grad():  # the observation encoder is frozen: only the action expert learns the prefix
-        hidden, valid = model.prefix_hidden(images, state, tokens, adv)
-    v = model.expert(x_t, t_tok, model.expert.prefix_kv(hidden), valid)
+        hidden, valid, split = model.prefix_hidden(images, state, tokens, adv)
+    v = model.expert(x_t, t_tok, model.expert.prefix_kv(hidden, **split), valid)
     err = F.mse_loss(v, noise - actions, reduction="none").mean(-1)  # [B, H]
     free = (~prefix).to(err.dtype)
     return (err * free).sum() / free.sum().clamp_min(1.0)

@@ -18,8 +18,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from rollcap.policies.flow_vla import ADV_DROPPED, ADV_POSITIVE, FlowVLAConfig
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
+from rollcap.policies.rtc import guided_sample
 from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
-from rollcap.policies.sizes import SIZES, build, chunk_flops, size_config
+from rollcap.policies.sizes import SIZES, build, chunk_flops, roofline_ms, size_config, weight_floor
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs
 
 SMALL = dataclasses.replace(SIZES["26m"], width=64, depth=2, heads=4, shared_prefix=True)
@@ -74,8 +75,9 @@ def test_the_shared_prefix_is_the_masked_full_sequence(expert_width):
 
 
 def test_fused_and_lean_keep_the_shared_layout_and_rows_match_batch_one():
-    """fused is within float rounding of the plain model and lean its bytes on CPU (fp32 and bf16), at batch 1 and
-    over rows; each row of sample_rows is that observation's batch-1 chunk; the indicator still steers the chunk."""
+    """fused is within float rounding of the plain model and lean its bytes on CPU (fp32 and bf16), at batch 1, over
+    rows and in real-time chunking's guided sampling; each row of sample_rows is that observation's batch-1 chunk; the
+    indicator still steers the chunk."""
     plain = build(SMALL)
     f, g = fuse(plain), lean(plain)
     imgs, state, tokens, noise = _obs(SMALL, 3, seed=1)
@@ -89,6 +91,11 @@ def test_fused_and_lean_keep_the_shared_layout_and_rows_match_batch_one():
             with ctx:
                 assert torch.equal(f.sample(*one[1]), g.sample(*one[1]))
                 assert torch.equal(f.sample_rows(imgs, state, tokens, noise), g.sample_rows(imgs, state, tokens, noise))
+        carried, w = torch.randn_like(noise[:1]), torch.zeros(1, SMALL.horizon, 1)
+        w[:, :3] = 1.0
+        rtc = guided_sample(plain, *one[0][:3], noise[:1], carried, w)
+        assert (guided_sample(f, *one[0][:3], noise[:1], carried, w) - rtc).abs().max() < 1e-5
+        assert torch.equal(f.guided_sample(*one[0][:3], noise[:1], carried, w), g.guided_sample(*one[0], carried, w))
         kv_c, valid = plain._prefix(*one[0][:3], torch.tensor([ADV_POSITIVE]))
         kv_u, _ = plain._prefix(*one[0][:3], torch.tensor([ADV_DROPPED]))
         x = torch.zeros_like(noise[:1])
@@ -175,3 +182,17 @@ def test_shared_prefix_cuda_graphs_equal_their_eager():
         want = outs["actions"].clone()
         _graph(model, ins, outs, "cuda", "bf16").replay()
         assert torch.equal(outs["actions"], want) and want.abs().max() > 0
+
+
+def test_roofline_arithmetic():
+    """The bf16 roofline: each phase at the slower of its weight traffic and its peak-rate work. At 3b the guided
+    prefix is compute-bound (5.70 ms of 989 TFLOP/s work against 1.5 ms of weights) and halves when shared; the
+    expert is memory-bound (its weights' 2.27 ms) either way; on the shipped size both are microseconds."""
+    today, shared = roofline_ms(SIZES["3b"]), roofline_ms(dataclasses.replace(SIZES["3b"], shared_prefix=True))
+    assert today["prefix"] == pytest.approx(chunk_flops(SIZES["3b"])["prefix"] / 989e12 * 1e3)
+    assert today["expert"] == pytest.approx(weight_floor(SIZES["3b"], "bf16", 3.35e12)["sampler_floor_ms"])
+    assert 5.6 < today["prefix"] < 5.8 and 2.8 < shared["prefix"] < 2.9 and shared["expert"] == today["expert"]
+    assert (
+        today["chunk"] == pytest.approx(today["prefix"] + today["expert"])
+        and roofline_ms(SIZES["shipped"])["chunk"] < 0.01
+    )
