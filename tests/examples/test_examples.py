@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_train_default_smoke(tmp_path):
-    """The training example collects, trains, evaluates and writes loadable checkpoints."""
+    """The training example collects, trains, evaluates and writes loadable checkpoints (here with --shared-prefix,
+    which its policy's config keeps)."""
     cmd = [
         sys.executable,
         str(ROOT / "examples" / "train_default.py"),
@@ -34,12 +35,13 @@ def test_train_default_smoke(tmp_path):
         "2",
         "--batch",
         "8",
+        "--shared-prefix",
         "--out",
         str(tmp_path),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    load_policy(tmp_path / "pushblock_policy.json")
+    assert load_policy(tmp_path / "pushblock_policy.json").cfg.shared_prefix
     load_critic(tmp_path / "pushblock_critic.json")
     report = json.loads((tmp_path / "training_report.json").read_text())
     for key in ("policy_success", "expert_success", "random_success", "critic_auroc_mid_episode", "train_seconds"):
