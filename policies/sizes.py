@@ -163,6 +163,18 @@ def roofline_ms(cfg: FlowVLAConfig, gpu: str = "H100 SXM") -> dict[str, float]:
     return {"prefix": prefix * 1e3, "expert": expert * 1e3, "chunk": (prefix + expert) * 1e3}
 
 
+def chunk_bounds(cfg: FlowVLAConfig, device: torch.device | str, precisions=("bf16",)) -> dict:
+    """What bounds a chunk of ``cfg``: ``gflop`` (:func:`chunk_flops`); on a GPU this module knows, also ``gpu``,
+    ``floor_ms`` per precision (:func:`weight_floor`) and the bf16 ``roofline_ms`` (:func:`roofline_ms`)."""
+    out: dict = {"gflop": chunk_flops(cfg)["total"] / 1e9}
+    bw = device_bandwidth(device)
+    if bw is not None:
+        out["gpu"] = bw[0]
+        out["floor_ms"] = {p: weight_floor(cfg, p, bw[1])["chunk_floor_ms"] for p in precisions}
+        out["roofline_ms"] = roofline_ms(cfg, bw[0])["chunk"]
+    return out
+
+
 def device_bandwidth(device: torch.device | str) -> tuple[str, float] | None:
     """``(name, bytes/s)`` of a CUDA device this module knows (H100 SXM, H200), else None."""
     device = torch.device(device)

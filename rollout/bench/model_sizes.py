@@ -12,7 +12,8 @@ steps is timed eager and as a graph replay over static buffers, side by side. Pe
   kernels, else one un-captured call), or on CPU the ATen operations one eager chunk dispatches;
 - ``exact``: the replay's bytes equal its own eager reference at the same precision, else ``max_abs_diff``;
   ``same_bytes``: two replays of the same inputs agree;
-- ``floor_ms``: the chunk's weight-traffic floor on a GPU this code knows (H100 SXM, H200), and ``over_floor``;
+- ``gflop`` a chunk; ``floor_ms``: the chunk's weight-traffic floor on a GPU this code knows (H100 SXM, H200), and
+  ``over_floor``; ``roofline_ms`` there (bf16: :func:`~rollcap.policies.sizes.roofline_ms`);
 - ``profile``: where the replay's time goes (:mod:`rollcap.rollout.bench.kernel_profile`: ``torch.profiler`` over three
   replays; CUDA kernels by device time, or on CPU ATen ops by self time, grouped into GEMM, attention, adds, norms,
   casts, GELU, copies, split-K reduce), printed as one line of shares and the top kernels.
@@ -48,7 +49,7 @@ from rollcap.kernels.graph import CapturedGraph
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.observation import tokenize
-from rollcap.policies.sizes import SIZES, SMALL, build, device_bandwidth, size_config, weight_floor
+from rollcap.policies.sizes import SIZES, SMALL, build, chunk_bounds, size_config
 from rollcap.rollout.bench.kernel_profile import count_aten_ops, count_cuda_kernels, format_profile, profile_replays
 
 INSTRUCTION = "pick up the red cube and put it in the bowl"
@@ -222,11 +223,7 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
     cfg = size_config(name)
     plain = build(cfg, device)
     counts = {"params": sum(p.numel() for p in plain.parameters())}
-    out: dict = {"config": cfg.to_json(), **counts, "cells": []}
-    bw = device_bandwidth(device)
-    if bw is not None:
-        out["gpu"] = bw[0]
-        out["floor_ms"] = {p: weight_floor(cfg, p, bw[1])["chunk_floor_ms"] for p in sweep.precisions}
+    out: dict = {"config": cfg.to_json(), **counts, **chunk_bounds(cfg, device, sweep.precisions), "cells": []}
     models = {"plain": plain}
     if "fused" in sweep.variants:
         models["fused"] = fuse(plain)
@@ -353,8 +350,9 @@ def format_sizes(r: dict, row) -> None:
             continue
         floor = s.get("floor_ms")
         row(
-            f"{name} ({s['params'] / 1e6:.1f} M params)"
+            f"{name} ({s['params'] / 1e6:.1f} M params, {s.get('gflop', float('nan')):,.1f} GFLOP a chunk)"
             + (f", floor {', '.join(f'{p} {v:.3f} ms' for p, v in floor.items())} on {s['gpu']}" if floor else "")
+            + (f", bf16 roofline {s['roofline_ms']:.3f} ms" if "roofline_ms" in s else "")
         )
         for c in s["cells"]:
             label = f"  {c['variant']} {c['precision']} {c.get('backend', '')}"

@@ -16,7 +16,8 @@ def test_sweep_on_cpu_writes_every_cell(tmp_path, capsys):
     assert main(["--device", "cpu", "--sizes", "shipped", "--reps", "1", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     s = r["sizes"]["shipped"]
-    assert s["params"] == 1_004_290 and "floor_ms" not in s  # no bandwidth figure for a CPU
+    assert s["params"] == 1_004_290 and "floor_ms" not in s and "roofline_ms" not in s  # no GPU figures on a CPU
+    assert 0.25 < s["gflop"] < 0.35  # chunk_flops: 0.30 GFLOP a guided shipped chunk
     cells = {(c["variant"], c["backend"]): c for c in s["cells"]}
     assert set(cells) == {("plain", "eager"), ("plain", "jit"), ("fused", "eager"), ("fused", "jit")}
     for v in ("plain", "fused"):
@@ -25,7 +26,8 @@ def test_sweep_on_cpu_writes_every_cell(tmp_path, capsys):
     assert cells["fused", "eager"]["kernels"] < cells["plain", "eager"]["kernels"]  # fewer ATen ops per chunk
     assert 0 < s["fused_max_abs_diff_vs_plain"] < 1e-5
     assert set(s["fused_over_plain"]) == {"eager", "jit"} and s["fused_over_plain"]["jit"]["fused_over_plain"] > 0
-    assert "fused fp32 jit" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "fused fp32 jit" in printed and "GFLOP a chunk" in printed
 
 
 def test_bad_size_is_one_line(capsys):
