@@ -111,6 +111,20 @@ class FlowVLAConfig(ObsModelConfig):
         return d
 
 
+def guidance_inputs(cfg_adv: torch.Tensor, images, state, tokens, rows, shared: bool):
+    """The prefix's inputs for both guidance branches of ``rows`` observations (None: one, at batch 1): the advantage
+    rows (``rows`` positive, then ``rows`` dropped), and the observation repeated per branch unless the prefix is
+    shared (then it stays at its own batch). ``rows`` is tested against None only: under tracing it is a traced size."""
+    if rows is None:
+        if shared:
+            return images, state, tokens, cfg_adv
+        return [i.expand(2, -1, -1, -1) for i in images], state.expand(2, -1), tokens.expand(2, -1), cfg_adv
+    adv = cfg_adv[:, None].expand(2, rows).reshape(-1)
+    if shared:
+        return images, state, tokens, adv
+    return [i.repeat(2, 1, 1, 1) for i in images], state.repeat(2, 1), tokens.repeat(2, 1), adv
+
+
 def split_branches(t: torch.Tensor, n_obs: int, branches: int, batch_dim: int = 0) -> torch.Tensor:
     """A shared prefix's keys or values, tokens on axis 2 (``n_obs`` observation tokens, then ``branches`` branches'
     extra tokens), as each branch's: the observation's tokens, then the branch's own; the batch (axis ``batch_dim``)
@@ -226,11 +240,7 @@ class FlowVLA(CompiledRegions, nn.Module):
 
     def cfg_prefix(self, images, state, tokens):
         """The prefix of one observation for classifier-free guidance: batch 2, advantage positive / dropped."""
-        if self.cfg.shared_prefix:  # the observation once, the indicator for both branches
-            return self._prefix(images, state, tokens, self.cfg_adv)
-        return self._prefix(
-            [img.expand(2, -1, -1, -1) for img in images], state.expand(2, -1), tokens.expand(2, -1), self.cfg_adv
-        )
+        return self._prefix(*guidance_inputs(self.cfg_adv, images, state, tokens, None, self.cfg.shared_prefix))
 
     def velocity(self, images, state, tokens, adv, x_t, t) -> torch.Tensor:
         """Predicted flow velocity for a batch (training and tests)."""
@@ -280,13 +290,7 @@ class FlowVLA(CompiledRegions, nn.Module):
         :meth:`inpaint_sample`'s path with an empty prefix, as :meth:`sample` does.
         """
         cfg, n = self.cfg, noise.shape[0]
-        adv = self.cfg_adv[:, None].expand(2, n).reshape(-1)
-        if cfg.shared_prefix:
-            kv, valid = self._prefix(images, state, tokens, adv)
-        else:
-            kv, valid = self._prefix(
-                [img.repeat(2, 1, 1, 1) for img in images], state.repeat(2, 1), tokens.repeat(2, 1), adv
-            )
+        kv, valid = self._prefix(*guidance_inputs(self.cfg_adv, images, state, tokens, n, cfg.shared_prefix))
         x, dt = noise, -1.0 / cfg.num_steps
         if cfg.prefix_conditioning:
             zero = torch.zeros_like(noise)

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollcap.kernels.ops import cfg_euler_step
-from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig, split_branches
+from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig, guidance_inputs, split_branches
 from rollcap.policies.layers import Block, CompiledRegions, timestep_embedding
 
 MASK_ALIGN = 16
@@ -197,16 +197,9 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         mask ``[b, 1, N, N]``, the observation's length and the branch count, and the expert's key mask."""
         enc = self.encoder
         x, valid = enc.embed_obs(images, state, tokens)
-        e = self.adv_emb(adv)[:, None, :] + enc.extra_pos
-        seq, allowed = enc.shared_sequence(x, valid, e)
+        seq, allowed, branch_valid = enc.shared_sequence(x, valid, self.adv_emb(adv)[:, None, :] + enc.extra_pos)
         r = adv.shape[0] // x.shape[0]
-        return (
-            seq,
-            additive_mask(allowed),
-            x.shape[1],
-            r,
-            additive_mask(enc.extra_valid(valid.repeat(r, 1), e), self.cfg.horizon),
-        )
+        return seq, additive_mask(allowed), x.shape[1], r, additive_mask(branch_valid, self.cfg.horizon)
 
     def guided_prefix(self, images, state, tokens, adv):
         """Keys/values ``[depth, B, N + H, 2, heads, head_dim]`` (the last ``H`` rows: room for the expert's own) and the additive key mask.
@@ -234,17 +227,10 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         kv = split_branches(self.expert.prefix_kv(hidden), n_obs, r, batch_dim=1)
         return with_room(kv, self.cfg.horizon), mask
 
-    def _guided(self, images, state, tokens, rows: int = 0):
-        """The guided prefix of ``rows`` observations (0: one, batch 1), both branches (``[rows positive, rows dropped]``)."""
-        n = rows or 1
-        adv = self.cfg_adv[:, None].expand(2, n).reshape(-1) if rows else self.cfg_adv
-        if not self.cfg.shared_prefix:
-            if rows:
-                images, state, tokens = [i.repeat(2, 1, 1, 1) for i in images], state.repeat(2, 1), tokens.repeat(2, 1)
-            else:
-                images = [i.expand(2, -1, -1, -1) for i in images]
-                state, tokens = state.expand(2, -1), tokens.expand(2, -1)
-        return self._region("guided_prefix")(images, state, tokens, adv)
+    def _guided(self, images, state, tokens, rows=None):
+        """The guided prefix of ``rows`` observations (None: one, batch 1), both branches (``[rows positive, rows dropped]``)."""
+        inputs = guidance_inputs(self.cfg_adv, images, state, tokens, rows, self.cfg.shared_prefix)
+        return self._region("guided_prefix")(*inputs)
 
     def step(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """One guided Euler step of ``x [N, H, A]`` (both branches through the expert, then the guided update).

@@ -185,17 +185,17 @@ class PrefixEncoder(nn.Module):
         :meth:`~rollcap.policies.flow_vla.ActionExpert.prefix_kv` splits the branches).
         """
         x, valid = self.embed_obs(images, state, tokens)
-        seq, mask = self.shared_sequence(x, valid, extra + self.extra_pos)
+        seq, mask, branch_valid = self.shared_sequence(x, valid, extra + self.extra_pos)
         hidden = []
         for blk in self.blocks:
             hidden.append(seq)
             seq = blk(seq, mask)
-        return hidden, x.shape[1], self.extra_valid(valid.repeat(extra.shape[0] // x.shape[0], 1), extra)
+        return hidden, x.shape[1], branch_valid
 
-    @staticmethod
-    def shared_sequence(x: torch.Tensor, valid: torch.Tensor, extra: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` ``[b, N_obs, width]`` followed by each branch's ``extra`` tokens (embedded), and the attention mask
-        ``[b, N, N]``: observation rows see the observation's valid keys; a branch's rows see those and their own."""
+    def shared_sequence(self, x: torch.Tensor, valid: torch.Tensor, extra: torch.Tensor):
+        """``x`` ``[b, N_obs, width]`` followed by each branch's ``extra`` tokens (embedded); the attention mask
+        ``[b, N, N]`` (observation rows see the observation's valid keys; a branch's rows see those and their own);
+        and each branch's key mask for the expert, ``[r * b, N_obs + n_extra]``."""
         b, n_obs, w = x.shape
         r, n_e = extra.shape[0] // b, extra.shape[1]
         seq = torch.cat([x, extra.view(r, b, n_e, w).transpose(0, 1).reshape(b, r * n_e, w)], dim=1)
@@ -204,7 +204,7 @@ class PrefixEncoder(nn.Module):
         obs_keys = valid[:, None, :]
         rows_obs = torch.cat([obs_keys.expand(b, n_obs, n_obs), own.new_zeros(b, n_obs, r * n_e)], dim=2)
         rows_extra = torch.cat([obs_keys.expand(b, r * n_e, n_obs), own], dim=2)
-        return seq, torch.cat([rows_obs, rows_extra], dim=1)
+        return seq, torch.cat([rows_obs, rows_extra], dim=1), self.extra_valid(valid.repeat(r, 1), extra)
 
     def embed(
         self, images: list[torch.Tensor], state: torch.Tensor, tokens: torch.Tensor, extra: torch.Tensor

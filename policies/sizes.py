@@ -140,7 +140,7 @@ def chunk_flops(cfg: FlowVLAConfig) -> dict[str, float]:
     n, h = n_obs + 1, cfg.horizon  # the advantage token last
     block, kv = (4 + 2 * r) * w * w, w * 2 * we  # multiply-adds per token: a block's linears; the expert's prefix k/v
     if cfg.shared_prefix:  # one sequence: the observation, then both branches' indicators (attention masked, not cut)
-        lin, att, patches = (n_obs + 2) * (block + kv), (n_obs + 2) * 2 * (n_obs + 2) * w, patches
+        lin, att = (n_obs + 2) * (block + kv), (n_obs + 2) * 2 * (n_obs + 2) * w
     else:
         lin, att, patches = 2 * n * (block + kv), 2 * n * 2 * n * w, 2 * patches
     step_lin = 2 * h * ((4 + 2 * r) * we * we * depth + 2 * cfg.action_dim * we)

@@ -38,7 +38,7 @@ from rollcap.kernels.graph import default_backend
 from rollcap.kernels.precision import check_precision
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
-from rollcap.policies.sizes import build, chunk_flops, device_bandwidth, roofline_ms, size_config, weight_floor
+from rollcap.policies.sizes import build, chunk_bounds, size_config
 from rollcap.rollout.bench.kernel_profile import CATEGORIES, format_profile, profile_replays
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
 
@@ -55,6 +55,8 @@ SHARED = ("lean-bf16-shared",)
 """Settings whose model is the size with ``shared_prefix`` (same weights)."""
 FP8_SCOPES = {"lean-fp8-prefix": ("encoder.blocks", "expert.blocks")}
 """Settings whose float8 linears are not the ``fp8`` precision's (``FP8_SCOPE``)."""
+OWN_MODEL = (*FP8_SCOPES, *SHARED)
+"""Settings that hold a model of their own (the others with the same sampler and precision share one)."""
 TODAY = "fused-bf16"
 BETWEEN_GEMMS = ("elementwise add", "norm", "cast", "copies", "GELU")
 """The categories issue 42 counts as traffic between GEMMs (its goal: at most 10% of the chunk)."""
@@ -75,19 +77,17 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
     """Every setting of one size (see the module docstring)."""
     cfg = size_config(name)
     out: dict = {"settings": {}, "gflop": {}}
-    bw = device_bandwidth(device)
-    if bw is not None:
-        out["gpu"] = bw[0]
-        out["floor_ms"] = {p: weight_floor(cfg, p, bw[1])["chunk_floor_ms"] for p in ("bf16", "fp8")}
     # Each setting's model as its runner would hold it, made once (the eager reference and the graph share it), and
     # the fp32 masters dropped before anything is captured: at 3b each copy is 6-12 GB.
     held: dict[str, object] = {}
     errors: dict[str, str] = {}
     for shared in sorted({s in SHARED for s in settings}):
         cfg_s = dataclasses.replace(cfg, shared_prefix=True) if shared else cfg
-        out["gflop"]["shared" if shared else "today"] = chunk_flops(cfg_s)["total"] / 1e9
-        if bw is not None:
-            out.setdefault("roofline_ms", {})["shared" if shared else "today"] = roofline_ms(cfg_s, bw[0])["chunk"]
+        key, bounds = "shared" if shared else "today", chunk_bounds(cfg_s, device, ("bf16", "fp8"))
+        out["gflop"][key] = bounds.pop("gflop")
+        if "roofline_ms" in bounds:  # a GPU this code knows; its weight floors are the same with or without sharing
+            out.setdefault("roofline_ms", {})[key] = bounds.pop("roofline_ms")
+            out.update(bounds)
         plain = build(cfg_s, device)  # the same seed: the same weights
         out["params"] = sum(p.numel() for p in plain.parameters())
         for sampler in sorted({SETTINGS[s][0] for s in settings if (s in SHARED) == shared}):
@@ -96,9 +96,8 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
                 _, precision, backend = SETTINGS[s]
                 if SETTINGS[s][0] != sampler or (s in SHARED) != shared:
                     continue
-                own = (*FP8_SCOPES, *SHARED)  # settings that hold a model of their own
-                twin = next((k for k in held if SETTINGS[k][:2] == SETTINGS[s][:2] and k not in own), None)
-                if twin is not None and s not in own:  # compile-bf16 holds fused-bf16's model
+                twin = next((k for k in held if SETTINGS[k][:2] == SETTINGS[s][:2] and k not in OWN_MODEL), None)
+                if twin is not None and s not in OWN_MODEL:  # compile-bf16 holds fused-bf16's model
                     held[s] = held[twin]
                     continue
                 try:
