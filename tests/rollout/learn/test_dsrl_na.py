@@ -6,6 +6,7 @@ a run bit for bit; a zero-noise actor scores exactly as the zero-noise baseline;
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import os
 import subprocess
@@ -372,6 +373,46 @@ SMALL = ["--task", "pushblock", "--max-transitions", "32", "--num-envs", "2", "-
 
 
 @pytest.mark.slow(seconds=40)
+def test_the_push_frame_is_the_same_for_a_scene_moved_and_turned():
+    """scripts/dsrl_rankable.py --frame block: a push seen from anywhere on the table, at any heading, is one input."""
+    spec = importlib.util.spec_from_file_location("dsrl_rankable", ROOT / "scripts" / "dsrl_rankable.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rng = np.random.default_rng(0)
+    n, horizon = 5, 8
+    state = rng.uniform(-0.2, 0.2, (n, 28))
+    vel = rng.uniform(-0.5, 0.5, (n, 9))
+    code = np.zeros((n, 6))
+    code[np.arange(n), rng.integers(0, 3, n)] = 1
+    code[np.arange(n), 3 + rng.integers(0, 3, n)] = 1
+    chunk = rng.uniform(-1, 1, (n, 2 * horizon))
+
+    def turned(a: float, shift) -> tuple[np.ndarray, np.ndarray]:  # every planar vector turned by a, positions moved
+        r = np.array([[np.cos(a), -np.sin(a)], [np.sin(a), np.cos(a)]])
+        s, v = state.copy(), vel.copy()
+        s[:, 0:2] = s[:, 0:2] @ r.T + shift
+        for sl in [
+            slice(2, 4),
+            *(slice(4 + 4 * j, 6 + 4 * j) for j in range(3)),
+            *(slice(16 + 4 * j, 18 + 4 * j) for j in range(3)),
+        ]:
+            s[:, sl] = s[:, sl] @ r.T
+        for j in range(3):
+            s[:, 18 + 4 * j : 20 + 4 * j] = s[:, 18 + 4 * j : 20 + 4 * j] @ r.T + shift  # targets' own x, y
+            v[:, 3 * j : 3 * j + 2] = v[:, 3 * j : 3 * j + 2] @ r.T
+        c = (chunk.reshape(n, horizon, 2) @ r.T).reshape(n, -1)
+        return np.concatenate([s, v, code], 1).astype(np.float32), c.astype(np.float32)
+
+    f0, c0 = mod.block_frame(*turned(0.0, 0.0))
+    f1, c1 = mod.block_frame(*turned(2.1, np.array([0.05, -0.03])))
+    assert f0.shape == (n, 14) and c0.shape == (n, 2 * horizon)
+    np.testing.assert_allclose(f1, f0, atol=1e-5)
+    np.testing.assert_allclose(c1, c0, atol=1e-5)
+    assert np.abs(c0 - chunk).max() > 0.1  # and it is a turn, not the identity
+    with pytest.raises(ValueError, match="width 30"):
+        mod.block_frame(np.zeros((1, 30), np.float32), np.zeros((1, 16), np.float32))
+
+
 def test_example_writes_result_agent_and_curve(tmp_path):
     cmd = [*EXAMPLE, *SMALL, "--algorithm", "sac", "--eval-episodes", "2", "--snapshot-minutes", "1e-6",
            "--out", str(tmp_path / "run")]  # fmt: skip
@@ -419,6 +460,18 @@ def test_example_writes_result_agent_and_curve(tmp_path):
     ranked = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_rankable.py"), npz, npz, "--epochs", "1", "--hidden", "8"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert ranked.returncode == 0 and json.loads(ranked.stdout)["test_states"] == 1, ranked.stderr[-2000:]
+    framed = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_rankable.py"), npz, npz, "--epochs", "1", "--hidden", "8",
+                             "--frame", "block", "--train-states", "1", "--only", "pairwise"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    got = json.loads(framed.stdout)
+    assert framed.returncode == 0 and got["frame"] == "block" and "chunk/bce/test" not in got, framed.stderr[-2000:]
+    assert got["chunk/pairwise/picked"]["zero_noise"] in (0.0, 1.0)  # branch 0 is the zero-noise one
+    too_many = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_rankable.py"), npz, npz, "--train-states", "2"],
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert (
+        too_many.returncode == 2
+        and "--train-states: expected 1..1" in too_many.stderr
+        and "Traceback" not in too_many.stderr
+    )
     # the table script lists the kept agent and the snapshot, with their held-out figures
     table = subprocess.run([sys.executable, str(ROOT / "scripts" / "dsrl_table.py"), str(tmp_path / "run")],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
