@@ -8,6 +8,12 @@ is a cast, and a replay has no host ops to ask, so on CUDA one eager call is pro
 mapped through the ATen op that launched it (:func:`launching_ops`: under ``aten::_to_copy`` it is a cast, under
 ``aten::add`` an add); names that call did not launch fall back to the name rules. :func:`profile_replays` returns the per-replay totals,
 the categories and the top kernels with their share of the kernel time; :func:`format_profile` prints them.
+
+A replay's kernels do not say which part of the chunk launched them. :func:`phase_split` profiles one eager call
+with the sampler's guided prefix (the encoder and the expert's prefix keys and values) marked, and splits the same
+categories between that prefix and the expert's steps. The prefix of a ``3b`` chunk is compute-bound (hundreds of
+rows through 2.5 B weights) and the steps are memory-bound (100 rows through 380 M weights, ten times), so a GEMM
+figure alone does not say which one to work on.
 """
 
 from __future__ import annotations
@@ -171,6 +177,96 @@ def profile_replays(
         "categories": {k: v for k, v in cats.items() if v["count"]},
         "top": rows[:top],
     }
+
+
+PHASES = ("prefix", "steps", "other")
+_MARKS = {"guided_prefix": "rollcap.phase.prefix", "step": "rollcap.phase.steps"}
+"""The sampler regions marked (:meth:`~rollcap.policies.fused.FusedFlowVLA.guided_prefix` and ``step``) and their phase."""
+
+
+def _chain(e) -> tuple[str, ...]:
+    out, p = [e.name], e.cpu_parent
+    while p is not None:
+        out.append(p.name)
+        p = p.cpu_parent
+    return tuple(out)
+
+
+def phase_split(call: Callable[[], None], model, device: torch.device | str) -> dict:
+    """Kernel time (ms) of one eager ``call`` by phase and category: ``prefix`` is what the fused or lean sampler's
+    ``guided_prefix`` region launched (the encoder, the expert's prefix keys and values), ``steps`` its ``step``
+    region (the expert and the guided update, ten times), ``other`` the rest; ``unattributed_ms`` the device time the
+    profiler tied to no host op. ``{"error": ...}`` if the profiler cannot start. ``model`` is left as it was (each
+    mark is an instance attribute, removed after)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+
+    def marked(inner, mark):
+        def region(*args, **kwargs):
+            with record_function(mark):
+                return inner(*args, **kwargs)
+
+        return region
+
+    for name, mark in _MARKS.items():
+        model.__dict__[name] = marked(getattr(model, name), mark)
+    try:
+        call()
+        _sync(device)
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            call()
+            _sync(device)
+        events = prof.events()
+    except RuntimeError as err:
+        return {"error": f"profiler: {str(err).splitlines()[0] if str(err) else type(err).__name__}"}
+    finally:
+        for name in _MARKS:
+            model.__dict__.pop(name, None)
+    out = {ph: {"ms": 0.0, "kernels": 0, "categories": {}} for ph in PHASES}
+    device_ms = 0.0
+    for e in events:
+        if e.device_type == DeviceType.CUDA:
+            device_ms += e.time_range.elapsed_us() / 1e3
+            continue
+        if e.device_type != DeviceType.CPU:
+            continue
+        if cuda:
+            items = [(k.name, k.duration) for k in (getattr(e, "kernels", None) or [])]
+        else:
+            items = [(e.name, e.self_cpu_time_total)] if e.name.startswith("aten::") else []
+        if not items:
+            continue
+        chain = _chain(e)
+        ph = out[next((p for p, m in zip(PHASES, _MARKS.values()) if m in chain), "other")]
+        for name, us in items:
+            cat = category(name, chain)
+            ph["ms"] += us / 1e3
+            ph["kernels"] += 1
+            ph["categories"][cat] = ph["categories"].get(cat, 0.0) + us / 1e3
+    attributed = sum(out[ph]["ms"] for ph in PHASES)
+    return {
+        "source": "CUDA kernels of one eager call" if cuda else "ATen ops of one eager call (self CPU time)",
+        **out,
+        "unattributed_ms": max(device_ms - attributed, 0.0) if cuda else 0.0,
+    }
+
+
+def format_phases(p: dict, row, indent: str = "    ") -> None:
+    """One line: each phase's kernel time and its two largest categories."""
+    if "error" in p:
+        row(f"{indent}phases", p["error"])
+        return
+    parts = []
+    for ph in PHASES:
+        top = sorted(p[ph]["categories"].items(), key=lambda kv: -kv[1])[:2]
+        if p[ph]["kernels"]:
+            parts.append(f"{ph} {p[ph]['ms']:.2f} ms (" + ", ".join(f"{k} {v:.2f}" for k, v in top) + ")")
+    if p.get("unattributed_ms"):
+        parts.append(f"unattributed {p['unattributed_ms']:.2f} ms")
+    row(f"{indent}by phase ({p['source']})", "; ".join(parts))
 
 
 def format_profile(p: dict, row, indent: str = "    ", top: int = 6) -> None:

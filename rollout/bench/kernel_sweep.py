@@ -39,7 +39,14 @@ from rollcap.kernels.precision import check_precision
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.sizes import build, chunk_bounds, size_config
-from rollcap.rollout.bench.kernel_profile import CATEGORIES, format_profile, profile_replays
+from rollcap.rollout.bench.kernel_profile import (
+    CATEGORIES,
+    PHASES,
+    format_phases,
+    format_profile,
+    phase_split,
+    profile_replays,
+)
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
 
 SETTINGS = {
@@ -166,6 +173,8 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
         if profile:
             p = profile_replays(g.replay, device, 3, eager=None if "compile" in s else eager.replay)
             out["settings"][s]["profile"] = p
+            if "compile" not in s:  # the eager call's kernels, split between the prefix and the expert's steps
+                out["settings"][s]["phases"] = phase_split(eager.replay, held[s], device)
             if "categories" in p:
                 out["settings"][s]["between_gemms_share"] = sum(
                     p["categories"].get(c, {}).get("share", 0.0) for c in BETWEEN_GEMMS
@@ -217,6 +226,8 @@ def format_sweep(r: dict, row) -> None:
             )
             if "profile" in c:
                 format_profile(c["profile"], row, indent="    ", top=5)
+            if "phases" in c:
+                format_phases(c["phases"], row)
 
 
 def kernel_table(r: dict, sizes: tuple[str, ...]) -> str:
@@ -241,7 +252,34 @@ def kernel_table(r: dict, sizes: tuple[str, ...]) -> str:
                     cells.append(f"{c['ms']:.2f} ({c['share']:.0%}, {c['count']:.0f})" if c else "-")
             if any(x != "-" for x in cells):
                 lines.append(f"| {cat} | " + " | ".join(cells) + " |")
+        lines += phase_table(s, cols)
     return "\n".join(lines) + "\n"
+
+
+def phase_table(s: dict, cols: list[str]) -> list[str]:
+    """Markdown rows: each phase's kernel time (one eager call) and its categories, across ``cols``."""
+    cols = [k for k in cols if "prefix" in s["settings"][k].get("phases", {})]
+    if not cols:
+        return []
+    src = s["settings"][cols[0]]["phases"]["source"]
+    lines = [
+        f"\nby phase ({src}; ms):\n",
+        "| phase: category | " + " | ".join(cols) + " |",
+        "| --- |" + " --- |" * len(cols),
+    ]
+    for ph in PHASES:
+        got = [s["settings"][k]["phases"][ph] for k in cols]
+        if not any(g["kernels"] for g in got):
+            continue
+        lines.append(f"| **{ph}** | " + " | ".join(f"**{g['ms']:.2f}** ({g['kernels']})" for g in got) + " |")
+        for cat in CATEGORIES:
+            if any(cat in g["categories"] for g in got):
+                cells = (f"{g['categories'][cat]:.2f}" if cat in g["categories"] else "-" for g in got)
+                lines.append(f"| {ph}: {cat} | " + " | ".join(cells) + " |")
+    un = [s["settings"][k]["phases"].get("unattributed_ms", 0.0) for k in cols]
+    if any(un):
+        lines.append("| unattributed | " + " | ".join(f"{u:.2f}" for u in un) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

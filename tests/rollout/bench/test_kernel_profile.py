@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from rollcap.rollout.bench.kernel_profile import CATEGORIES, category, profile_replays
+from rollcap.policies.lean import lean
+from rollcap.policies.sizes import build, size_config
+from rollcap.rollout.bench.model_sizes import _inputs
+from rollcap.rollout.bench.kernel_profile import CATEGORIES, PHASES, category, phase_split, profile_replays
 
 
 def test_kernel_names_fall_in_the_issues_categories():
@@ -45,3 +48,25 @@ def test_a_cpu_profile_groups_aten_ops_by_self_time():
     ] > 0  # ops, views and all, by their launching chain
     assert abs(sum(c["share"] for c in cats.values()) - 1.0) < 1e-6
     assert p["top"][0]["ms"] >= p["top"][-1]["ms"]
+
+
+def test_a_phase_split_tells_the_prefix_from_the_steps_and_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = lean(build(size_config("shipped"), "cpu")).eval()
+    b = {k: torch.from_numpy(v) for k, v in _inputs(model.cfg).items()}  # the sweep's own batch-1 inputs
+
+    def call():
+        with torch.no_grad():
+            return model.sample([b[k] for k in model.cfg.image_keys], b["state"], b["tokens"], b["noise"])
+
+    before = call()
+    p = phase_split(call, model, "cpu")
+    assert set(PHASES) <= set(p) and p["unattributed_ms"] == 0.0
+    pre, steps = p["prefix"], p["steps"]
+    assert pre["kernels"] > 0 and steps["kernels"] > 0 and "GEMM" in pre["categories"] and "GEMM" in steps["categories"]
+    # every step region runs the same ops, and each phase's categories add up to it
+    assert steps["kernels"] % model.cfg.num_steps == 0 and steps["kernels"] > pre["kernels"]
+    assert all(abs(sum(p[ph]["categories"].values()) - p[ph]["ms"]) < 1e-6 for ph in PHASES)
+    # the marks are gone: the same class methods, the same chunk
+    assert "guided_prefix" not in model.__dict__ and "step" not in model.__dict__
+    assert torch.equal(call(), before)

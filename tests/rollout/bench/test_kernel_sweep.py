@@ -26,4 +26,9 @@ def test_cpu_dry_run_times_today_and_lean_and_refuses_fp8_in_its_row(tmp_path, c
     assert size["gflop"]["shared"] < 0.8 * size["gflop"]["today"]
     printed = capsys.readouterr().out
     assert "| category | fused-bf16 | lean-bf16 | lean-bf16-shared |" in printed and "(another model)" in printed
+    # the prefix and the expert's steps apart: the shared prefix changes the prefix, not the steps
+    ph = {k: s[k]["phases"] for k in ("lean-bf16", "lean-bf16-shared")}
+    assert all(p["prefix"]["kernels"] and p["steps"]["kernels"] for p in ph.values())
+    assert ph["lean-bf16-shared"]["steps"]["kernels"] == ph["lean-bf16"]["steps"]["kernels"]
+    assert "| **steps** |" in printed and "by phase (ATen ops" in printed
     assert main(["--device", "cpu", "--settings", "fp4"]) == 2
