@@ -150,7 +150,7 @@ fi
 # ---------------------------------------------------------------- 8. kernels (issue 42, opt-in)
 if want kernels; then
   if [ "$DEV" = cpu ]; then KSIZES=shipped KREPS=3 KEPS=2; else KSIZES=${KERNEL_SIZES:-3b,205m,26m,shipped} KREPS=20 KEPS=5; fi
-  step kernel-sweep 210 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$KSIZES" --reps "$KREPS" \
+  step kernel-sweep 240 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$KSIZES" --reps "$KREPS" \
     --json "$OUT_DIR/kernels.json" --table "$OUT_DIR/kernel_table.md"
   step pytest-kernels 60 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/kernels/test_fused_ops.py tests/kernels/test_fp8.py \
     tests/kernels/test_staging.py tests/policies/test_lean.py tests/policies/test_shared_prefix.py >"$OUT_DIR/pytest_kernels.txt" 2>&1
