@@ -73,6 +73,14 @@ def category(name: str, ops: tuple[str, ...] = ()) -> str:
     return "other"
 
 
+def _chain(e) -> tuple[str, ...]:
+    out, p = [e.name], e.cpu_parent
+    while p is not None:
+        out.append(p.name)
+        p = p.cpu_parent
+    return tuple(out)
+
+
 def launching_ops(call: Callable[[], None], device: torch.device) -> dict[str, tuple[str, ...]]:
     """Kernel name -> the ATen ops (innermost first) that launched it in one eager ``call`` on CUDA ({} if no profiler)."""
     from torch.profiler import ProfilerActivity, profile
@@ -89,12 +97,9 @@ def launching_ops(call: Callable[[], None], device: torch.device) -> dict[str, t
         kernels = getattr(e, "kernels", None) or []
         if not kernels:
             continue
-        chain, p = [], e
-        while p is not None:
-            chain.append(p.name)
-            p = p.cpu_parent
+        chain = _chain(e)
         for k in kernels:
-            out.setdefault(k.name, tuple(chain))
+            out.setdefault(k.name, chain)
     return out
 
 
@@ -142,11 +147,7 @@ def profile_replays(
                 continue
             us = e.self_cpu_time_total
             if e.name not in ops:
-                chain, q = [], e.cpu_parent
-                while q is not None:
-                    chain.append(q.name)
-                    q = q.cpu_parent
-                ops[e.name] = tuple(chain)
+                ops[e.name] = _chain(e)[1:]
         acc = per.setdefault(e.name, [0, 0.0])
         acc[0] += 1
         acc[1] += us
@@ -182,14 +183,6 @@ def profile_replays(
 PHASES = ("prefix", "steps", "other")
 _MARKS = {"guided_prefix": "rollcap.phase.prefix", "step": "rollcap.phase.steps"}
 """The sampler regions marked (:meth:`~rollcap.policies.fused.FusedFlowVLA.guided_prefix` and ``step``) and their phase."""
-
-
-def _chain(e) -> tuple[str, ...]:
-    out, p = [e.name], e.cpu_parent
-    while p is not None:
-        out.append(p.name)
-        p = p.cpu_parent
-    return tuple(out)
 
 
 def phase_split(call: Callable[[], None], model, device: torch.device | str) -> dict:
