@@ -149,8 +149,8 @@ class KeepBest:
             agent.load_state_dict(self.state)
 
 
-def line(p: dict) -> str:
-    """One live line of the held-in curve."""
+def line(p: dict, kept: dict | None = None) -> str:
+    """One live line of the held-in curve; ``kept``: the checkpoint kept so far, named when ``p`` is not it."""
     n = p["episodes"]
     rank = "n/a" if p["rank_agreement"] is None else f"{p['rank_agreement']:.0%} of {p['ranked_pairs']}"
     ent = ("" if p.get("entropy") is None else f", entropy {p['entropy']:.1f}") + f", alpha {p['alpha']:.4f}"
@@ -159,6 +159,17 @@ def line(p: dict) -> str:
         f"({p['success'] / n:.0%}) vs zero noise {p['zero_noise']}/{n}, own noise {p['own_noise']}/{n} "
         f"[{p['fixed']} fixed / {p['broken']} broken; critic ranks first chunks {rank}]{ent}"
         + (" <- kept" if p.get("kept") else "")
+        + (
+            f" (kept: minute {kept['minutes']:.1f}, {kept['success']}/{n}"
+            + (
+                f": {kept['success'] - p['success']} more successes than this one"
+                if kept["success"] > p["success"]
+                else ""
+            )
+            + ")"
+            if kept is not None and not p.get("kept")
+            else ""
+        )
     )
 
 

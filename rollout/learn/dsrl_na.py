@@ -237,7 +237,7 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         p["kept"] = keep.offer(agent, p) if cfg.keep_best else False
         points.append(p)
         timing["held_in"] += time.perf_counter() - t1
-        progress(line(p))
+        progress(line(p, keep.point if cfg.keep_best else None))
 
     if heldin is not None:
         checkpoint()

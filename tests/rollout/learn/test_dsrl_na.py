@@ -156,6 +156,18 @@ def test_keep_best_ends_with_the_best_held_in_checkpoint():
     assert run["first"] == 0 and run["kept_first"] == 4 and run["kept_at"] < 999, run
 
 
+def test_a_held_in_line_names_the_kept_checkpoint_when_it_is_not_this_one():
+    from rollcap.rollout.learn.dsrl_heldin import line
+
+    base = {"episodes": 64, "rank_agreement": None, "ranked_pairs": 0, "zero_noise": 46, "own_noise": 42, "fixed": 2,
+            "broken": 3, "alpha": 0.01, "entropy": 30.0}  # fmt: skip
+    kept = {**base, "minutes": 22.8, "transitions": 50_000, "success": 57, "kept": True}
+    fell = {**base, "minutes": 27.1, "transitions": 60_000, "success": 45, "kept": False}
+    assert line(kept).endswith("<- kept") and line(kept, kept).endswith("<- kept")
+    assert line(fell, kept).endswith("(kept: minute 22.8, 57/64: 12 more successes than this one)")
+    assert "kept" not in line(fell)  # keep-best off: nothing to name
+
+
 def test_replay_holds_back_the_action_target_until_the_next_chunk_is_known():
     buf = Replay(4, 1, 2, 2)
     i = buf.add(obs=[0.0], noise=[1, 2], action=[3, 4], reward=0.0, done=0.0, next_obs=[1.0])
