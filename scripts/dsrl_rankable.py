@@ -67,16 +67,16 @@ def block_frame(features: np.ndarray, chunk: np.ndarray) -> tuple[np.ndarray, np
     dist = np.linalg.norm(to_go, axis=1, keepdims=True)
     u = to_go / np.maximum(dist, 1e-6)
 
-    def rot(v):  # world x, y -> along the push, across it
-        return np.stack([(v * u).sum(-1), v[..., 1] * u[:, 0] - v[..., 0] * u[:, 1]], -1)
+    def rot(v):  # world x, y -> along the push, across it (``v`` [rows, ..., 2])
+        d = u.reshape(len(u), *[1] * (v.ndim - 2), 2)
+        return np.stack([(v * d).sum(-1), v[..., 1] * d[..., 0] - v[..., 0] * d[..., 1]], -1)
 
     parts = [dist, rot(-block), np.linalg.norm(block, axis=1, keepdims=True), rot(f[:, 2:4])]
     if velocity:
         parts.append(rot(f[:, STATE_DIM : STATE_DIM + 3 * nb].reshape(-1, nb, 3)[rows, b, :2]))
     for j in range(nb):
         parts.append(rot(blocks[:, j] - block) * (b != j)[:, None])
-    steps = chunk.reshape(len(f), -1, 2).astype(np.float64)
-    turned = np.stack([(steps * u[:, None]).sum(-1), steps[..., 1] * u[:, None, 0] - steps[..., 0] * u[:, None, 1]], -1)
+    turned = rot(chunk.reshape(len(f), -1, 2).astype(np.float64))
     lead = features.shape[:-1]
     return (np.concatenate(parts, 1).reshape(*lead, -1).astype(np.float32),
             turned.reshape(*lead, -1).astype(np.float32))  # fmt: skip

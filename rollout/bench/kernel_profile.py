@@ -103,6 +103,11 @@ def launching_ops(call: Callable[[], None], device: torch.device) -> dict[str, t
     return out
 
 
+def _profiler_error(err: RuntimeError) -> dict:
+    """A profiler that cannot start (CUPTI missing or busy): the table is lost, not the sweep."""
+    return {"error": f"profiler: {str(err).splitlines()[0] if str(err) else type(err).__name__}"}
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -135,7 +140,7 @@ def profile_replays(
             _sync(device)
         events = prof.events()
     except RuntimeError as err:  # CUPTI missing or busy: the table is lost, not the sweep
-        return {"error": f"profiler: {str(err).splitlines()[0] if str(err) else type(err).__name__}"}
+        return _profiler_error(err)
     per: dict[str, list[float]] = {}  # name -> [count, us]
     for e in events:
         if cuda:
@@ -214,7 +219,7 @@ def phase_split(call: Callable[[], None], model, device: torch.device | str) -> 
             _sync(device)
         events = prof.events()
     except RuntimeError as err:
-        return {"error": f"profiler: {str(err).splitlines()[0] if str(err) else type(err).__name__}"}
+        return _profiler_error(err)
     finally:
         for name in _MARKS:
             model.__dict__.pop(name, None)

@@ -154,22 +154,18 @@ def line(p: dict, kept: dict | None = None) -> str:
     n = p["episodes"]
     rank = "n/a" if p["rank_agreement"] is None else f"{p['rank_agreement']:.0%} of {p['ranked_pairs']}"
     ent = ("" if p.get("entropy") is None else f", entropy {p['entropy']:.1f}") + f", alpha {p['alpha']:.4f}"
+    if p.get("kept"):
+        tail = " <- kept"
+    elif kept is not None:
+        more = kept["success"] - p["success"]
+        tail = f" (kept: minute {kept['minutes']:.1f}, {kept['success']}/{n}"
+        tail += (f": {more} more successes than this one" if more > 0 else "") + ")"
+    else:
+        tail = ""
     return (
         f"held-in {p['minutes']:5.1f} min {p['transitions']:>8,} transitions: agent {p['success']}/{n} "
         f"({p['success'] / n:.0%}) vs zero noise {p['zero_noise']}/{n}, own noise {p['own_noise']}/{n} "
-        f"[{p['fixed']} fixed / {p['broken']} broken; critic ranks first chunks {rank}]{ent}"
-        + (" <- kept" if p.get("kept") else "")
-        + (
-            f" (kept: minute {kept['minutes']:.1f}, {kept['success']}/{n}"
-            + (
-                f": {kept['success'] - p['success']} more successes than this one"
-                if kept["success"] > p["success"]
-                else ""
-            )
-            + ")"
-            if kept is not None and not p.get("kept")
-            else ""
-        )
+        f"[{p['fixed']} fixed / {p['broken']} broken; critic ranks first chunks {rank}]{ent}{tail}"
     )
 
 
