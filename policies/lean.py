@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rollcap.kernels.attention import attention_facts, expert_attention
 from rollcap.kernels.fp8 import FP8, Fp8Linear
 from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
 from rollcap.policies.flow_vla import FlowVLA, split_branches
@@ -70,18 +71,21 @@ class LeanBlock(nn.Module):
         """The dtype the block's first norm writes: float8 pairs when its ``qkv`` runs at fp8, else the compute dtype."""
         return FP8 if isinstance(self.qkv, Fp8Linear) else None
 
-    def forward(self, x: torch.Tensor, y, mask: torch.Tensor, kv_buf=None):
+    def forward(self, x: torch.Tensor, y, mask: torch.Tensor, kv_buf=None, attention_kernel: bool = False):
+        """``kv_buf``: the expert's cached keys/values with room for its own (None: the encoder's self-attention);
+        ``attention_kernel``: the expert's attention through :func:`~rollcap.kernels.attention.expert_attention`'s
+        kernel where it runs (else its reference, this block's arithmetic without it)."""
         b, n, w = x.shape
         h = self.heads
         qkv = self.qkv(y)
-        q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
-        kv = qkv[..., w:].view(b, n, 2, h, w // h)
         if kv_buf is not None:
-            kv_buf[:, kv_buf.shape[1] - n :].copy_(kv)
-            kv = kv_buf
-        o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
+            o = expert_attention(qkv, kv_buf, mask, h, fused=attention_kernel)
+        else:
+            q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
+            k, v = qkv[..., w:].view(b, n, 2, h, w // h).transpose(1, 3).unbind(2)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, w)
         fp8 = isinstance(self.fc1, Fp8Linear)
-        x, y = add_layernorm(x, self.out(o.transpose(1, 2).reshape(b, n, w)), self.eps2, FP8 if fp8 else None)
+        x, y = add_layernorm(x, self.out(o), self.eps2, FP8 if fp8 else None)
         if fp8:  # fc1 at float8, then GELU and the row-wise quantisation fc2 reads in one pass
             return x, self.fc2(
                 gelu_quantize_rows_fp8(self.fc1(y))
@@ -91,17 +95,19 @@ class LeanBlock(nn.Module):
         return x, self.fc2(linear_gelu(y, self.fc1.weight, self.fc1.bias))
 
 
-def run_blocks(blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: list | None = None):
+def run_blocks(
+    blocks, x: torch.Tensor, mask: torch.Tensor, kv=None, inputs: list | None = None, attention_kernel=False
+):
     """``x`` through lean ``blocks``; returns the last block's residual and its pending MLP output.
 
-    ``inputs``: appended each block's ``(input, normalised input)``.
+    ``inputs``: appended each block's ``(input, normalised input)``; ``attention_kernel``: as :meth:`LeanBlock.forward`.
     """
     d = None
     for i, blk in enumerate(blocks):
         x, y = add_layernorm(x, d, blk.eps1, blk.in_dtype)
         if inputs is not None:
             inputs.append((x, y))
-        x, d = blk(x, y, mask, kv[i] if kv is not None else None)
+        x, d = blk(x, y, mask, kv[i] if kv is not None else None, attention_kernel)
     return x, d
 
 
@@ -111,8 +117,9 @@ class LeanExpert(FusedExpert):
     CAST_PARAMS = ("prefix_w", "prefix_b", "in_w")
     """Matmul parameters that are not ``nn.Linear`` weights, stored in the compute dtype with the linears'."""
 
-    def __init__(self, fused: FusedExpert):  # noqa: D107 - the parent's init is not run: the state is taken over
+    def __init__(self, fused: FusedExpert, attention_kernel: bool = False):  # noqa: D107 - the parent's state is taken over
         nn.Module.__init__(self)
+        self.attention_kernel = attention_kernel
         self.blocks = nn.ModuleList(LeanBlock(b) for b in fused.blocks)
         self.prefix_w, self.prefix_b, self.in_w = fused.prefix_w, fused.prefix_b, fused.in_w
         for name in ("step_bias", "base", "time_emb"):
@@ -129,24 +136,24 @@ class LeanExpert(FusedExpert):
 
     def forward(self, x, step_bias, kv, mask):
         z = F.linear(x, self.in_w) + step_bias
-        z, d = run_blocks(self.blocks, z, mask, kv)
+        z, d = run_blocks(self.blocks, z, mask, kv, attention_kernel=self.attention_kernel)
         return self.out(add_layernorm(z, d, self.out_eps)[1])
 
 
 class LeanFlowVLA(FusedFlowVLA):
     """The lean sampler (see the module docstring); the samplers are :class:`FusedFlowVLA`'s."""
 
-    def __init__(self, plain: FlowVLA, fused_from: str = ""):
+    def __init__(self, plain: FlowVLA, fused_from: str = "", attention_kernel: bool = False):
         super().__init__(plain, fused_from)
         self.cfg = LeanFlowVLAConfig(
             **{f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(FusedFlowVLAConfig)}
         )
         self.encoder.blocks = nn.ModuleList(LeanBlock(b) for b in self.encoder.blocks)
-        self.expert = LeanExpert(self.expert)
+        self.expert = LeanExpert(self.expert, attention_kernel)
 
     def fingerprint_facts(self, device: torch.device | str) -> dict:
         """What a lean chunk's bits depend on beyond the config and weights: the fused ops' kernels."""
-        return kernel_facts(device)
+        return {**kernel_facts(device), **attention_facts(self.expert.attention_kernel, device)}
 
     def guided_prefix(self, images, state, tokens, adv):
         if self.cfg.shared_prefix:
@@ -174,14 +181,18 @@ class LeanFlowVLA(FusedFlowVLA):
         return with_room(kv, self.cfg.horizon), mask
 
 
-def lean(model: FlowVLA, fused_from: str = "") -> LeanFlowVLA:
-    """The lean sampler of a plain :class:`FlowVLA` (``model`` is not changed); ``fused_from`` as for :func:`fuse`."""
+def lean(model: FlowVLA, fused_from: str = "", attention_kernel: bool = False) -> LeanFlowVLA:
+    """The lean sampler of a plain :class:`FlowVLA` (``model`` is not changed); ``fused_from`` as for :func:`fuse`.
+
+    ``attention_kernel``: the expert's attention through one Triton kernel on CUDA
+    (:mod:`rollcap.kernels.attention`; in the fingerprint). A measurement for now (``kernel_sweep``'s ``-attn``
+    settings), not a runner option: its GPU time is unmeasured."""
     if not isinstance(model, FlowVLA):
         raise TypeError(f"lean: expected a FlowVLA, got {type(model).__name__}")
     outer = torch.get_num_threads()
     torch.set_num_threads(1)  # the folds' bits depend on the thread count (see fuse)
     try:
         with torch.no_grad():
-            return LeanFlowVLA(model, fused_from).eval()
+            return LeanFlowVLA(model, fused_from, attention_kernel).eval()
     finally:
         torch.set_num_threads(outer)

@@ -19,7 +19,8 @@
 #    --envs 32 run in process vs on the workers, digests compared (workers_digests.json); alone: STEPS=workers;
 # 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
 # 8. opt-in (STEPS=kernels, issue 42; about 4 minutes on one H100): the batch-1 chunk side by side in one process
-#    (today's fused bf16 CUDA graph vs the lean sampler at bf16 and fp8; KERNEL_COMPILE=1 adds compile-cuda at 3b) at
+#    (today's fused bf16 CUDA graph vs the lean sampler at bf16 and fp8, with the shared prefix, with the expert's
+#    attention kernel; KERNEL_COMPILE=1 adds compile-cuda at 3b) at
 #    3b, 205m, 26m, shipped, with the kernel tables of 3b and 205m (kernels.json, kernel_table.md); the cuda tests of
 #    the new kernels; `rollcap bench --only host` (host overhead at batch 1, bench_host.json); two `rollcap run
 #    --sampler lean` processes at bf16 and at fp8, compared by digest. A short table is printed last.
@@ -150,10 +151,11 @@ fi
 # ---------------------------------------------------------------- 8. kernels (issue 42, opt-in)
 if want kernels; then
   if [ "$DEV" = cpu ]; then KSIZES=shipped KREPS=3 KEPS=2; else KSIZES=${KERNEL_SIZES:-3b,205m,26m,shipped} KREPS=20 KEPS=5; fi
-  step kernel-sweep 240 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$KSIZES" --reps "$KREPS" \
+  step kernel-sweep 330 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$KSIZES" --reps "$KREPS" \
     --json "$OUT_DIR/kernels.json" --table "$OUT_DIR/kernel_table.md"
   step pytest-kernels 60 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/kernels/test_fused_ops.py tests/kernels/test_fp8.py \
-    tests/kernels/test_staging.py tests/policies/test_lean.py tests/policies/test_shared_prefix.py >"$OUT_DIR/pytest_kernels.txt" 2>&1
+    tests/kernels/test_staging.py tests/kernels/test_expert_attention.py tests/policies/test_lean.py tests/policies/test_shared_prefix.py \
+    >"$OUT_DIR/pytest_kernels.txt" 2>&1
   tail -n 5 "$OUT_DIR/pytest_kernels.txt"
   step bench-host 75 "${ROLLCAP[@]}" bench --device "$DEV" --only host "${QUICK[@]}" --json "$OUT_DIR/bench_host.json"
   for p in bf16 fp8; do

@@ -44,7 +44,7 @@ _RULES: tuple[tuple[str, re.Pattern], ...] = tuple(
         ("split-K reduce", r"splitk_?reduce|reduce_?splitk"),
         ("add+norm (fused)", r"_add_ln"),
         ("CFG step", r"_cfg_euler"),
-        ("attention", r"flash|fmha|attention|sdpa|scaled_dot|cudnn_generated|mha"),
+        ("attention", r"flash|fmha|attention|_expert_attn|sdpa|scaled_dot|cudnn_generated|mha"),
         ("GELU", r"gelu"),
         ("norm", r"layer_?norm|rms_?norm"),
         ("GEMM", r"gemm|nvjet|gemv|xmma|cutlass|aten::(addmm|mm|bmm|baddbmm|linear|matmul|_scaled_mm)\b|cublas"),

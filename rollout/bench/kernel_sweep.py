@@ -12,7 +12,10 @@ weights) and captures one graph per setting over the same static buffers:
 - ``compile-bf16`` (``--compile``): the fused sampler through ``compile-cuda`` (inductor's kernels in rollcap's graph);
 - ``lean-bf16-shared``: ``lean-bf16`` of the same size and weights with ``shared_prefix`` (the guidance branches share
   the observation's prefix: :attr:`~rollcap.policies.flow_vla.FlowVLAConfig.shared_prefix`). Another model: its
-  max |diff| against today is that of a different network, not a rounding.
+  max |diff| against today is that of a different network, not a rounding;
+- ``lean-bf16-attn``, ``lean-bf16-shared-attn``: a measurement, not a runner setting yet: those two with the expert's
+  attention in one Triton kernel a call (:mod:`rollcap.kernels.attention`: no key/value copy, 16-query programs)
+  instead of a copy and SDPA; on CPU the reference runs (the same chunk as without).
 
 Per size and setting: the chunk's median and range over ``reps`` rounds (every setting replayed once per round, in
 turn, so drift hits all alike), ``exact`` (the replay equals its own eager chunk byte for byte; compile-cuda states
@@ -30,6 +33,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -56,9 +60,13 @@ SETTINGS = {
     "lean-fp8-prefix": ("lean", "fp8", None),
     "compile-bf16": ("fused", "bf16", "compile-cuda"),
     "lean-bf16-shared": ("lean", "bf16", None),
+    "lean-bf16-attn": ("lean-attn", "bf16", None),
+    "lean-bf16-shared-attn": ("lean-attn", "bf16", None),
 }
 """Setting -> (sampler, precision, graph backend; None: the device's default)."""
-SHARED = ("lean-bf16-shared",)
+SAMPLERS = {"fused": fuse, "lean": lean, "lean-attn": partial(lean, attention_kernel=True)}
+"""A setting's sampler name -> how it is built from the plain model."""
+SHARED = ("lean-bf16-shared", "lean-bf16-shared-attn")
 """Settings whose model is the size with ``shared_prefix`` (same weights)."""
 FP8_SCOPES = {"lean-fp8-prefix": ("encoder.blocks", "expert.blocks")}
 """Settings whose float8 linears are not the ``fp8`` precision's (``FP8_SCOPE``)."""
@@ -98,7 +106,7 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
         plain = build(cfg_s, device)  # the same seed: the same weights
         out["params"] = sum(p.numel() for p in plain.parameters())
         for sampler in sorted({SETTINGS[s][0] for s in settings if (s in SHARED) == shared}):
-            master = (fuse if sampler == "fused" else lean)(plain)
+            master = SAMPLERS[sampler](plain)
             for s in settings:
                 _, precision, backend = SETTINGS[s]
                 if SETTINGS[s][0] != sampler or (s in SHARED) != shared:
@@ -290,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="", help="comma list (default: 3b,205m,26m,shipped on a GPU; shipped on CPU)")
     ap.add_argument(
         "--settings",
-        default="fused-bf16,lean-bf16,lean-fp8,lean-fp8-prefix,lean-bf16-shared",
+        default="fused-bf16,lean-bf16,lean-fp8,lean-fp8-prefix,lean-bf16-shared,lean-bf16-attn,lean-bf16-shared-attn",
         help=f"comma list of {', '.join(SETTINGS)}",
     )
     ap.add_argument(

@@ -11,7 +11,14 @@ def test_cpu_dry_run_times_today_and_lean_and_refuses_fp8_in_its_row(tmp_path, c
     out = tmp_path / "k.json"
     assert (
         main(
-            ["--device", "cpu", "--reps", "1", "--settings", "fused-bf16,lean-bf16,lean-fp8,lean-bf16-shared"]
+            [
+                "--device",
+                "cpu",
+                "--reps",
+                "1",
+                "--settings",
+                "fused-bf16,lean-bf16,lean-fp8,lean-bf16-shared,lean-bf16-shared-attn",
+            ]
             + ["--json", str(out)]
         )
         == 0
@@ -24,6 +31,9 @@ def test_cpu_dry_run_times_today_and_lean_and_refuses_fp8_in_its_row(tmp_path, c
     # the shared prefix: its own model (same weights, another network), exact to its own eager, fewer FLOPs
     assert s["lean-bf16-shared"]["exact"] and s["lean-bf16-shared"]["max_abs_diff_vs_today"] > 0
     assert size["gflop"]["shared"] < 0.8 * size["gflop"]["today"]
+    # the attention kernel's setting: its own model, built with the kernel; on CPU the reference runs, the same chunk
+    assert s["lean-bf16-shared-attn"]["sampler"] == "lean-attn" and s["lean-bf16-shared-attn"]["exact"]
+    assert s["lean-bf16-shared-attn"]["max_abs_diff_vs_today"] == s["lean-bf16-shared"]["max_abs_diff_vs_today"]
     printed = capsys.readouterr().out
     assert "| category | fused-bf16 | lean-bf16 | lean-bf16-shared |" in printed and "(another model)" in printed
     # the prefix and the expert's steps apart: the shared prefix changes the prefix, not the steps
