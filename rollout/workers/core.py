@@ -350,14 +350,16 @@ class EnvWorkers:
                     self._give(p)
             for slot, index in msg.get("finished", ()):  # its slot is free; it is p's until written
                 p.pending[index] = p.running.pop(slot)
-            for e in msg.get("ends", ()):
-                yield self._end(p, e)
             if "free" in msg:
                 self._give(p, msg["free"])
             elif "launched" in msg:
                 p.launched = msg["launched"]
                 p.state = "launched" if p.launched else "idle"
             self.timing["host_s"] += time.perf_counter() - t0
+            # The ends last: they run the subscribers' code, and an exception there (a Ctrl-C in a callback) must find
+            # p's state as its message left it, or an abort waits for a reply p already sent.
+            for e in msg.get("ends", ()):
+                yield self._end(p, e)
 
     def _end(self, p: Proc, e: dict) -> EpisodeEnd:
         """An episode a worker finished: named in the manifest (once it is in the shard), shown to the subscribers."""
@@ -418,12 +420,16 @@ class EnvWorkers:
 
     def abort(self) -> None:
         """Abandon every running episode: the ends already on their way are taken (named in the manifest), the workers stop
-        (the next :meth:`episodes` starts them again)."""
+        (the next :meth:`episodes` starts them again).
+
+        A worker mid-chunk is not waited for here: :meth:`Proc.stop` reads its messages (and their ends) up to its
+        ``bye``, so a reply read but not acted on (a Ctrl-C between the two) costs nothing. One whose recorder is
+        being made answers that first, then is asked to stop."""
         self._closing = True
         for p in self.procs:
-            if p.state in ("launching", "recording"):
+            if p.state == "recording":
                 deadline = time.perf_counter() + 60
-                while p.state in ("launching", "recording") and time.perf_counter() < deadline:
+                while p.state == "recording" and time.perf_counter() < deadline:
                     wait_any([p.conn, p.proc.sentinel], timeout=1.0)
                     for _ in self._take(p):
                         pass
