@@ -26,6 +26,20 @@ MAX_TRIES = 3
 """Tries per episode before it is reported failed (each try that kills its actor costs one)."""
 
 
+def _episodes(keys: list, most: int = 8) -> str:
+    """``episode 3`` / ``episodes 3, 5`` / ``episodes 3, 5, ... (12 in all)``."""
+    keys = sorted(keys)
+    shown = ", ".join(str(k) for k in keys[:most]) + (f", ... ({len(keys)} in all)" if len(keys) > most else "")
+    return f"episode{'s' if len(keys) > 1 else ''} {shown}"
+
+
+def what_runs_again(again: list, failed: list) -> str:
+    """What a lost call's unanswered episodes become, for the lost line: run again, failed (out of tries), or none."""
+    parts = [f"{_episodes(again)} run{'s' if len(again) == 1 else ''} again on a live actor"] if again else []
+    parts += [f"{_episodes(failed)} failed"] if failed else []
+    return ", ".join(parts) or "no episode of its call was left to run"
+
+
 class Scheduling:
     """The pool's scheduling and fault handling (it uses the pool's ``_ray``, ``slots``, ``failed``, ``retries``,
     ``replaced``, ``dropped``, ``resources``, ``replace_timeout_s`` and ``_new_slot``)."""
@@ -75,10 +89,14 @@ class Scheduling:
 
         def lost(slot: int, left: dict, err: BaseException) -> None:
             if isinstance(err, ray.exceptions.RayActorError):  # the actor process (or its node) died
-                if not streaming:  # one line naming the node and what runs again (a batched call's: its halves)
-                    (k,) = left
-                    again = "runs again on a live actor" if tries.get(k, 0) + 1 < max_tries else "failed"
-                    say_lost(ray, self.slots[slot].info.get("node"), err, f"episode {k} {again}")
+                # one line naming the node and what runs again (a batched call: every episode it had not answered)
+                again = [k for k in left if tries.get(k, 0) + 1 < max_tries]
+                say_lost(
+                    ray,
+                    self.slots[slot].info.get("node"),
+                    err,
+                    what_runs_again(again, [k for k in left if k not in again]),
+                )
                 self._replace(slot)
             else:
                 idle.append(slot)

@@ -195,8 +195,9 @@ def _always_dies_at(index: int) -> type:
 
 
 @pytest.mark.slow(seconds=15)
-def test_an_episode_that_keeps_killing_its_actor_is_isolated_and_only_it_fails(ray_local, parts, local):
-    """Episode 1 kills every actor whose call holds it: its call is split until it runs alone; after max_tries only it is failed."""
+def test_an_episode_that_keeps_killing_its_actor_is_isolated_and_only_it_fails(ray_local, parts, local, capfd):
+    """Episode 1 kills every actor whose call holds it: its call is split until it runs alone; after max_tries only it is
+    failed. Each lost actor is one line naming what of its call runs again (a batched call: all it had not answered)."""
     from rollcap.rollout.ray.actors import batch_rollout
 
     result = batch_rollout(
@@ -206,3 +207,6 @@ def test_an_episode_that_keeps_killing_its_actor_is_isolated_and_only_it_fails(r
     assert {e.index: episode_digest(e.record) for e in result.ends} == {i: local[i] for i in (0, 2, 3)}
     assert list(result.summary["failed"]) == ["1"] and "Actor" in result.summary["failed"]["1"]
     assert result.summary["retries"] == 2
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("rollcap:")]
+    assert len(err) == 3 and all(e.startswith("rollcap: lost an actor on ") and "(its actor died); " in e for e in err)
+    assert "episodes 0, 1 run again on a live actor" in err[0] and err[-1].endswith("episode 1 failed"), err
