@@ -83,6 +83,11 @@ def _converter(tp: Any) -> tuple[Any, dict]:
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
             return _converter(inner[0])
+        words = [w for a in inner if typing.get_origin(a) is Literal for w in typing.get_args(a)]
+        if int in inner and len(inner) == 2 and words:  # an integer or a word (env_workers: N or auto)
+            return _named(lambda text: text if text in words else int(text), "integer or " + " or ".join(words)), {
+                "metavar": "N|" + "|".join(words)
+            }
     if origin is Literal:
         return type(args[0]), {"choices": list(args)}
     if tp is dict or origin is dict:

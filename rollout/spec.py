@@ -239,8 +239,8 @@ class RunConfig:
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
     """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
-    env_workers: int = 0
-    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. The same bytes either way."""
+    env_workers: int | Literal["auto"] = 0
+    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. auto: one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 or with actors, writers or teleop. The same bytes either way."""
 
     def __post_init__(self):
         if not _is_int(self.episodes) or self.episodes < 1:
@@ -255,12 +255,14 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
-        w, other = (
-            self.env_workers,
-            "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None,
-        )
+        other = "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None
+        if self.env_workers == "auto":
+            object.__setattr__(self, "env_workers", 0 if other else auto_env_workers(self.envs, self.graphs))
+        w = self.env_workers
         if not isinstance(w, int) or isinstance(w, bool) or w < 0 or (w and (self.envs < 2 or w > self.envs)):
-            raise ConfigError("env_workers", f"expected an integer in 0..envs (envs >= 2; here {self.envs}), got {w!r}")
+            raise ConfigError(
+                "env_workers", f"expected an integer in 0..envs (envs >= 2; here {self.envs}) or auto, got {w!r}"
+            )
         if w and other:
             raise ConfigError("env_workers", f"each env worker records its own shard in this run; drop `{other}`")
         if self.envs > 1 and self.teleop is not None:
@@ -303,6 +305,22 @@ def check_batched_host(config: HostConfig) -> None:
         raise ConfigError(
             "control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period"
         )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS says, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_env_workers(envs: int, graphs: int = 1, cores: int | None = None) -> int:
+    """``env_workers="auto"``: one worker a core, leaving two (this process's graphs and the rest of the machine), at
+    most ``envs`` and a multiple of ``graphs`` (each graph's envs on workers of their own); 0 (every env in this
+    process) where that leaves fewer than 2 workers: on a small machine workers take cores from the policy
+    (BENCHMARKS.md, "Env workers"). ``cores``: default the cores this process may run on."""
+    w = min(envs, (usable_cores() if cores is None else cores) - 2)
+    if graphs > 1:
+        w -= w % graphs
+    return w if w >= 2 and envs >= 2 else 0
 
 
 def _is_int(v) -> bool:

@@ -24,7 +24,7 @@ from rollcap.rollout.cli.recordings import add_parsers as add_recordings_parsers
 from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS
 from rollcap.rollout.cli.signals import Terminated as _Terminated
 from rollcap.rollout.offline.deployment import AS_RECORDED
-from rollcap.rollout.spec import HostConfig, Parts, RunConfig, Spec
+from rollcap.rollout.spec import HostConfig, Parts, RunConfig, Spec, usable_cores
 from rollcap.rollout.stats import rate_line
 
 EXAMPLES = """examples:
@@ -78,6 +78,9 @@ def cmd_run(args) -> int:
     if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
         raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     spec = Spec(parts, host_cfg, run_cfg)
+    if opts.values(args, RunConfig)["env_workers"] == "auto":  # say what it chose: it depends on the machine
+        where = f"{run_cfg.env_workers} env worker(s)" if run_cfg.env_workers else "every env in this process"
+        print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})", file=sys.stderr)
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over
         result = run(
             run_cfg.episodes,
@@ -126,6 +129,9 @@ def _summary_table(s: dict) -> str:
     if s.get("discarded_by_key"):
         n, which = len(s["discarded_by_key"]), ", ".join(map(str, s["discarded_by_key"]))
         rows.append(("discarded by key", f"{n} (episode{'s' if n > 1 else ''} {which}; not recorded)"))
+    if s.get("env_workers"):
+        r = s.get("worker_restarts", 0)
+        rows.append(("env workers", f"{s['env_workers']}" + (f", {r} restarted" if r else "")))
     if "actors" in s:
         rows.append(
             (

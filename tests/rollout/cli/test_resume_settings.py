@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from rollcap.rollout.config import HostConfig
+from rollcap.rollout.recording import episode_digest, load_any
 from rollcap.rollout.resume import SAME_ON_RESUME
 
 pytestmark = pytest.mark.slow(seconds=60)  # the rollcap command in subprocesses
@@ -96,11 +97,21 @@ def test_the_table_holds_every_host_setting_and_no_placement():
 
 
 def test_resume_with_another_env_worker_count_is_accepted(ckpt, tmp_path):
-    """Where the envs step (--env-workers) changes no byte: a run made on 2 workers resumes on 1, all its settings the same."""
+    """Where the envs step (--env-workers) changes no byte: a run made on 2 workers resumes on 1, all its settings the
+    same, and the summary names the worker count; --env-workers auto says what it chose and records the same bytes."""
     out = tmp_path / "w"
     common = ["--seed", 5, "--out", out, "--max-chunks", 2, "--no-progress", "--envs", 2, *ckpt]
     first = rollcap("run", "--episodes", 2, "--env-workers", 2, *common)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "env workers      2" in first.stdout, first.stdout
     res = rollcap("run", "--episodes", 4, "--env-workers", 1, "--resume", *common)
     assert res.returncode == 0, res.stderr[-3000:]
     assert json.loads((out / "summary.json").read_text())["episodes"] == 4
+    # auto says what it chose (in this process on a box of under 4 cores, else workers), and records the same bytes
+    common[common.index(out)] = tmp_path / "auto"
+    res = rollcap("run", "--episodes", 4, "--env-workers", "auto", *common)
+    assert res.returncode == 0, res.stderr[-3000:]
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("rollcap: --env-workers auto: ")]
+    assert len(said) == 1 and said[0].endswith("cores, --envs 2)"), res.stderr[-2000:]
+    digests = [sorted(episode_digest(r) for r in load_any(d)) for d in (out, tmp_path / "auto")]
+    assert digests[0] == digests[1]
