@@ -32,13 +32,11 @@ import os
 import torch
 import torch.nn.functional as F
 
-try:  # optional: only on CUDA machines with triton
+from rollcap.kernels.ops import _HAVE_TRITON
+
+if _HAVE_TRITON:  # pragma: no cover - CPU CI has no triton
     import triton
     import triton.language as tl
-
-    _HAVE_TRITON = True
-except Exception:  # pragma: no cover - CPU CI has no triton
-    _HAVE_TRITON = False
 
 BLOCK_M = 16
 """Queries per program (``tl.dot``'s smallest tile: a batch row's 50 queries are 4 blocks, 64 rows computed)."""
@@ -52,19 +50,39 @@ KERNEL = "triton expert attention v1"
 """What a fingerprint says of the kernel (its arithmetic and tiling; a change of either changes this)."""
 
 
+def _split(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused ``qkv`` projection ``[B, N, 3w]`` as queries ``[B, heads, N, head_dim]`` and keys/values
+    ``[B, N, 2, heads, head_dim]`` (views)."""
+    b, n, w3 = qkv.shape
+    d = w3 // 3 // heads
+    return qkv[..., : w3 // 3].view(b, n, heads, d).transpose(1, 2), qkv[..., w3 // 3 :].view(b, n, 2, heads, d)
+
+
+def _sdpa(q: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA of ``q`` ``[B, heads, N, d]`` over ``kv`` ``[B, L, 2, heads, d]``, as ``[B, N, heads * d]``."""
+    o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
+    b, h, n, d = o.shape
+    return o.transpose(1, 2).reshape(b, n, h * d)
+
+
+def attend(qkv: torch.Tensor, heads: int, mask: torch.Tensor, kv_buf=None, kernel: bool = False) -> torch.Tensor:
+    """A fused/lean block's attention from its ``qkv`` projection, ``[B, N, w]``: over its own keys (``kv_buf``
+    None: the encoder), or over the cached prefix's and its own (:func:`expert_attention`; ``kernel`` as its
+    ``fused``)."""
+    if kv_buf is not None:
+        return expert_attention(qkv, kv_buf, mask, heads, fused=kernel)
+    return _sdpa(*_split(qkv, heads), mask)
+
+
 def expert_attention_reference(qkv: torch.Tensor, kv_buf: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
     """Reference: the tokens' keys/values into ``kv_buf``'s last rows (in place), SDPA over the buffer, ``[B, H, w]``.
 
     ``qkv`` ``[B, H, 3w]`` (queries, then keys/values as ``[2, heads, head_dim]``); ``kv_buf`` ``[B, N + H, 2, heads,
     head_dim]``; ``mask`` additive ``[B, 1, 1, N + H]`` (or per query, ``[B, 1, H, N + H]``).
     """
-    b, n, w3 = qkv.shape
-    w = w3 // 3
-    q = qkv[..., :w].view(b, n, heads, w // heads).transpose(1, 2)
-    kv_buf[:, kv_buf.shape[1] - n :].copy_(qkv[..., w:].view(b, n, 2, heads, w // heads))
-    k, v = kv_buf[:, :, 0].transpose(1, 2), kv_buf[:, :, 1].transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return o.transpose(1, 2).reshape(b, n, w)
+    q, kv = _split(qkv, heads)
+    kv_buf[:, kv_buf.shape[1] - qkv.shape[1] :].copy_(kv)
+    return _sdpa(q, kv_buf, mask)
 
 
 if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and the interpreter test

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from rollcap.kernels.attention import attend
 from rollcap.kernels.ops import cfg_euler_step
 from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig, guidance_inputs, split_branches
 from rollcap.policies.layers import Block, CompiledRegions, timestep_embedding
@@ -85,16 +86,9 @@ class FusedBlock(nn.Module):
         ``kv_buf`` ``[B, N_prefix + N, 2, heads, head_dim]``: the prefix's keys/values with room for this block's
         own, which are written into its last ``N`` rows (in place: the prefix is not copied at every step).
         """
-        b, n, w = x.shape
-        h = self.heads
+        w = x.shape[-1]
         qkv = self.qkv(F.layer_norm(x, (w,), eps=self.eps1))
-        q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
-        kv = qkv[..., w:].view(b, n, 2, h, w // h)
-        if kv_buf is not None:
-            kv_buf[:, kv_buf.shape[1] - n :].copy_(kv)
-            kv = kv_buf
-        o = F.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2), attn_mask=mask)
-        x = x + self.out(o.transpose(1, 2).reshape(b, n, w))
+        x = x + self.out(attend(qkv, self.heads, mask, kv_buf))
         return x + self.fc2(F.gelu(self.fc1(F.layer_norm(x, (w,), eps=self.eps2)), approximate="tanh"))
 
 

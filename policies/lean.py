@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rollcap.kernels.attention import attention_facts, expert_attention
+from rollcap.kernels.attention import attend, attention_facts
 from rollcap.kernels.fp8 import FP8, Fp8Linear
 from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
 from rollcap.policies.flow_vla import FlowVLA, split_branches
@@ -75,15 +75,7 @@ class LeanBlock(nn.Module):
         """``kv_buf``: the expert's cached keys/values with room for its own (None: the encoder's self-attention);
         ``attention_kernel``: the expert's attention through :func:`~rollcap.kernels.attention.expert_attention`'s
         kernel where it runs (else its reference, this block's arithmetic without it)."""
-        b, n, w = x.shape
-        h = self.heads
-        qkv = self.qkv(y)
-        if kv_buf is not None:
-            o = expert_attention(qkv, kv_buf, mask, h, fused=attention_kernel)
-        else:
-            q = qkv[..., :w].view(b, n, h, w // h).transpose(1, 2)
-            k, v = qkv[..., w:].view(b, n, 2, h, w // h).transpose(1, 3).unbind(2)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b, n, w)
+        o = attend(self.qkv(y), self.heads, mask, kv_buf, attention_kernel)
         fp8 = isinstance(self.fc1, Fp8Linear)
         x, y = add_layernorm(x, self.out(o), self.eps2, FP8 if fp8 else None)
         if fp8:  # fc1 at float8, then GELU and the row-wise quantisation fc2 reads in one pass

@@ -320,7 +320,7 @@ def auto_env_workers(envs: int, graphs: int = 1, cores: int | None = None) -> in
     w = min(envs, (usable_cores() if cores is None else cores) - 2)
     if graphs > 1:
         w -= w % graphs
-    return w if w >= 2 and envs >= 2 else 0
+    return w if w >= 2 else 0
 
 
 def _is_int(v) -> bool:
