@@ -12,7 +12,7 @@ agent sees the state, the task as a one-hot and the critic's value. After
 training, its deterministic action and the frozen policy (``rollcap run`` at
 the same --execute-steps) run the same held-out episode seeds; both success rates,
 the paired counts, the agent's Q and how much of its noise sits at the box's edge,
-and result.json go to --out with the model (dsrl_sac.zip).
+and result.json go to --out with the agent (dsrl_sac.safetensors + dsrl_sac.json).
 """
 
 from __future__ import annotations
@@ -23,10 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from stable_baselines3 import SAC
 
 from rollcap.rollout.build import Parts
-from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, sac_entropy, train_sac
+from rollcap.kernels.errors import CheckpointMismatch
+from rollcap.rollout.learn.dsrl import (
+    SteeringConfig,
+    SteeringProbe,
+    compare,
+    load_sac,
+    make_steering_env,
+    save_sac,
+    sac_entropy,
+    train_sac,
+)
 from rollcap.rollout.options import Options
 
 
@@ -49,9 +58,9 @@ class Args:
     eval_seed: int = 2
     """Run seed of the held-out episodes (2: the seeds of BENCHMARKS.md's 70%)."""
     out: Path = Path("runs/dsrl_sac")
-    """Where the model (dsrl_sac.zip) and result.json go."""
+    """Where the agent (dsrl_sac.safetensors + .json) and result.json go."""
     load: Path | None = None
-    """Evaluate this saved model instead of training one (result.json still goes to --out)."""
+    """Evaluate this saved agent (a dsrl_sac.json or .safetensors this script wrote) instead of training one (result.json still goes to --out)."""
 
 
 def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
@@ -59,10 +68,14 @@ def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
         raise SystemExit("--seed and --eval-seed must differ: evaluation episodes are held out from training")
     torch.set_num_threads(1)  # SAC's updates; the policy and critic lanes keep their own budgets
     env = make_steering_env(cfg, parts=parts)
-    args.out.mkdir(parents=True, exist_ok=True)
     if args.load is not None:
-        model, stats = SAC.load(args.load, device="cpu"), None
-    else:
+        try:
+            model, stats = load_sac(args.load, env), None
+        except CheckpointMismatch as err:
+            env.close()
+            raise SystemExit(f"--load: {err}") from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.load is None:
         model, stats = train_sac(
             env,
             args.timesteps,
@@ -72,10 +85,8 @@ def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
             args.ent_coef,
             target_entropy=args.target_entropy,
         )
-        model.save(args.out / "dsrl_sac.zip")
-        print(
-            f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {args.out / 'dsrl_sac.zip'}"
-        )
+        saved = save_sac(model, args.out / "dsrl_sac")
+        print(f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {saved}")
     probe = SteeringProbe(model, cfg.noise_bound)
     result = compare(env, probe, args.eval_seed, args.eval_episodes)
     print("\n".join(result.lines()))

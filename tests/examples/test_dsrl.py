@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 pytest.importorskip("stable_baselines3")
 
 import rollcap  # noqa: E402
+from rollcap.kernels.errors import CheckpointMismatch  # noqa: E402
 from rollcap.envs.scene import BLOCKS, TARGETS, make_instruction  # noqa: E402
 from rollcap.rollout.config import HostConfig  # noqa: E402
 from rollcap.rollout.learn.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, task_one_hot  # noqa: E402
@@ -29,38 +31,67 @@ pytestmark = (
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow(seconds=26)
-def test_dsrl_sac_example_smoke(tmp_path):
-    """A few hundred SAC steps and 5 held-out episodes: the model is written and both success rates are printed."""
-    from stable_baselines3 import SAC
+def _example(*flags, env=None, timeout=300):
+    cmd = [sys.executable, str(ROOT / "examples" / "dsrl_sac.py"), *map(str, flags)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
 
-    cmd = [
-        sys.executable,
-        str(ROOT / "examples" / "dsrl_sac.py"),
-        "--timesteps",
-        "300",
-        "--learning-starts",
-        "100",
-        "--eval-episodes",
-        "5",
-        "--out",
-        str(tmp_path),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+@pytest.mark.slow(seconds=24)
+def test_dsrl_sac_example_smoke(tmp_path):
+    """A few hundred SAC steps and 5 held-out episodes: the agent is written as safetensors + JSON, both success
+    rates are printed, SB3's logger leaves no directory in the temp directory (its default makes one), and ``--load``
+    of the written agent scores the same held-out episodes the same way."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    res = _example("--timesteps", 300, "--learning-starts", 100, "--eval-episodes", 5, "--out", tmp_path / "a", env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     assert (
         "steered (SAC, deterministic) success: " in res.stdout and "unsteered (frozen policy) success: " in res.stdout
     ), res.stdout
-    SAC.load(tmp_path / "dsrl_sac.zip", device="cpu")
-    ev = json.loads((tmp_path / "result.json").read_text())["eval"]
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "dsrl_sac.json",
+        "dsrl_sac.safetensors",
+        "result.json",
+    ]
+    # torch keeps its compile cache there (torchinductor_<user>, empty here): that one is torch's, and expected
+    assert not [p for p in tmp.iterdir() if p.name.startswith("SB3")], "SB3's logger left a directory in the temp dir"
+    ev = json.loads((tmp_path / "a" / "result.json").read_text())["eval"]
     assert ev["episodes"] == 5 and len(ev["steered"]) == len(ev["frozen"]) == 5 and ev["run_seed"] == 2
-    agent = json.loads((tmp_path / "result.json").read_text())["agent"]  # the probe saw every steered chunk
+    agent = json.loads((tmp_path / "a" / "result.json").read_text())["agent"]  # the probe saw every steered chunk
     assert (
         agent["chunks"] >= 5
         and np.isfinite([agent["q_mean"], agent["q_p5"], agent["q_p95"]]).all()
         and 0 <= agent["saturated_fraction"] <= 1
     )
     assert f"the agent over {agent['chunks']} steered chunks: Q mean" in res.stdout
+    res = _example("--load", tmp_path / "a" / "dsrl_sac.json", "--eval-episodes", 5, "--out", tmp_path / "b")
+    assert res.returncode == 0, res.stderr[-3000:]
+    again = json.loads((tmp_path / "b" / "result.json").read_text())
+    assert again["eval"] == ev and again["agent"] == agent
+
+
+def test_dsrl_sac_load_refuses_a_bad_agent_in_one_line(tmp_path):
+    """--load of a damaged file, or of an agent made for other spaces, exits with one line naming the file; --out
+    is not created."""
+    from rollcap.rollout.learn.dsrl import load_sac, make_steering_env, save_sac, _sac
+
+    other = make_steering_env(SteeringConfig(noise_bound=1.0))  # the same shapes, another noise box
+    save_sac(_sac(other), tmp_path / "other")
+    other.close()
+    env = make_steering_env(SteeringConfig())
+    with pytest.raises(CheckpointMismatch, match=r"other\.json: action_low -1\.0, this env.s is -1\.5"):
+        load_sac(tmp_path / "other.json", env)
+    env.close()
+    (tmp_path / "bad.json").write_text("{not json")
+    for path, why in (
+        (tmp_path / "bad.json", "not valid JSON"),
+        (tmp_path / "missing.json", "checkpoint config not found"),
+    ):
+        res = _example("--load", path, "--out", tmp_path / "o", timeout=120)
+        last = res.stderr.strip().splitlines()[-1]
+        assert res.returncode == 1 and "Traceback" not in res.stderr and last.startswith("--load: "), res.stderr[-2000:]
+        assert str(path) in last and why in last and not (tmp_path / "o").exists()
 
 
 def test_unsteered_episodes_are_rollcap_runs_episodes(tmp_path):
