@@ -26,16 +26,8 @@ import torch
 
 from rollcap.rollout.build import Parts
 from rollcap.kernels.errors import CheckpointMismatch
-from rollcap.rollout.learn.dsrl import (
-    SteeringConfig,
-    SteeringProbe,
-    compare,
-    load_sac,
-    make_steering_env,
-    save_sac,
-    sac_entropy,
-    train_sac,
-)
+from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, sac_entropy, train_sac
+from rollcap.rollout.learn.sac_io import load_sac, save_sac
 from rollcap.rollout.options import Options
 
 

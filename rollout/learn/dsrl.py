@@ -11,9 +11,8 @@ The pieces ``examples/dsrl_sac.py`` wires together:
   :class:`SteeringObs` (a flat vector for an MLP), :class:`NoiseBound` (the
   agent's noise box) and :class:`SuccessBonus` (with the env's reward scaled).
 - :func:`train_sac`: SAC with a wall-clock budget.
-- :func:`save_sac` / :func:`load_sac`: the agent's networks as safetensors plus
-  a JSON config (``kernels/checkpoint.py``). SB3's own ``.zip`` is not used:
-  ``SAC.load`` unpickles parts of it, and no rollcap load path unpickles.
+- :mod:`~rollcap.rollout.learn.sac_io`: the trained agent saved and loaded
+  without pickle.
 - :func:`compare`: the trained agent (its deterministic action) against the
   frozen policy on the same held-out episode seeds, paired.
 
@@ -32,7 +31,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -40,8 +38,6 @@ import torch
 from gymnasium import spaces
 
 from rollcap.envs.scene import BLOCKS, TARGETS, parse_instruction
-from rollcap.kernels.checkpoint import load_weights, read_checkpoint_meta, save_checkpoint
-from rollcap.kernels.errors import CheckpointMismatch
 from rollcap.rollout.errors import ConfigError
 from rollcap.policies.observation import BOS, EOS
 from rollcap.rollout.build import DEFAULT_ENV
@@ -52,7 +48,6 @@ from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson
 
 try:
-    import stable_baselines3
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.logger import HumanOutputFormat, Logger
@@ -298,13 +293,15 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
             dimension; DSRL's robomimic runs use 0).
     """
     ent_coef, target_entropy = sac_entropy(ent_coef, target_entropy)
-    model = _sac(
+    model = SAC(
+        "MlpPolicy",
         env,
         learning_starts=learning_starts,
         ent_coef=ent_coef,
         target_entropy=target_entropy,
         seed=seed,
         verbose=verbose,
+        device="cpu",
     )
     # SB3's default logger makes a /tmp/SB3-<date> directory for every run, even when it only prints; this one only prints.
     model.set_logger(Logger(None, [HumanOutputFormat(sys.stdout)] if verbose else []))
@@ -313,45 +310,6 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
     seconds = time.perf_counter() - t0
     begun = len(model.get_env().get_attr("episode_returns")[0]) + 1  # Monitor's finished episodes + the running one
     return model, TrainStats(int(model.num_timesteps), begun, seconds)
-
-
-SAC_KIND = "dsrl-sac"
-
-
-def _sac(env: gym.Env, **kwargs) -> SAC:
-    return SAC("MlpPolicy", env, device="cpu", **kwargs)
-
-
-def _sac_config(obs: spaces.Box, act: spaces.Box) -> dict:
-    """What the saved networks' shapes depend on: the env's spaces (SB3's MlpPolicy defaults otherwise)."""
-    return {"observation_shape": list(obs.shape), "action_shape": list(act.shape),
-            "action_low": float(np.min(act.low)), "action_high": float(np.max(act.high)),
-            "stable_baselines3": stable_baselines3.__version__}  # fmt: skip
-
-
-def save_sac(model: SAC, path: str | Path) -> Path:
-    """The agent's networks (actor, critics, target critics) to ``<path>.safetensors`` + ``<path>.json``; the json path."""
-    return save_checkpoint(model.policy, _sac_config(model.observation_space, model.action_space), path, SAC_KIND)
-
-
-def load_sac(path: str | Path, env: gym.Env) -> SAC:
-    """A SAC agent for ``env`` with the networks :func:`save_sac` wrote; nothing is unpickled.
-
-    Raises:
-        CheckpointMismatch: one line naming the file: not a DSRL SAC checkpoint, damaged, or made for an env with
-            other observation or action spaces.
-    """
-    meta = read_checkpoint_meta(path, SAC_KIND)
-    want, have = _sac_config(env.observation_space, env.action_space), meta["config"]
-    for key in ("observation_shape", "action_shape", "action_low", "action_high"):
-        if have.get(key) != want[key]:
-            raise CheckpointMismatch(
-                f"{Path(path).with_suffix('.json')}: {key} {have.get(key)!r}, this env's is {want[key]!r}; "
-                "it was trained with another --env or steering config"
-            )
-    model = _sac(env)
-    load_weights(model.policy, path, meta["weights_digest"])
-    return model
 
 
 # ---------------------------------------------------------------- evaluation

@@ -74,10 +74,13 @@ def test_dsrl_sac_example_smoke(tmp_path):
 def test_dsrl_sac_load_refuses_a_bad_agent_in_one_line(tmp_path):
     """--load of a damaged file, or of an agent made for other spaces, exits with one line naming the file; --out
     is not created."""
-    from rollcap.rollout.learn.dsrl import load_sac, make_steering_env, save_sac, _sac
+    from stable_baselines3 import SAC
+
+    from rollcap.rollout.learn.dsrl import make_steering_env
+    from rollcap.rollout.learn.sac_io import load_sac, save_sac
 
     other = make_steering_env(SteeringConfig(noise_bound=1.0))  # the same shapes, another noise box
-    save_sac(_sac(other), tmp_path / "other")
+    save_sac(SAC("MlpPolicy", other, device="cpu"), tmp_path / "other")
     other.close()
     env = make_steering_env(SteeringConfig())
     with pytest.raises(CheckpointMismatch, match=r"other\.json: action_low -1\.0, this env.s is -1\.5"):
