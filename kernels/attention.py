@@ -88,9 +88,22 @@ def expert_attention_reference(qkv: torch.Tensor, kv_buf: torch.Tensor, mask: to
 if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and the interpreter test
 
     @triton.jit
-    def _attend(q, k, v, bias, m_i, l_i, acc, scale, WIDEN: tl.constexpr, PREC: tl.constexpr):
-        """One block of keys into the running softmax of a block of queries (fp32 state)."""
-        vt = v.dtype
+    def _to(t, dtype: tl.constexpr, WIDEN: tl.constexpr):
+        """``t`` rounded to ``dtype``, to nearest even. Under the interpreter (``WIDEN``), whose casts to bf16
+        truncate (triton 3.9), the rounding is done on the bits and the value stays fp32 (exact: every product
+        widens its operands there anyway)."""
+        if WIDEN:
+            if dtype == tl.bfloat16:
+                u = t.to(tl.float32).to(tl.uint32, bitcast=True)
+                u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+                return u.to(tl.float32, bitcast=True)
+            return t.to(tl.float32)
+        return t.to(dtype)
+
+    @triton.jit
+    def _attend(q, k, v, bias, m_i, l_i, acc, scale, PT: tl.constexpr, WIDEN: tl.constexpr, PREC: tl.constexpr):
+        """One block of keys into the running softmax of a block of queries (fp32 state); the probabilities are
+        rounded to ``PT`` (the values' dtype) before the second product."""
         if WIDEN:  # the interpreter's dot: fp32 operands (exact widenings; see _widen)
             k, v = k.to(tl.float32), v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale + bias[None, :]
@@ -99,7 +112,7 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
         p = tl.exp(s - m_use[:, None])
         alpha = tl.exp(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt).to(v.dtype), v, input_precision=PREC)
+        acc = acc * alpha[:, None] + tl.dot(_to(p, PT, WIDEN), v, input_precision=PREC)
         return m_new, l_i, acc
 
     @triton.jit
@@ -126,6 +139,7 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
         WIDEN: tl.constexpr,
         PREC: tl.constexpr,
     ):
+        VT: tl.constexpr = kv_ptr.dtype.element_ty
         bh = tl.program_id(0)
         b = (bh // heads).to(tl.int64)
         hd = (bh % heads) * D
@@ -147,7 +161,7 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
             k = tl.load(at, mask=kmask[:, None], other=0.0)
             v = tl.load(at + W, mask=kmask[:, None], other=0.0)
             bias = tl.load(mask_b + keys, mask=kmask, other=float("-inf")).to(tl.float32)
-            m_i, l_i, acc = _attend(q, k, v, bias, m_i, l_i, acc, scale, WIDEN, PREC)
+            m_i, l_i, acc = _attend(q, k, v, bias, m_i, l_i, acc, scale, VT, WIDEN, PREC)
         for start in range(0, n, BN):  # the tokens' own, straight from the qkv GEMM's output
             keys = start + tl.arange(0, BN)
             kmask = keys < n
@@ -155,10 +169,10 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
             k = tl.load(at, mask=kmask[:, None], other=0.0)
             v = tl.load(at + W, mask=kmask[:, None], other=0.0)
             bias = tl.load(mask_b + n_prefix + keys, mask=kmask, other=float("-inf")).to(tl.float32)
-            m_i, l_i, acc = _attend(q, k, v, bias, m_i, l_i, acc, scale, WIDEN, PREC)
+            m_i, l_i, acc = _attend(q, k, v, bias, m_i, l_i, acc, scale, VT, WIDEN, PREC)
         o = acc / l_i[:, None]
         at = o_ptr + b * s_o_b + rows[:, None] * s_o_n + hd + dd[None, :]
-        tl.store(at, o.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+        tl.store(at, _to(o, o_ptr.dtype.element_ty, WIDEN).to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
     def _expert_attention_triton(qkv: torch.Tensor, kv_buf: torch.Tensor, mask: torch.Tensor, heads: int):
         b, n, w3 = qkv.shape
@@ -197,8 +211,9 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
 
 def _widen() -> bool:
     """Whether the kernel widens its operands to fp32 before each product: under Triton's interpreter only, whose
-    ``tl.dot`` multiplies bf16 tensors as their bit patterns (triton 3.9, CPU). The widening is exact, so there the
-    kernel's arithmetic is the GPU's up to the order of each product's sums (fp32 accumulation in both)."""
+    ``tl.dot`` multiplies bf16 tensors as their bit patterns (triton 3.9, CPU), and whose casts to bf16 truncate
+    (so the kernel rounds there on the bits: ``_to``). The widening is exact, so there the kernel's arithmetic is the
+    GPU's up to the order of each product's sums (fp32 accumulation in both)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

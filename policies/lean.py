@@ -33,8 +33,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollcap.kernels.attention import attend, attention_facts
+from rollcap.kernels.expert_step import expert_step, stack_blocks, step_facts
 from rollcap.kernels.fp8 import FP8, Fp8Linear
-from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
+from rollcap.kernels.ops import add_layernorm, cfg_euler_step, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
 from rollcap.policies.flow_vla import FlowVLA, split_branches
 from rollcap.policies.fused import (
     FusedBlock,
@@ -109,9 +110,10 @@ class LeanExpert(FusedExpert):
     CAST_PARAMS = ("prefix_w", "prefix_b", "in_w")
     """Matmul parameters that are not ``nn.Linear`` weights, stored in the compute dtype with the linears'."""
 
-    def __init__(self, fused: FusedExpert, attention_kernel: bool = False):  # noqa: D107 - the parent's state is taken over
+    def __init__(self, fused: FusedExpert, attention_kernel: bool = False, step_kernel: bool = False):  # noqa: D107 - the parent's state is taken over
         nn.Module.__init__(self)
-        self.attention_kernel = attention_kernel
+        self.attention_kernel, self.step_kernel = attention_kernel, step_kernel
+        self._stacked: tuple[tuple, dict] | None = None
         self.blocks = nn.ModuleList(LeanBlock(b) for b in fused.blocks)
         self.prefix_w, self.prefix_b, self.in_w = fused.prefix_w, fused.prefix_b, fused.in_w
         for name in ("step_bias", "base", "time_emb"):
@@ -126,7 +128,25 @@ class LeanExpert(FusedExpert):
         heads = self.blocks[0].heads
         return torch.baddbmm(self.prefix_b, x, self.prefix_w).view(depth, b, n, 2, heads, self.width // heads)
 
+    def stacked(self) -> dict[str, torch.Tensor]:
+        """The blocks' linears stacked for the step kernel (:func:`~rollcap.kernels.expert_step.stack_blocks`), made
+        again when the weights were replaced (moved, cast or copied) since the last call."""
+        key = tuple(
+            (t.data_ptr(), t.dtype)
+            for b in self.blocks
+            for lin in (b.qkv, b.out, b.fc1, b.fc2)
+            for t in (lin.weight, lin.bias)
+        )
+        if self._stacked is None or self._stacked[0] != key:
+            with torch.no_grad():
+                self._stacked = (key, stack_blocks(self.blocks))
+        return self._stacked[1]
+
     def forward(self, x, step_bias, kv, mask):
+        if self.step_kernel:  # the whole step in one kernel where it runs (kernels/expert_step.py)
+            v = expert_step(self, x, step_bias, kv, mask)
+            if v is not None:
+                return v
         z = F.linear(x, self.in_w) + step_bias
         z, d = run_blocks(self.blocks, z, mask, kv, attention_kernel=self.attention_kernel)
         return self.out(add_layernorm(z, d, self.out_eps)[1])
@@ -135,17 +155,31 @@ class LeanExpert(FusedExpert):
 class LeanFlowVLA(FusedFlowVLA):
     """The lean sampler (see the module docstring); the samplers are :class:`FusedFlowVLA`'s."""
 
-    def __init__(self, plain: FlowVLA, fused_from: str = "", attention_kernel: bool = False):
+    def __init__(self, plain: FlowVLA, fused_from: str = "", attention_kernel: bool = False, step_kernel: bool = False):
         super().__init__(plain, fused_from)
         self.cfg = LeanFlowVLAConfig(
             **{f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(FusedFlowVLAConfig)}
         )
         self.encoder.blocks = nn.ModuleList(LeanBlock(b) for b in self.encoder.blocks)
-        self.expert = LeanExpert(self.expert, attention_kernel)
+        self.expert = LeanExpert(self.expert, attention_kernel, step_kernel)
+
+    def step(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`FusedFlowVLA.step`; with the step kernel (where it runs) both branches read ``x`` in place."""
+        if self.expert.step_kernel:
+            v = expert_step(self.expert, x, step_bias, kv, mask)
+            if v is not None:
+                n = x.shape[0]
+                return cfg_euler_step(x, v[n:], v[:n], -1.0 / self.cfg.num_steps, self.cfg.cfg_beta)
+        return super().step(x, step_bias, kv, mask)
 
     def fingerprint_facts(self, device: torch.device | str) -> dict:
         """What a lean chunk's bits depend on beyond the config and weights: the fused ops' kernels."""
-        return {**kernel_facts(device), **attention_facts(self.expert.attention_kernel, device)}
+        e = self.expert
+        return {
+            **kernel_facts(device),
+            **attention_facts(e.attention_kernel, device),
+            **step_facts(e, device),
+        }
 
     def guided_prefix(self, images, state, tokens, adv):
         if self.cfg.shared_prefix:
@@ -173,18 +207,21 @@ class LeanFlowVLA(FusedFlowVLA):
         return with_room(kv, self.cfg.horizon), mask
 
 
-def lean(model: FlowVLA, fused_from: str = "", attention_kernel: bool = False) -> LeanFlowVLA:
+def lean(
+    model: FlowVLA, fused_from: str = "", attention_kernel: bool = False, step_kernel: bool = False
+) -> LeanFlowVLA:
     """The lean sampler of a plain :class:`FlowVLA` (``model`` is not changed); ``fused_from`` as for :func:`fuse`.
 
     ``attention_kernel``: the expert's attention through one Triton kernel on CUDA
-    (:mod:`rollcap.kernels.attention`; in the fingerprint). A measurement for now (``kernel_sweep``'s ``-attn``
-    settings), not a runner option: its GPU time is unmeasured."""
+    (:mod:`rollcap.kernels.attention`; in the fingerprint); ``step_kernel``: a small expert's whole step through one
+    Triton kernel on CUDA where it fits (:mod:`rollcap.kernels.expert_step`; in the fingerprint). Measurements for
+    now (``kernel_sweep``'s ``-attn`` and ``-step`` settings), not runner options: their GPU times are unmeasured."""
     if not isinstance(model, FlowVLA):
         raise TypeError(f"lean: expected a FlowVLA, got {type(model).__name__}")
     outer = torch.get_num_threads()
     torch.set_num_threads(1)  # the folds' bits depend on the thread count (see fuse)
     try:
         with torch.no_grad():
-            return LeanFlowVLA(model, fused_from, attention_kernel).eval()
+            return LeanFlowVLA(model, fused_from, attention_kernel, step_kernel).eval()
     finally:
         torch.set_num_threads(outer)

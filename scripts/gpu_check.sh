@@ -154,7 +154,7 @@ if want kernels; then
   step kernel-sweep 330 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$KSIZES" --reps "$KREPS" \
     --json "$OUT_DIR/kernels.json" --table "$OUT_DIR/kernel_table.md"
   step pytest-kernels 60 "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/kernels/test_fused_ops.py tests/kernels/test_fp8.py \
-    tests/kernels/test_staging.py tests/kernels/test_expert_attention.py tests/policies/test_lean.py tests/policies/test_shared_prefix.py \
+    tests/kernels/test_staging.py tests/kernels/test_expert_attention.py tests/kernels/test_expert_step.py tests/policies/test_lean.py tests/policies/test_shared_prefix.py \
     >"$OUT_DIR/pytest_kernels.txt" 2>&1
   tail -n 5 "$OUT_DIR/pytest_kernels.txt"
   step bench-host 75 "${ROLLCAP[@]}" bench --device "$DEV" --only host "${QUICK[@]}" --json "$OUT_DIR/bench_host.json"
@@ -207,7 +207,7 @@ if kern.exists():  # issue 42's short table, last
         for k in sets:
             c = s.get("settings", {}).get(k, {})
             ok = "" if c.get("exact", True) else "!"
-            cells.append(f"{c['chunk_ms']:.2f}{ok} ({c.get('over_today', 1):.2f}x)" if "chunk_ms" in c else ("error" if "error" in c or "error" in s else "-"))
+            cells.append(f"{c['chunk_ms']:.2f}{ok} ({c.get('over_today', 1):.2f}x)" if "chunk_ms" in c else ("n/a" if str(c.get("error", "")).startswith("not taken") else "error" if "error" in c or "error" in s else "-"))
         print(f"{name:<9}" + "".join(f"{x:>22}" for x in cells))
     for name, s in r["sizes"].items():
         shares = {k: c["between_gemms_share"] for k, c in s.get("settings", {}).items() if "between_gemms_share" in c}

@@ -3,7 +3,7 @@
 On CUDA the device kernels of the replays (CUPTI sees a CUDA graph's kernels), each with its device time; on CPU the
 ATen operations a replay dispatches, by their own (self) CPU time. Either way each kernel (or op) falls in one
 category (:func:`category`): GEMM, attention, elementwise add, norm, add+norm (the lean sampler's fused
-kernel), cast, GELU, copies, split-K reduce, CFG step, other. A kernel's name alone does not say whether a copy
+kernel), cast, GELU, copies, split-K reduce, CFG step, the whole expert step (one kernel), other. A kernel's name alone does not say whether a copy
 is a cast, and a replay has no host ops to ask, so on CUDA one eager call is profiled first and each kernel name is
 mapped through the ATen op that launched it (:func:`launching_ops`: under ``aten::_to_copy`` it is a cast, under
 ``aten::add`` an add); names that call did not launch fall back to the name rules. :func:`profile_replays` returns the per-replay totals,
@@ -34,6 +34,7 @@ CATEGORIES = (
     "copies",
     "split-K reduce",
     "CFG step",
+    "expert step (fused)",
     "other",
 )
 """The groups of the kernel table, in report order."""
@@ -44,6 +45,7 @@ _RULES: tuple[tuple[str, re.Pattern], ...] = tuple(
         ("split-K reduce", r"splitk_?reduce|reduce_?splitk"),
         ("add+norm (fused)", r"_add_ln"),
         ("CFG step", r"_cfg_euler"),
+        ("expert step (fused)", r"_expert_step"),
         ("attention", r"flash|fmha|attention|_expert_attn|sdpa|scaled_dot|cudnn_generated|mha"),
         ("GELU", r"gelu"),
         ("norm", r"layer_?norm|rms_?norm"),
@@ -55,7 +57,16 @@ _RULES: tuple[tuple[str, re.Pattern], ...] = tuple(
 )
 
 
-_BY_NAME = ("split-K reduce", "add+norm (fused)", "CFG step", "attention", "GELU", "norm", "GEMM")
+_BY_NAME = (
+    "split-K reduce",
+    "add+norm (fused)",
+    "CFG step",
+    "expert step (fused)",
+    "attention",
+    "GELU",
+    "norm",
+    "GEMM",
+)
 """Categories a kernel's own name decides, whatever op launched it."""
 
 

@@ -16,12 +16,15 @@ weights) and captures one graph per setting over the same static buffers:
   max |diff| against today is that of a different network, not a rounding;
 - ``lean-bf16-attn``, ``lean-bf16-shared-attn``: a measurement, not a runner setting yet: those two with the expert's
   attention in one Triton kernel a call (:mod:`rollcap.kernels.attention`: no key/value copy, 16-query programs)
-  instead of a copy and SDPA; on CPU the reference runs (the same chunk as without).
+  instead of a copy and SDPA; on CPU the reference runs (the same chunk as without);
+- ``lean-bf16-step``: a measurement, not a runner setting yet: ``lean-bf16`` with a small expert's whole Euler step in
+  one Triton kernel (:mod:`rollcap.kernels.expert_step`); where the expert is too wide for it (every size but
+  ``shipped``) the setting is reported as not taken, with the reason, and costs no time.
 
 Per size and setting: the chunk's median and range over ``reps`` rounds (every setting replayed once per round, in
 turn, so drift hits all alike), ``exact`` (the replay equals its own eager chunk byte for byte; compile-cuda states
 its max |diff| instead), ``max_abs_diff_vs_today`` (against ``fused-bf16``'s chunk), the kernel count and, for the
-sizes in ``--profile`` (default ``3b,205m``), the kernel table (:mod:`rollcap.rollout.bench.kernel_profile`). On a CPU
+sizes in ``--profile`` (default ``3b,205m,shipped``), the kernel table (:mod:`rollcap.rollout.bench.kernel_profile`). On a CPU
 (a dry run) the graph backend is ``jit`` and ``lean-fp8`` is refused. JSON is written after every size.
 """
 
@@ -39,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from rollcap.kernels.expert_step import config_fits
 from rollcap.kernels.graph import default_backend
 from rollcap.kernels.precision import check_precision
 from rollcap.policies.fused import fuse
@@ -63,9 +67,15 @@ SETTINGS = {
     "lean-bf16-shared": ("lean", "bf16", None),
     "lean-bf16-attn": ("lean-attn", "bf16", None),
     "lean-bf16-shared-attn": ("lean-attn", "bf16", None),
+    "lean-bf16-step": ("lean-step", "bf16", None),
 }
 """Setting -> (sampler, precision, graph backend; None: the device's default)."""
-SAMPLERS = {"fused": fuse, "lean": lean, "lean-attn": partial(lean, attention_kernel=True)}
+SAMPLERS = {
+    "fused": fuse,
+    "lean": lean,
+    "lean-attn": partial(lean, attention_kernel=True),
+    "lean-step": partial(lean, step_kernel=True),
+}
 """A setting's sampler name -> how it is built from the plain model."""
 SHARED = ("lean-bf16-shared", "lean-bf16-shared-attn")
 """Settings whose model is the size with ``shared_prefix`` (same weights)."""
@@ -107,6 +117,9 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
         plain = build(cfg_s, device)  # the same seed: the same weights
         out["params"] = sum(p.numel() for p in plain.parameters())
         for sampler in sorted({SETTINGS[s][0] for s in settings if (s in SHARED) == shared}):
+            if sampler == "lean-step" and config_fits(cfg_s) is not None:  # refused before a copy is built
+                errors.update({s: f"not taken: {config_fits(cfg_s)}" for s in settings if SETTINGS[s][0] == sampler})
+                continue
             master = SAMPLERS[sampler](plain)
             for s in settings:
                 _, precision, backend = SETTINGS[s]
@@ -118,6 +131,7 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
                     continue
                 try:
                     check_precision(precision, device)
+
                     if (backend or "") == "compile-cuda" and device.type != "cuda":
                         raise ValueError("compile-cuda captures a CUDA graph: GPU only")
                     held[s] = deployed(master, precision, device, FP8_SCOPES.get(s))
@@ -299,13 +313,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="", help="comma list (default: 3b,205m,26m,shipped on a GPU; shipped on CPU)")
     ap.add_argument(
         "--settings",
-        default="fused-bf16,lean-bf16,lean-fp8,lean-bf16-shared,lean-bf16-attn,lean-bf16-shared-attn",
+        default="fused-bf16,lean-bf16,lean-fp8,lean-bf16-shared,lean-bf16-attn,lean-bf16-shared-attn,lean-bf16-step",
         help=f"comma list of {', '.join(SETTINGS)}",
     )
     ap.add_argument(
         "--compile", action="store_true", help="add compile-bf16 (inductor compiles each size: tens of seconds)"
     )
-    ap.add_argument("--profile", default="3b,205m", help="sizes whose kernel table is taken (default 3b,205m)")
+    ap.add_argument(
+        "--profile",
+        default="3b,205m,shipped",
+        help="sizes whose kernel table is taken (default 3b,205m,shipped: shipped for the step kernel's launches)",
+    )
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json", type=Path, default=None, help="write the report here (after every size)")
     ap.add_argument("--table", type=Path, default=None, help="write the kernel tables (markdown) here")

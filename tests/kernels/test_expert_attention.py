@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -22,6 +19,7 @@ from rollcap.policies.fused import additive_mask, with_room
 from rollcap.policies.lean import lean
 from rollcap.policies.sizes import build, size_config
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs
+from tests.kernels._sampling import eager_chunks, run_interpreted
 
 
 def _operands(b=2, n=50, heads=4, d=32, n_prefix=70, dtype=torch.float32, seed=0, lead_pad=False):
@@ -78,13 +76,7 @@ def test_cpu_takes_the_reference_and_says_nothing_in_the_fingerprint():
     a, b = lean(plain), lean(plain, attention_kernel=True)
     assert b.expert.attention_kernel and not a.expert.attention_kernel
     assert a.fingerprint_facts("cpu") == b.fingerprint_facts("cpu") and attention_facts(True, "cpu") == {}
-    ins, outs = _buffers(cfg, "cpu")
-    ins.write({k: torch.from_numpy(v) for k, v in _inputs(cfg).items()})
-    chunks = []
-    for m in (a, b):
-        _graph(m, ins, outs, "eager", "fp32").replay()
-        chunks.append(outs["actions"].clone())
-    assert torch.equal(*chunks)
+    assert torch.equal(*eager_chunks(cfg, (a, b)))
 
 
 _INTERPRETED = textwrap.dedent(
@@ -128,30 +120,10 @@ _INTERPRETED = textwrap.dedent(
     assert "expert_attention" in lean(plain, attention_kernel=True).fingerprint_facts("cpu")
     # the shipped checkpoint: sample, sample_rows (3 rows: batch 6 through the kernel) and RTC's guided sampling,
     # in fp32 and under bf16 autocast (the kernel then reads bf16 operands)
-    from rollcap.policies.observation import tokenize
     from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+    from kernels._sampling import compare_samplers
     plain = load_policy(DEFAULT_CHECKPOINT)
-    cfg = plain.cfg
-    a, b = lean(plain), lean(plain, attention_kernel=True)
-    gen = torch.Generator().manual_seed(0)
-    imgs = [torch.randint(0, 256, (1, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8, generator=gen)
-            for _ in cfg.image_keys]
-    state, noise = torch.randn(1, cfg.state_dim, generator=gen), torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
-    toks = torch.from_numpy(tokenize("push the block", cfg.max_tokens))[None]
-    w = torch.zeros(1, cfg.horizon, 1)
-    w[:, :2] = 1.0
-    carried = torch.randn(1, cfg.horizon, cfg.action_dim, generator=gen)
-    rows = ([i.expand(3, -1, -1, -1) for i in imgs], state.expand(3, -1), toks.expand(3, -1), noise.expand(3, -1, -1))
-    diffs = {{}}
-    for dtype, bound in ((None, 1e-5), (torch.bfloat16, 0.02)):
-        ctx = torch.autocast("cpu", dtype=dtype, cache_enabled=False) if dtype else torch.autocast("cpu", enabled=False)
-        with torch.no_grad(), ctx:
-            for name, args in (("sample", (imgs, state, toks, noise)), ("sample_rows", rows),
-                               ("guided_sample", (imgs, state, toks, noise, carried, w))):
-                x, y = getattr(a, name)(*args).float(), getattr(b, name)(*args).float()
-                d = (x - y).abs().max().item()
-                assert 0 < d < bound, (name, dtype, d)
-                diffs[name, str(dtype)] = d
+    diffs = compare_samplers(lean(plain), lean(plain, attention_kernel=True), ((None, 1e-5), (torch.bfloat16, 0.02)))
     print("ok", diff, diffs)
     """
 )
@@ -165,10 +137,7 @@ def test_the_kernel_matches_a_float64_softmax_in_the_interpreter():
     bf16 before the second product, as flash attention does) of the largest output, against a float64 softmax; the
     buffer's last rows are left alone; a lean sampler with it in every expert block is within 1e-5 of without (fp32;
     the shipped checkpoint's sample, sample_rows and guided sampling too, and within 0.02 under bf16 autocast)."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    code = _INTERPRETED.format(tests=os.path.dirname(os.path.dirname(__file__)))
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0 and r.stdout.strip().startswith("ok"), r.stderr[-3000:]
+    run_interpreted(_INTERPRETED)
 
 
 @pytest.mark.cuda

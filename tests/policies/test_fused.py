@@ -10,9 +10,9 @@ import torch
 
 from rollcap.policies import PolicyRunner
 from rollcap.policies.fused import MASK_ALIGN, FusedFlowVLA, additive_mask, fuse
-from rollcap.policies.observation import tokenize
 from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
 from tests.helpers import TINY_POLICY, make_noise, make_obs, tiny_policy
+from tests.kernels._sampling import sampler_inputs
 
 CHECKPOINTS = [
     DEFAULT_CHECKPOINT,
@@ -24,18 +24,6 @@ TOL = 1e-5
 """Largest |fused - plain| accepted on a chunk in fp32 (measured: at most 6e-7 on the shipped checkpoints, actions ~1)."""
 
 
-def _inputs(cfg, seed: int, n: int = 1):
-    g = torch.Generator().manual_seed(seed)
-    imgs = [
-        torch.randint(0, 256, (n, cfg.image_size, cfg.image_size, 3), dtype=torch.uint8, generator=g)
-        for _ in cfg.image_keys
-    ]
-    state = torch.randn(n, cfg.state_dim, generator=g)
-    toks = torch.from_numpy(tokenize("push the red block to the left", cfg.max_tokens))[None].expand(n, -1)
-    noise = torch.randn(n, cfg.horizon, cfg.action_dim, generator=g)
-    return imgs, state, toks, noise
-
-
 @pytest.mark.parametrize("path", CHECKPOINTS, ids=lambda p: p.stem)
 def test_fused_equals_plain_on_shipped_checkpoints(path):
     """sample, sample_rows (batch 3) and, for a prefix-conditioned checkpoint, inpaint_sample: within TOL of the plain model."""
@@ -44,13 +32,13 @@ def test_fused_equals_plain_on_shipped_checkpoints(path):
     cfg = plain.cfg
     with torch.no_grad():
         for seed in range(3):
-            args = _inputs(cfg, seed)
+            args = sampler_inputs(cfg, seed)
             a, b = plain.sample(*args), fused.sample(*args)
             assert (a - b).abs().max() < TOL and a.abs().max() > 0.01
-        rows = _inputs(cfg, 7, n=3)
+        rows = sampler_inputs(cfg, 7, n=3)
         assert (plain.sample_rows(*rows) - fused.sample_rows(*rows)).abs().max() < TOL
         if cfg.prefix_conditioning:
-            imgs, state, toks, noise = _inputs(cfg, 9)
+            imgs, state, toks, noise = sampler_inputs(cfg, 9)
             w = torch.zeros(1, cfg.horizon, 1)
             w[:, :3] = 1.0
             carried = torch.randn(1, cfg.horizon, cfg.action_dim)
@@ -85,7 +73,7 @@ def test_fused_narrow_expert_and_wide_mlp():
         for p in plain.parameters():  # off the init values (LayerNorm gains 1, biases 0), or folding would be trivial
             p.add_(0.05 * torch.randn_like(p))
         fused = fuse(plain)
-        args = _inputs(cfg, 1)
+        args = sampler_inputs(cfg, 1)
         assert (plain.sample(*args) - fused.sample(*args)).abs().max() < TOL
 
 

@@ -24,6 +24,7 @@ def test_kernel_names_fall_in_the_issues_categories():
         ("_add_ln_kernel", ()): "add+norm (fused)",
         ("_cfg_euler_kernel", ()): "CFG step",
         ("_expert_attn_kernel", ("aten::copy_",)): "attention",  # the lean expert's attention kernel (no copy)
+        ("_expert_step_kernel", ("aten::empty",)): "expert step (fused)",  # a small expert's whole step
         ("direct_copy_kernel_cuda", ("aten::copy_", "aten::_to_copy", "aten::linear")): "cast",
         ("direct_copy_kernel_cuda", ("aten::copy_",)): "copies",
         ("aten::addmm", ()): "GEMM",
