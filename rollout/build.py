@@ -323,6 +323,16 @@ def check_repeatable(env, require: bool = False) -> None:
     warnings.warn(why, NotExactWarning, stacklevel=4)
 
 
+def device_missing(device: str | torch.device) -> str | None:
+    """Why ``device`` cannot be used on this machine (None: it can): a CUDA device it does not have."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            return f"{str(device)!r} is not available here ({count} CUDA device(s) visible)"
+    return None
+
+
 def probe(parts: Parts) -> None:
     """What this machine must have for ``parts``: the CUDA device (and its float8 cores for fp8), a C++ compiler
     for a compiled CPU plan.
@@ -337,10 +347,10 @@ def probe(parts: Parts) -> None:
                 f"{parts.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'",
             )
     dev = torch.device(parts.device)
+    missing = device_missing(dev)
+    if missing is not None:
+        raise ConfigError("device", missing)
     if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0 or (dev.index or 0) >= count:
-            raise ConfigError("device", f"{parts.device!r} is not available here ({count} CUDA device(s) visible)")
         try:
             check_precision(parts.precision, dev)  # fp8: this GPU's float8 tensor cores
         except ValueError as err:

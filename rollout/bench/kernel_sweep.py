@@ -56,7 +56,7 @@ from rollcap.rollout.bench.kernel_profile import (
     phase_split,
     profile_replays,
 )
-from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
+from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, bench_device, deployed
 
 SETTINGS = {
     "fused-bf16": ("fused", "bf16", None),
@@ -328,7 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the report here (after every size)")
     ap.add_argument("--table", type=Path, default=None, help="write the kernel tables (markdown) here")
     args = ap.parse_args(argv)
-    dev = torch.device(args.device)
+    try:
+        dev = bench_device(args.device)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     sizes = tuple(x for x in args.sizes.split(",") if x) or (
         ("3b", "205m", "26m", "shipped") if dev.type == "cuda" else ("shipped",)
     )

@@ -50,6 +50,7 @@ from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.observation import tokenize
 from rollcap.policies.sizes import SIZES, SMALL, build, chunk_bounds, size_config
+from rollcap.rollout.build import device_missing
 from rollcap.rollout.bench.kernel_profile import count_aten_ops, count_cuda_kernels, format_profile, profile_replays
 
 INSTRUCTION = "pick up the red cube and put it in the bowl"
@@ -385,6 +386,18 @@ def format_sizes(r: dict, row) -> None:
             row(f"  lean vs fused ({p} eager)", f"max|diff| {d:.2g}")
 
 
+def bench_device(text: str) -> torch.device:
+    """``--device`` of the size benches: a device this machine has (a ``ValueError`` naming ``--device`` if not)."""
+    try:
+        dev = torch.device(text)
+    except RuntimeError:
+        raise ValueError(f"--device: {text!r} is not a device (cpu, cuda or cuda:N)") from None
+    missing = device_missing(dev)
+    if missing is not None:
+        raise ValueError(f"--device: {missing}")
+    return dev
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python3 -m rollcap.rollout.bench.model_sizes", description=__doc__.split("\n\n")[0]
@@ -413,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         return tuple(x for x in s.split(",") if x)
 
     try:
+        bench_device(args.device)
         sweep = SizeSweep(
             split(args.sizes),
             split(args.backends),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rollcap.policies.sizes import SIZES
 from rollcap.rollout.bench.kernel_sweep import main
 
@@ -47,3 +49,14 @@ def test_cpu_dry_run_times_today_and_lean_and_refuses_fp8_in_its_row(tmp_path, c
         "error": "not taken: expert width 512: the step kernel takes a power of two from 16 to 256",
     }
     assert "chunk_ms" in s["lean-bf16"]
+
+
+@pytest.mark.parametrize("device, why", [("nope", "is not a device"), ("cuda:99", "is not available here")])
+def test_a_device_this_machine_lacks_is_one_line(device, why, capsys):
+    """The size benches refuse a malformed or absent --device in one line, exit 2, before building anything."""
+    from rollcap.rollout.bench import model_sizes
+
+    for entry in (main, model_sizes.main):
+        assert entry(["--device", device, "--sizes", "shipped"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: --device: '{device}' {why}"), err
