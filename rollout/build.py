@@ -324,8 +324,11 @@ def check_repeatable(env, require: bool = False) -> None:
 
 
 def device_missing(device: str | torch.device) -> str | None:
-    """Why ``device`` cannot be used on this machine (None: it can): a CUDA device it does not have."""
-    dev = torch.device(device)
+    """Why ``device`` cannot be used on this machine (None: it can): not a device, or a CUDA device it lacks."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return f"{str(device)!r} is not a device (cpu, cuda or cuda:N)"
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (dev.index or 0) >= count:

@@ -56,7 +56,8 @@ from rollcap.rollout.bench.kernel_profile import (
     phase_split,
     profile_replays,
 )
-from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, bench_device, deployed
+from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs, _one_line, deployed
+from rollcap.rollout.build import device_missing
 
 SETTINGS = {
     "fused-bf16": ("fused", "bf16", None),
@@ -328,11 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the report here (after every size)")
     ap.add_argument("--table", type=Path, default=None, help="write the kernel tables (markdown) here")
     args = ap.parse_args(argv)
-    try:
-        dev = bench_device(args.device)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+    if device_missing(args.device):
+        print(f"error: --device: {device_missing(args.device)}", file=sys.stderr)
         return 2
+    dev = torch.device(args.device)
     sizes = tuple(x for x in args.sizes.split(",") if x) or (
         ("3b", "205m", "26m", "shipped") if dev.type == "cuda" else ("shipped",)
     )

@@ -386,18 +386,6 @@ def format_sizes(r: dict, row) -> None:
             row(f"  lean vs fused ({p} eager)", f"max|diff| {d:.2g}")
 
 
-def bench_device(text: str) -> torch.device:
-    """``--device`` of the size benches: a device this machine has (a ``ValueError`` naming ``--device`` if not)."""
-    try:
-        dev = torch.device(text)
-    except RuntimeError:
-        raise ValueError(f"--device: {text!r} is not a device (cpu, cuda or cuda:N)") from None
-    missing = device_missing(dev)
-    if missing is not None:
-        raise ValueError(f"--device: {missing}")
-    return dev
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python3 -m rollcap.rollout.bench.model_sizes", description=__doc__.split("\n\n")[0]
@@ -425,8 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     def split(s: str) -> tuple[str, ...]:
         return tuple(x for x in s.split(",") if x)
 
+    if device_missing(args.device):
+        print(f"error: --device: {device_missing(args.device)}", file=sys.stderr)
+        return 2
     try:
-        bench_device(args.device)
         sweep = SizeSweep(
             split(args.sizes),
             split(args.backends),

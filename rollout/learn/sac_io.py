@@ -47,6 +47,11 @@ def load_sac(path: str | Path, env: gym.Env) -> SAC:
         CheckpointMismatch: one line naming the file: not a DSRL SAC checkpoint, damaged, or made for an env with
             other observation or action spaces.
     """
+    if Path(path).suffix == ".zip":
+        raise CheckpointMismatch(
+            f"{path}: an SB3 zip, which rollcap does not load (SAC.load unpickles it); "
+            "give the dsrl_sac.json that examples/dsrl_sac.py writes"
+        )
     meta = read_checkpoint_meta(path, SAC_KIND)
     want, have = _sac_config(env.observation_space, env.action_space), meta["config"]
     for key in ("observation_shape", "action_shape", "action_low", "action_high"):

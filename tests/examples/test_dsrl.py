@@ -87,10 +87,9 @@ def test_dsrl_sac_load_refuses_a_bad_agent_in_one_line(tmp_path):
         load_sac(tmp_path / "other.json", env)
     env.close()
     (tmp_path / "bad.json").write_text("{not json")
-    for path, why in (
-        (tmp_path / "bad.json", "not valid JSON"),
-        (tmp_path / "missing.json", "checkpoint config not found"),
-    ):
+    (tmp_path / "old.zip").write_bytes(b"PK")  # what the script wrote before: SB3's pickled zip is not read
+    cases = (("bad.json", "not valid JSON"), ("missing.json", "checkpoint config not found"), ("old.zip", "an SB3 zip"))
+    for path, why in ((tmp_path / name, why) for name, why in cases):
         res = _example("--load", path, "--out", tmp_path / "o", timeout=120)
         last = res.stderr.strip().splitlines()[-1]
         assert res.returncode == 1 and "Traceback" not in res.stderr and last.startswith("--load: "), res.stderr[-2000:]

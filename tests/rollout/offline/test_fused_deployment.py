@@ -14,7 +14,8 @@ from rollcap.rollout.build import Parts
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.offline.deployment import recorded_parts
 from rollcap.rollout.recording import iter_episodes
-from tests.policies.test_fused import TOL, _inputs
+from tests.kernels._sampling import sampler_inputs
+from tests.policies.test_fused import TOL
 from tests.rollout.offline.test_deployment import PREFIX, UNSET, _digest, _rec, rollcap
 
 UNSET_S = UNSET | {"sampler": None}
@@ -24,7 +25,7 @@ def test_fused_guided_rtc_sampling_equals_the_plain_one():
     """guided_sample on a fused model (the RTC runner's default sampler) is within TOL of the plain model's."""
     plain = load_policy(DEFAULT_CHECKPOINT)
     fused, cfg = fuse(plain), plain.cfg
-    imgs, state, toks, noise = _inputs(cfg, 3)
+    imgs, state, toks, noise = sampler_inputs(cfg, 3)
     w = torch.zeros(1, cfg.horizon, 1)
     w[:, :2] = 1.0
     carried = torch.randn(1, cfg.horizon, cfg.action_dim, generator=torch.Generator().manual_seed(5))
