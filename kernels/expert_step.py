@@ -70,11 +70,10 @@ _STACKED = ("qkv_w", "qkv_b", "out_w", "out_b", "fc1_w", "fc1_b", "fc2_w", "fc2_
 
 def stack_blocks(blocks) -> dict[str, torch.Tensor]:
     """The blocks' linears as ``[depth, ...]`` contiguous tensors (the kernel indexes layer ``l`` by its stride)."""
-    lin = {"qkv": "qkv", "out": "out", "fc1": "fc1", "fc2": "fc2"}
     out = {}
-    for short, attr in lin.items():
-        out[f"{short}_w"] = torch.stack([getattr(b, attr).weight.detach() for b in blocks]).contiguous()
-        out[f"{short}_b"] = torch.stack([getattr(b, attr).bias.detach() for b in blocks]).contiguous()
+    for name in ("qkv", "out", "fc1", "fc2"):
+        out[f"{name}_w"] = torch.stack([getattr(b, name).weight.detach() for b in blocks]).contiguous()
+        out[f"{name}_b"] = torch.stack([getattr(b, name).bias.detach() for b in blocks]).contiguous()
     return out
 
 

@@ -120,6 +120,12 @@ def with_room(kv: torch.Tensor, room: int) -> torch.Tensor:
     return torch.cat([kv, kv.new_zeros(kv.shape[0], kv.shape[1], room, *kv.shape[3:])], dim=2)
 
 
+def branch_rows(x: torch.Tensor, branches: int) -> torch.Tensor:
+    """``x`` ``[N, H, A]`` as the guidance branches' rows ``[branches * N, H, A]`` (a copy, as linear makes of an
+    expand; ``x`` itself for one)."""
+    return x if branches == 1 else x.repeat(branches, 1, 1)
+
+
 class FusedExpert(nn.Module):
     """The action expert, fused (see the module docstring)."""
 
@@ -154,9 +160,12 @@ class FusedExpert(nn.Module):
         heads = self.blocks[0].heads
         return torch.baddbmm(self.prefix_b, x, self.prefix_w).view(depth, b, n, 2, heads, self.width // heads)
 
-    def forward(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Velocity ``[B, H, A]`` of ``x`` at one step (``step_bias``: that step's ``[H, w]`` or ``[B, H, w]`` row)."""
-        z = F.linear(x, self.in_w) + step_bias
+    def forward(self, x, step_bias, kv, mask, branches: int = 1) -> torch.Tensor:
+        """Velocity ``[B, H, A]`` of ``x`` at one step (``step_bias``: that step's ``[H, w]`` or ``[B, H, w]`` row).
+
+        ``branches``: ``x`` is ``[B / branches, H, A]``, the rows of each guidance branch (``[N positive, N
+        dropped]``: :func:`branch_rows`)."""
+        z = F.linear(branch_rows(x, branches), self.in_w) + step_bias
         for i, blk in enumerate(self.blocks):
             z = blk(z, mask, kv[i])
         return self.out(F.layer_norm(z, (self.width,), eps=self.out_eps))
@@ -233,9 +242,7 @@ class FusedFlowVLA(CompiledRegions, nn.Module):
         reference arithmetic while compiling).
         """
         n = x.shape[0]
-        v = self.expert(
-            x.repeat(2, 1, 1), step_bias, kv, mask
-        )  # both branches' rows (a copy, as linear makes of an expand)
+        v = self.expert(x, step_bias, kv, mask, branches=2)  # both branches' rows, from x's
         return cfg_euler_step(x, v[n:], v[:n], -1.0 / self.cfg.num_steps, self.cfg.cfg_beta)
 
     def _euler(self, x, kv, mask, bias_of, keep=None, pinned=None):

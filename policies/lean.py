@@ -35,7 +35,7 @@ from torch import nn
 from rollcap.kernels.attention import attend, attention_facts
 from rollcap.kernels.expert_step import expert_step, stack_blocks, step_facts
 from rollcap.kernels.fp8 import FP8, Fp8Linear
-from rollcap.kernels.ops import add_layernorm, cfg_euler_step, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
+from rollcap.kernels.ops import add_layernorm, gelu_quantize_rows_fp8, kernel_facts, linear_gelu
 from rollcap.policies.flow_vla import FlowVLA, split_branches
 from rollcap.policies.fused import (
     FusedBlock,
@@ -43,6 +43,7 @@ from rollcap.policies.fused import (
     FusedFlowVLA,
     FusedFlowVLAConfig,
     additive_mask,
+    branch_rows,
     with_room,
 )
 
@@ -142,12 +143,14 @@ class LeanExpert(FusedExpert):
                 self._stacked = (key, stack_blocks(self.blocks))
         return self._stacked[1]
 
-    def forward(self, x, step_bias, kv, mask):
-        if self.step_kernel:  # the whole step in one kernel where it runs (kernels/expert_step.py)
+    def forward(self, x, step_bias, kv, mask, branches: int = 1):
+        """As :meth:`FusedExpert.forward`; with ``step_kernel``, where the kernel runs, the whole step is one kernel
+        (kernels/expert_step.py) and the branches' rows read ``x`` in place."""
+        if self.step_kernel:
             v = expert_step(self, x, step_bias, kv, mask)
             if v is not None:
                 return v
-        z = F.linear(x, self.in_w) + step_bias
+        z = F.linear(branch_rows(x, branches), self.in_w) + step_bias
         z, d = run_blocks(self.blocks, z, mask, kv, attention_kernel=self.attention_kernel)
         return self.out(add_layernorm(z, d, self.out_eps)[1])
 
@@ -162,15 +165,6 @@ class LeanFlowVLA(FusedFlowVLA):
         )
         self.encoder.blocks = nn.ModuleList(LeanBlock(b) for b in self.encoder.blocks)
         self.expert = LeanExpert(self.expert, attention_kernel, step_kernel)
-
-    def step(self, x: torch.Tensor, step_bias: torch.Tensor, kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """:meth:`FusedFlowVLA.step`; with the step kernel (where it runs) both branches read ``x`` in place."""
-        if self.expert.step_kernel:
-            v = expert_step(self.expert, x, step_bias, kv, mask)
-            if v is not None:
-                n = x.shape[0]
-                return cfg_euler_step(x, v[n:], v[:n], -1.0 / self.cfg.num_steps, self.cfg.cfg_beta)
-        return super().step(x, step_bias, kv, mask)
 
     def fingerprint_facts(self, device: torch.device | str) -> dict:
         """What a lean chunk's bits depend on beyond the config and weights: the fused ops' kernels."""

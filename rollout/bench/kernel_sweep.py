@@ -132,7 +132,6 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
                     continue
                 try:
                     check_precision(precision, device)
-
                     if (backend or "") == "compile-cuda" and device.type != "cuda":
                         raise ValueError("compile-cuda captures a CUDA graph: GPU only")
                     held[s] = deployed(master, precision, device, FP8_SCOPES.get(s))
@@ -329,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the report here (after every size)")
     ap.add_argument("--table", type=Path, default=None, help="write the kernel tables (markdown) here")
     args = ap.parse_args(argv)
-    if device_missing(args.device):
-        print(f"error: --device: {device_missing(args.device)}", file=sys.stderr)
+    missing = device_missing(args.device)
+    if missing is not None:
+        print(f"error: --device: {missing}", file=sys.stderr)
         return 2
     dev = torch.device(args.device)
     sizes = tuple(x for x in args.sizes.split(",") if x) or (

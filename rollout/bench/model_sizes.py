@@ -413,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     def split(s: str) -> tuple[str, ...]:
         return tuple(x for x in s.split(",") if x)
 
-    if device_missing(args.device):
-        print(f"error: --device: {device_missing(args.device)}", file=sys.stderr)
+    missing = device_missing(args.device)
+    if missing is not None:
+        print(f"error: --device: {missing}", file=sys.stderr)
         return 2
     try:
         sweep = SizeSweep(
