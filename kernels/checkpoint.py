@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch.overrides import TorchFunctionMode
 from safetensors.torch import load_file, save_file
 
 from rollcap.kernels.errors import CheckpointMismatch
@@ -162,6 +163,23 @@ def load_weights(module: torch.nn.Module, path: str | Path, expect_digest: str |
     return digest
 
 
+class _NoInit(TorchFunctionMode):
+    """Skips ``torch.nn.init``'s initialisers: on the ``meta`` device they fill nothing, and torch's meta
+    ``normal_`` (embeddings, position tables) imports ``torch._dynamo`` on its first call, a second of start-up
+    for every process that loads a checkpoint."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else next(iter((kwargs or {}).values()))
+        return func(*args, **(kwargs or {}))
+
+
+def on_meta(build, *args):
+    """``build(*args)`` on the ``meta`` device: shapes and dtypes only, no memory and no initialisers run."""
+    with torch.device("meta"), _NoInit():
+        return build(*args)
+
+
 def load_module(path: str | Path, kind: str, config_from_json, build) -> torch.nn.Module:
     """Read a checkpoint's config, build the module, load and verify its weights; eval mode.
 
@@ -179,8 +197,7 @@ def load_module(path: str | Path, kind: str, config_from_json, build) -> torch.n
         raise CheckpointMismatch(str(err)) from err
     have = _header(st)
     try:
-        with torch.device("meta"):
-            layout = build(cfg).state_dict()
+        layout = on_meta(build, cfg).state_dict()
     except (TypeError, ValueError, RuntimeError) as err:
         raise CheckpointMismatch(f"{js}: the config does not describe a buildable {kind} ({err})") from err
     _check_layout(

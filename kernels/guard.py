@@ -135,6 +135,14 @@ class _FunctionGuard(TorchFunctionMode):
 
 
 class _DispatchGuard(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a dispatch mode's __torch_dispatch__ in torch._disable_dynamo unless this says no, and that
+        # wrapper imports torch._dynamo on its first call: a second of start-up in every process that captures. The
+        # guard runs only around eager warm-up calls, where torch.compile does not trace (dynamo runs a frame eagerly
+        # while a dispatch mode is active), so there is nothing for the wrapper to keep out.
+        return False
+
     def __init__(self, guard: _Guard):
         super().__init__()
         self.guard = guard

@@ -143,10 +143,11 @@ class PrefixEncoder(nn.Module):
             self.state_proj = nn.Linear(spec.state_dim, width)
         else:  # one token per group of dims: Fourier features through a per-group projection
             groups, feats = spec.state_dim // state_group, state_group * (2 * N_FREQS + 1)
-            self.register_buffer(
-                "state_freqs", torch.pi * 2.0 ** torch.arange(N_FREQS, dtype=torch.float32) / 4.0, persistent=False
-            )
-            self.state_w = nn.Parameter(torch.randn(groups, feats, width) / feats**0.5)
+            # pi 2^i / 4 and the in-place scaling: the same bytes as the tensor arithmetic, but no op that takes
+            # torch's Python reference path on the meta device (checkpoint.on_meta; it imports torch._dynamo)
+            freqs = [math.pi * 2.0**i / 4.0 for i in range(N_FREQS)]
+            self.register_buffer("state_freqs", torch.tensor(freqs, dtype=torch.float32), persistent=False)
+            self.state_w = nn.Parameter(torch.randn(groups, feats, width).div_(feats**0.5))
             self.state_b = nn.Parameter(torch.zeros(groups, width))
         self.register_buffer("state_mean", torch.zeros(spec.state_dim))
         self.register_buffer("state_std", torch.ones(spec.state_dim))

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from rollcap.kernels.checkpoint import on_meta
 from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig
 
 _SHIPPED = FlowVLAConfig(state_dim=28, state_group=4, width=128, depth=3, heads=4, horizon=8, action_dim=2)
@@ -90,8 +91,9 @@ def size_config(name: str) -> FlowVLAConfig:
 def build(cfg: FlowVLAConfig, device: str | torch.device = "cpu", seed: int = 0) -> FlowVLA:
     """A :class:`FlowVLA` of ``cfg`` with random weights, made on ``device`` (``meta``: shapes only, no memory)."""
     device = torch.device(device)
-    if device.type != "meta":
-        torch.manual_seed(seed)  # the bench's weights are random; this only makes two runs build the same ones
+    if device.type == "meta":
+        return on_meta(FlowVLA, cfg).eval()
+    torch.manual_seed(seed)  # the bench's weights are random; this only makes two runs build the same ones
     with device:
         return FlowVLA(cfg).eval()
 

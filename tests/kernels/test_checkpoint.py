@@ -125,3 +125,25 @@ def test_missing_files_are_named(ckpt):
     ckpt.unlink()
     with pytest.raises(CheckpointMismatch, match=r"t.json: checkpoint config not found"):
         _load(ckpt)
+
+
+def test_loading_and_capturing_the_shipped_checkpoints_never_imports_dynamo():
+    """A second of every process's start-up: torch's meta ``normal_`` and its Python reference ops (the layout check
+    on ``meta``) and a dispatch mode's default dynamo wrapper (the capture guard) each import ``torch._dynamo``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from rollcap.policies.runner import PolicyRunner, load_policy\n"
+        "from rollcap.critics.runner import CriticRunner, load_critic\n"
+        "from rollcap.policies.sizes import SIZES, build, weight_floor\n"
+        "from rollcap.policies import DEFAULT_CHECKPOINT as pol\n"
+        "from rollcap.critics import DEFAULT_CHECKPOINT as cri\n"
+        "PolicyRunner(load_policy(pol), backend='jit'); CriticRunner(load_critic(cri), backend='jit')\n"
+        "weight_floor(SIZES['3b'])\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
