@@ -23,6 +23,7 @@ from typing import Any
 import gymnasium as gym
 
 from rollcap.envs.compare import difference
+from rollcap.envs.errors import mujoco_warnings
 
 PROBE_SEED = 20_240_501
 """Seed of the probes' resets and actions (any fixed value; unrelated to a user's seeds)."""
@@ -50,7 +51,10 @@ def clone_env(env: gym.Env) -> gym.Env:
             memo[id(value)] = value
         elif isinstance(value, MujocoRenderer):
             memo[id(value)] = None
-    twin = copy.deepcopy(env, memo)
+    with mujoco_warnings(
+        getattr(env.spec, "id", None) or type(base).__name__
+    ):  # EzPickle envs compile their model again
+        twin = copy.deepcopy(env, memo)
     if hasattr(twin.unwrapped, "render_mode"):
         twin.unwrapped.render_mode = None
     return twin

@@ -25,6 +25,7 @@ import torch
 from rollcap import envs
 from rollcap.critics import CriticRunner, load_critic
 from rollcap.envs import probe_exactness
+from rollcap.envs.errors import mujoco_warnings
 from rollcap.kernels.compiled import cxx_compiler
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import make_lane
@@ -96,10 +97,8 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
             from rollcap.envs.robotics import fix_joint_types  # an optional dependency: only with gymnasium_robotics
 
             fix_joint_types()  # gymnasium-robotics 1.4 cannot build a Fetch env on MuJoCo 4 without it
-        if not own:
-            env = gym.make(dataclasses.replace(gym.spec(plain), id=env_id), **(env_kwargs or {}))
-        else:
-            env = gym.make(env_id, **(env_kwargs or {}))
+        with mujoco_warnings(env_id):  # MuJoCo's as Python warnings: no MUJOCO_LOG.TXT in the user's directory
+            env = gym.make(env_id if own else dataclasses.replace(gym.spec(plain), id=env_id), **(env_kwargs or {}))
     except gym.error.Error as err:
         raise ConfigError("env_id", f"{where}{env_id!r}: {err}") from err
     except ModuleNotFoundError as err:

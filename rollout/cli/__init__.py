@@ -86,9 +86,10 @@ _SHOW = warnings.showwarning
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """rollcap's own warnings as one line (``rollcap: warning: ...``); others as Python shows them."""
+    from rollcap.envs.errors import MujocoWarning
     from rollcap.rollout.errors import NotExactWarning
 
-    if issubclass(category, NotExactWarning):
+    if issubclass(category, (NotExactWarning, MujocoWarning)):
         print(f"rollcap: warning: {message}", file=file or sys.stderr)
     else:
         _SHOW(message, category, filename, lineno, file, line)

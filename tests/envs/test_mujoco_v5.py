@@ -126,3 +126,23 @@ def test_restore_leaves_nothing_of_the_previous_state():
     mujoco.mj_forward(model, expected)
     assert target.unwrapped.data.geom_xpos.tobytes() == expected.geom_xpos.tobytes()
     assert target.unwrapped.data.xpos.tobytes() == state["mj_xpos"].tobytes()
+
+
+def test_a_model_mujoco_warns_about_gives_one_python_warning_and_no_log_file(tmp_path, monkeypatch):
+    """gymnasium 1.4's HalfCheetah model uses settotalmass (deprecated in MuJoCo 4): built through rollcap (the env
+    and its probe's copy, which compiles the model again), that is one MujocoWarning naming the env, MuJoCo's
+    handler is back afterwards, and no MUJOCO_LOG.TXT is left in the working directory."""
+    from rollcap.envs import errors
+    from rollcap.envs.probe import clone_env
+    from rollcap.rollout.build import make_env
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(errors, "_SAID", set())  # a process says each text once: start this test afresh
+    before = mujoco.get_mju_user_warning()
+    with pytest.warns(errors.MujocoWarning) as said:
+        env = make_env("HalfCheetah-v5")
+        clone_env(env)
+    assert [str(w.message).split(" is deprecated")[0] for w in said] == [
+        "HalfCheetah-v5: MuJoCo: compiler attribute 'settotalmass'"
+    ]
+    assert mujoco.get_mju_user_warning() is before and list(tmp_path.iterdir()) == []
