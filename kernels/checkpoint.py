@@ -164,12 +164,13 @@ def load_weights(module: torch.nn.Module, path: str | Path, expect_digest: str |
 
 
 class _NoInit(TorchFunctionMode):
-    """Skips ``torch.nn.init``'s initialisers: on the ``meta`` device they fill nothing, and torch's meta
+    """Skips ``torch.nn.init``'s in-place initialisers: on the ``meta`` device they fill nothing, and torch's meta
     ``normal_`` (embeddings, position tables) imports ``torch._dynamo`` on its first call, a second of start-up
     for every process that loads a checkpoint."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__module__", None) == "torch.nn.init":
+        in_place_init = getattr(func, "__module__", None) == "torch.nn.init" and func.__name__.endswith("_")
+        if in_place_init:  # normal_, kaiming_uniform_, ...: the tensor, unfilled
             return args[0] if args else next(iter((kwargs or {}).values()))
         return func(*args, **(kwargs or {}))
 
