@@ -116,7 +116,7 @@ def add_subparser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentPa
         verbs = capsule.add_subparsers(dest="capsule_command", metavar="COMMAND", required=True)
     inspect = verbs.add_parser("inspect", help="print a disk capsule's manifest and check its digest")
     inspect.add_argument("path", metavar="PATH", help="a capsule directory (manifest.json + tensors.safetensors)")
-    inspect.set_defaults(func=_run_inspect)
+    inspect.set_defaults(func=_run_inspect, subparser=inspect)
     return inspect
 
 

@@ -46,6 +46,13 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message.replace('argument ', '', 1)} (see --help)\n")
 
+    def parse_args(self, args=None, namespace=None):
+        """Flags no command takes are refused by that command's parser, so the error names it (``rollcap replay:``)."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            getattr(ns, "subparser", self).error(f"unrecognized arguments: {' '.join(extra)}")
+        return ns
+
 
 # --------------------------------------------------------------------- run
 def _parts_options(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), as_recorded: bool = False):
@@ -202,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=f"example: {example}",
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, subparser=p)
         return p
 
     p = command(
