@@ -206,10 +206,18 @@ def value_target(rec: EpisodeRecord, max_steps: int) -> float:
     return -rec.num_steps / max_steps if rec.success else -1.0
 
 
-def _mean_ci(x: np.ndarray) -> tuple[float, float, float]:
+def _mean_ci(x: np.ndarray) -> tuple[float, float | None, float | None]:
+    """The mean and its 95% normal interval; one sample has no interval (``None`` bounds: ``null`` in JSON, where
+    infinite bounds would be ``Infinity``, which strict JSON readers refuse)."""
     m = float(x.mean())
-    half = 1.96 * float(x.std(ddof=1)) / math.sqrt(len(x)) if len(x) > 1 else float("inf")
+    if len(x) < 2:
+        return m, None, None
+    half = 1.96 * float(x.std(ddof=1)) / math.sqrt(len(x))
     return m, m - half, m + half
+
+
+def _with_ci(t: tuple, fmt: str) -> str:
+    return f"{t[0]:{fmt}}" + (f" [{t[1]:{fmt}}, {t[2]:{fmt}}]" if t[1] is not None else "")
 
 
 @dataclass
@@ -221,17 +229,18 @@ class MCValue:
     n: int
     critic: float
     """The critic's value recorded at the boundary."""
-    value: tuple[float, float, float]
-    """Mean of :func:`value_target` over the branches, and its interval (the critic's scale)."""
+    value: tuple[float, float | None, float | None]
+    """Mean of :func:`value_target` over the branches, and its interval (the critic's scale; none from one branch)."""
     success: tuple[float, float, float]
     """Success rate and its Wilson interval."""
-    ret: tuple[float, float, float]
-    """Mean return (sum of rewards of the continuation) and its interval."""
+    ret: tuple[float, float | None, float | None]
+    """Mean return (sum of rewards of the continuation) and its interval (none from one branch)."""
 
     def line(self) -> str:
         v, s, r = self.value, self.success, self.ret
-        return (f"episode {self.episode} chunk {self.chunk}: critic {self.critic:+.3f} | MC value {v[0]:+.3f} [{v[1]:+.3f}, {v[2]:+.3f}]"
-                f" | success {s[0]:.0%} [{s[1]:.0%}, {s[2]:.0%}] | return {r[0]:+.2f} [{r[1]:+.2f}, {r[2]:+.2f}] over {self.n} branches")  # fmt: skip
+        over = f"over {self.n} branches" if self.n > 1 else "over 1 branch (no interval for the mean of one)"
+        return (f"episode {self.episode} chunk {self.chunk}: critic {self.critic:+.3f} | MC value {_with_ci(v, '+.3f')}"
+                f" | success {s[0]:.0%} [{s[1]:.0%}, {s[2]:.0%}] | return {_with_ci(r, '+.2f')} {over}")  # fmt: skip
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

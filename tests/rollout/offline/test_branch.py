@@ -188,3 +188,18 @@ def test_a_branch_of_a_branch_counts_from_the_root(parent, runners):
     assert second.control.origin["offset"] == [1, int(rec.chunks["chunk_start"][1])] and second.control.num_chunks == 2
     res = replay_closed(second.records[1], _host(rec, runners))
     assert res.exact, res.line()
+
+
+def test_one_branch_has_no_interval_and_strict_json(parent, runners):
+    """The control alone (``--n 0``): a mean with no interval, null bounds in the JSON (not Infinity, which strict
+    readers refuse), and a line that says so."""
+    import json
+
+    from rollcap.kernels.files import canonical_json
+
+    _, rec = parent
+    res = run_branches(_host(rec, runners), rec, 0, 0, control=True)
+    mc = mc_value(rec, 0, res.records, 200)
+    assert mc.n == 1 and mc.value[1:] == (None, None) and mc.ret[1:] == (None, None)
+    json.loads(canonical_json(mc.to_json()), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert mc.line().endswith("over 1 branch (no interval for the mean of one)") and "inf" not in mc.line()
