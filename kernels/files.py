@@ -20,6 +20,7 @@ of the import graph: it imports nothing of rollcap.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from collections.abc import Callable
@@ -176,3 +177,18 @@ def sealed_digest(obj: dict, seal: str, *, allow_nan: bool = True) -> str:
 def plain_json(obj: Any, *, allow_nan: bool = True) -> Any:
     """``obj`` as JSON gives it back: ``json.loads(canonical_json(obj))`` (tuples as lists, numpy as Python)."""
     return json.loads(canonical_json(obj, allow_nan=allow_nan))
+
+
+def report_json(obj: Any, indent: int | None = 2) -> str:
+    """Canonical JSON for a report people and other tools read (``summary.json``, ``branch.json``,
+    ``calibration.json``): a NaN or infinite number (a figure with nothing to take it from: no critic, one sample) is
+    written ``null``, since strict JSON readers (``jq``, JavaScript, Go) refuse ``NaN`` and ``Infinity``."""
+
+    def finite(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: finite(v) for k, v in x.items()}
+        return [finite(v) for v in x] if isinstance(x, list) else x
+
+    return canonical_json(finite(plain_json(obj)), allow_nan=False, indent=indent)

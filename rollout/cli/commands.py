@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -122,6 +123,10 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _ms(x: float) -> str:
+    return f"{x:.2f} ms" if math.isfinite(x) else "-"  # NaN: nothing was timed (no critic, no chunk)
+
+
 def _summary_table(s: dict) -> str:
     rows = [
         ("run directory", s["run_dir"]),
@@ -129,8 +134,8 @@ def _summary_table(s: dict) -> str:
         ("success rate", rate_line(s["successes"], s["episodes"]) + " (Wilson 95%)" if s["episodes"] else "-"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in s["stop_reasons"].items()) or "-"),
         ("chunks", str(s["chunks"])),
-        ("chunk boundary", f"median {s['boundary_ms_median']:.2f} ms, p99 {s['boundary_ms_p99']:.2f} ms"),
-        ("policy | critic", f"median {s['policy_ms_median']:.2f} ms | {s['critic_ms_median']:.2f} ms"),
+        ("chunk boundary", f"median {_ms(s['boundary_ms_median'])}, p99 {_ms(s['boundary_ms_p99'])}"),
+        ("policy | critic", f"median {_ms(s['policy_ms_median'])} | {_ms(s['critic_ms_median'])}"),
         ("wall", f"{s['wall_s']:.1f} s"),
     ]
     if s.get("discarded_by_key"):

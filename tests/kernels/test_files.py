@@ -78,3 +78,24 @@ def test_canonical_json():
         canonical_json({"x": float("nan")}, allow_nan=False)
     with pytest.raises(TypeError, match="object"):
         canonical_json({"x": object()})
+
+
+def test_report_json_writes_undefined_figures_as_null_for_strict_readers(tmp_path):
+    """NaN and infinities (no critic timed, one sample's interval) become null; the rest is canonical_json's."""
+    from rollcap.kernels.files import report_json
+
+    obj = {"b": [1.5, float("nan"), (float("-inf"), np.float32(2.0))], "a": {"x": float("inf"), "y": None, "z": "s"}}
+    text = report_json(obj)
+    got = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text}"))
+    assert got == {"a": {"x": None, "y": None, "z": "s"}, "b": [1.5, None, [None, 2.0]]}
+    assert report_json({"k": 1}) == canonical_json({"k": 1}, indent=2)
+
+
+def test_a_run_without_a_critic_writes_a_strict_summary(tmp_path):
+    """The run's summary.json holds null where nothing was timed (here the critic), never NaN."""
+    import rollcap
+
+    rollcap.run(episodes=1, out=tmp_path / "r", policy="expert", critic="none", progress=False)
+    text = (tmp_path / "r" / "summary.json").read_text()
+    summary = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in summary.json"))
+    assert summary["critic_ms_median"] is None and summary["policy_ms_median"] > 0
