@@ -273,7 +273,9 @@ def test_recap_cli_end_to_end(tiny_run, ckpt, tmp_path):
     res = _rollcap("recap", tiny_run, "--out", out, *tiny)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "McNemar" in res.stdout
-    m = json.loads((out / "recap.json").read_text())
+    m = json.loads(
+        (out / "recap.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in recap.json")
+    )  # strict
     assert set(m["evaluate"]["results"]) == {"2", "4"} and m["evaluate"]["seeds"]["n"] == 2
     assert m["collect"]["censored"] == 2 and m["inputs"]["runs"][0]["path"] == str(tiny_run)
     assert m["policy"]["to_digest"] != m["policy"]["from_digest"] and m["improve"]["beta"] in (1.0, 2.0)
