@@ -51,9 +51,8 @@ def clone_env(env: gym.Env) -> gym.Env:
             memo[id(value)] = value
         elif isinstance(value, MujocoRenderer):
             memo[id(value)] = None
-    with mujoco_warnings(
-        getattr(env.spec, "id", None) or type(base).__name__
-    ):  # EzPickle envs compile their model again
+    where = getattr(env.spec, "id", None) or type(base).__name__
+    with mujoco_warnings(where):  # an EzPickle env compiles its model again
         twin = copy.deepcopy(env, memo)
     if hasattr(twin.unwrapped, "render_mode"):
         twin.unwrapped.render_mode = None

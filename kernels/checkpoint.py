@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from torch.overrides import TorchFunctionMode
 from safetensors.torch import load_file, save_file
+from torch.overrides import TorchFunctionMode
 
 from rollcap.kernels.errors import CheckpointMismatch
 from rollcap.kernels.files import atomic_write, canonical_json, sealed_digest

@@ -192,3 +192,8 @@ def report_json(obj: Any, indent: int | None = 2) -> str:
         return [finite(v) for v in x] if isinstance(x, list) else x
 
     return canonical_json(finite(plain_json(obj)), allow_nan=False, indent=indent)
+
+
+def write_report(path, obj: Any) -> None:
+    """``obj`` as :func:`report_json` (strict, indented) at ``path``, atomically."""
+    atomic_write(path, lambda tmp: Path(tmp).write_text(report_json(obj)))

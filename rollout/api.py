@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollcap.envs import exact_state_of
-from rollcap.kernels.files import atomic_write, cannot_create_dir, plain_json, report_json
+from rollcap.kernels.files import cannot_create_dir, plain_json, write_report
 from rollcap.rollout.build import Built, build, check_repeatable  # noqa: F401 - check_repeatable: this module's API before
 from rollcap.rollout.errors import ClusterFailure, ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import fingerprints_of
@@ -238,7 +238,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         if failure is not None:
             summary["recording_failed"] = str(failure)
         try:
-            atomic_write(out / "summary.json", lambda tmp: Path(tmp).write_text(report_json(summary)))
+            write_report(out / "summary.json", summary)
         except OSError as err:  # e.g. the disk that filled up: the episodes are what matters
             failure = failure or RecordingFailed(f"{out / 'summary.json'}: not written ({err.strerror or err})")
         interrupted = interrupted or guard.caught

@@ -207,8 +207,7 @@ def value_target(rec: EpisodeRecord, max_steps: int) -> float:
 
 
 def _mean_ci(x: np.ndarray) -> tuple[float, float | None, float | None]:
-    """The mean and its 95% normal interval; one sample has no interval (``None`` bounds: ``null`` in JSON, where
-    infinite bounds would be ``Infinity``, which strict JSON readers refuse)."""
+    """The mean and its 95% normal interval; one sample has none (``None`` bounds)."""
     m = float(x.mean())
     if len(x) < 2:
         return m, None, None

@@ -15,7 +15,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from rollcap.kernels.files import atomic_write, cannot_create_dir, report_json
+from rollcap.kernels.files import cannot_create_dir, write_report
 from rollcap.rollout.batch import recorded_batch, row_views
 from rollcap.rollout.build import make_env, named_env, runners
 from rollcap.rollout.config import HostConfig
@@ -101,7 +101,7 @@ def branch_recorded(
         "out": str(out),
         **result.summary(),
     }
-    atomic_write(out / "branch.json", lambda tmp: Path(tmp).write_text(report_json(summary)))
+    write_report(out / "branch.json", summary)
     return result, summary
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rollcap.kernels.files import atomic_write, canonical_json, report_json
+from rollcap.kernels.files import atomic_write, canonical_json, write_report
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.offline.branch import boundaries, check_branchable, max_steps_of, run_branches
 from rollcap.rollout.recording.runs import episodes_of
@@ -133,7 +133,7 @@ def calibrate(
     report = {"n": n, "every": every, "stats": calibration_stats(critic, mc), "points": points}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "calibration.json", lambda tmp: Path(tmp).write_text(report_json(report)))
+    write_report(out / "calibration.json", report)
     plot_reliability(report, out / "calibration.png")
     return report
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from rollcap.kernels.files import atomic_write, canonical_json, plain_json, report_json
+from rollcap.kernels.files import canonical_json, plain_json, write_report
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.learn.recap.config import RecapConfig
 
@@ -187,7 +187,7 @@ def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
             "seconds": times,
             "torch": torch.__version__,
         }  # fmt: skip
-        atomic_write(stage / MANIFEST, lambda tmp: Path(tmp).write_text(report_json(manifest)))
+        write_report(stage / MANIFEST, manifest)
         if out.is_dir():
             out.rmdir()  # empty (checked at the start)
         os.replace(stage, out)  # the whole iteration appears at once
