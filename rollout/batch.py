@@ -1,12 +1,9 @@
 """The batched episode core: N envs in lockstep over one policy graph and one critic graph at batch N.
 
-```
-for each round:   every running slot's host.launch()   (writes its row: observation, its own noise)
-                  one replay of the policy graph ‖ one of the critic graph (all N rows at once)
-                  every slot's host.decide()            (its row's chunk and value, its own predicates)
-                  the slots' host.execute() on a small thread pool (env steps; MuJoCo releases the GIL)
-                  finished slots: finish() in slot order, then start the next episode in that slot
-```
+The round (:mod:`rollcap.rollout.round`: launch, replay, decide, execute,
+finish) in this process: its replay is one replay of each policy graph ‖ one
+of its critic graph, all N rows at once, and the slots' envs step on a small
+thread pool (MuJoCo releases the GIL).
 
 Each slot is a plain :class:`~rollcap.rollout.host.RolloutHost` whose policy
 and critic are *row views* (:class:`RowPolicy`, :class:`RowCritic`) of one
@@ -30,16 +27,15 @@ subscribers are called under one lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 
 import numpy as np
 
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
-from rollcap.rollout.lifecycle import HostState
-from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, Observation, StepEvent, Subscriber
+from rollcap.rollout.protocols import EpisodeEnd, Observation, Subscriber
+from rollcap.rollout.round import Round
 from rollcap.rollout.spec import MAX_ENVS, check_batched_host
 
 
@@ -173,8 +169,8 @@ class _Serialized(Subscriber):
         pass  # once per run, by the core (not once per slot)
 
 
-class BatchedCore:
-    """N episode hosts over batched policy and critic graphs (see the module docstring).
+class BatchedCore(Round):
+    """N episode hosts over batched policy and critic graphs: the round (:mod:`rollcap.rollout.round`) in this process.
 
     Args:
         envs: N gymnasium envs (one per slot; the same id and kwargs).
@@ -246,13 +242,17 @@ class BatchedCore:
             )
 
         self.hosts = [host(i, env) for i, env in enumerate(envs)]
-        self.workers = min(n, 4) if workers is None else int(workers)
-        self._pool: ThreadPoolExecutor | None = None
+        super().__init__(self.hosts, self.replay_graphs, min(n, 4) if workers is None else int(workers))
         self.config, self.policy, self.critic = (
             self.hosts[0].config,
             self.hosts[0].policy,
             self.hosts[0].critic,
         )  # as a host's (resume's checks)
+
+    def replay_graphs(self) -> None:
+        """The round's replay: every graph with a row written, policy and critic, all lanes at once (the rows wait)."""
+        for rows in self.policy_rows + self.critic_rows:
+            rows.launch()
 
     def run(self, episodes: int, start: int = 0) -> list[EpisodeEnd]:
         """Episodes ``start .. start+episodes-1``, in the order they end; ``on_run_end`` is called however it ends."""
@@ -261,100 +261,3 @@ class BatchedCore:
         finally:
             for s in self.subscribers:
                 s.on_run_end()
-
-    def episodes(self, todo: Iterable[int | tuple[int, int]]) -> Iterator[EpisodeEnd]:
-        """Run the episodes ``todo`` names (an index, or ``(index, seed)``), each in the next free slot; yield each one's end as it finishes."""
-        todo = iter(todo)
-        self.open_pool()
-        try:
-            yield from self._refill(todo)
-            while any(h.state is HostState.RUNNING for h in self.hosts):
-                self._round()
-                yield from self._refill(todo)
-        except BaseException:
-            self.abort()
-            raise
-        finally:
-            self.close_pool()
-
-    def open_pool(self) -> None:
-        """Start the env-stepping threads (:meth:`episodes` does; a caller of :meth:`round` may)."""
-        if self._pool is None and self.workers > 0:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="rollcap-env")
-
-    def close_pool(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-    def _round(self) -> None:
-        self.round()
-
-    def round(
-        self,
-        noise: Sequence[np.ndarray | None] | None = None,
-        actions: Sequence[np.ndarray | None] | None = None,
-        active: Sequence[bool] | None = None,
-    ) -> list[tuple[ChunkEvent | None, list[StepEvent]]]:
-        """One boundary for every running slot: launch all, one replay per graph, decide all, execute all on the pool.
-
-        Args:
-            noise: per slot, the noise for ``launch`` (None: the episode's own).
-            actions: per slot, the chunk ``execute`` runs (None: the policy's).
-            active: per slot, whether it takes part (default: every running slot).
-
-        Returns per slot its chunk event (None: it did not take part, or its
-        episode ended at the boundary) and its steps' events. A slot whose
-        episode ended stays stopped: :meth:`RolloutHost.finish` it.
-        """
-        n = len(self.hosts)
-        noise, actions, active = noise or [None] * n, actions or [None] * n, active or [True] * n
-        out: list[tuple[ChunkEvent | None, list[StepEvent]]] = [(None, []) for _ in range(n)]
-        launched = [
-            (i, h, h.launch(noise[i])) for i, h in enumerate(self.hosts) if active[i] and h.state is HostState.RUNNING
-        ]
-        for rows in self.policy_rows + self.critic_rows:  # every graph's lane at once
-            rows.launch()
-        for i, h, ticket in launched:  # while the batch replays: each slot's next noise
-            if ticket is not None:
-                h.draw_ahead()
-        for i, h, ticket in launched:
-            if ticket is not None:
-                out[i] = (h.decide(ticket), [])
-        ready = [i for i, h, _ in launched if self.hosts[i].state is HostState.RUNNING]
-        if self._pool is None or len(ready) < 2:
-            for i in ready:
-                out[i] = (out[i][0], self.hosts[i].execute(actions[i]))
-            return out
-        futures = {i: self._pool.submit(self.hosts[i].execute, actions[i]) for i in ready}
-        try:
-            for i, f in futures.items():
-                out[i] = (out[i][0], f.result())
-        finally:
-            for f in futures.values():  # an interrupt in the driver still waits for every env step in flight
-                f.exception() if not f.cancel() else None
-        return out
-
-    def _refill(self, todo: Iterator[int | tuple[int, int]]) -> Iterator[EpisodeEnd]:
-        """Finish the slots whose episode ended (slot order) and start the next episode in each free slot
-        (an item is an episode index, its seed derived from the run's, or ``(index, seed)``)."""
-        for h in self.hosts:
-            while h.state is not HostState.RUNNING:
-                if h.state is HostState.STOP_INFER:
-                    yield h.finish()
-                    continue
-                item = next(todo, None)
-                if item is None:
-                    break
-                h.start(*item) if isinstance(item, tuple) else h.start(item)
-
-    def abort(self) -> None:
-        """Abandon every running episode (nothing recorded); the core is ready again."""
-        for h in self.hosts:
-            h.abort()
-
-    def close(self) -> None:
-        """Abandon any running episode and close the envs (the batched runners are the caller's)."""
-        self.close_pool()
-        for h in self.hosts:
-            h.close()  # the row views have no close(): the batched runners stay open

@@ -84,6 +84,13 @@ class HostConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    def for_policy(self, policy) -> HostConfig:
+        """This config as an episode of ``policy`` records it: ``execute_steps`` None resolved to the policy's own
+        setting (its ``execute_steps``, else its chunk length). The one place the default is resolved."""
+        if self.execute_steps is not None:
+            return self
+        return dataclasses.replace(self, execute_steps=int(getattr(policy, "execute_steps", policy.chunk_shape[0])))
+
     def predicates(self) -> list[StopPredicate]:
         preds: list[StopPredicate] = [NonFiniteAction()]
         if self.max_chunks is not None:

@@ -117,10 +117,8 @@ class RolloutHost(Stepping):
         records: bool = True,
         on_error: str = "record",
     ):
-        config = config or HostConfig()
+        config = (config or HostConfig()).for_policy(policy)  # resolved now: recordings carry the effective value
         horizon, self.action_dim = (int(n) for n in policy.chunk_shape)
-        if config.execute_steps is None:  # resolve now, so recordings carry the effective value
-            config = dataclasses.replace(config, execute_steps=int(getattr(policy, "execute_steps", horizon)))
         if config.execute_steps > horizon:
             raise ConfigError(
                 "execute_steps", f"the policy's chunks hold {horizon} actions, got {config.execute_steps}"

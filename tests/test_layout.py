@@ -44,6 +44,7 @@ CORE = (
     "builder",
     "stepping",
     "host",
+    "round",
     "subscribers",
     "named",
     "build",

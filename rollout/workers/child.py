@@ -46,6 +46,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import EpisodeEnd
+from rollcap.rollout.round import Round
 from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 
@@ -76,7 +77,12 @@ class Worker:
 
         torch.set_num_threads(1)  # a worker steps envs; the policy is the parent's
         self.shared = SharedRows(Layout.from_json(spec["layout"]), spec["shm"])
-        self.envs, self.hosts, self.recorder = [], {}, None
+        self.envs, self.recorder = [], None
+        self.writer: ShardWriter | None = None
+        self.unrecorded: list[dict] = []  # outcomes of a worker that does not record (tests, benches)
+        self.timing = dict.fromkeys(("host_s", "env_s", "write_s", "host_cpu_s", "env_cpu_s", "write_cpu_s"), 0.0)
+        self.round = Round({})  # its replay is the parent's: a "go" message
+        hosts = self.round.slots
         arrays = self.shared.arrays
         config = HostConfig(**spec["config"])
         pspec, cspec = (
@@ -91,14 +97,10 @@ class Worker:
                     arrays, slot, pspec, spec["chunk_shape"], spec["execute_steps"], spec["fingerprints"]["policy"]
                 )
                 critic = ProxyCritic(arrays, slot, cspec, spec["fingerprints"]["critic"]) if cspec else None
-                self.hosts[slot] = RolloutHost(env, policy, critic, config, on_error=spec.get("on_error", "record"))
+                hosts[slot] = RolloutHost(env, policy, critic, config, on_error=spec.get("on_error", "record"))
         except BaseException:
             self.close()
             raise
-        self.writer: ShardWriter | None = None
-        self.unrecorded: list[dict] = []  # outcomes of a worker that does not record (tests, benches)
-        self.launched: dict[int, object] = {}
-        self.timing = dict.fromkeys(("host_s", "env_s", "write_s", "host_cpu_s", "env_cpu_s", "write_cpu_s"), 0.0)
 
     # -- the protocol --------------------------------------------------------
     def loop(self, conn) -> None:
@@ -117,8 +119,7 @@ class Worker:
     def answer(self, conn, msg: dict) -> bool:
         """One message of the protocol; False: stop."""
         if "stop" in msg:
-            for h in self.hosts.values():
-                h.abort()
+            self.round.abort()
             ends = self.writer.flush() if self.writer is not None else []
             conn.send_bytes(json.dumps({"bye": self.timing, "ends": ends}).encode())
             return False
@@ -133,15 +134,15 @@ class Worker:
         finished: list = []
         if "go" in msg:
             self.chunk(finished)
-            free = [s for s, h in self.hosts.items() if h.state is not HostState.RUNNING]
+            free = [s for s, h in self.round.slots.items() if h.state is not HostState.RUNNING]
             if free and msg.get("more"):
                 conn.send_bytes(json.dumps({"finished": finished, "ends": self.written(), "free": free}).encode())
                 return True
         for slot, index, seed in msg.get("start", ()):
-            self.hosts[slot].start(int(index), int(seed))
-        self.launch(finished)
+            self.round.slots[slot].start(int(index), int(seed))
+        launched = self.launch(finished)
         ends = self.written(wait="flush" in msg)
-        conn.send_bytes(json.dumps({"finished": finished, "ends": ends, "launched": sorted(self.launched)}).encode())
+        conn.send_bytes(json.dumps({"finished": finished, "ends": ends, "launched": launched}).encode())
         return True
 
     def written(self, wait: bool = False) -> list[dict]:
@@ -151,31 +152,21 @@ class Worker:
             return out
         return self.writer.flush() if wait else self.writer.take()
 
-    def launch(self, finished: list) -> None:
-        """Launch every running slot (its row written), then draw each one's next noise while the parent replays."""
+    def launch(self, finished: list) -> list[int]:
+        """The round's launch: every running slot's row written into the block; the ended (at start or launch) finish."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        for slot, h in self.hosts.items():
-            if h.state is HostState.RUNNING:
-                ticket = h.launch()
-                if ticket is not None:
-                    self.launched[slot] = ticket
-        self.finish(finished)  # an episode that ended at its start or launch
-        for slot in self.launched:
-            self.hosts[slot].draw_ahead()
+        launched = sorted(self.round.launch())
+        self.finish(finished)
         self.timing["host_s"] += time.perf_counter() - t0
         self.timing["host_cpu_s"] += time.thread_time() - c0
+        return launched
 
     def chunk(self, finished: list) -> None:
-        """The parent's outputs are in the block: every launched slot decides, then executes its chunk; the ended finish."""
-        launched, self.launched = self.launched, {}
+        """The parent's replay is in the block: the round's decide, execute (the whole chunk) and finish."""
         t0, c0 = time.perf_counter(), time.thread_time()
-        for slot, ticket in launched.items():
-            self.hosts[slot].decide(ticket)
+        self.round.decide()
         t1, c1 = time.perf_counter(), time.thread_time()
-        for slot in launched:
-            h = self.hosts[slot]
-            if h.state is HostState.RUNNING:
-                h.execute()
+        self.round.execute()
         t2, c2 = time.perf_counter(), time.thread_time()
         self.timing["host_s"] += t1 - t0
         self.timing["env_s"] += t2 - t1
@@ -185,17 +176,15 @@ class Worker:
 
     def finish(self, finished: list) -> None:
         """Finish every ended episode (its slot is free) and hand its record to the writer."""
-        for slot, h in self.hosts.items():
-            if h.state is HostState.STOP_INFER:
-                end = h.finish()
-                finished.append([slot, end.index])
-                out = self.outcome(end)
-                if self.writer is not None and end.record is not None and not end.dropped:
-                    self.writer.put(out, end.record)
-                elif self.writer is not None:
-                    self.writer.done.append(out)
-                else:
-                    self.unrecorded.append(out)
+        for slot, end in self.round.finish():
+            finished.append([slot, end.index])
+            out = self.outcome(end)
+            if self.writer is not None and end.record is not None and not end.dropped:
+                self.writer.put(out, end.record)
+            elif self.writer is not None:
+                self.writer.done.append(out)
+            else:
+                self.unrecorded.append(out)
 
     def outcome(self, end: EpisodeEnd) -> dict:
         """What the parent gets of an episode: its outcome, where it is recorded, and per chunk what the metrics read."""
@@ -214,8 +203,7 @@ class Worker:
         return out
 
     def close(self) -> None:
-        for h in self.hosts.values():
-            h.abort()
+        self.round.abort()
         if self.writer is not None:
             self.writer.close()
         if self.recorder is not None:

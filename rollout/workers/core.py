@@ -113,10 +113,7 @@ class EnvWorkers:
             raise ConfigError("env_workers", f"expected an integer in 1..envs ({self.n}), got {workers!r}")
         if on_error not in ("record", "drop"):
             raise ValueError(f"on_error: expected record or drop with env workers, got {on_error!r}")
-        horizon = self.policies[0].chunk_shape[0]
-        if config.execute_steps is None:  # resolved as a host resolves it, so _same_run and the records agree
-            config = dataclasses.replace(config, execute_steps=int(getattr(self.policies[0], "execute_steps", horizon)))
-        self.config = config
+        self.config = config = config.for_policy(self.policies[0])  # as a host resolves it: _same_run, the records
         self.policy, self.critic = self.policies[0], (self.critics[0] if self.critics else None)
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.subscribers = list(subscribers)
