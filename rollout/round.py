@@ -173,4 +173,3 @@ class Round:
         self._launched, self._decided = {}, []
         for h in self.slots.values():
             h.close()
-
