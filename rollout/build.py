@@ -36,6 +36,7 @@ from rollcap.policies import PolicyRunner, load_policy
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.rtc import RTCPolicyRunner
+from rollcap.rollout.config import check_batched_host
 from rollcap.rollout.errors import ConfigError, NotExactWarning
 from rollcap.rollout.named import ExpertPolicy, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)
 from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
@@ -45,7 +46,6 @@ from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names ar
     Parts,
     RunConfig,
     Spec,
-    check_batched_host,
     expert_std,
     is_path,
     named_policy,

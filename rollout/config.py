@@ -17,6 +17,8 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.predicates import CriticBelow, MaxChunks, MaxSeconds, NonFiniteAction, StopPredicate
 
 
+MAX_ENVS = 1024
+"""The largest batch (``envs``) a run or a recording may have."""
 BYTES = {"bytes": True}
 """A field's metadata: an episode's bytes depend on it (it is recorded with the episode, or in the runners'
 fingerprint); :func:`rollcap.rollout.spec.byte_fields` lists these fields."""
@@ -100,6 +102,16 @@ class HostConfig:
         if self.critic_threshold is not None:
             preds.append(CriticBelow(self.critic_threshold, self.critic_patience))
         return preds
+
+
+def check_batched_host(config: HostConfig) -> None:
+    """The host's rules at batch N > 1: synchronous chunking, no control period (ConfigError naming the field)."""
+    if config.chunking != "sync":
+        raise ConfigError("chunking", f"a batched run (envs > 1) chunks synchronously, got {config.chunking!r}")
+    if config.control_period_s is not None:
+        raise ConfigError(
+            "control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period"
+        )
 
 
 def _is_int(v) -> bool:

@@ -44,16 +44,14 @@ from rollcap.kernels.graph import check_cpu_plan
 from rollcap.kernels.precision import check_plan_precision, check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
-from rollcap.rollout.config import BYTES, HostConfig
+from rollcap.rollout.config import BYTES, MAX_ENVS, HostConfig
 from rollcap.rollout.errors import ConfigError
 
 
-__all__ = ["Parts", "HostConfig", "RunConfig", "Spec", "byte_fields", "DEFAULT_ENV", "FORMATS", "MAX_ENVS"]
+__all__ = ["Parts", "HostConfig", "RunConfig", "Spec", "byte_fields", "DEFAULT_ENV", "FORMATS"]
 
 DEFAULT_ENV = "rollcap/PushBlock-v0"
 FORMATS = ("npz", "h5")
-MAX_ENVS = 1024
-"""The largest batch ``envs`` accepts."""
 LEROBOT_PREFIX, EXPERT = "lerobot:", "expert"
 DEVICE_TYPES = ("cpu", "cuda")
 
@@ -295,16 +293,6 @@ class RunConfig:
                 "shard_dir",
                 "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
             )
-
-
-def check_batched_host(config: HostConfig) -> None:
-    """The host's rules at batch N > 1: synchronous chunking, no control period (ConfigError naming the field)."""
-    if config.chunking != "sync":
-        raise ConfigError("chunking", f"a batched run (envs > 1) chunks synchronously, got {config.chunking!r}")
-    if config.control_period_s is not None:
-        raise ConfigError(
-            "control_period_s", "a batched run (envs > 1) steps its envs in lockstep, unpaced; drop the control period"
-        )
 
 
 def usable_cores() -> int:

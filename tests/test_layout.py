@@ -44,7 +44,6 @@ CORE = (
     "builder",
     "stepping",
     "host",
-    "round",
     "subscribers",
     "named",
     "build",

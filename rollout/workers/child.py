@@ -46,7 +46,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import EpisodeEnd
-from rollcap.rollout.round import Round
+from rollcap.rollout.batch import Round
 from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 

@@ -59,8 +59,7 @@ from multiprocessing.connection import wait as wait_any
 
 import numpy as np
 
-from rollcap.rollout.spec import check_batched_host
-from rollcap.rollout.config import HostConfig
+from rollcap.rollout.config import HostConfig, check_batched_host
 from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import jsonable
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
