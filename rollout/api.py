@@ -2,10 +2,11 @@
 
 A run is a pipeline: its spec (:class:`~rollcap.rollout.spec.Spec`, from the
 arguments), the build (:func:`~rollcap.rollout.build.build`: envs and runners
-at the run's batch), a sink (:func:`~rollcap.rollout.recording.sinks.open_sink`:
-a writer thread, writer processes or the shards' manifest), a source
-(:func:`~rollcap.rollout.sources.open_source`: in process, batched, teleop,
-Ray actors, Ray actors with shards) and the summary. It shows progress, writes
+at the run's batch), its placement (:func:`placement_for`: where its slots live,
+each running the same round: this process, env workers, Ray actors, or a
+person's hands), the sink its episodes are recorded in
+(:func:`~rollcap.rollout.recording.sinks.open_sink`: a writer thread, writer
+processes, or the manifest of the shards the placement writes) and the summary. It shows progress, writes
 ``summary.json``, resumes an interrupted run, and closes everything it built,
 Ctrl-C included. The CLI's ``run`` is a thin layer over :func:`run`.
 """
@@ -36,7 +37,10 @@ from rollcap.rollout.recording import EPISODES_DIR, H5_NAME, load_any
 from rollcap.rollout.recording.shards import MANIFEST, SHARDS_DIR
 from rollcap.rollout.recording.sinks import open_sink
 from rollcap.rollout.seeding import episode_seed
-from rollcap.rollout.sources import open_source
+from rollcap.rollout.placement import InProcess, Placement
+from rollcap.rollout.ray.placement import ActorsPlacement
+from rollcap.rollout.teleop.placement import TeleopPlacement
+from rollcap.rollout.workers.placement import EnvWorkersPlacement
 from rollcap.rollout.spec import DEFAULT_ENV, FORMATS, HostConfig, Parts, RunConfig, Spec  # noqa: F401 - the API's names
 from rollcap.rollout.subscribers import Metrics, OneInterrupt, Progress
 
@@ -160,8 +164,21 @@ def branch_pool(actors: int, address=None):
     return pool_for
 
 
+def placement_for(spec: Spec, built: Built, spare_from: int = 0) -> Placement:
+    """Where ``spec``'s slots live (nothing starts yet): env workers, Ray actors, a person's hands, or this process.
+    ``spare_from``: the first index a teleop retry may take (after the run's own)."""
+    run = spec.run
+    if run.env_workers:
+        return EnvWorkersPlacement(spec, built)
+    if run.actors:
+        return ActorsPlacement(spec, built)
+    if run.teleop is not None:
+        return TeleopPlacement(spec, built, spare_from)
+    return InProcess(spec, built)
+
+
 def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, on_finished=None, poll_stop=None):
-    """Sink, source, summary: the run's directory checked, episodes run and written, ``summary.json``."""
+    """Sink, placement, summary: the run's directory checked, episodes run and written, ``summary.json``."""
     cfg = spec.run
     out = cfg.out or new_run_dir(Path("runs"))
     _check_out(out, cfg.resume)
@@ -172,7 +189,6 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         "type": 2,
         "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
     }
-    remote = bool(cfg.actors)  # Ray actors: their progress bar starts once they are up
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     sink = open_sink(cfg, out, env_meta)
     recorder = sink.recorder
@@ -181,24 +197,19 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     todo = [(i, episode_seed(spec.host.seed, i)) for i in range(cfg.episodes) if i not in before]
     metrics = Metrics()
     subs: list[Subscriber] = [*sink.subscribers, metrics, *extra]
-    if cfg.progress and not remote:
+    if cfg.progress:  # drawn at the first episode: its rate is the episodes', not start-up's
         subs.append(Progress(len(todo)))
-    source = None
+    spare = max(before | set(range(cfg.episodes)), default=-1) + 1
+    here = dataclasses.replace(spec, run=dataclasses.replace(cfg, out=out))  # Ray's own messages: a file there
+    placement = placement_for(here, built, spare)
     try:
-        spare = max(before | set(range(cfg.episodes)), default=-1) + 1
-        here = dataclasses.replace(spec, run=dataclasses.replace(cfg, out=out))  # Ray's own messages: a file there
-        source = open_source(here, built, sink, subs, env_meta, spare, poll_stop)
         if earlier:
-            _same_run(earlier[0], source.host, built.env, env_meta, cfg.graphs, elsewhere=remote)
-        if remote:  # Ray actors run the episodes; this process records what they return
-            source.start(poll_stop=poll_stop)
-            if cfg.progress:  # the bar starts once the actors are up: its rate is the episodes'
-                subs.append(Progress(len(todo)))
+            _same_run(earlier[0], placement, built.env, env_meta, cfg.graphs)
+        placement.start(subs, sink.shards, poll_stop or (lambda: None))
         if on_started is not None:
             on_started()
     except BaseException:
-        if source is not None:
-            source.close()
+        placement.close()
         sink.close()
         lost = isinstance(sys.exc_info()[1], ClusterFailure)  # the machines failed: the run keeps Ray's log (ray.log)
         if not recorder.indices and not lost:  # nothing recorded, ever: leave no trace of this call
@@ -209,7 +220,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     interrupted, failure = None, None
     with OneInterrupt(sink.writer) as guard:
         try:
-            for end in source.episodes(todo):
+            for end in placement.episodes(todo):
                 ends.append(dataclasses.replace(end, record=None))  # the writer owns the record; keep outcomes only
         except KeyboardInterrupt as stop:
             interrupted = stop
@@ -217,7 +228,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
             failure = err
         finally:
             guard.live = False  # first statement (no call): from here a signal is noted, never raised
-            source.close()  # what runs is abandoned (not recorded): actors stop, the terminal is restored
+            placement.close()  # what runs is abandoned (not recorded): actors stop, the terminal is restored
             try:
                 sink.close()  # every finished episode is written (after a second signal: only the one being written)
             except RecordingFailed as err:
@@ -233,7 +244,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
             "discarded_by_key": [e.index for e in ends if e.dropped and e.error is None],  # teleop's r: not recorded, re-run
             "unwritten_at_interrupt": sink.discarded,  # finished, still queued at a second Ctrl-C: not written
         })  # fmt: skip
-        summary.update(source.summary())
+        summary.update(placement.summary())
         summary.update(sink.summary())
         if failure is not None:
             summary["recording_failed"] = str(failure)
@@ -279,12 +290,13 @@ def _remove_new(out: Path, before: set | None) -> None:
             p.unlink(missing_ok=True)
 
 
-def _same_run(recorded, host, env, env_meta: dict, graphs: int, elsewhere: bool = False) -> None:
+def _same_run(recorded, placement: Placement, env, env_meta: dict, graphs: int) -> None:
     """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`); ``env``: one
     of the run's envs in this process (a host's, a batch's first, the env workers' local copy)."""
-    fps = fingerprints_of(host.policy, host.critic, exact_state_of(env))
-    now = plain_json(dataclasses.asdict(host.config))
-    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs, elsewhere)
+    made = placement.identity
+    fps = fingerprints_of(made.policy, made.critic, exact_state_of(env))
+    now = plain_json(dataclasses.asdict(made.config))
+    check_same_run(recorded, now, fps, env_meta["env_name"], env_meta["env_kwargs"], graphs, placement.elsewhere)
 
 
 def new_run_dir(root: Path) -> Path:

@@ -5,7 +5,7 @@ too (they are dependencies all the same). The parts of the design card rank
 ``kernels`` < ``capsule`` < ``policies``, ``envs`` < ``critics`` (it reads
 observations as the policy does) < ``rollout``. Inside ``rollout`` the episode
 core is at the bottom, then ``recording``, ``teleop``, ``gym``, the offline
-tools, ``ray``, ``learn``, the episode sources (``sources``), the Python door (``api``), ``bench`` (it measures
+tools, ``ray``, ``learn``, the Python door (``api``: it picks a run's placement), ``bench`` (it measures
 the door too) and the command line on top. An import may go to its own
 package or to a lower rank, never up or sideways, and no set of modules
 imports itself in a loop.
@@ -48,6 +48,7 @@ CORE = (
     "named",
     "build",
     "batch",
+    "placement",
 )
 RANK = {
     "rollcap.kernels": 0,
@@ -63,7 +64,6 @@ RANK = {
     "rollcap.rollout.ray": 15,
     "rollcap.rollout.workers": 15,  # env workers: one more episode source beside the Ray actors (core, recording below)
     "rollcap.rollout.learn": 16,
-    "rollcap.rollout.sources": 16.5,  # the ways of running a run's episodes (in process, batched, teleop, Ray)
     "rollcap.rollout.api": 17,
     "rollcap.rollout.bench": 18,
     "rollcap.rollout.cli": 19,

@@ -7,12 +7,13 @@ shards     ManifestWriter                 whoever steps the envs writes its own 
                                           ``shards=True``); the driver appends the manifest only
 ```
 
-A :class:`Sink` is what a source hands finished episodes to: its
+A :class:`Sink` is where a placement's finished episodes go: its
 ``subscribers`` (the writer, or nothing when the envs' owners write) join the
 run's subscribers, ``recorder`` knows which indices the run has (resume) and
 ``close()`` drains it. A new storage is one more branch of :func:`open_sink`;
-a source that records where it steps (env worker processes, Ray actors)
-uses the ``shards`` sink and names each episode's shard in the manifest.
+a placement that records where it steps (env worker processes, Ray actors)
+is given the ``shards`` sink's manifest (:attr:`Sink.shards`) and names each
+episode's shard there.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class Sink:
     @property
     def sharded(self) -> bool:
         return self.kind == "shards"
+
+    @property
+    def shards(self) -> ManifestWriter | None:
+        """The run's manifest, where a placement that records where it steps names each episode (``shards``
+        sinks only; None: the episodes come here and :attr:`subscribers` write them)."""
+        return self.writer if self.sharded else None
 
     @property
     def subscribers(self) -> list:

@@ -16,6 +16,10 @@ through its :class:`~rollcap.rollout.events.EventBus`:
   value in a window drawn on its own thread (off, saying so, without a display).
 - :mod:`.session`: :class:`TeleopSession` wires these together for a driver
   (the bus, the subscribers, a reset hook that waits for the go key).
+- :mod:`.rewind`: :class:`~.rewind.RewindBuffer`, the last boundaries of the live
+  episode, and the retry from one of them (the ``b`` key).
+- :mod:`.placement`: a run's episodes in a person's hands (``rollcap run --teleop``),
+  one at a time in this process through the host's own driver.
 - :mod:`.replay`: :class:`ReplayInputs` re-issues an episode's recorded takeover
   and stop, so closed-loop replay reproduces an intervened episode.
 - :mod:`.bench`: key-to-effect latency through Xvfb and xdotool.

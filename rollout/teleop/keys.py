@@ -260,7 +260,7 @@ class KeyController(Subscriber):
         elif verb == "go":
             bus.go()
         elif verb == "rewind":
-            bus.request_stop("rewind")  # rollcap.rollout.offline.rewind.REWIND; the run loop starts the retry
+            bus.request_stop("rewind")  # rollcap.rollout.teleop.rewind.REWIND; the run loop starts the retry
         elif verb == "takeover":
             self._taken = not self._taken
             if self._taken:

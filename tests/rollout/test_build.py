@@ -109,16 +109,3 @@ def test_one_precision_rule_for_spec_and_graph():
     with pytest.raises(ConfigError) as spec:
         Parts(backend="aoti", precision="bf16")
     assert (spec.value.field, spec.value.problem) == ("precision", str(graph.value))
-
-
-def test_every_source_speaks_the_protocol():
-    """One file per way of running, each with the protocol's members (rollout/sources/__init__.py)."""
-    import importlib
-    import inspect
-
-    files = sorted(p.stem for p in (ROOT / "rollout" / "sources").glob("*.py") if p.stem != "__init__")
-    assert files == ["actors", "batched", "local", "shards", "teleop", "workers"]
-    for stem in files:
-        module = importlib.import_module(f"rollcap.rollout.sources.{stem}")
-        (cls,) = [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == module.__name__]
-        assert all(callable(getattr(cls, m, None)) for m in ("episodes", "start", "close", "summary")), cls

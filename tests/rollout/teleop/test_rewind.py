@@ -9,7 +9,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.offline.replay import closed_loop_host, replay_closed, replay_env
-from rollcap.rollout.offline.rewind import REWIND, RewindBuffer, run_with_rewinds
+from rollcap.rollout.teleop.rewind import REWIND, RewindBuffer, run_with_rewinds
 from tests.rollout._tiny import make_env
 
 
