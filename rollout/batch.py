@@ -419,3 +419,11 @@ class BatchedCore(Round):
         finally:
             for s in self.subscribers:
                 s.on_run_end()
+
+
+def round_here(envs: Sequence, policy, critic, config: HostConfig, subscribers: Sequence[Subscriber] = ()) -> Round:
+    """The round in this process over a build's envs and runners: one slot over the plain runners for one env (any
+    chunking, a policy object of yours), a :class:`BatchedCore` over row views of batched runners for N envs."""
+    if len(envs) == 1 and not isinstance(policy, list):
+        return Round([RolloutHost(envs[0], policy, critic, config, subscribers)])
+    return BatchedCore(envs, policy, critic, config, subscribers)

@@ -36,10 +36,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from rollcap.rollout.batch import BatchedCore, Round
+from rollcap.rollout.batch import Round, round_here
 from rollcap.rollout.build import Built
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.spec import Spec
 
@@ -104,11 +103,8 @@ class InProcess(Placement):
         self.round: Round | None = None
 
     def start(self, subscribers: Sequence[Subscriber], shards, poll_stop: Callable[[], None]) -> None:
-        b, config = self.built, self.spec.host
-        if b.batched:
-            self.round = BatchedCore(b.envs, b.policy, b.critic, config, subscribers)
-        else:
-            self.round = Round([RolloutHost(b.env, b.policy, b.critic, config, subscribers)])
+        b = self.built
+        self.round = round_here(b.envs, b.policy, b.critic, self.spec.host, subscribers)
 
     def episodes(self, todo: Iterable[tuple[int, int]]) -> Iterator[EpisodeEnd]:
         return self.round.episodes(todo)

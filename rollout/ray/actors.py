@@ -38,13 +38,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from rollcap.rollout.ray import batched  # its names looked up at use: a test may put a dying actor in its place
+from rollcap.rollout.ray import batched, episodes  # names looked up at use: a test may put a dying actor in place
 from rollcap.rollout.ray.schedule import MAX_TRIES, Scheduling
 
 from rollcap.rollout.build import Parts, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.host import RolloutHost
+from rollcap.rollout.placement import Identity
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
 from rollcap.rollout.ray.connect import log_ray_to, lost_to_cluster, lost_while_starting
@@ -101,7 +101,8 @@ class ActorPool(Scheduling):
             another config or load other weights are refused.
         start_timeout_s: how long to wait for the actors to be built (a
             cluster may have to grow first).
-        actor_cls: :class:`RolloutActor` or a subclass.
+        actor_cls: :class:`RolloutActor` (None: the default, looked up at use: a test may put a dying
+            actor in its place) or a subclass.
         setup: called with each new actor's handle and number (0, 1, ...;
             a replacement gets the next) before its ``ready()``: the actor runs
             the calls it makes first (e.g. telling it its shard).
@@ -109,8 +110,7 @@ class ActorPool(Scheduling):
             while actors build); raises to stop (the CLI acts there on a Ctrl-C
             it held), and the pool is closed.
         envs: envs per actor; > 1: each actor drives them on one graph captured at
-            that batch (:mod:`rollcap.rollout.ray.batched`; ``actor_cls`` then a
-            :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`, the default),
+            that batch (:mod:`rollcap.rollout.ray.batched`),
             and :meth:`run` sends it a list of episodes per call.
         graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
         ray_log: where Ray's own messages to this driver go (a run's ``ray.log``; None: kept), not the terminal.
@@ -134,7 +134,7 @@ class ActorPool(Scheduling):
         resources: ActorResources = ActorResources(),
         expect: dict | None = None,
         start_timeout_s: float = 300.0,
-        actor_cls: type = RolloutActor,
+        actor_cls: type | None = None,
         setup: Callable[[object, int], None] | None = None,
         poll_stop: Callable[[], None] | None = None,
         envs: int = 1,
@@ -145,8 +145,7 @@ class ActorPool(Scheduling):
             raise ConfigError("actors", f"expected an integer >= 1, got {num_actors!r}")
         self.config, self.resources = config, resources
         self.envs, self._batched = envs, (envs, graphs) if envs > 1 else ()
-        if envs > 1 and actor_cls is RolloutActor:
-            actor_cls = batched.BatchedRolloutActor
+        actor_cls = actor_cls or episodes.RolloutActor
         self.parts, self._shipped = _portable(parts)
         self.address, self.retries, self.replaced, self.dropped = address, 0, 0, 0
         self.failed: dict[int, str] = {}
@@ -177,8 +176,9 @@ class ActorPool(Scheduling):
         self.start_s = time.perf_counter() - t0
 
     @classmethod
-    def for_run(cls, spec, host: RolloutHost, setup=None, poll_stop=None) -> ActorPool:
-        """The pool a run's :class:`~rollcap.rollout.spec.Spec` asks for, checked against the driver's ``host``."""
+    def for_run(cls, spec, made: Identity, setup=None, poll_stop=None) -> ActorPool:
+        """The pool a run's :class:`~rollcap.rollout.spec.Spec` asks for, every actor checked against ``made``
+        (this process's resolved config and models: :attr:`~rollcap.rollout.placement.Placement.identity`)."""
         parts, cfg = spec.deployment, spec.run
         gpus = (
             cfg.actor_gpus
@@ -187,11 +187,11 @@ class ActorPool(Scheduling):
         )
         return cls(
             parts,
-            host.config,
+            made.config,
             cfg.actors,
             cfg.address,
             ActorResources(cfg.actor_cpus, gpus),
-            identity(host),
+            identity(made),
             setup=setup,
             poll_stop=poll_stop,
             envs=cfg.envs,
@@ -354,7 +354,7 @@ def batch_rollout(
     subscribers: Sequence[Subscriber] = (),
     max_tries: int = MAX_TRIES,
     keep_records: bool = True,
-    actor_cls: type = RolloutActor,
+    actor_cls: type | None = None,
     envs: int = 1,
     graphs: int = 1,
 ) -> BatchResult:
@@ -369,8 +369,7 @@ def batch_rollout(
             unless this process is connected to Ray already.
         max_tries: tries per episode (see :meth:`ActorPool.run`).
         keep_records: False drops each record once the subscribers had it.
-        actor_cls: :class:`RolloutActor` or a subclass (with ``envs`` > 1: of
-            :class:`~rollcap.rollout.ray.batched.BatchedRolloutActor`).
+        actor_cls: :class:`RolloutActor` (None: the default) or a subclass.
         envs, graphs: each actor drives ``envs`` envs on ``graphs`` graphs (see :class:`ActorPool`).
 
     Raises:

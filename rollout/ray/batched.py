@@ -1,13 +1,12 @@
-"""Ray actors that each drive N envs on one batched graph (``rollcap run --actors A --envs N``).
+"""The driver's side of Ray actors that each drive N envs on batched graphs (``rollcap run --actors A --envs N``).
 
-:class:`BatchedRolloutActor` is a :class:`~rollcap.rollout.ray.episodes.RolloutActor`
-whose parts are N envs and a policy and critic captured at batch N
-(:func:`~rollcap.rollout.build.build`; ``graphs`` G: G pairs at
-batch N/G), driven by a :class:`~rollcap.rollout.batch.BatchedCore`. One call
-(:meth:`~BatchedRolloutActor.stream`, a Ray streaming generator) takes a list of
-``(index, seed)`` specs and runs them in the core's slots, a slot starting the
-next spec as soon as its episode ends, and sends each episode back as it ends
-(its record, or in a sharded run its receipt after writing it to the shard).
+Each actor is a :class:`~rollcap.rollout.ray.episodes.RolloutActor` built at
+batch N (``graphs`` G: G pairs at batch N/G), running the round in its slots.
+One call (:meth:`~rollcap.rollout.ray.episodes.RolloutActor.stream`, a Ray
+streaming generator) takes a list of ``(index, seed)`` specs and runs them in
+the round's slots, a slot starting the next spec as soon as its episode ends,
+and sends each episode back as it ends (its record, or in a sharded run its
+receipt after writing it to the shard).
 
 The driver (:func:`stream_batches`) cuts the run's specs into calls of
 :func:`call_size` episodes, one call per actor at a time. When an actor dies
@@ -25,8 +24,7 @@ which row it is (:mod:`rollcap.rollout.batch`), and each actor captures at the
 run's batch. The batch is in the policy's and critic's fingerprint, so
 ``rollcap replay`` rebuilds the runners at it.
 
-Imports point downward: this module knows ``build``, ``batch``, ``config``,
-``spec`` and ``ray.episodes``; :func:`stream_batches` runs on an
+Imports point downward: this module knows ``ray.episodes``; :func:`stream_batches` runs on an
 :class:`~rollcap.rollout.ray.actors.ActorPool`'s scheduling loop (replacements,
 drops, ``failed``, ``retries``).
 """
@@ -35,15 +33,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import replace
 
-from rollcap.rollout.batch import BatchedCore
-from rollcap.rollout.build import build
-from rollcap.rollout.config import HostConfig
-from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.protocols import EpisodeEnd
-from rollcap.rollout.ray.episodes import _SHIPPED, EpisodeSpec, RolloutActor
-from rollcap.rollout.spec import Parts, RunConfig, Spec
+from rollcap.rollout.ray.episodes import EpisodeSpec
 
 CALLS_PER_ENV = 2
 """Episodes a call gives each of an actor's envs (at most): more fill the slots better at a call's tail, fewer lose less to a dead actor."""
@@ -69,72 +60,6 @@ def halves(batch: tuple) -> list[tuple]:
     """A lost call's specs as two calls (one when it held one episode)."""
     h = (len(batch) + 1) // 2
     return [batch] if len(batch) < 2 else [batch[:h], batch[h:]]
-
-
-class BatchedRolloutActor(RolloutActor):
-    """``envs`` envs and runners captured at batch ``envs`` (``graphs`` pairs at ``envs // graphs``); runs a list of episodes per call.
-
-    A plain class, as :class:`RolloutActor` (``ray.remote`` makes it an actor;
-    tests use it without Ray). :meth:`run` and :meth:`run_recorded` still run
-    one episode (in one slot; the others idle).
-    """
-
-    def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = (), envs: int = 2, graphs: int = 1):
-        parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
-        self._cores: dict[HostConfig, BatchedCore] = {}
-        self._hosts = {}
-        self._built = build(Spec(parts, config, RunConfig(envs=envs, graphs=graphs)), check_env=False)
-        self.envs, self.policy, self.critic, self.env = (
-            self._built.envs,
-            self._built.policy,
-            self._built.critic,
-            self._built.env,
-        )
-        try:
-            self.core(config)
-        except BaseException:
-            self.close()
-            raise
-
-    def core(self, config: HostConfig | None = None) -> BatchedCore:
-        """The batched core for ``config`` (default: the first; built on first use, on the same envs and runners)."""
-        if config is None:
-            return next(iter(self._cores.values()))
-        if config not in self._cores:
-            core = self._cores[config] = BatchedCore(self.envs, self.policy, self.critic, config)
-            self._hosts[config] = core.hosts[0]  # what ready() names (identity: the resolved config, the weights)
-        return self._cores[config]
-
-    def host(self, config: HostConfig):
-        return self.core(config).hosts[0]
-
-    def episodes(self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None) -> Iterator[EpisodeEnd]:
-        """Run ``(index, seed)`` specs in the core's slots; yield each end (record attached) as it finishes."""
-        return self.core(config).episodes(iter([(int(i), int(s)) for i, s in specs]))
-
-    def run_batch(self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None) -> list[EpisodeRecord]:
-        """Run the episodes ``specs`` names; return their records in the order they ended."""
-        return [end.record for end in self.episodes(specs, config)]
-
-    def stream(
-        self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None, recorded: bool = False
-    ) -> Iterator[tuple[int, object]]:
-        """Run ``specs``; yield ``(index, record)`` as each ends; ``recorded``: write it to this actor's shard first and yield
-        ``(index, (light record, receipt))`` (see :meth:`RolloutActor.run_recorded`). Ray calls it with ``num_returns="streaming"``."""
-        for end in self.episodes(specs, config):
-            yield end.index, self.recorded(end.record) if recorded else end.record
-
-    def run(self, index: int, seed: int, config: HostConfig | None = None) -> EpisodeRecord:
-        (record,) = self.run_batch([(index, seed)], config)
-        return record
-
-    def close(self) -> None:
-        shard = getattr(self, "_shard", None)
-        if shard is not None:
-            shard[1].close()
-        for core in self._cores.values():
-            core.close_pool()
-        self._built.close()
 
 
 # ------------------------------------------------------------ the driver

@@ -2,13 +2,16 @@
 
 :class:`RolloutActor` is a plain class (``ray.remote`` makes it an actor at
 the call site, in :class:`~rollcap.rollout.ray.actors.ActorPool`; tests use
-it without Ray). It builds one env, its runners and one host per config from
-:class:`Parts`, and runs one episode per call. With a shard it records each
-episode itself (:meth:`RolloutActor.record_to`) and returns a light record
-(no images) with a receipt; otherwise it returns the whole record.
+it without Ray). It builds its envs and runners from :class:`Parts` at the
+run's batch and runs the same round as this process would
+(:func:`~rollcap.rollout.batch.round_here`): one episode a call, or a list of
+them in its slots (``envs`` N; :mod:`rollcap.rollout.ray.batched` is the driver's
+side). With a shard it records each episode itself
+(:meth:`RolloutActor.record_to`) and returns a light record (no images) with a
+receipt; otherwise it returns the whole record.
 :func:`emit` hands an episode finished elsewhere to a local run's subscribers.
 
-Imports point downward: this module knows ``build``, ``config``, ``host``,
+Imports point downward: this module knows ``batch``, ``build``, ``config``, ``host``,
 ``protocols``, ``seeding``, ``episode``, ``recording`` and ``ray.connect``.
 """
 
@@ -16,7 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from rollcap.rollout.recording import EpisodeRecorder
@@ -26,6 +29,7 @@ from rollcap.rollout.recording.codec import is_image
 
 from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
+from rollcap.rollout.batch import Round, round_here
 from rollcap.rollout.build import build
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
@@ -40,7 +44,7 @@ from rollcap.rollout.protocols import (
 )
 from rollcap.rollout.ray.connect import check_reachable, import_ray
 from rollcap.rollout.seeding import episode_seed
-from rollcap.rollout.spec import Parts, Spec
+from rollcap.rollout.spec import Parts, RunConfig, Spec
 
 _SHIPPED = {"policy": DEFAULT_POLICY, "critic": DEFAULT_CRITIC}
 
@@ -89,38 +93,66 @@ def episode_specs(todo: Iterable[int | tuple[int, int]], config: HostConfig) -> 
 
 # ----------------------------------------------------------------- the actor
 class RolloutActor:
-    """One env, its runners and one host per config; runs one episode per :meth:`run` call.
+    """The envs and runners of ``parts`` at batch ``envs`` (``graphs`` pairs of graphs at ``envs // graphs``), and one
+    round (:mod:`rollcap.rollout.batch`) per config over them, as the same run makes in this process.
 
-    A plain class (``ray.remote(RolloutActor)`` makes it an actor). Single-threaded:
-    Ray runs one method of an actor at a time.
+    A plain class (``ray.remote(RolloutActor)`` makes it an actor; tests use it without Ray). :meth:`run`
+    runs one episode a call (one slot, the others idle), :meth:`stream` a list of them in the round's slots,
+    a slot starting the next as soon as its episode ends. Single-threaded: Ray runs one method of an actor at a time.
     """
 
-    def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = ()):
+    def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = (), envs: int = 1, graphs: int = 1):
         """Build the parts (``shipped``: "policy" / "critic" use this machine's copy of the shipped checkpoint)."""
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
-        built = build(Spec(parts, config), check_env=False)  # real-time chunking: the carrying runner
-        self.env, self.policy, self.critic = built.env, built.policy, built.critic
-        self._hosts: dict[HostConfig, RolloutHost] = {}
-        self.host(config)
+        self._built = build(Spec(parts, config, RunConfig(envs=envs, graphs=graphs)), check_env=False)
+        self.envs = envs
+        self._rounds: dict[HostConfig, Round] = {}
+        try:
+            self.round(config)
+        except BaseException:
+            self.close()
+            raise
 
-    def host(self, config: HostConfig) -> RolloutHost:
-        """The host for ``config`` (built on first use, on the same env and runners)."""
-        if config not in self._hosts:
-            self._hosts[config] = RolloutHost(self.env, self.policy, self.critic, config)
-        return self._hosts[config]
+    def round(self, config: HostConfig | None = None) -> Round:
+        """The round for ``config`` (default: the first; made on first use, on the same envs and runners)."""
+        if config is None:
+            return next(iter(self._rounds.values()))
+        if config not in self._rounds:
+            b = self._built
+            self._rounds[config] = round_here(b.envs, b.policy, b.critic, config)
+        return self._rounds[config]
+
+    def host(self, config: HostConfig | None = None) -> RolloutHost:
+        """The first slot's host for ``config``: what :meth:`ready` names, what a branch runs on."""
+        return next(iter(self.round(config).slots.values()))
 
     def ready(self) -> dict:
         """Who this actor is: pid, Ray node (if any), and :func:`identity` of its first host."""
-        host = next(iter(self._hosts.values()))
-        info = {"pid": os.getpid(), "node": _node_id(), **identity(host)}
+        info = {"pid": os.getpid(), "node": _node_id(), **identity(self.host())}
         if hasattr(self, "_sees_run"):
             info["sees_run"] = self._sees_run
         return info
 
+    def episodes(self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None) -> Iterator[EpisodeEnd]:
+        """Run ``(index, seed)`` specs in the round's slots; yield each end (record attached) as it finishes."""
+        return self.round(config).episodes(iter([(int(i), int(s)) for i, s in specs]))
+
+    def run_batch(self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None) -> list[EpisodeRecord]:
+        """Run the episodes ``specs`` names; return their records in the order they ended."""
+        return [end.record for end in self.episodes(specs, config)]
+
     def run(self, index: int, seed: int, config: HostConfig | None = None) -> EpisodeRecord:
         """Run episode ``index`` with ``seed`` (and ``config``; default: the first one) and return its record."""
-        host = self.host(config) if config is not None else next(iter(self._hosts.values()))
-        return host.run_episode(index, seed).record
+        (record,) = self.run_batch([(index, seed)], config)
+        return record
+
+    def stream(
+        self, specs: Sequence[tuple[int, int]], config: HostConfig | None = None, recorded: bool = False
+    ) -> Iterator[tuple[int, object]]:
+        """Run ``specs``; yield ``(index, record)`` as each ends; ``recorded``: write it to this actor's shard first and
+        yield ``(index, (light record, receipt))`` (see :meth:`run_recorded`). Ray calls it with ``num_returns="streaming"``."""
+        for end in self.episodes(specs, config):
+            yield end.index, self.recorded(end.record) if recorded else end.record
 
     def record_to(self, shard_dir: str, shard: str, formats: tuple[str, ...], env_meta: dict) -> None:
         """From now on :meth:`run_recorded` writes into the shard at ``shard_dir`` (a new directory; ``shard``: its name in the manifest)."""
@@ -154,9 +186,9 @@ class RolloutActor:
         shard = getattr(self, "_shard", None)
         if shard is not None:
             shard[1].close()
-        for part in (self.policy, self.critic, self.env):
-            if part is not None:
-                part.close()
+        for r in self._rounds.values():
+            r.close_pool()
+        self._built.close()
 
 
 def _one_line(err: BaseException) -> str:
@@ -218,8 +250,9 @@ def emit(record: EpisodeRecord, subscribers: Sequence[Subscriber]) -> EpisodeEnd
     return end
 
 
-def identity(host: RolloutHost) -> dict:
-    """What must agree between the driver and every actor: the resolved config and the weights digests."""
+def identity(host) -> dict:
+    """What must agree between the driver and every actor: the resolved config and the weights digests of ``host``
+    (a :class:`RolloutHost`, or a placement's :class:`~rollcap.rollout.placement.Identity`)."""
     weights = {}
     for part in ("policy", "critic"):
         comp = getattr(host, part)

@@ -14,7 +14,8 @@ from rollcap.rollout.api import RunConfig
 from rollcap.rollout.build import Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.ray.batched import BatchedRolloutActor, call_size, halves, spec_batches
+from rollcap.rollout.ray.batched import call_size, halves, spec_batches
+from rollcap.rollout.ray.episodes import RolloutActor
 from rollcap.rollout.ray.episodes import episode_specs
 from rollcap.rollout.recording import episode_digest
 from rollcap.rollout.recording.shards import ManifestWriter, is_sharded, read_manifest
@@ -105,8 +106,8 @@ def test_calls_are_cut_to_keep_every_actor_busy_and_a_lost_call_splits_in_halves
 
 
 def test_the_batched_actor_class_runs_the_in_process_batched_episodes(parts, local):
-    """BatchedRolloutActor without Ray: a list of episodes in any order is the ``envs=2`` run's bytes; its fingerprint names the batch."""
-    actor = BatchedRolloutActor(parts, HostConfig(**CFG), envs=ENVS)
+    """The actor at envs=2 without Ray: a list of episodes in any order is the ``envs=2`` run's bytes; its fingerprint names the batch."""
+    actor = RolloutActor(parts, HostConfig(**CFG), envs=ENVS)
     try:
         records = actor.run_batch([(s.index, s.seed) for s in episode_specs([5, 2, 0], HostConfig(**CFG))])
         one = actor.run(7, episode_specs([7], HostConfig(**CFG))[0].seed)
@@ -145,10 +146,10 @@ def test_two_actors_with_two_envs_record_each_episode_once_as_the_in_process_run
 
 
 def _dies_once_after_writing(index: int, marker: Path) -> type:
-    """A BatchedRolloutActor killed once, after writing episode ``index`` to its shard and before sending it back
+    """An actor killed once, after writing episode ``index`` to its shard and before sending it back
     (two seconds first: the episodes it sent before have reached the driver)."""
 
-    class DiesOnce(BatchedRolloutActor):  # defined here, so Ray ships the class (and ``marker``) by value
+    class DiesOnce(RolloutActor):  # defined here, so Ray ships the class (and ``marker``) by value
         def recorded(self, record):
             answer = super().recorded(record)
             if record.index == index and not marker.exists():
@@ -167,10 +168,10 @@ def test_a_killed_actor_s_unanswered_episodes_run_again_and_every_episode_is_rec
     """The actor of the first call (episodes 0-3, shard s000) is killed after writing episode 1 and before answering for it:
     the episodes it answered for stay named in s000, episode 1 and those after it run again elsewhere; every episode is
     named once, with the in-process digests; s000's copy of episode 1 is named by no line."""
-    import rollcap.rollout.ray.batched as batched
+    import rollcap.rollout.ray.episodes as episodes
 
     digests, order = in_process
-    monkeypatch.setattr(batched, "BatchedRolloutActor", _dies_once_after_writing(1, tmp_path / "died"))
+    monkeypatch.setattr(episodes, "RolloutActor", _dies_once_after_writing(1, tmp_path / "died"))
     result = _run(parts, tmp_path / "run", actors=ENVS)
     assert (tmp_path / "died").exists()
     assert result.summary["retries"] == 1 and result.summary["actors_replaced"] == 1 and result.summary["failed"] == {}
@@ -185,7 +186,7 @@ def test_a_killed_actor_s_unanswered_episodes_run_again_and_every_episode_is_rec
 
 
 def _always_dies_at(index: int) -> type:
-    class Doomed(BatchedRolloutActor):
+    class Doomed(RolloutActor):
         def episodes(self, specs, config=None):
             if index in [i for i, _ in specs]:
                 os.kill(os.getpid(), signal.SIGKILL)
