@@ -24,10 +24,10 @@ from pathlib import Path
 
 from rollcap.envs import exact_state_of
 from rollcap.kernels.files import cannot_create_dir, plain_json, write_report
-from rollcap.rollout.build import Built, build, check_repeatable  # noqa: F401 - check_repeatable: this module's API before
+from rollcap.rollout.build import Built, build, check_repeatable, for_this_machine  # noqa: F401 - check_repeatable: this module's API before
 from rollcap.rollout.errors import ClusterFailure, ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import fingerprints_of
-from rollcap.rollout.resume import check_same_run
+from rollcap.rollout.offline.deployment import check_same_run
 from rollcap.rollout.offline.branching import branch_recorded
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.ray.actors import ActorPool, identity
@@ -74,29 +74,23 @@ class Interrupted(KeyboardInterrupt):
 
 
 def run(
-    episodes: int = 10,
+    spec: Spec | int | None = None,
+    /,
     *,
-    out: str | Path | None = None,
-    env=DEFAULT_ENV,
-    policy=None,
-    critic=None,
     subscribers: tuple[Subscriber, ...] = (),
     on_started: Callable[[], None] | None = None,
     on_finished: Callable[[], None] | None = None,
     poll_stop: Callable[[], None] | None = None,
     **options,
 ) -> RunResult:
-    """Run and record episodes, as ``rollcap run`` does.
+    """Run and record episodes, as ``rollcap run`` does: build, placement, rounds, summary.
+
+    ``rollcap.run(spec)`` runs a :class:`~rollcap.rollout.spec.Spec` (what ``rollcap run`` hands over);
+    ``rollcap.run(episodes, out=..., env=..., policy=..., critic=..., **options)`` is the door for keywords
+    (:meth:`Spec.of <rollcap.rollout.spec.Spec.of>` makes the spec of them).
 
     Args:
-        episodes: how many (with ``resume=True``: the run's total).
-        out: the run directory (default ``runs/<timestamp>``).
-        env: a gymnasium env id or an env instance.
-        policy: a checkpoint path (default: the shipped policy) or a
-            :class:`~rollcap.rollout.protocols.ChunkPolicy` object.
-        critic: a checkpoint path (default: the shipped critic when the
-            policy is a checkpoint), a :class:`~rollcap.rollout.protocols.ChunkCritic`,
-            or ``"none"``.
+        spec: the run, or how many episodes (with ``resume=True``: the run's total; default 10).
         subscribers: more subscribers (a live view, your metrics). With
             ``actors``, they see each episode's start, chunks and end replayed
             from its record on this process (no steps: those ran on the actor).
@@ -111,7 +105,11 @@ def run(
             built, before Ray starts, while actors build); it raises to stop
             there (the CLI acts on a Ctrl-C it holds, instead of at the end
             of start-up).
-        **options: fields of :class:`HostConfig` (``seed``, ``critic_threshold``,
+        **options: without a spec, ``episodes``, ``out`` (the run directory; default ``runs/<timestamp>``),
+            ``env`` (an env id or an env object), ``policy`` (a checkpoint path, default the shipped
+            policy, or a :class:`~rollcap.rollout.protocols.ChunkPolicy` object), ``critic`` (a
+            checkpoint path, default the shipped critic when the policy is a checkpoint, a
+            :class:`~rollcap.rollout.protocols.ChunkCritic`, or ``"none"``) and the fields of :class:`HostConfig` (``seed``, ``critic_threshold``,
             ``max_chunks``, ...), :class:`RunConfig` (``formats``, ``resume``,
             ``progress``, ``actors``, ``address``, ...) and :class:`Parts`
             (``env_kwargs``, ``device``, ``backend``, ``threads``). With
@@ -126,14 +124,19 @@ def run(
     Raises:
         ConfigError: a bad option (naming its field), before anything is created.
         Interrupted: Ctrl-C; finished episodes are kept (``.result``).
+        TypeError: options beside a spec, or an option no section has.
     """
-    spec = Spec.of(episodes, out, env, policy, critic, **options)
+    if not isinstance(spec, Spec):
+        spec = Spec.of(**({} if spec is None else {"episodes": spec}), **options)
+    elif options:
+        raise TypeError(f"run(spec): the spec holds the whole run; got options beside it: {sorted(options)}")
+    spec = for_this_machine(spec)  # env_workers="auto": a count
     if spec.run.out is not None and (why := cannot_create_dir(spec.run.out)):
         raise ConfigError("out", why)  # before minutes of building what would write there
     if spec.run.actors:  # names and paths only, Ray installed, something answers at the address
-        check_actor_run(env, policy, critic, spec.run.address)
+        check_actor_run(spec.deployment, spec.run.address)
     poll = poll_stop or (lambda: None)
-    built = build(spec, env, policy, critic, poll)  # what it made, this call closes
+    built = build(spec, poll)  # what it made, this call closes
     try:
         return _record(spec, built, list(subscribers), on_started, on_finished, poll)
     finally:
@@ -158,7 +161,7 @@ def branch_pool(actors: int, address=None):
     """``pool_for(parts, host)``: the Ray pool of ``actors`` branch actors a recording's branches run on."""
 
     def pool_for(parts, host):
-        check_actor_run("env", parts.policy, parts.critic)
+        check_actor_run(parts)
         return ActorPool(parts, host.config, actors, address, expect=identity(host), actor_cls=BranchActor)
 
     return pool_for
@@ -291,7 +294,7 @@ def _remove_new(out: Path, before: set | None) -> None:
 
 
 def _same_run(recorded, placement: Placement, env, env_meta: dict, graphs: int) -> None:
-    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.resume.check_same_run`); ``env``: one
+    """Refuse to resume a run with another deployment (:func:`rollcap.rollout.offline.deployment.check_same_run`); ``env``: one
     of the run's envs in this process (a host's, a batch's first, the env workers' local copy)."""
     made = placement.identity
     fps = fingerprints_of(made.policy, made.critic, exact_state_of(env))

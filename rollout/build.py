@@ -37,8 +37,8 @@ from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.config import check_batched_host
-from rollcap.rollout.errors import ConfigError, NotExactWarning
-from rollcap.rollout.named import ExpertPolicy, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)
+from rollcap.rollout.errors import ConfigError, NotExactWarning, cause_of
+from rollcap.rollout.named import ExpertPolicy, check_lerobot, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)
 from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
     DEFAULT_ENV,
     EXPERT,
@@ -46,8 +46,9 @@ from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names ar
     Parts,
     RunConfig,
     Spec,
+    auto_env_workers,
     expert_std,
-    is_path,
+    is_name,
     named_policy,
     shipped_models,
 )
@@ -106,28 +107,12 @@ def make_env(env_id: str = DEFAULT_ENV, env_kwargs: dict | None = None, source: 
     except (TypeError, ValueError, MemoryError) as err:
         raise ConfigError("env_kwargs", f"{where}{env_id}: {err}") from err  # MemoryError: "Unable to allocate ..."
     except Exception as err:  # the env's own code failed: one line naming the env and the cause, not its traceback
-        raise ConfigError("env_id", f"{where}{env_id!r} failed to build: {_cause(err)}") from err
+        raise ConfigError("env_id", f"{where}{env_id!r} failed to build: {cause_of(err)}") from err
     if envs.exact_state_of(env) is None:
         wrapped = envs.ExactStateWrapper(env)
         if wrapped.exact_state:
             return wrapped
     return env
-
-
-def _cause(err: BaseException) -> str:
-    """``Type: message`` of an exception, and where it was raised when the message is empty (a bare ``assert``)."""
-    text = str(err).strip().splitlines()
-    if text:
-        return f"{type(err).__name__}: {text[0]}"
-    tb = err.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    where = (
-        f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
-        if tb is not None
-        else ""
-    )
-    return f"{type(err).__name__}{where}"
 
 
 def named_env(recorded: str, named: str | None, source) -> bool:
@@ -235,16 +220,16 @@ class Built:
                 part.close()
 
 
-def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: bool = True) -> Built:
+def build(spec: Spec, poll=None, check_env: bool = True) -> Built:
     """Envs and runners for ``spec``: ``spec.run.envs`` envs (one with ``env_workers``: the workers make the
     batch's), the policy and critic captured at that batch.
 
-    ``env`` / ``policy`` / ``critic``: what the caller passed to ``rollcap.run`` (an env id or an env
-    object; a checkpoint path or None, or a model object, which is used as it is). At batch N > 1 all
-    three must be names: N envs are built from the id and the checkpoints captured at batch N
-    (``graphs`` G: G pairs at N/G). ``poll`` is called after the envs and after the runners are built
-    (it raises to stop start-up there). ``check_env``: the first env is probed for repeatability
-    (:func:`check_repeatable`, ``spec.run.require_exact``) before anything is captured.
+    The deployment's env, policy and critic are names (an env id, checkpoints: built here) or objects of the
+    caller's (used as they are; :func:`~rollcap.rollout.spec.is_name`). At batch N > 1, with env workers or on
+    actors all three must be names: N envs are built from the id and the checkpoints captured at batch N
+    (``graphs`` G: G pairs at N/G). ``poll`` is called after the envs and after the runners are built (it raises
+    to stop start-up there). ``check_env``: the first env is probed for repeatability (:func:`check_repeatable`,
+    ``spec.run.require_exact``) before anything is captured.
 
     Raises:
         ConfigError: naming the field at fault; what was built so far is closed.
@@ -252,48 +237,58 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
     parts, run, poll = spec.deployment, spec.run, poll or (lambda: None)
     n = run.envs
     here = 1 if run.env_workers else n  # env workers build their slots' envs; this process one, for the checks
-    env = parts.env_id if env is None else env
+    env, policy, critic = parts.env_id, parts.policy, parts.critic
     out = Built([], policy, critic, batch=n)
     try:
-        if run.env_workers and not (isinstance(env, str) and is_path(policy) and is_path(critic)):
+        if run.env_workers and not parts.names_only:
             raise ConfigError(
                 "env_workers",
                 "env workers build their envs from an env id and the runners from checkpoints; got objects",
             )
         if n > 1 and not run.env_workers:
-            if not isinstance(env, str):
+            if not is_name(env):
                 raise ConfigError(
                     "envs",
                     f"a batched run builds its {n} envs from an env id; got an env object ({type(env).__name__})",
                 )
-            if not (is_path(policy) and is_path(critic)):
+            if not parts.names_only:
                 raise ConfigError(
                     "envs",
                     f"a batched run captures the policy and critic at batch {n} from checkpoints; got a {type(policy).__name__} / {type(critic).__name__} object",
                 )
             check_batched_host(spec.host)
-        if isinstance(env, str):
+        if is_name(env):
             for _ in range(here):
-                out.envs.append(make_env(parts.env_id, parts.env_kwargs))
+                out.envs.append(make_env(env, parts.env_kwargs))
                 out.own.append(out.envs[-1])
             poll()
         else:
             out.envs.append(env)
         if check_env:
             check_repeatable(out.env, run.require_exact)
-        if is_path(policy):
+        if is_name(policy):
             rtc = spec.host.chunking != "sync"
             out.policy, built = runners(parts, out.env, envs=n, graphs=run.graphs, rtc=rtc)
             out.own += _flat(out.policy) + _flat(built)
         else:
-            built = make_critic(parts, out.env) if parts.critic is not None else None
+            built = make_critic(parts, out.env) if is_name(critic) else None
             out.own.append(built)
-        out.critic = built if is_path(critic) else critic
+        out.critic = built if critic is None or is_name(critic) else critic
         poll()
     except BaseException:
         out.close()
         raise
     return out
+
+
+def for_this_machine(spec: Spec) -> Spec:
+    """``spec`` with what depends on this machine settled: ``env_workers="auto"`` becomes a count
+    (:func:`~rollcap.rollout.spec.auto_env_workers`: the cores this process may use; 0 where workers do not apply)."""
+    run = spec.run
+    if run.env_workers != "auto":
+        return spec
+    count = 0 if run.no_env_workers_with else auto_env_workers(run.envs, run.graphs)
+    return dataclasses.replace(spec, run=dataclasses.replace(run, env_workers=count))
 
 
 def _flat(part) -> list:
@@ -336,12 +331,15 @@ def device_missing(device: str | torch.device) -> str | None:
 
 
 def probe(parts: Parts) -> None:
-    """What this machine must have for ``parts``: the CUDA device (and its float8 cores for fp8), a C++ compiler
-    for a compiled CPU plan.
+    """What this machine must have for ``parts``: a LeRobot policy's directory and lerobot itself, the CUDA device
+    (and its float8 cores for fp8), a C++ compiler for a compiled CPU plan.
 
     Raises:
-        ConfigError: naming ``backend`` or ``device``.
+        ConfigError: naming ``policy``, ``backend`` or ``device``.
     """
+    named = named_policy(parts.policy)
+    if named is not None and named[0] == "lerobot":
+        check_lerobot(named[1])
     if parts.backend in ("aoti", "compile"):
         if cxx_compiler() is None:
             raise ConfigError(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class RolloutError(Exception):
     """Base class of rollcap.rollout errors."""
@@ -37,3 +39,19 @@ class NotExactWarning(UserWarning):
 
     ``rollcap run --require-exact`` (``require_exact=True``) refuses such an env instead.
     """
+
+
+def cause_of(err: BaseException) -> str:
+    """``Type: message`` of an exception, and where it was raised when the message is empty (a bare ``assert``)."""
+    text = str(err).strip().splitlines()
+    if text:
+        return f"{type(err).__name__}: {text[0]}"
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = (
+        f" at {Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno} ({tb.tb_frame.f_code.co_name})"
+        if tb is not None
+        else ""
+    )
+    return f"{type(err).__name__}{where}"

@@ -3,11 +3,15 @@
 :func:`named_runner` is what :func:`rollcap.rollout.build.runners` builds for such a name: an
 :class:`ExpertPolicy` (an env's scripted expert as a chunk policy) or a
 :class:`~rollcap.policies.lerobot.LeRobotPolicy`. Their names are checked when a
-spec is made (:func:`rollcap.rollout.spec.named_policy`, :func:`~rollcap.rollout.spec.expert_std`).
+spec is made (:func:`rollcap.rollout.spec.named_policy`, :func:`~rollcap.rollout.spec.expert_std`); a LeRobot
+directory and lerobot itself when one is built (:func:`check_lerobot`).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -20,6 +24,21 @@ from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
 from rollcap.policies.lerobot import LeRobotPolicy, map_features
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.spec import LEROBOT_PREFIX, Parts, expert_std, named_policy
+
+
+def check_lerobot(directory: str) -> None:
+    """Refuse ``lerobot:DIR`` where DIR holds no saved LeRobot policy or lerobot cannot be imported here (a
+    ConfigError naming ``policy``; what :func:`rollcap.rollout.build.probe` checks before anything is loaded)."""
+    if not (Path(directory) / "config.json").is_file():
+        raise ConfigError(
+            "policy",
+            f"{LEROBOT_PREFIX}{directory}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)",
+        )
+    if importlib.util.find_spec("lerobot") is None:
+        raise ConfigError(
+            "policy",
+            f"{LEROBOT_PREFIX}{directory}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it",
+        )
 
 
 def named_runner(parts: Parts, env=None):

@@ -88,6 +88,9 @@ def _converter(tp: Any) -> tuple[Any, dict]:
             return _named(lambda text: text if text in words else int(text), "integer or " + " or ".join(words)), {
                 "metavar": "N|" + "|".join(words)
             }
+        named = [a for a in inner if a in (str, Path)]
+        if len(named) == 1:  # a name or an object (a spec's env, policy, critic): the flag takes the name
+            return _converter(named[0])
     if origin is Literal:
         return type(args[0]), {"choices": list(args)}
     if tp is dict or origin is dict:

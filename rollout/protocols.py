@@ -3,9 +3,8 @@
 - :class:`ChunkPolicy`: observation + noise -> an action chunk ``[H, A]``.
 - :class:`ChunkCritic`: observation -> a value (optional: a host runs without one).
 - :class:`Subscriber`: sees every event, with its data.
-
-The env is a plain ``gymnasium.Env``; its exact state, when it has one, is
-found by :func:`rollcap.envs.exact_state_of`.
+- :class:`Env`: the env as the host drives it (a plain ``gymnasium.Env`` is one); its
+  exact state, when it has one, is found by :func:`rollcap.envs.exact_state_of`.
 
 Each protocol's docstrings say *when* the host calls a method. Policies and
 critics are also capsule components (:class:`rollcap.capsule.Stateful`:
@@ -102,6 +101,23 @@ class ChunkPolicy(Protocol):
 
         Recorded with every episode; replay compares it before calling a result exact.
         """
+
+
+@runtime_checkable
+class Env(Protocol):
+    """The env as the host drives it: a ``gymnasium.Env`` (what a spec's ``env`` holds when it is not an id).
+
+    Single caller: the host's thread (a batched round's envs step on its threads, one thread an env at a time).
+    """
+
+    observation_space: Any
+    action_space: Any
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[Observation, dict]:
+        """Called at every episode start, with the episode's seed."""
+
+    def step(self, action) -> tuple[Observation, float, bool, bool, dict]:
+        """Called for every action the host executes: (observation, reward, terminated, truncated, info)."""
 
 
 @runtime_checkable

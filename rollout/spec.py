@@ -15,9 +15,15 @@ it is not ``--field-name`` (``field(metadata={"flag": ...})``), whether an
 episode's bytes depend on it (``metadata={"bytes": True}``: it is in the
 recorded config or the runners' fingerprint; :func:`byte_fields` lists them for
 resume and replay), and its validation in its section's ``__post_init__``
-(a :class:`ConfigError` naming the field). A spec is only words: nothing is
-probed when one is made (is there a GPU, a compiler): :func:`rollcap.rollout.build.probe`
-does that when something is built.
+(a :class:`ConfigError` naming the field). A spec holds words and typed
+values: the env, the policy and the critic are each a name (an env id, a
+checkpoint path, ``lerobot:DIR``, ``expert[:STD]``, ``none``) or an object of
+yours (an env, a :class:`~rollcap.rollout.protocols.ChunkPolicy`, a
+:class:`~rollcap.rollout.protocols.ChunkCritic`), told apart by one rule,
+:func:`is_name`. Nothing is probed when a spec is made (a GPU, a compiler, a
+LeRobot directory, the cores for ``env_workers="auto"``):
+:func:`rollcap.rollout.build.build` does that (:func:`~rollcap.rollout.build.probe`,
+:func:`~rollcap.rollout.build.for_this_machine`).
 
 ``envs`` is the env count everywhere (this spec, ``--envs``, the summary, the
 build function's argument); gymnasium's ``num_envs`` is kept only where
@@ -27,10 +33,8 @@ gymnasium asks for it (``gym.make_vec``).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -46,9 +50,10 @@ from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
 from rollcap.rollout.config import BYTES, MAX_ENVS, HostConfig
 from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.protocols import ChunkCritic, ChunkPolicy, Env
 
 
-__all__ = ["Parts", "HostConfig", "RunConfig", "Spec", "byte_fields", "DEFAULT_ENV", "FORMATS"]
+__all__ = ["Parts", "RunConfig", "Spec", "byte_fields", "is_name", "DEFAULT_ENV", "FORMATS"]
 
 DEFAULT_ENV = "rollcap/PushBlock-v0"
 FORMATS = ("npz", "h5")
@@ -57,17 +62,23 @@ DEVICE_TYPES = ("cpu", "cuda")
 
 
 # ------------------------------------------------------------- deployment
+def is_name(x) -> bool:
+    """The one rule for a spec's env, policy and critic: a name (an id, a checkpoint path, ``lerobot:DIR``,
+    ``expert[:STD]``, ``none``) is a ``str`` or a path; anything else is an object of yours, used as it is."""
+    return isinstance(x, (str, os.PathLike))
+
+
 @dataclass(frozen=True)
 class Parts:
     """The env and the models: where they come from, where they run."""
 
-    env_id: str = field(default=DEFAULT_ENV, metadata={**BYTES, "flag": "--env"})
-    """Gymnasium env id (rollcap's own envs are registered on import)."""
+    env_id: str | Env = field(default=DEFAULT_ENV, metadata={**BYTES, "flag": "--env"})
+    """Gymnasium env id (rollcap's own envs are registered on import); in Python, also an env object."""
     env_kwargs: dict | None = field(default=None, metadata=BYTES)
     """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
-    policy: Path = field(default=DEFAULT_POLICY, metadata=BYTES)
+    policy: Path | ChunkPolicy = field(default=DEFAULT_POLICY, metadata=BYTES)
     """Policy checkpoint (.json or .safetensors; default: the shipped one for the env, the MT10 policy on a MetaWorld MT10 task); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
-    critic: Path | None = field(default=DEFAULT_CRITIC, metadata=BYTES)
+    critic: Path | ChunkCritic | None = field(default=DEFAULT_CRITIC, metadata=BYTES)
     """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task); 'none' runs without a critic."""
     device: str = field(default="cpu", metadata=BYTES)
     """cpu or cuda[:i]."""
@@ -83,16 +94,22 @@ class Parts:
     """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back); lean (fused, and fewer bytes between GEMMs: residual adds fused into the norms, bias+GELU in the GEMM epilogue, bf16 weights stored once; byte-equal to fused on CPU, within a stated bound on CUDA; "variant": "lean"). The critic stays plain."""
 
     def __post_init__(self):
-        if self.critic is not None and str(self.critic).lower() == "none":
+        if is_name(self.critic) and str(self.critic).lower() == "none":
             object.__setattr__(self, "critic", None)
-        policy, critic = shipped_models(
-            self.env_id
-        )  # the built-in task's defaults stand for "the shipped one for the env"
-        if named_policy(self.policy) is None and Path(self.policy) == DEFAULT_POLICY:
-            object.__setattr__(self, "policy", policy)
-        if self.critic is not None and Path(self.critic) == DEFAULT_CRITIC:
-            object.__setattr__(self, "critic", critic)
-        _check_policy_name(self)
+        if is_name(self.env_id):  # the built-in task's defaults stand for "the shipped one for the env"
+            policy, critic = shipped_models(self.env_id)
+            if is_name(self.policy) and named_policy(self.policy) is None and Path(self.policy) == DEFAULT_POLICY:
+                object.__setattr__(self, "policy", policy)
+            if is_name(self.critic) and Path(self.critic) == DEFAULT_CRITIC:
+                object.__setattr__(self, "critic", critic)
+        if is_name(self.policy):
+            _check_policy_name(self)
+        else:  # a policy object runs as it is: a setting of rollcap's own graphs would be ignored
+            for name, plain in (("sampler", "plain"), ("precision", "fp32")):
+                if getattr(self, name) != plain:
+                    raise ConfigError(
+                        name, f"{getattr(self, name)!r} applies to rollcap's checkpoints; a policy object runs as it is"
+                    )
         if self.sampler not in ("plain", "fused", "lean"):
             raise ConfigError("sampler", f"expected plain, fused or lean, got {self.sampler!r}")
         if self.sampler != "plain" and named_policy(self.policy) is not None:
@@ -110,6 +127,11 @@ class Parts:
                 "precision",
                 f"{self.precision}: a LeRobot policy runs at its own dtype (fp32 here); the setting applies to rollcap's graphs",
             )
+
+    @property
+    def names_only(self) -> bool:
+        """The env, the policy and the critic are all names (what actors, env workers and a batch build from)."""
+        return is_name(self.env_id) and is_name(self.policy) and (self.critic is None or is_name(self.critic))
 
 
 def check_graph_settings(backend: str | None, precision: str, device: str) -> torch.device:
@@ -155,7 +177,10 @@ def shipped_models(env_id: str) -> tuple[Path, Path]:
 
 
 def named_policy(policy) -> tuple[str, str] | None:
-    """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path."""
+    """``("lerobot", DIR)`` or ``("expert", "expert[:STD]")`` for a policy named so, None for a checkpoint path (or
+    a policy object)."""
+    if not is_name(policy):
+        return None
     text = str(policy)
     if text.startswith(LEROBOT_PREFIX):
         return "lerobot", text[len(LEROBOT_PREFIX) :]
@@ -177,27 +202,11 @@ def expert_std(name: str) -> float:
 
 
 def _check_policy_name(parts: Parts) -> None:
-    """Refuse a malformed ``lerobot:`` / ``expert:`` name before anything is built (ConfigError naming ``policy``);
-    a LeRobot directory is made absolute (actors may run in another directory)."""
+    """Refuse a malformed ``expert:`` name before anything is built (ConfigError naming ``policy``); a ``lerobot:DIR``
+    is checked where it is built (:func:`rollcap.rollout.build.probe`: its directory, lerobot importable)."""
     named = named_policy(parts.policy)
-    if named is None:
-        return
-    kind, arg = named
-    if kind == "expert":
-        expert_std(arg)
-        return
-    directory = Path(arg)
-    if not (directory / "config.json").is_file():
-        raise ConfigError(
-            "policy",
-            f"{LEROBOT_PREFIX}{arg}: {directory} holds no config.json; expected a LeRobot policy's save_pretrained directory (lerobot-train's checkpoints/last/pretrained_model)",
-        )
-    if importlib.util.find_spec("lerobot") is None:
-        raise ConfigError(
-            "policy",
-            f"{LEROBOT_PREFIX}{arg}: lerobot is not importable in this Python ({sys.version.split()[0]}); build LeRobot's venv with `bash scripts/lerobot_env.sh` and run rollcap from it",
-        )
-    object.__setattr__(parts, "policy", Path(LEROBOT_PREFIX + str(directory.resolve())))
+    if named is not None and named[0] == "expert":
+        expert_std(named[1])
 
 
 # -------------------------------------------------------------------- run
@@ -253,15 +262,13 @@ class RunConfig:
             raise ConfigError("writers", f"expected an integer in 0..64, got {self.writers!r}")
         if self.writers and self.actors:
             raise ConfigError("writers", "with actors each actor records its own shard already; drop `writers`")
-        other = "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None
-        if self.env_workers == "auto":
-            object.__setattr__(self, "env_workers", 0 if other else auto_env_workers(self.envs, self.graphs))
-        w = self.env_workers
-        if not isinstance(w, int) or isinstance(w, bool) or w < 0 or (w and (self.envs < 2 or w > self.envs)):
+        other = self.no_env_workers_with
+        w = self.env_workers  # "auto" is settled where the machine is known (rollcap.rollout.build.for_this_machine)
+        if w != "auto" and (not _is_int(w) or w < 0 or (w and (self.envs < 2 or w > self.envs))):
             raise ConfigError(
                 "env_workers", f"expected an integer in 0..envs (envs >= 2; here {self.envs}) or auto, got {w!r}"
             )
-        if w and other:
+        if w and w != "auto" and other:
             raise ConfigError("env_workers", f"each env worker records its own shard in this run; drop `{other}`")
         if self.envs > 1 and self.teleop is not None:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
@@ -293,6 +300,11 @@ class RunConfig:
                 "shard_dir",
                 "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
             )
+
+    @property
+    def no_env_workers_with(self) -> str | None:
+        """The setting env workers cannot run with (each records its own shard; a person drives one env), or None."""
+        return "actors" if self.actors else "writers" if self.writers else "teleop" if self.teleop else None
 
 
 def usable_cores() -> int:
@@ -335,11 +347,10 @@ class Spec:
 
     @classmethod
     def of(cls, episodes: int = 10, out=None, env=DEFAULT_ENV, policy=None, critic=None, **options) -> Spec:
-        """The spec ``rollcap.run(episodes, out=..., env=..., policy=..., critic=..., **options)`` describes.
+        """The spec ``rollcap.run(episodes=..., out=..., env=..., policy=..., critic=..., **options)`` describes.
 
-        ``env`` / ``policy`` / ``critic`` may be objects (an env, a ChunkPolicy, a ChunkCritic): the
-        deployment then names what it can (a policy object runs as it is: a setting of rollcap's own
-        graphs is refused; a critic object or a policy of your own has no shipped critic).
+        ``env`` / ``policy`` / ``critic``: a name, or an object (an env, a ChunkPolicy, a ChunkCritic) the
+        deployment holds as it is (:func:`is_name`); a policy object has no shipped critic (``critic`` None: none).
 
         Raises:
             TypeError: an option no section has.
@@ -353,38 +364,16 @@ class Spec:
                 f"run(): unexpected option(s) {bad}; options are the fields of HostConfig, RunConfig and Parts"
             )
         pick = {name: {k: v for k, v in options.items() if k in fields} for name, fields in names.items()}
-        parts_kw = pick["deployment"]
-        if isinstance(env, str):
-            parts_kw["env_id"] = env
-        if isinstance(policy, (str, os.PathLike)):
-            parts_kw["policy"] = Path(policy)
-        elif policy is not None:  # a policy object runs as it is: a setting of rollcap's own graphs would be ignored
-            for name, plain in (("sampler", "plain"), ("precision", "fp32")):
-                if parts_kw.get(name, plain) != plain:
-                    raise ConfigError(
-                        name, f"{parts_kw[name]!r} applies to rollcap's checkpoints; a policy object runs as it is"
-                    )
-        if isinstance(critic, (str, os.PathLike)):
-            parts_kw["critic"] = Path(critic)
-        elif critic is not None or not is_path(policy):  # a critic object, or a user's policy: no shipped critic
+        parts_kw = {**pick["deployment"], "env_id": env}
+        if policy is not None:
+            parts_kw["policy"] = Path(policy) if is_name(policy) else policy
+        if critic is not None:
+            parts_kw["critic"] = Path(critic) if is_name(critic) else critic
+        elif policy is not None and not is_name(policy):  # a policy of yours: no shipped critic
             parts_kw["critic"] = None
         host = HostConfig(**pick["host"])
         run = RunConfig(episodes=episodes, out=out, **pick["run"])
         return cls(Parts(**parts_kw), host, run)
-
-    def options(self) -> dict:
-        """What :meth:`of` (``rollcap.run``) takes back besides ``episodes``, ``out`` and ``env``: every other field by name (no critic: ``"none"``)."""
-        flat = {}
-        for name, _ in SECTIONS:
-            section = getattr(self, name)
-            flat.update({f.name: getattr(section, f.name) for f in dataclasses.fields(section) if f.init})
-        flat["critic"] = flat["critic"] or "none"
-        return {k: v for k, v in flat.items() if k not in ("episodes", "out", "env_id")}
-
-
-def is_path(x) -> bool:
-    """A checkpoint named by a path (or by nothing: the default), not a model object."""
-    return x is None or isinstance(x, (str, os.PathLike))
 
 
 def byte_fields() -> tuple[tuple[str, str], ...]:

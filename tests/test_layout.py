@@ -210,3 +210,17 @@ def test_the_layering_sees_real_edges():
     assert "rollcap.rollout.offline.replay" in GRAPH["rollcap.rollout.offline.branch"]
     assert "rollcap.kernels.files" in GRAPH["rollcap.rollout.offline.inspect"]
     assert len(GRAPH) > 100
+
+
+def test_the_episode_core_does_not_import_the_deployment_spec():
+    """The host and the batched round know episodes, not deployments: importing them leaves the spec (and the build,
+    the checkpoints it names) out of the process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rollcap.rollout.host, rollcap.rollout.batch; "
+        "print(sorted(m for m in ('rollcap.rollout.spec', 'rollcap.rollout.build') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

@@ -8,9 +8,8 @@ import math
 import sys
 from pathlib import Path
 
-from rollcap.kernels.files import cannot_create_dir
-from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.api import Interrupted, run
+from rollcap.rollout.build import for_this_machine
 from rollcap.rollout.bench.report import format_report, run_bench
 from rollcap.rollout.bench.batch_options import add_batch_arguments, batch_options
 from rollcap.rollout.bench.ray import format_report as format_ray
@@ -81,24 +80,14 @@ def _run_options(p: argparse.ArgumentParser):
 def cmd_run(args) -> int:
     _SIGNALS.poll()  # the heavy imports are done: a Ctrl-C held during them stops here, not after the build and capture
     opts = args.options
-    parts = Parts(**opts.values(args, Parts))
-    host_cfg, run_cfg = HostConfig(**opts.values(args, HostConfig)), RunConfig(**opts.values(args, RunConfig))
-    if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
-        raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
-    spec = Spec(parts, host_cfg, run_cfg)
-    if opts.values(args, RunConfig)["env_workers"] == "auto":  # say what it chose: it depends on the machine
-        where = f"{run_cfg.env_workers} env worker(s)" if run_cfg.env_workers else "every env in this process"
-        print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})", file=sys.stderr)
+    spec = Spec(*(cls(**opts.values(args, cls)) for cls in (Parts, HostConfig, RunConfig)))
+    if spec.run.env_workers == "auto":  # say what it chose: it depends on the machine
+        spec = for_this_machine(spec)
+        n, envs = spec.run.env_workers, spec.run.envs
+        where = f"{n} env worker(s)" if n else "every env in this process"
+        print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {envs})", file=sys.stderr)
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over
-        result = run(
-            run_cfg.episodes,
-            out=run_cfg.out,
-            env=parts.env_id,
-            on_started=_SIGNALS.release,
-            on_finished=_SIGNALS.finish,
-            poll_stop=_SIGNALS.poll,
-            **spec.options(),
-        )
+        result = run(spec, on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, poll_stop=_SIGNALS.poll)
     except Interrupted as stop:
         print(_summary_table(stop.result.summary))
         dropped = stop.result.summary["unwritten_at_interrupt"]

@@ -178,7 +178,7 @@ def cmd_replay(args) -> int:
     if args.actors:
         from rollcap.rollout.ray.replay import replay_on_actors  # Ray's modules: only for --actors
 
-        check_actor_run("env", parts.policy, parts.critic)
+        check_actor_run(parts)
         per_episode = replay_on_actors(
             items, modes, parts, args.actors, args.address, import_env=import_env, summary=pool
         )

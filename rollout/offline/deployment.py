@@ -13,17 +13,23 @@ recording on a machine without CUDA is replayed on the CPU (its episodes are
 then "not comparable", exit 1 unless ``--accept-not-comparable``), and a
 policy or critic that no shipped checkpoint has (a LeRobot directory, a
 checkpoint of your own) names the flag to pass.
+
+A resumed run (``rollcap run --resume``) is the same question asked the other
+way: :func:`check_same_run` refuses to append episodes made with another
+deployment to a run, by the one table :data:`SAME_ON_RESUME`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from rollcap.rollout.build import named_policy
 from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS
 from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.spec import byte_fields
 
 AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
 """The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
@@ -154,3 +160,111 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
         elif needs_models and why:
             raise ConfigError(component, f"{source} was recorded with {why}")
     return out, said
+
+
+# ------------------------------------------------- a resumed run (rollcap run --resume)
+RECORDED_AS = {"env_id": "env", "envs": "batch"}
+"""A setting's name in what an episode records, where it is not the option's (the batch is ``envs`` / ``graphs``)."""
+SAME_ON_RESUME = tuple((RECORDED_AS.get(name, name), name) for name, _ in byte_fields() if name != "graphs")
+"""What ``resume=True`` compares, in order (the first difference is named): ``(setting, option)`` for every spec field an
+episode's bytes depend on (:func:`rollcap.rollout.spec.byte_fields`, one list; ``graphs`` counts through the batch). Anything else in the fingerprints (a
+torch version, a CPU capability) is refused as well, naming ``resume`` and the fingerprint field. Not here, because
+the bytes do not depend on them: ``graphs`` at one batch, ``actors``, ``writers``, ``env_workers``, ``threads``."""
+
+
+def deployment(config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: Mapping) -> dict:
+    """The :data:`SAME_ON_RESUME` settings of one episode, from what its record holds (or what a host would record)."""
+    pol = fingerprints.get("policy") or {}
+    crit = fingerprints.get("critic")
+    pcfg = pol.get("config") if isinstance(pol.get("config"), Mapping) else {}
+    variant = pcfg.get("variant") or "plain"  # fused, lean: re-parameterised, their weights are the checkpoint's
+    fused = variant != "plain"
+    out = {
+        "env": env_id,
+        "env_kwargs": dict(env_kwargs),
+        "device": pol.get("device_kind", "cpu"),  # the GPU's name is the machine's (the fingerprint check below)
+        "backend": pol.get("backend"),
+        "precision": pol.get("precision", "fp32"),
+        "sampler": variant,
+        "policy": _weights(pol, pcfg.get("fused_from") if fused else None),
+        "critic": None if crit is None else _weights(crit),
+        "batch": pol.get("batch", 1),
+    }
+    out.update({name: config.get(name) for name, _ in SAME_ON_RESUME if name not in out})
+    return out
+
+
+def _weights(fp: Mapping, digest: str | None = None) -> str | None:
+    what = fp.get("weights_digest") if digest is None else digest
+    kind = fp.get("model") or fp.get("kind")
+    return f"{kind} {what}" if kind and what else (what or kind)
+
+
+def check_same_run(
+    recorded, config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: Mapping, graphs=1, elsewhere=False
+):
+    """Refuse to resume a run whose episode ``recorded`` was made with another deployment than this one.
+
+    ``config`` (the host config as JSON), ``fingerprints``, ``env_id`` and ``env_kwargs`` are what this run would
+    record; ``graphs`` the graphs this run splits its envs over (the batch is envs / graphs). ``elsewhere``: the
+    episodes run on other machines (Ray actors), whose versions and CPU this process cannot speak for, so only the
+    table's settings are compared.
+
+    Raises:
+        ConfigError: the first :data:`SAME_ON_RESUME` setting that differs (naming its option, both values), else
+            any other fingerprint field that differs (naming ``resume``).
+    """
+    was = deployment(recorded.config, recorded.fingerprints, recorded.env_id, recorded.env_kwargs)
+    now = deployment(config, fingerprints, env_id, env_kwargs)
+    for setting, option in SAME_ON_RESUME:
+        if _json(was[setting]) != _json(now[setting]):
+            was_, got = _show(was[setting]), _show(now[setting])
+            recorded_with = {"policy": "policy weights", "critic": "critic weights"}.get(setting, setting)
+            if setting == "batch":  # the bytes depend on the batch of each graph: envs / graphs
+                got += f" (`envs={now[setting] * graphs}` over `graphs={graphs}`)"
+                raise ConfigError(
+                    option, f"this run was recorded at batch {was_} (envs / graphs); `resume=True` needs it, got {got}"
+                )
+            raise ConfigError(
+                option, f"this run was recorded with {recorded_with} {was_}; `resume=True` needs the same, got {got}"
+            )
+    rest = [] if elsewhere else fingerprint_diff(_plain(recorded.fingerprints), _plain(fingerprints))
+    if rest:
+        name = rest[0]
+        raise ConfigError(
+            "resume",
+            f"this run was recorded with {name} {_show(_at(recorded.fingerprints, name))}, this process has "
+            f"{_show(_at(fingerprints, name))}; resume it where it was recorded, or start a new run",
+        )
+
+
+def fingerprint_diff(recorded: dict, current: dict, prefix: str = "") -> list[str]:
+    """Names of fields that differ between two fingerprints (nested dicts flattened)."""
+    out = []
+    for k in sorted(set(recorded) | set(current)):
+        a, b = recorded.get(k), current.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += fingerprint_diff(a, b, f"{prefix}{k}.")
+        elif a != b:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def _at(fp: Mapping, dotted: str):
+    for key in dotted.split("."):
+        fp = fp.get(key) if isinstance(fp, Mapping) else None
+    return fp
+
+
+def _json(v) -> str:
+    return json.dumps(v, sort_keys=True, default=lambda o: list(o) if isinstance(o, tuple) else str(o))
+
+
+def _plain(v):
+    return json.loads(_json(v))
+
+
+def _show(v) -> str:
+    if v is None:
+        return "none"
+    return _json(v) if isinstance(v, (dict, list, tuple)) else str(v)

@@ -22,7 +22,7 @@ import numpy as np
 from rollcap.envs import exact_state_of, physics_row
 from rollcap.rollout.episode import ACTOR_AGENT, EpisodeRecord
 from rollcap.rollout.protocols import observation_at, recorded_obs
-from rollcap.rollout.resume import fingerprint_diff
+from rollcap.rollout.offline.deployment import fingerprint_diff
 from rollcap.rollout.seeding import chunk_noise
 
 MODES = ("policy", "env", "closed")

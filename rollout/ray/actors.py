@@ -41,7 +41,7 @@ from pathlib import Path
 from rollcap.rollout.ray import batched, episodes  # names looked up at use: a test may put a dying actor in place
 from rollcap.rollout.ray.schedule import MAX_TRIES, Scheduling
 
-from rollcap.rollout.build import Parts, named_policy
+from rollcap.rollout.build import LEROBOT_PREFIX, Parts, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.placement import Identity
@@ -307,10 +307,8 @@ class ActorPool(Scheduling):
 
 
 def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
-    """``parts`` for actors that may run elsewhere: checkpoint paths made absolute; the shipped checkpoints named (each node has its own copy).
-
-    A named policy (``lerobot:DIR``, already absolute; ``expert[:STD]``) is no path and stays as it is.
-    """
+    """``parts`` for actors that may run elsewhere: checkpoint paths and a ``lerobot:DIR`` made absolute; the shipped
+    checkpoints named (each node has its own copy). ``expert[:STD]`` is no path and stays as it is."""
     shipped = tuple(
         k for k, path in _SHIPPED.items() if getattr(parts, k) is not None and Path(getattr(parts, k)) == path
     )
@@ -319,7 +317,11 @@ def _portable(parts: Parts) -> tuple[Parts, tuple[str, ...]]:
         for k in _SHIPPED
         if getattr(parts, k) is not None and k not in shipped and not (k == "policy" and named_policy(parts.policy))
     ]
-    return replace(parts, **{k: Path(getattr(parts, k)).resolve() for k in paths}), shipped
+    portable = {k: Path(getattr(parts, k)).resolve() for k in paths}
+    named = named_policy(parts.policy)
+    if named is not None and named[0] == "lerobot":
+        portable["policy"] = Path(LEROBOT_PREFIX + str(Path(named[1]).resolve()))
+    return replace(parts, **portable), shipped
 
 
 def _start_error(err: BaseException) -> Exception:

@@ -49,18 +49,14 @@ from rollcap.rollout.spec import Parts, RunConfig, Spec
 _SHIPPED = {"policy": DEFAULT_POLICY, "critic": DEFAULT_CRITIC}
 
 
-def check_actor_run(env, policy, critic, address: str | None = None) -> None:
+def check_actor_run(parts: Parts, address: str | None = None) -> None:
     """Refuse, before anything is built, a run on actors given objects (actors build their own parts), without Ray,
     or joining an ``address`` where nothing answers (Ray itself would retry for minutes).
 
     Raises:
         ConfigError: naming ``actors`` or ``address``.
     """
-
-    def named(x) -> bool:
-        return x is None or isinstance(x, (str, os.PathLike))
-
-    if not (isinstance(env, str) and named(policy) and named(critic)):
+    if not parts.names_only:
         raise ConfigError(
             "actors", "actors build their own env, policy and critic: pass an env id and checkpoint paths, not objects"
         )
@@ -121,6 +117,11 @@ class RolloutActor:
             b = self._built
             self._rounds[config] = round_here(b.envs, b.policy, b.critic, config)
         return self._rounds[config]
+
+    @property
+    def env(self):
+        """The first slot's env (a branch puts a recorded boundary back in it)."""
+        return self._built.env
 
     def host(self, config: HostConfig | None = None) -> RolloutHost:
         """The first slot's host for ``config``: what :meth:`ready` names, what a branch runs on."""

@@ -65,7 +65,7 @@ def test_a_spec_probes_nothing_the_build_does():
     with pytest.raises(ConfigError, match=r"device: 'cuda:\d+' is not available here"):
         probe(parts)
     with pytest.raises(ConfigError, match="is not available here"):
-        build(Spec(parts, HostConfig(), RunConfig(episodes=1)), env="rollcap/PushBlock-v0", check_env=False)
+        build(Spec(parts, HostConfig(), RunConfig(episodes=1)), check_env=False)
 
 
 def test_byte_fields_name_what_an_episode_depends_on():
@@ -95,9 +95,32 @@ def test_spec_of_is_what_run_takes():
         "bf16",
         None,
     )
-    assert Spec.of(3, "runs/x", spec.deployment.env_id, **spec.options()) == spec
     with pytest.raises(TypeError, match="unexpected option"):
         Spec.of(1, nonsense=1)
+
+
+def test_a_spec_holds_names_or_objects_by_one_rule_and_probes_nothing(tmp_path):
+    """The env, policy and critic are names (str or a path) or objects held as they are; a LeRobot directory and the
+    cores for env_workers=auto are looked at where the spec is built, with the same one-line messages."""
+    from rollcap.rollout.build import for_this_machine
+    from rollcap.rollout.named import ExpertPolicy
+    from rollcap.rollout.spec import auto_env_workers, is_name
+
+    assert is_name("rollcap/PushBlock-v0") and is_name(tmp_path) and not is_name(None) and not is_name(ExpertPolicy())
+    mine = ExpertPolicy()
+    spec = Spec.of(2, env="rollcap/PushBlock-v0", policy=mine)
+    assert spec.deployment.policy is mine and spec.deployment.critic is None and not spec.deployment.names_only
+    with pytest.raises(ConfigError, match="a policy object runs as it is") as info:
+        Spec.of(2, policy=mine, precision="bf16")
+    assert info.value.field == "precision"
+    lerobot = Parts(policy=f"lerobot:{tmp_path / 'nothing'}", critic="none")  # made: nothing looked at
+    with pytest.raises(ConfigError, match="holds no config.json") as info:
+        probe(lerobot)
+    assert info.value.field == "policy"
+    auto = Spec.of(1, envs=8, env_workers="auto")
+    assert auto.run.env_workers == "auto"
+    assert for_this_machine(auto).run.env_workers == auto_env_workers(8)
+    assert for_this_machine(Spec.of(1, envs=8, env_workers="auto", writers=1)).run.env_workers == 0
 
 
 def test_one_precision_rule_for_spec_and_graph():

@@ -12,7 +12,7 @@ import pytest
 
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.recording import episode_digest, load_any
-from rollcap.rollout.resume import SAME_ON_RESUME
+from rollcap.rollout.offline.deployment import SAME_ON_RESUME
 
 pytestmark = pytest.mark.slow(seconds=60)  # the rollcap command in subprocesses
 

@@ -23,7 +23,7 @@ from rollcap.rollout.offline.replay import Replayer
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.recording import episode_digest, load_any
 from rollcap.rollout.recording.shards import ManifestWriter, read_manifest
-from rollcap.rollout.spec import RunConfig, auto_env_workers, usable_cores
+from rollcap.rollout.spec import RunConfig, Spec, auto_env_workers, usable_cores
 from rollcap.rollout.workers import EnvWorkers
 from tests.rollout._tiny import ENV_KW
 from tests.rollout.test_batch import _batched, _models
@@ -199,9 +199,15 @@ def test_refusals():
 def test_auto_is_a_core_each_less_two_a_multiple_of_graphs_and_none_where_workers_do_not_apply():
     """env_workers="auto": min(envs, cores - 2), rounded down to a multiple of graphs; 0 under 2 workers (a small box,
     where workers only take cores from the policy), with envs 1, and with actors, writers or teleop (they record
-    otherwise). Resolved when the config is made, so a run and its summary hold the number."""
+    otherwise). Settled where the run is built (the spec holds the word), so a run and its summary hold the number."""
+    from rollcap.rollout.build import for_this_machine
+
     assert [auto_env_workers(32, 1, c) for c in (1, 2, 3, 4, 8, 16, 64)] == [0, 0, 0, 2, 6, 14, 32]
     assert (auto_env_workers(32, 2, 15), auto_env_workers(32, 4, 16), auto_env_workers(1, 1, 16)) == (12, 12, 0)
-    assert RunConfig(envs=8, env_workers="auto").env_workers == auto_env_workers(8, 1, usable_cores())
+    def settled(**run) -> int | str:
+        return for_this_machine(Spec(run=RunConfig(**run))).run.env_workers
+
+    assert RunConfig(envs=8, env_workers="auto").env_workers == "auto"
+    assert settled(envs=8, env_workers="auto") == auto_env_workers(8, 1, usable_cores())
     for other in (dict(writers=2), dict(actors=2), dict(teleop="terminal", envs=1)):
-        assert RunConfig(**{"envs": 8, **other, "env_workers": "auto"}).env_workers == 0
+        assert settled(**{"envs": 8, **other, "env_workers": "auto"}) == 0
