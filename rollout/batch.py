@@ -358,31 +358,21 @@ class BatchedCore(Round):
     ):
         config = config or HostConfig()
         n = len(envs)
-        policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
-        critics = (
-            list(critic)
-            if isinstance(critic, (list, tuple))
-            else [critic] * len(policies)
-            if critic is None
-            else [critic]
-        )
+        policies, critics = graphs_of(policy, critic)
         batch = getattr(policies[0], "batch", None)
         if (
-            len(critics) != len(policies)
-            or any(getattr(r, "batch", None) != batch for r in policies + [c for c in critics if c is not None])
+            (critics and len(critics) != len(policies))
+            or any(getattr(r, "batch", None) != batch for r in policies + critics)
             or batch * len(policies) != n
         ):
-            got = (
-                [getattr(r, "batch", None) for r in policies],
-                [getattr(c, "batch", None) for c in critics if c is not None],
-            )
+            got = [getattr(r, "batch", None) for r in policies], [getattr(c, "batch", None) for c in critics]
             raise ConfigError(
                 "envs",
                 f"{n} envs need policy (and critic) graphs whose batches add up to {n}, all of one batch; got batches {got[0]} and {got[1]}",
             )
         check_batched_host(config)
         self.policy_rows = [Rows(r) for r in policies]
-        self.critic_rows = [Rows(c) for c in critics if c is not None]
+        self.critic_rows = [Rows(c) for c in critics]
         self.lock = threading.Lock()
         self.subscribers = list(subscribers)
         shared = [_Serialized(s, self.lock) for s in self.subscribers]
@@ -421,9 +411,17 @@ class BatchedCore(Round):
                 s.on_run_end()
 
 
-def round_here(envs: Sequence, policy, critic, config: HostConfig, subscribers: Sequence[Subscriber] = ()) -> Round:
-    """The round in this process over a build's envs and runners: one slot over the plain runners for one env (any
-    chunking, a policy object of yours), a :class:`BatchedCore` over row views of batched runners for N envs."""
-    if len(envs) == 1 and not isinstance(policy, list):
-        return Round([RolloutHost(envs[0], policy, critic, config, subscribers)])
-    return BatchedCore(envs, policy, critic, config, subscribers)
+def graphs_of(policy, critic) -> tuple[list, list]:
+    """A runner, or a list of G (one per graph), as lists: ``(policies, critics)``; no critic: an empty list."""
+    policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
+    critics = [] if critic is None else list(critic) if isinstance(critic, (list, tuple)) else [critic]
+    return policies, [c for c in critics if c is not None]
+
+
+def round_here(envs: Sequence, policies: Sequence, critics: Sequence, config: HostConfig, subscribers=()) -> Round:
+    """The round in this process over a build's envs and runners (:class:`~rollcap.rollout.build.Built`'s lists):
+    one slot over the plain runners for one env (any chunking, a policy object of yours), a :class:`BatchedCore`
+    over row views of batched runners for N envs."""
+    if len(envs) == 1:
+        return Round([RolloutHost(envs[0], policies[0], critics[0] if critics else None, config, subscribers)])
+    return BatchedCore(envs, list(policies), list(critics), config, subscribers)

@@ -195,13 +195,14 @@ def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
 # ----------------------------------------------------------------- build
 @dataclass
 class Built:
-    """What :func:`build` made: the envs (one per slot), the policy and critic, and what to close."""
+    """What :func:`build` made, always as lists: the envs, the policy and critic runners, and what to close."""
 
     envs: list
     """The envs made here: ``batch`` of them, or one (for the checks) when env workers make the batch's."""
-    policy: object
-    """A runner at batch ``batch``, a list of G runners (``graphs``), or the caller's policy object."""
-    critic: object
+    policies: list = field(default_factory=list)
+    """G policy runners at batch ``batch // G`` (``graphs``; one at batch 1), or the caller's policy object alone."""
+    critics: list = field(default_factory=list)
+    """A critic runner per policy runner, the caller's critic object alone, or none (a run without a critic)."""
     own: list = field(default_factory=list)
     """What this build made (and :meth:`close` closes): not the caller's objects."""
     batch: int = 1
@@ -238,7 +239,7 @@ def build(spec: Spec, poll=None, check_env: bool = True) -> Built:
     n = run.envs
     here = 1 if run.env_workers else n  # env workers build their slots' envs; this process one, for the checks
     env, policy, critic = parts.env_id, parts.policy, parts.critic
-    out = Built([], policy, critic, batch=n)
+    out = Built([], batch=n)
     try:
         if run.env_workers and not parts.names_only:
             raise ConfigError(
@@ -268,12 +269,12 @@ def build(spec: Spec, poll=None, check_env: bool = True) -> Built:
             check_repeatable(out.env, run.require_exact)
         if is_name(policy):
             rtc = spec.host.chunking != "sync"
-            out.policy, built = runners(parts, out.env, envs=n, graphs=run.graphs, rtc=rtc)
-            out.own += _flat(out.policy) + _flat(built)
+            out.policies, out.critics = runners(parts, out.env, envs=n, graphs=run.graphs, rtc=rtc)
+            out.own += out.policies + out.critics
         else:
-            built = make_critic(parts, out.env) if is_name(critic) else None
-            out.own.append(built)
-        out.critic = built if critic is None or is_name(critic) else critic
+            out.policies = [policy]
+            out.critics = [make_critic(parts, out.env)] if is_name(critic) else [] if critic is None else [critic]
+            out.own += out.critics if is_name(critic) else []
         poll()
     except BaseException:
         out.close()
@@ -289,10 +290,6 @@ def for_this_machine(spec: Spec) -> Spec:
         return spec
     count = 0 if run.no_env_workers_with else auto_env_workers(run.envs, run.graphs)
     return dataclasses.replace(spec, run=dataclasses.replace(run, env_workers=count))
-
-
-def _flat(part) -> list:
-    return list(part) if isinstance(part, list) else [part]
 
 
 def check_repeatable(env, require: bool = False) -> None:
@@ -357,11 +354,13 @@ def probe(parts: Parts) -> None:
             raise ConfigError("precision", str(err)) from None
 
 
-def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool = False, source: str | None = None):
-    """Load ``parts``' checkpoints and capture the policy and critic at batch ``envs``, each on its own lane.
+def runners(
+    parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool = False, source: str | None = None
+) -> tuple[list, list]:
+    """The one runner factory: ``parts``' checkpoints loaded and captured at batch ``envs``, each on its own lane.
 
-    ``graphs`` > 1: that many (policy, critic) pairs at batch ``envs // graphs``, returned as two lists.
-    No critic if ``parts.critic`` is None. ``parts.policy`` ``lerobot:DIR`` is a
+    Returns ``(policies, critics)``: ``graphs`` runners each at batch ``envs // graphs`` (one at batch 1), and a
+    critic runner per policy runner (none if ``parts.critic`` is None). ``parts.policy`` ``lerobot:DIR`` is a
     :class:`~rollcap.policies.lerobot.LeRobotPolicy` (eager unless ``parts.backend`` names jit / cuda) and
     ``expert[:STD]`` an :class:`ExpertPolicy`; neither has a batched graph nor carries a prefix (``rtc`` is
     refused by the host).
@@ -371,9 +370,12 @@ def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool
     ``source``: the recording ``env`` was read from: a model that cannot read it is the one to change (the error names ``policy`` / ``critic`` and the file).
     """
     probe(parts)
-    if graphs > 1:
-        pairs = [runners(parts, env if g == 0 else None, envs=envs // graphs, source=source) for g in range(graphs)]
-        return [p for p, _ in pairs], None if pairs[0][1] is None else [c for _, c in pairs]
+    pairs = [_pair(parts, env if g == 0 else None, envs // graphs, rtc, source) for g in range(graphs)]
+    return [p for p, _ in pairs], [c for _, c in pairs if c is not None]
+
+
+def _pair(parts: Parts, env, envs: int, rtc: bool, source: str | None):
+    """One graph's policy runner and critic runner (None without a critic) at batch ``envs``."""
     if envs > 1 and named_policy(parts.policy) is not None:
         raise ConfigError("envs", f"a batched run needs a FlowVLA checkpoint; {parts.policy} has no batched graph")
     named = named_runner(parts, env)
@@ -399,10 +401,11 @@ def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool
 
 
 def make_runners(
-    parts: Parts, env=None, rtc: bool = False, source: str | None = None
+    parts: Parts, env=None, rtc: bool = False, source: str | None = None, *, envs: int = 1
 ) -> tuple[PolicyRunner, CriticRunner | None]:
-    """:func:`runners` at batch 1 (the policy and critic one episode at a time runs on)."""
-    return runners(parts, env, rtc=rtc, source=source)
+    """One graph of :func:`runners` at batch ``envs`` (1: what one episode at a time runs on); no critic: None."""
+    (policy,), critics = runners(parts, env, envs=envs, rtc=rtc, source=source)
+    return policy, critics[0] if critics else None
 
 
 def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:

@@ -54,8 +54,7 @@ class Identity:
 
     @classmethod
     def of(cls, spec: Spec, built: Built) -> Identity:
-        policy = built.policy[0] if isinstance(built.policy, list) else built.policy
-        critic = built.critic[0] if isinstance(built.critic, list) else built.critic
+        policy, critic = built.policies[0], built.critics[0] if built.critics else None
         return cls(spec.host.for_policy(policy), policy, critic)
 
 
@@ -104,7 +103,7 @@ class InProcess(Placement):
 
     def start(self, subscribers: Sequence[Subscriber], shards, poll_stop: Callable[[], None]) -> None:
         b = self.built
-        self.round = round_here(b.envs, b.policy, b.critic, self.spec.host, subscribers)
+        self.round = round_here(b.envs, b.policies, b.critics, self.spec.host, subscribers)
 
     def episodes(self, todo: Iterable[tuple[int, int]]) -> Iterator[EpisodeEnd]:
         return self.round.episodes(todo)

@@ -70,10 +70,15 @@ def is_name(x) -> bool:
 
 @dataclass(frozen=True)
 class Parts:
-    """The env and the models: where they come from, where they run."""
+    """The env and the models: where they come from, where they run.
+
+    ``env_id``, ``policy`` and ``critic`` hold names (the flags') or, from Python, objects of yours: an env, a
+    :class:`~rollcap.rollout.protocols.ChunkPolicy`, a :class:`~rollcap.rollout.protocols.ChunkCritic`
+    (:func:`is_name` tells them apart).
+    """
 
     env_id: str | Env = field(default=DEFAULT_ENV, metadata={**BYTES, "flag": "--env"})
-    """Gymnasium env id (rollcap's own envs are registered on import); in Python, also an env object."""
+    """Gymnasium env id (rollcap's own envs are registered on import)."""
     env_kwargs: dict | None = field(default=None, metadata=BYTES)
     """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
     policy: Path | ChunkPolicy = field(default=DEFAULT_POLICY, metadata=BYTES)

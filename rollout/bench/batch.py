@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.rollout.bench.standin_rows import FixedLatencyRows, Timed
-from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, named_policy, runners
+from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
 from rollcap.rollout.protocols import Subscriber
 
 ENVS = {"cpu": (1, 8), "cuda": (1, 32)}
@@ -40,7 +40,7 @@ STANDIN_S = 4e-3
 def _runners(parts: Parts, n: int, env, standin: float | None):
     from rollcap.rollout.bench.standin import FixedLatency
 
-    policy, critic = runners(parts, env, envs=n)
+    policy, critic = make_runners(parts, env, envs=n)
     if standin:
         wrap = FixedLatency if n == 1 else FixedLatencyRows
         policy, critic = wrap(policy, standin), (None if critic is None else wrap(critic, standin))

@@ -357,7 +357,7 @@ def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads:
         raise ConfigError("env_kwargs", "give the env's kwargs in parts (Parts(env_kwargs=...)), not beside it")
     fork_safe_torch()
     built = build(Spec(parts, run=RunConfig(envs=num_envs, graphs=graphs)), check_env=False)
-    return built.envs, built.policy, built.critic
+    return built.envs, built.policies, built.critics or None
 
 
 def _owned(cls, envs, policy, critic, config: dict | None, kw: dict):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rollcap.kernels.files import cannot_create_dir, write_report
 from rollcap.rollout.batch import recorded_batch, row_views
-from rollcap.rollout.build import make_env, named_env, runners
+from rollcap.rollout.build import make_env, make_runners, named_env
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
@@ -169,10 +169,10 @@ class RecordedDeployment:
         control can be byte-exact, as replay does), else batch-1 runners."""
         batch = recorded_batch(self.rec.fingerprints)
         if batch == 1 or self.actors:  # branch actors build batch-1 runners: the control then says "not comparable"
-            policy, critic = runners(self.parts, env, source=self.file)
+            policy, critic = make_runners(self.parts, env, source=self.file)
             self.parts_list += [policy, critic]
             return policy, critic
-        policy, critic = runners(self.parts, env, envs=batch, source=self.file)
+        policy, critic = make_runners(self.parts, env, source=self.file, envs=batch)
         self.parts_list += [policy, critic]
         return row_views(policy, critic)
 

@@ -345,9 +345,9 @@ class Replayer:
         if batch == 1:
             return self.policy_for(rec, source, import_env), self.critic
         if batch not in self.batched:
-            from rollcap.rollout.build import runners
+            from rollcap.rollout.build import make_runners
 
-            self.batched[batch] = runners(self.parts, envs=batch)
+            self.batched[batch] = make_runners(self.parts, envs=batch)
         return row_views(*self.batched[batch])
 
     def env_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):

@@ -115,7 +115,7 @@ class RolloutActor:
             return next(iter(self._rounds.values()))
         if config not in self._rounds:
             b = self._built
-            self._rounds[config] = round_here(b.envs, b.policy, b.critic, config)
+            self._rounds[config] = round_here(b.envs, b.policies, b.critics, config)
         return self._rounds[config]
 
     @property

@@ -39,9 +39,9 @@ class TeleopPlacement(Placement):
     def start(self, subscribers: Sequence[Subscriber], shards, poll_stop: Callable[[], None]) -> None:
         """The key source, the status line and the live view start (the terminal in raw mode): :meth:`close` ends them."""
         tele = self.session = self._stack.enter_context(open_teleop(TeleopConfig(source=self.spec.run.teleop)))
-        b = self.built
+        made = self.identity
         self.host = RolloutHost(
-            b.env, b.policy, b.critic, self.spec.host, [*subscribers, *tele.subscribers],
+            self.built.env, made.policy, made.critic, self.spec.host, [*subscribers, *tele.subscribers],
             events=tele.bus, reset_hook=tele.reset_hook,
         )  # fmt: skip
 

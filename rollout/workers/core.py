@@ -59,6 +59,7 @@ from multiprocessing.connection import wait as wait_any
 
 import numpy as np
 
+from rollcap.rollout.batch import graphs_of
 from rollcap.rollout.config import HostConfig, check_batched_host
 from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import jsonable
@@ -104,8 +105,7 @@ class EnvWorkers:
     ):
         config = config or HostConfig()
         check_batched_host(config)
-        self.policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
-        self.critics = [] if critic is None else list(critic) if isinstance(critic, (list, tuple)) else [critic]
+        self.policies, self.critics = graphs_of(policy, critic)
         self.batch = self.policies[0].batch
         self.n = self.batch * len(self.policies)
         if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= self.n:

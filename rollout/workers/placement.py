@@ -27,7 +27,7 @@ class EnvWorkersPlacement(Placement):
             raise ValueError("env workers record their episodes in shards of the run: give them its manifest")
         parts, b = self.spec.deployment, self.built
         self.workers = EnvWorkers(
-            parts.env_id, parts.env_kwargs, b.policy, b.critic, self.spec.host, self.spec.run.env_workers,
+            parts.env_id, parts.env_kwargs, b.policies, b.critics, self.spec.host, self.spec.run.env_workers,
             poll_stop=poll_stop,
         )  # fmt: skip
         self._open = True

@@ -132,3 +132,24 @@ def test_one_precision_rule_for_spec_and_graph():
     with pytest.raises(ConfigError) as spec:
         Parts(backend="aoti", precision="bf16")
     assert (spec.value.field, spec.value.problem) == ("precision", str(graph.value))
+
+
+def test_build_returns_lists_at_any_batch():
+    """Built holds lists whatever the batch: one policy runner at batch 1, G at N/G, a critic runner per policy runner
+    or none, and a policy object of yours alone (the build closes only what it made)."""
+    from rollcap.rollout.named import ExpertPolicy
+
+    cases = [
+        (Spec.of(1), 1, 1, 1),
+        (Spec.of(1, envs=4, graphs=2), 4, 2, 2),
+        (Spec.of(1, envs=2, critic="none"), 2, 1, 0),
+        (Spec.of(1, policy=ExpertPolicy(), critic="none"), 1, 1, 0),
+    ]
+    for spec, envs, policies, critics in cases:
+        built = build(spec, check_env=False)
+        try:
+            assert (len(built.envs), len(built.policies), len(built.critics)) == (envs, policies, critics), spec
+            assert {getattr(p, "batch", 1) for p in built.policies} == {envs // policies}
+        finally:
+            built.close()
+    assert built.policies[0] is spec.deployment.policy and built.policies[0] not in built.own

@@ -204,6 +204,7 @@ def test_auto_is_a_core_each_less_two_a_multiple_of_graphs_and_none_where_worker
 
     assert [auto_env_workers(32, 1, c) for c in (1, 2, 3, 4, 8, 16, 64)] == [0, 0, 0, 2, 6, 14, 32]
     assert (auto_env_workers(32, 2, 15), auto_env_workers(32, 4, 16), auto_env_workers(1, 1, 16)) == (12, 12, 0)
+
     def settled(**run) -> int | str:
         return for_this_machine(Spec(run=RunConfig(**run))).run.env_workers
 
