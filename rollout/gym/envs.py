@@ -1,8 +1,10 @@
 """Gymnasium envs over the episode core, for RL training loops.
 
 - :class:`ChunkEnv`: the action is an action chunk ``[H, A]``; one ``step``
-  runs one chunk boundary (policy and critic on their lanes, stop predicates)
-  and executes the agent's chunk in the env.
+  executes the agent's chunk in the env (its first ``execute_steps`` rows), then
+  runs the next chunk boundary (policy and critic on their lanes, stop
+  predicates): the observation holds the policy's chunk for it
+  (``policy_chunk``), for residual RL.
 - :class:`NoiseSteeringEnv`: the action is the flow noise ``[H, A]`` fed to
   the frozen policy for the chunk (DSRL: RL steers a frozen VLA through its
   latent noise); the policy's chunk is executed.
@@ -24,8 +26,12 @@ Conventions:
     terminated: the task ended (success, or the env's own termination).
     truncated: the episode was cut (env time limit, chunk or time limit,
         critic stop, an outside stop event).
-    info: ``stop_reason`` and ``is_success`` (at the end), ``value`` (the
-        critic's; absent without one), ``steps``, ``policy_chunk``. Everything in
+    info: ``is_success`` at every step (False until an episode ends in
+        success, as gymnasium-robotics reports it, so SB3's and other loggers
+        count every episode), ``stop_reason`` at the end (also when a gymnasium
+        ``TimeLimit`` cuts the episode: the env ends it in that step, stop reason
+        ``time_limit``), ``value`` (the critic's; absent without one), ``steps``,
+        and NoiseSteeringEnv's ``policy_chunk`` (the chunk executed). Everything in
         ``info`` is a pure function of the seed and the actions (gymnasium's
         checker asks that); the last step's latencies are in ``env.timings``.
         ``reset`` gives ``rollcap_episode``, ``rollcap_seed`` and
@@ -50,7 +56,9 @@ Recording: an :class:`~rollcap.rollout.recording.EpisodeRecorder` among
 ``subscribers`` (or added to ``env.host.subscribers`` later) records every
 episode that ends, a seeded reset included, under an index no env sharing
 the recorder has used (nor the run directory of a resumed recorder). ``close()`` closes the host, the lanes the ``make_*`` functions
-made, and calls every subscriber's ``on_run_end``.
+made, and calls every subscriber's ``on_run_end``; a recorder stays open (whoever opened it closes it), so a train env
+and an eval env can share one. A recorder copied into another process (``AsyncVectorEnv``'s workers) refuses at the
+first reset, in one line.
 
 Single-threaded, like the host.
 """
@@ -69,6 +77,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.gym.checks import (
     RENDER_MODES,
+    TIME_LIMIT,
     checked_action,
     claim_index,
     closed_error,
@@ -78,6 +87,7 @@ from rollcap.rollout.gym.checks import (
     keep_records,
     render_metadata,
     reset_stop_reason,
+    time_limit_cuts,
 )
 from rollcap.rollout.host import HostState, RolloutHost
 from rollcap.rollout.protocols import ChunkCritic, ChunkPolicy, Subscriber
@@ -175,6 +185,7 @@ class _CoreEnv(gym.Env):
         self._index = 0  # the next episode's index: unique for this env's life and its recorders' (their file names)
         self._chunks = 0  # steps of the running episode (a TimeLimit's count)
         self._last_obs = None  # the env's last observation (render() shows its image)
+        self._event = None  # the last boundary's chunk event (ChunkEnv: the plan for the current observation)
         self.timings: dict[str, float] = {}
         """The last step's boundary latencies in seconds (``policy_s``, ``critic_s``, ``boundary_s``)."""
 
@@ -213,31 +224,48 @@ class _CoreEnv(gym.Env):
         self._episode, self._index, self._chunks = self._episode + 1, info["rollcap_index"] + 1, 0
         if self.host.done:  # the reset itself failed: finish() raises the env's error (on_error="raise")
             self.host.finish()
+        self._started()
         self._last_obs = obs
         return self._obs(obs), info
 
-    def _step_chunk(self, noise: np.ndarray | None, actions: np.ndarray | None):
-        host = self.host
-        if host.state is not HostState.RUNNING:
+    def _started(self) -> None:
+        """After an episode's start, before its first observation goes out (ChunkEnv runs its first boundary)."""
+
+    def _running(self) -> RolloutHost:
+        """The host, with an episode this env has not yet ended; ResetNeeded otherwise. The episode may have stopped at
+        a boundary already (ChunkEnv's first, at reset): then this step runs nothing and reports the stop."""
+        if self.host.state not in (HostState.RUNNING, HostState.STOP_INFER):
             raise gym.error.ResetNeeded("step() before reset() or after the episode ended; call reset()")
-        event = host.boundary(noise)  # None: an error (finish() re-raises it) or an outside stop
-        steps = [] if host.done else host.execute(actions)
+        return self.host
+
+    def _boundary(self, noise: np.ndarray | None, info: dict) -> None:
+        """One chunk boundary (the policy's chunk for the current observation); its value and timings into ``info``."""
+        event = self.host.boundary(noise)  # None: an error (finish() re-raises it) or an outside stop
+        self._event = event
+        if event is None:
+            return
+        if self.host.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's determinism check)
+            info["value"] = event.value
+        self.timings = {
+            "policy_s": event.latency_policy_s,
+            "critic_s": event.latency_critic_s,
+            "boundary_s": event.latency_boundary_s,
+        }
+
+    def _execute(self, actions: np.ndarray | None) -> tuple[float, dict]:
+        """The last boundary's chunk in the env (``actions``: the agent's, else the policy's); the reward and info."""
+        steps = self.host.execute(actions) if self.host.state is HostState.RUNNING else []
         self._chunks += 1
-        reward = float(sum(s.reward for s in steps))
-        info = {"steps": len(steps)}
-        if event is not None:
-            info["policy_chunk"] = event.actions
-            if host.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's determinism check)
-                info["value"] = event.value
-            self.timings = {
-                "policy_s": event.latency_policy_s,
-                "critic_s": event.latency_critic_s,
-                "boundary_s": event.latency_boundary_s,
-            }
+        return float(sum(s.reward for s in steps)), {"steps": len(steps), "is_success": False}
+
+    def _end_step(self, reward: float, info: dict, cut: bool):
+        """The step's result; an episode that stopped (or that a gymnasium ``TimeLimit`` cuts now: ``cut``) is finished
+        here, so ``stop_reason`` and ``is_success`` are in this step's info."""
+        host = self.host
         obs = self._last_obs = host.obs
         terminated = truncated = False
-        if host.done:
-            end = host.finish()
+        if host.done or cut:
+            end = host.finish(TIME_LIMIT)  # the reason counts only for an episode still running
             info["stop_reason"] = end.stop_reason
             info["is_success"] = end.success
             terminated = end.stop_reason in TERMINAL
@@ -257,7 +285,7 @@ class _CoreEnv(gym.Env):
 
     def close(self):
         """Abandon a running episode (nothing recorded), close the host and what the env owns; then every
-        subscriber's ``on_run_end`` (a recorder closes its files). Safe to call twice."""
+        subscriber's ``on_run_end`` (a recorder stays open: whoever opened it closes it). Safe to call twice."""
         if self.host.state is not HostState.CLOSED:
             self.host.close()
             for part in self.owns:
@@ -267,12 +295,24 @@ class _CoreEnv(gym.Env):
 
 
 class ChunkEnv(_CoreEnv):
-    """One step = one chunk boundary, then the agent's ``[H, A]`` chunk executed in the env.
+    """One step = the agent's ``[H, A]`` chunk executed in the env, then the next chunk boundary.
 
-    The action space is the env's action bounds tiled to ``(H, A)``. The
-    policy still runs at every boundary (its chunk is in ``info["policy_chunk"]``,
-    for residual RL) and the critic feeds the stop predicates. See the module
-    docstring for observation, reward and done conventions.
+    The action space is the env's action bounds tiled to ``(H, A)``; like the
+    policy's own chunk, its first ``execute_steps`` rows are executed (the
+    config's, default the policy's own: 4 of the shipped policy's 8), the rest
+    is the plan's tail. The policy still runs at every boundary, and its chunk
+    for the *current* observation is in the observation as ``policy_chunk``
+    (float32 ``(H, A)``), computed before the agent acts: reset runs the first
+    boundary, and each step runs the next one after the chunk. So residual RL
+    acts ``obs["policy_chunk"] + residual``, and a zero residual is the frozen
+    policy, episode for episode (the host sees the same boundaries and chunks as
+    ``rollcap run``). The critic feeds the stop predicates; a boundary that stops
+    the episode ends the step that led to it (a boundary runs after the last
+    chunk of an episode that a time limit cuts too, as ``rollcap run
+    --max-chunks`` records one: the cut observation's plan is there to bootstrap
+    from; an episode the env itself ended shows zeros). ``info["value"]`` is the
+    critic's value of the returned observation. See the module docstring for observation,
+    reward and done conventions.
     """
 
     def __init__(self, env, policy, critic=None, config=None, subscribers=(), max_tokens: int = MAX_TOKENS, **kw):
@@ -283,11 +323,39 @@ class ChunkEnv(_CoreEnv):
                 f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
             )
         h = self.chunk_shape[0]
+        self.execute_steps = int(self.host.config.execute_steps)
+        """Rows of the agent's chunk executed each step (the host config's, default the policy's own)."""
         self.action_space = spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
+        self.observation_space = spaces.Dict(
+            {**self.observation_space.spaces, "policy_chunk": policy_chunk_space(self.chunk_shape)}
+        )
+
+    def _obs(self, obs):
+        out = super()._obs(obs)
+        event = self._event
+        out["policy_chunk"] = np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
+        return out
+
+    def _started(self) -> None:
+        self._boundary(None, {})
+        if self.host.done and self._event is None:  # the first boundary failed: finish() raises its error
+            self.host.finish()
 
     def step(self, action):
-        """Run a boundary, then execute ``action`` (an ``[H, A]`` chunk, recorded as the agent's)."""
-        return self._step_chunk(None, self._action(action))
+        """Execute ``action`` (an ``[H, A]`` chunk, its first ``execute_steps`` rows, recorded as the agent's), then run
+        the next boundary: the returned observation holds the policy's chunk for it."""
+        chunk = self._action(action)
+        host = self._running()
+        self._event = None  # an episode that ends in the env has no next boundary: its last observation's plan is zeros
+        reward, info = self._execute(chunk[: self.execute_steps])
+        if not host.done:  # also when a TimeLimit cuts now: the cut observation's plan is there to bootstrap from
+            self._boundary(None, info)
+        return self._end_step(reward, info, time_limit_cuts())
+
+
+def policy_chunk_space(chunk_shape: tuple[int, int]) -> spaces.Box:
+    """``policy_chunk``'s space: the policy's raw chunk, float32 ``(H, A)``, unbounded (it may leave the action box)."""
+    return spaces.Box(-np.inf, np.inf, tuple(chunk_shape), np.float32)
 
 
 class NoiseSteeringEnv(_CoreEnv):
@@ -335,8 +403,18 @@ class NoiseSteeringEnv(_CoreEnv):
         return out
 
     def step(self, action):
-        """Run the policy on the agent's noise (clipped to the action space) and execute its chunk."""
-        return self._step_chunk(np.clip(self._action(action), -self.noise_bound, self.noise_bound), None)
+        """Run the policy on the agent's noise (clipped to the action space) and execute its chunk; ``info["policy_chunk"]``
+        is that chunk (the one executed)."""
+        noise = np.clip(self._action(action), -self.noise_bound, self.noise_bound)
+        host = self._running()
+        info: dict = {}
+        self._event = None
+        if host.state is HostState.RUNNING:
+            self._boundary(noise, info)
+        reward, more = self._execute(None)
+        if self._event is not None:
+            more["policy_chunk"] = self._event.actions
+        return self._end_step(reward, {**more, **info}, time_limit_cuts())
 
 
 def checked_bound(bound) -> float:
