@@ -313,28 +313,44 @@ class ChunkEnv(_CoreEnv):
     from; an episode the env itself ended shows zeros). ``info["value"]`` is the
     critic's value of the returned observation. See the module docstring for observation,
     reward and done conventions.
+
+    Args:
+        residual: None (the action is the chunk), or a scale ``s > 0``: the action is a residual in
+            ``[-1, 1]^(H, A)`` (clipped to it) and the env executes ``obs["policy_chunk"] + s * action`` (that sum
+            is not clipped: the env treats it as it treats the policy's own chunk), so an agent whose action starts at zero starts as the
+            frozen policy (SB3's SAC and PPO start near zero).
     """
 
-    def __init__(self, env, policy, critic=None, config=None, subscribers=(), max_tokens: int = MAX_TOKENS, **kw):
+    def __init__(
+        self,
+        env,
+        policy,
+        critic=None,
+        config=None,
+        subscribers=(),
+        max_tokens: int = MAX_TOKENS,
+        residual: float | None = None,
+        **kw,
+    ):
+        residual = checked_residual(residual)  # before anything is built
         super().__init__(env, policy, critic, config, subscribers, max_tokens, **kw)
-        base = env.action_space
-        if not isinstance(base, spaces.Box) or base.shape != (self.chunk_shape[1],):
-            raise ValueError(
-                f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
-            )
-        h = self.chunk_shape[0]
+        self.residual = residual
+        self.action_space = chunk_action_space(env.action_space, self.chunk_shape, self.residual)
         self.execute_steps = int(self.host.config.execute_steps)
         """Rows of the agent's chunk executed each step (the host config's, default the policy's own)."""
-        self.action_space = spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
         self.observation_space = spaces.Dict(
             {**self.observation_space.spaces, "policy_chunk": policy_chunk_space(self.chunk_shape)}
         )
 
     def _obs(self, obs):
         out = super()._obs(obs)
-        event = self._event
-        out["policy_chunk"] = np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
+        out["policy_chunk"] = self._obs_plan()
         return out
+
+    def _obs_plan(self) -> np.ndarray:
+        """The policy's chunk for the current observation (zeros where the episode ended in the env)."""
+        event = self._event
+        return np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
 
     def _started(self) -> None:
         self._boundary(None, {})
@@ -345,12 +361,34 @@ class ChunkEnv(_CoreEnv):
         """Execute ``action`` (an ``[H, A]`` chunk, its first ``execute_steps`` rows, recorded as the agent's), then run
         the next boundary: the returned observation holds the policy's chunk for it."""
         chunk = self._action(action)
+        if self.residual is not None:
+            chunk = self._obs_plan() + np.float32(self.residual) * np.clip(chunk, -1.0, 1.0)
         host = self._running()
         self._event = None  # an episode that ends in the env has no next boundary: its last observation's plan is zeros
         reward, info = self._execute(chunk[: self.execute_steps])
         if not host.done:  # also when a TimeLimit cuts now: the cut observation's plan is there to bootstrap from
             self._boundary(None, info)
         return self._end_step(reward, info, time_limit_cuts())
+
+
+def checked_residual(scale) -> float | None:
+    """``residual`` as None or a float > 0; ConfigError otherwise."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not 0 < scale < np.inf:
+        raise ConfigError("residual", f"expected None or a number > 0 (the residual's scale), got {scale!r}")
+    return float(scale)
+
+
+def chunk_action_space(base: spaces.Space, chunk_shape: tuple[int, int], residual: float | None) -> spaces.Box:
+    """A chunk env's action space: the env's action box tiled to ``(H, A)``, or ``[-1, 1]^(H, A)`` for a residual;
+    ValueError for an env whose actions are not a Box of the policy's width."""
+    h, a = chunk_shape
+    if not isinstance(base, spaces.Box) or base.shape != (a,):
+        raise ValueError(f"env action space {base} is not a Box of shape ({a},), the policy's action width")
+    if residual is not None:
+        return spaces.Box(-1.0, 1.0, (h, a), np.float32)
+    return spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
 
 
 def policy_chunk_space(chunk_shape: tuple[int, int]) -> spaces.Box:

@@ -83,6 +83,8 @@ from rollcap.rollout.gym.envs import (
     NOISE_BOUND,
     TERMINAL,
     checked_bound,
+    checked_residual,
+    chunk_action_space,
     gym_obs,
     gym_obs_space,
     lanes_of,
@@ -413,18 +415,18 @@ class ChunkVectorEnv(_CoreVectorEnv):
             (``gym.make_vec(id, max_episode_steps=K)``; gymnasium has no vector ``TimeLimit``).
         state_only: the agent sees the env's ``state`` alone (and ``policy_chunk``).
         owns: closed with the env.
+        residual: as :class:`~rollcap.rollout.gym.envs.ChunkEnv`'s (an action in ``[-1, 1]``, executed as the
+            policy's chunk plus ``residual`` times it).
     """
 
     LOOKAHEAD = True
 
+    def __init__(self, *args, residual: float | None = None, **kw):
+        self.residual = checked_residual(residual)
+        super().__init__(*args, **kw)
+
     def _single_action_space(self, env: gym.Env) -> spaces.Box:
-        base = env.action_space
-        if not isinstance(base, spaces.Box) or base.shape != (self.chunk_shape[1],):
-            raise ValueError(
-                f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
-            )
-        h = self.chunk_shape[0]
-        return spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
+        return chunk_action_space(env.action_space, self.chunk_shape, self.residual)
 
     def _obs_space(self, space):
         out = super()._obs_space(space)
@@ -432,12 +434,18 @@ class ChunkVectorEnv(_CoreVectorEnv):
 
     def _observe(self, i):
         out = super()._observe(i)
-        event = self._events[i]
-        out["policy_chunk"] = np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
+        out["policy_chunk"] = self._plan_of(i)
         return out
+
+    def _plan_of(self, i: int) -> np.ndarray:
+        event = self._events[i]
+        return np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
 
     def _advance(self, actions, stepping, fresh):
         hosts, e = self.core.hosts, self.core.config.execute_steps
+        if self.residual is not None:
+            scale = np.float32(self.residual)
+            actions = [self._plan_of(i) + scale * np.clip(a, -1.0, 1.0) for i, a in enumerate(actions)]
         steps = self.core.execute(
             [a[:e] for a in actions], [i for i in stepping if hosts[i].state is HostState.RUNNING]
         )

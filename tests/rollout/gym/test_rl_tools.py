@@ -272,14 +272,16 @@ class _Records(Subscriber):
         self.records.append(end.record)
 
 
-def test_a_zero_residual_is_the_frozen_policy_episode_for_episode():
-    """ChunkEnv's observation holds the policy's chunk for it; acting it (a zero residual) gives the frozen policy's
-    episodes (`rollcap run` with the same config), observation, action, reward and stop for each, and execute_steps is
-    honoured (2 of the chunk's 4 rows). It was the chunk for the observation already acted on, one step late, and all
-    4 rows ran."""
+@pytest.mark.parametrize("residual", [None, 0.25])
+def test_a_zero_residual_is_the_frozen_policy_episode_for_episode(residual):
+    """ChunkEnv's observation holds the policy's chunk for it; acting it (a zero residual; with ``residual=s``, the
+    action 0) gives the frozen policy's episodes (`rollcap run` with the same config), observation, action, reward and
+    stop for each, and execute_steps is honoured (2 of the chunk's 4 rows). It was the chunk for the observation
+    already acted on, one step late, and all 4 rows ran."""
     config = HostConfig(max_chunks=5, execute_steps=2)
     seen = _Records()
-    env = tiny(ChunkEnv, config=config, subscribers=(seen,))
+    env = tiny(ChunkEnv, config=config, subscribers=(seen,), residual=residual)
+    act = (lambda obs: obs["policy_chunk"]) if residual is None else (lambda obs: np.zeros(SHAPE, np.float32))
     p, c = make_runners(seed=2)
     frozen = RolloutHost(make_env(), p, c, config)
     try:
@@ -288,7 +290,7 @@ def test_a_zero_residual_is_the_frozen_policy_episode_for_episode():
             obs, info = env.reset(seed=seed)
             steps = []
             while True:
-                obs, _, term, trunc, info = env.step(obs["policy_chunk"])
+                obs, _, term, trunc, info = env.step(act(obs))
                 steps.append(info["steps"])
                 if term or trunc:
                     break
@@ -303,6 +305,26 @@ def test_a_zero_residual_is_the_frozen_policy_episode_for_episode():
     finally:
         env.close()
         frozen.close()
+
+
+def test_a_residual_vector_env_starts_as_the_frozen_policy():
+    """ChunkVectorEnv(residual=s): the action is a residual in [-1, 1] (clipped), executed on top of each sub-env's
+    plan; the zero action gives the same episodes as acting the plans themselves, and a bad scale is one line."""
+    plain, resid = tiny_vector(ChunkVectorEnv, n=2), tiny_vector(ChunkVectorEnv, n=2, residual=0.5)
+    try:
+        assert resid.single_action_space.low.min() == -1.0 and resid.single_action_space.high.max() == 1.0
+        o1, _ = plain.reset(seed=3)
+        o2, _ = resid.reset(seed=3)
+        for _ in range(4):
+            r1, r2 = plain.step(o1["policy_chunk"]), resid.step(np.zeros(resid.action_space.shape, np.float32))
+            assert all(data_equivalence(x, y, exact=True) for x, y in zip(r1[:4], r2[:4]))
+            o1 = r1[0]
+    finally:
+        plain.close()
+        resid.close()
+    for bad in (0, -1.0, True, "0.1"):
+        with pytest.raises(ConfigError, match="^residual: expected None or a number > 0"):
+            tiny(ChunkEnv, residual=bad)
 
 
 # -- 6. SB3 on the batched core ----------------------------------------------------------------------------------------
