@@ -39,13 +39,16 @@ def _example(*flags, env=None, timeout=300):
 @pytest.mark.slow(seconds=24)
 def test_dsrl_sac_example_smoke(tmp_path):
     """A few hundred SAC steps and 5 held-out episodes: the agent is written as safetensors + JSON, both success
-    rates are printed, SB3's logger leaves no directory in the temp directory (its default makes one), and ``--load``
-    of the written agent scores the same held-out episodes the same way."""
+    rates are printed, SB3's logger leaves no directory in the temp directory (its default makes one) and writes
+    TensorBoard events where --tensorboard says, and ``--load`` of the written agent scores the same held-out episodes
+    the same way."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
-    res = _example("--timesteps", 300, "--learning-starts", 100, "--eval-episodes", 5, "--out", tmp_path / "a", env=env)
+    res = _example("--timesteps", 300, "--learning-starts", 100, "--eval-episodes", 5, "--out", tmp_path / "a",
+                   "--tensorboard", tmp_path / "tb", env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (
         "steered (SAC, deterministic) success: " in res.stdout and "unsteered (frozen policy) success: " in res.stdout
     ), res.stdout
