@@ -379,3 +379,37 @@ def test_sb3_vec_env_refuses_what_it_cannot_drive():
         env.close()
     with pytest.raises(TypeError, match="venv: expected a rollcap vector env"):
         SB3VecEnv(SyncVectorEnv([make_env]))
+
+
+# -- 7. normalising the Dict observation --------------------------------------------------------------------------------
+def test_normalize_observation_recipes_from_the_readme_work():
+    """gymnasium's NormalizeObservation wants a Box: FlattenObservation first (single and vector, as README says);
+    SB3's VecNormalize takes the Dict as it is (norm_obs_keys)."""
+    env = wrappers.NormalizeObservation(wrappers.FlattenObservation(tiny(state_only=True)))
+    try:
+        obs, _ = env.reset(seed=0)
+        obs, *_ = env.step(np.zeros(SHAPE, np.float32))
+        assert obs.shape == (28,) and np.isfinite(obs).all()
+    finally:
+        env.close()
+    from gymnasium.wrappers import vector as vector_wrappers
+
+    venv = vector_wrappers.NormalizeObservation(vector_wrappers.FlattenObservation(tiny_vector(n=2, state_only=True)))
+    try:
+        venv.reset(seed=0)
+        obs, *_ = venv.step(np.zeros((2, *SHAPE), np.float32))
+        assert obs.shape == (2, 28) and np.isfinite(obs).all()
+    finally:
+        venv.close()
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    from rollcap.rollout.gym.sb3 import SB3VecEnv
+
+    sb3 = VecNormalize(SB3VecEnv(tiny_vector(n=2, autoreset_mode="SameStep")), norm_obs_keys=["state"])
+    try:
+        sb3.reset()
+        obs, *_ = sb3.step(np.zeros((2, *SHAPE), np.float32))
+        assert np.abs(obs["state"]).max() <= sb3.clip_obs and obs["image_front"].dtype == np.uint8
+    finally:
+        sb3.close()
