@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("stable_baselines3")
+pytest.importorskip("tensorboard")  # the rl extra holds both: --tensorboard is part of each smoke run
 
 pytestmark = pytest.mark.slow  # subprocesses: the fast tier (-m "not slow") leaves them to the full suite
 
