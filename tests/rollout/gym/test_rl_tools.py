@@ -3,6 +3,8 @@ a recorder shared by a train and an eval env, residual RL on ChunkEnv, SB3 on th
 
 from __future__ import annotations
 
+import warnings
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -245,11 +247,14 @@ def test_make_vec_async_with_a_recorder_refuses_in_one_line_at_the_first_reset(t
             state_only=True,
         )
         try:
-            with pytest.raises(
-                RuntimeError, match=r"this EpisodeRecorder was opened in process \d+ and is used in"
-            ) as e:
-                venv.reset(seed=0)
+            with warnings.catch_warnings(record=True) as said:  # gymnasium reports each worker's error as it stops it
+                warnings.simplefilter("always")
+                with pytest.raises(
+                    RuntimeError, match=r"EpisodeRecorder was opened in process \d+ and is used in"
+                ) as e:
+                    venv.reset(seed=0)
             assert "\n" not in str(e.value) and "vectorization_mode='sync'" in str(e.value)
+            assert any("Received the following error from Worker" in str(w.message) for w in said)
         finally:
             venv.close(terminate=True)
         assert not list((tmp_path / "r" / "episodes").iterdir())
