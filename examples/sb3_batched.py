@@ -16,10 +16,7 @@ examples/dsrl_sac.py for a SAC agent saved as safetensors).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,9 +27,7 @@ import torch
 
 import rollcap  # noqa: F401  (registers the ids)
 from rollcap.rollout.gym.sb3 import make_sb3_vec_env
-from rollcap.rollout.learn.heldout import held_out_successes, paired_lines
-from rollcap.rollout.learn.logs import sb3_logger, tensorboard_missing
-from rollcap.rollout.options import Options
+from rollcap.rollout.learn.heldout import SB3Run, parse_sb3_example, score_sb3, train_sb3, write_result
 
 ENV_ID = "rollcap/NoiseSteerPushBlock-v0"
 
@@ -43,91 +38,45 @@ class Args:
     """SB3's algorithm."""
     envs: int = 8
     """Sub-envs: the batch the policy and critic graphs are captured at."""
-    timesteps: int = 20_000
-    """SB3 steps, over all sub-envs (one step of one sub-env is one chunk)."""
-    learning_starts: int = 1000
-    """SAC: steps of uniformly random noise before its first update."""
-    max_chunks: int = 20
-    """Chunks after which an episode is cut (max_episode_steps; stop reason time_limit)."""
     noise_bound: float = 1.5
     """The agent's noise lies in [-bound, bound] (DSRL's recipe)."""
-    seed: int = 0
-    """SB3's seed; sub-env i trains on run seed + i."""
-    eval_seed: int = 2
-    """Run seed of the held-out episodes (the single env's episodes episode_seed(eval_seed, j))."""
-    eval_episodes: int = 100
-    """Held-out episodes, each played by the agent and by zero noise."""
-    tensorboard: Path | None = None
-    """Also write SB3's log as TensorBoard event files here."""
     out: Path = Path("runs/sb3_batched")
     """Where result.json goes."""
 
 
-def main(args: Args) -> int:
+def main(args: Args, run: SB3Run) -> int:
     from stable_baselines3 import PPO, SAC
 
     torch.set_num_threads(1)  # SB3's updates; the policy's and critic's lanes keep their own budgets
     kw = {"state_only": True, "noise_bound": args.noise_bound}
-    venv = make_sb3_vec_env(ENV_ID, n_envs=args.envs, max_episode_steps=args.max_chunks, **kw)
+    venv = make_sb3_vec_env(ENV_ID, n_envs=args.envs, max_episode_steps=run.max_chunks, **kw)
     try:
         if args.algo == "sac":
-            model = SAC("MultiInputPolicy", venv, learning_starts=args.learning_starts, seed=args.seed, device="cpu")
+            model = SAC("MultiInputPolicy", venv, learning_starts=run.learning_starts, seed=run.seed, device="cpu")
         else:
-            n_steps = max(2, min(256, args.timesteps // args.envs))
+            n_steps = max(2, min(256, run.timesteps // args.envs))
             model = PPO("MultiInputPolicy", venv, n_steps=n_steps, batch_size=min(64, n_steps * args.envs),
-                        seed=args.seed, device="cpu")  # fmt: skip
-        model.set_logger(sb3_logger(True, args.tensorboard))
-        t0 = time.perf_counter()
-        model.learn(args.timesteps, log_interval=max(1, args.envs) if args.algo == "sac" else 1)
-        seconds = time.perf_counter() - t0
-        rate = None if not model.ep_success_buffer else float(np.mean(model.ep_success_buffer))
+                        seed=run.seed, device="cpu")  # fmt: skip
+        train = train_sb3(model, run, log_interval=args.envs if args.algo == "sac" else 1)
     finally:
         venv.close()
     print(
-        f"trained {model.num_timesteps} steps in {seconds:.0f} s on {args.envs} sub-envs (one graph at batch {args.envs})"
+        f"trained {train['steps']} steps in {train['seconds']:.0f} s on {args.envs} sub-envs (one graph at batch {args.envs})"
     )
     env = gym.make(ENV_ID, **kw)
-    try:
-        agent = held_out_successes(
-            env, lambda o: model.predict(o, deterministic=True)[0], args.eval_seed, args.eval_episodes
-        )
-        zero = held_out_successes(env, lambda o: np.zeros(env.action_space.shape, np.float32), args.eval_seed, args.eval_episodes)  # fmt: skip
-    finally:
-        env.close()
-    lines = paired_lines(f"{args.algo.upper()} (deterministic)", agent, "zero noise", zero, args.eval_seed)
-    print("\n".join(lines))
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = {"args": {k: str(v) for k, v in asdict(args).items()}, "train": {"steps": int(model.num_timesteps),
-              "seconds": seconds, "success_rate_last_100": rate}, "eval": {"agent": agent, "zero_noise": zero, "lines": lines}}  # fmt: skip
-    (args.out / "result.json").write_text(json.dumps(report, indent=1))
-    print(f"-> {args.out / 'result.json'}")
+    zero = ("zero noise", lambda o: np.zeros(env.action_space.shape, np.float32))
+    scored = score_sb3(model, env, f"{args.algo.upper()} (deterministic)", zero, run)
+    write_result(args.out, args={**asdict(args), **asdict(run)}, train=train, eval=scored)
     return 0
 
 
+def problems(args: Args) -> list[str]:
+    """What is wrong with this example's own flags."""
+    return [msg for bad, msg in (
+        (args.envs < 1, f"--envs: expected an integer >= 1, got {args.envs}"),
+        (not 0 < args.noise_bound <= 4, f"--noise-bound: expected a number in (0, 4], got {args.noise_bound}"),
+    ) if bad]  # fmt: skip
+
+
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    opts = Options(ap)
-    opts.add(Args)
-    args = Args(**opts.values(ap.parse_args(), Args))
-    problem = next(
-        (
-            msg
-            for bad, msg in (
-                (args.envs < 1, f"--envs: expected an integer >= 1, got {args.envs}"),
-                (args.timesteps < 1, f"--timesteps: expected an integer >= 1, got {args.timesteps}"),
-                (args.max_chunks < 1, f"--max-chunks: expected an integer >= 1, got {args.max_chunks}"),
-                (args.eval_episodes < 1, f"--eval-episodes: expected an integer >= 1, got {args.eval_episodes}"),
-                (not 0 < args.noise_bound <= 4, f"--noise-bound: expected a number in (0, 4], got {args.noise_bound}"),
-                (
-                    args.tensorboard is not None and bool(tensorboard_missing()),
-                    f"--tensorboard: {tensorboard_missing()}",
-                ),
-            )
-            if bad
-        ),
-        None,
-    )
-    if problem is not None:  # one line, exit 2, nothing built
-        print(f"sb3_batched.py: {problem}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(args))
+    sys.exit(main(*parse_sb3_example(__doc__, Args, problems)))

@@ -38,7 +38,7 @@ def test_sb3_batched_example_trains_on_one_graph_and_scores_held_out(algo, tmp_p
     assert res.returncode == 0, res.stderr[-3000:]
     assert "on 2 sub-envs (one graph at batch 2)" in res.stdout and "success_rate" in res.stdout, res.stdout[-2000:]
     report = json.loads((out / "result.json").read_text())
-    assert len(report["eval"]["agent"]) == len(report["eval"]["zero_noise"]) == 2
+    assert len(report["eval"]["agent"]) == len(report["eval"]["baseline"]) == 2
     assert any(line.startswith(f"{algo.upper()} (deterministic) - zero noise: ") for line in report["eval"]["lines"])
     assert _events(out / "tb")
 
@@ -53,7 +53,7 @@ def test_residual_rl_example_starts_as_the_frozen_policy(envs, tmp_path):
                    "--eval-episodes", 2, "--tensorboard", out / "tb", "--out", out)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads((out / "result.json").read_text())
-    assert len(report["eval"]["agent"]) == len(report["eval"]["frozen"]) == 2
+    assert len(report["eval"]["agent"]) == len(report["eval"]["baseline"]) == 2
     assert "residual SAC (deterministic) - frozen policy (zero residual): " in res.stdout and _events(out / "tb")
 
 
