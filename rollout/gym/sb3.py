@@ -36,7 +36,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.gym.vector import _CoreVectorEnv
+from rollcap.rollout.gym.vector_core import CoreVectorEnv
 
 try:
     from stable_baselines3.common.vec_env import VecEnv, VecMonitor
@@ -69,8 +69,8 @@ class SB3VecEnv(VecEnv):
             :class:`~rollcap.rollout.gym.vector.NoiseSteeringVectorEnv`; closed by :meth:`close`.
     """
 
-    def __init__(self, venv: _CoreVectorEnv):
-        if not isinstance(venv, _CoreVectorEnv):
+    def __init__(self, venv: CoreVectorEnv):
+        if not isinstance(venv, CoreVectorEnv):
             raise TypeError(
                 f"venv: expected a rollcap vector env (gym.make_vec of a rollcap/ RL id), got {type(venv).__name__}"
             )
@@ -148,13 +148,11 @@ def make_sb3_vec_env(env_id: str, n_envs: int = 8, monitor: bool = True, **kw) -
     ``subscribers``, ``config``, ``parts``, ...)."""
     import gymnasium as gym
 
-    import rollcap  # noqa: F401  (registers the ids)
-
     if "autoreset_mode" in kw and kw["autoreset_mode"] not in (AutoresetMode.SAME_STEP, "SameStep"):
         raise ConfigError("autoreset_mode", f"SB3 needs SameStep (the default here), got {kw['autoreset_mode']!r}")
     kw["autoreset_mode"] = AutoresetMode.SAME_STEP
     venv = gym.make_vec(env_id, num_envs=n_envs, **kw)
-    if not isinstance(venv, _CoreVectorEnv):
+    if not isinstance(venv, CoreVectorEnv):
         venv.close()
         raise ConfigError(
             "env_id",

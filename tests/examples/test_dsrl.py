@@ -21,7 +21,8 @@ from rollcap.rollout.config import HostConfig  # noqa: E402
 from rollcap.rollout.learn.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, task_one_hot  # noqa: E402
 from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson  # noqa: E402
 from rollcap.rollout.errors import ConfigError  # noqa: E402
-from rollcap.rollout.gym.envs import NoiseSteeringEnv, instruction_tokens  # noqa: E402
+from rollcap.rollout.gym.core import instruction_tokens  # noqa: E402
+from rollcap.rollout.gym.envs import NoiseSteeringEnv  # noqa: E402
 from rollcap.rollout.recording import EpisodeRecorder  # noqa: E402
 from tests.rollout._tiny import make_env, make_runners  # noqa: E402
 

@@ -11,7 +11,8 @@ from gymnasium.utils.env_checker import check_env
 
 import rollcap  # noqa: F401  (registers the ids)
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.gym.envs import ChunkEnv, NoiseSteeringEnv, instruction_tokens
+from rollcap.rollout.gym.core import instruction_tokens
+from rollcap.rollout.gym.envs import ChunkEnv, NoiseSteeringEnv
 from rollcap.rollout.recording import EpisodeRecorder
 from rollcap.rollout.offline.replay import replay_closed, replay_env, replay_policy
 from tests.rollout._tiny import make_env, make_runners
