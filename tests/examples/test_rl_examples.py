@@ -28,11 +28,10 @@ def _events(path: Path) -> list[Path]:
 
 
 @pytest.mark.slow(seconds=25)
-@pytest.mark.parametrize("algo", ["sac", "ppo"])
-def test_sb3_batched_example_trains_on_one_graph_and_scores_held_out(algo, tmp_path):
-    """SAC or PPO on 2 sub-envs of the batched core: it trains (SB3's success rate logged, TensorBoard events written),
-    then the agent and zero noise play the same 2 held-out episodes, paired, into result.json."""
-    out = tmp_path / "run"
+def test_sb3_batched_example_trains_on_one_graph_and_scores_held_out(tmp_path):
+    """SAC on 2 sub-envs of the batched core (PPO's run is test_rl_tools.py's): it trains (SB3's success rate logged,
+    TensorBoard events written), then the agent and zero noise play the same 2 held-out episodes, paired."""
+    algo, out = "sac", tmp_path / "run"
     res = _example("sb3_batched.py", "--algo", algo, "--envs", 2, "--timesteps", 48, "--learning-starts", 16,
                    "--max-chunks", 3, "--eval-episodes", 2, "--tensorboard", out / "tb", "--out", out)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
@@ -44,11 +43,10 @@ def test_sb3_batched_example_trains_on_one_graph_and_scores_held_out(algo, tmp_p
 
 
 @pytest.mark.slow(seconds=25)
-@pytest.mark.parametrize("envs", [1, 2])
-def test_residual_rl_example_starts_as_the_frozen_policy(envs, tmp_path):
-    """Residual SAC on ChunkEnv (one env, or 2 on the batched core): it trains and is scored against the zero residual,
-    which is the frozen policy, on the same held-out episodes."""
-    out = tmp_path / "run"
+def test_residual_rl_example_starts_as_the_frozen_policy(tmp_path):
+    """Residual SAC on ChunkEnv, 2 sub-envs on the batched core (the single env's residual is test_rl_tools.py's): it
+    trains and is scored against the zero residual, which is the frozen policy, on the same held-out episodes."""
+    envs, out = 2, tmp_path / "run"
     res = _example("residual_rl.py", "--envs", envs, "--timesteps", 32, "--learning-starts", 16, "--max-chunks", 4,
                    "--eval-episodes", 2, "--tensorboard", out / "tb", "--out", out)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
