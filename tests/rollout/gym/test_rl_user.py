@@ -257,7 +257,7 @@ def test_sync_vector_env_sub_envs_share_a_recorder_and_a_resumed_run_goes_on(tmp
         env.close()
 
     with EpisodeRecorder(tmp_path / "r") as rec:
-        loop(rec, 6)  # next-step autoreset: TimeLimit cuts at steps 2 and 5, the resets at 3 and 6 record them
+        loop(rec, 6)  # next-step autoreset: TimeLimit cuts at steps 2 and 5, each episode recorded where it is cut
     first = rollcap.load(tmp_path / "r")
     with EpisodeRecorder(tmp_path / "r", resume=True) as rec:
         loop(rec, 3)
