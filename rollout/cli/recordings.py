@@ -138,7 +138,7 @@ def add_parsers(command, parts_options) -> None:
         "--gamma",
         type=float,
         default=None,
-        help="chunks: the per-step discount inside a chunk's return, in (0, 1] (default 1: the plain sum of its rewards)",
+        help="chunks: the per-step discount inside a chunk's return, 0 < gamma <= 1 (default 1: the plain sum of its rewards)",
     )
     p.add_argument(
         "--labels",
