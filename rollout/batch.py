@@ -307,9 +307,19 @@ class BatchedCore:
         episode ended at the boundary) and its steps' events. A slot whose
         episode ended stays stopped: :meth:`RolloutHost.finish` it.
         """
+        events = self.boundaries(noise, active)
+        ready = [i for i, h in enumerate(self.hosts) if events[i] is not None and h.state is HostState.RUNNING]
+        steps = self.execute(actions or [None] * len(self.hosts), ready)
+        return [(events[i], steps.get(i, [])) for i in range(len(self.hosts))]
+
+    def boundaries(
+        self, noise: Sequence[np.ndarray | None] | None = None, active: Sequence[bool] | None = None
+    ) -> list[ChunkEvent | None]:
+        """:meth:`round`'s first half: every active running slot's boundary (launch all, one replay per graph, decide
+        all); per slot its chunk event (None: it did not take part, or its episode ended instead)."""
         n = len(self.hosts)
-        noise, actions, active = noise or [None] * n, actions or [None] * n, active or [True] * n
-        out: list[tuple[ChunkEvent | None, list[StepEvent]]] = [(None, []) for _ in range(n)]
+        noise, active = noise or [None] * n, active or [True] * n
+        events: list[ChunkEvent | None] = [None] * n
         launched = [
             (i, h, h.launch(noise[i])) for i, h in enumerate(self.hosts) if active[i] and h.state is HostState.RUNNING
         ]
@@ -320,16 +330,19 @@ class BatchedCore:
                 h.draw_ahead()
         for i, h, ticket in launched:
             if ticket is not None:
-                out[i] = (h.decide(ticket), [])
-        ready = [i for i, h, _ in launched if self.hosts[i].state is HostState.RUNNING]
-        if self._pool is None or len(ready) < 2:
-            for i in ready:
-                out[i] = (out[i][0], self.hosts[i].execute(actions[i]))
-            return out
-        futures = {i: self._pool.submit(self.hosts[i].execute, actions[i]) for i in ready}
+                events[i] = h.decide(ticket)
+        return events
+
+    def execute(self, actions: Sequence[np.ndarray | None], slots: Sequence[int]) -> dict[int, list[StepEvent]]:
+        """:meth:`round`'s second half: the ``slots``' last boundaries' chunks in their envs (``actions[i]``: slot
+        ``i``'s chunk, None: its policy's), on the pool; per slot its steps' events."""
+        if self._pool is None or len(slots) < 2:
+            return {i: self.hosts[i].execute(actions[i]) for i in slots}
+        futures = {i: self._pool.submit(self.hosts[i].execute, actions[i]) for i in slots}
+        out = {}
         try:
             for i, f in futures.items():
-                out[i] = (out[i][0], f.result())
+                out[i] = f.result()
         finally:
             for f in futures.values():  # an interrupt in the driver still waits for every env step in flight
                 f.exception() if not f.cancel() else None

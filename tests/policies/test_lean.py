@@ -166,6 +166,7 @@ def test_replay_takes_the_lean_sampler_and_fp8_back_from_the_recording(monkeypat
     pol = {
         "device_kind": "cuda",
         "cuda_device": "NVIDIA H100 80GB HBM3",
+        "component": "policy",  # a captured runner's
         "backend": "cuda",
         "precision": "fp8",
         "weights_digest": "sha256:lean-weights",
