@@ -24,7 +24,11 @@ steps its envs and waits for the replay; an end is sent once its episode is on
 disk (the parent names it in the manifest, the commit point).
 
 The worker ignores SIGINT (a Ctrl-C reaches the process group; the parent
-decides) and imports no CUDA: torch on the CPU, for the runners' validation.
+decides) and imports no torch: its rows are validated with numpy
+(:mod:`rollcap.policies.observation`), its capsules hold numpy state and its
+records are numpy, so a worker starts in a fraction of a second and tens of MB
+(its "ready" says how long, how much, and whether torch came in anyway: an env
+of the user's may import it). ``tests/rollout/workers/test_workers.py`` guards this.
 
 Imports point downward: ``build`` (the env), ``host``, ``config``, ``recording``, the block and the proxies.
 """
@@ -34,7 +38,9 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -58,7 +64,7 @@ def serve(conn, spec: str) -> None:
     except BaseException as err:  # noqa: BLE001 - reported to the parent
         conn.send_bytes(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
         return
-    conn.send_bytes(json.dumps({"ready": os.getpid()}).encode())
+    conn.send_bytes(json.dumps({"ready": os.getpid(), "start": started()}).encode())
     try:
         worker.loop(conn)
     finally:
@@ -70,11 +76,8 @@ class Worker:
     """The slots ``spec["slots"]`` of a run: one env and one host each (see the module docstring)."""
 
     def __init__(self, spec: dict):
-        import torch
-
         from rollcap.rollout.build import make_env
 
-        torch.set_num_threads(1)  # a worker steps envs; the policy is the parent's
         self.shared = SharedRows(Layout.from_json(spec["layout"]), spec["shm"])
         self.envs, self.hosts, self.recorder = [], {}, None
         arrays = self.shared.arrays
@@ -95,6 +98,8 @@ class Worker:
         except BaseException:
             self.close()
             raise
+        if "torch" in sys.modules:  # an env that imports it: its threads would fight the other workers for cores
+            sys.modules["torch"].set_num_threads(1)
         self.writer: ShardWriter | None = None
         self.unrecorded: list[dict] = []  # outcomes of a worker that does not record (tests, benches)
         self.launched: dict[int, object] = {}
@@ -282,6 +287,13 @@ class ShardWriter:
     def close(self) -> None:
         self.q.put(None)
         self.thread.join(timeout=60)
+
+
+def started() -> dict:
+    """What starting this worker cost: its peak resident memory (MB), its modules, and whether torch is among them."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    return {"rss_mb": round(mb, 1), "modules": len(sys.modules), "torch": "torch" in sys.modules}
 
 
 def _spec(d: dict) -> dict:
