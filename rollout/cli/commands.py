@@ -1,4 +1,9 @@
-"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect."""
+"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect.
+
+Building the parser imports no torch (``rollcap --help`` and ``rollcap COMMAND --help`` answer in a fraction of a
+second): it needs the spec's dataclasses only; each command imports what it runs (the API, the benches) when it
+runs. ``tests/rollout/cli/test_startup.py`` guards this.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,7 @@ from pathlib import Path
 
 from rollcap.kernels.files import cannot_create_dir
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.api import Interrupted, run
-from rollcap.rollout.bench.report import format_report, run_bench
 from rollcap.rollout.bench.batch_options import add_batch_arguments, batch_options
-from rollcap.rollout.bench.ray import format_report as format_ray
-from rollcap.rollout.bench.ray import run_bench as run_ray
 
 from rollcap.capsule.cli import add_subparser as add_capsule_parser
 from rollcap.rollout.cli.branch import add_parser as add_branch_parser
@@ -79,6 +80,8 @@ def _run_options(p: argparse.ArgumentParser):
 
 
 def cmd_run(args) -> int:
+    from rollcap.rollout.api import Interrupted, run
+
     _SIGNALS.poll()  # the heavy imports are done: a Ctrl-C held during them stops here, not after the build and capture
     opts = args.options
     parts = Parts(**opts.values(args, Parts))
@@ -157,6 +160,10 @@ def _summary_table(s: dict) -> str:
 
 # ------------------------------------------------------------------- bench
 def cmd_bench(args) -> int:
+    from rollcap.rollout.bench.ray import format_report as format_ray
+    from rollcap.rollout.bench.ray import run_bench as run_ray
+    from rollcap.rollout.bench.report import format_report, run_bench
+
     parts = Parts(**args.options.values(args, Parts))
     only = [s for s in args.only.split(",") if s] if args.only else None
     actors = args.actors or (2 if only and "ray" in only else 0)

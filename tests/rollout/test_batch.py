@@ -205,7 +205,7 @@ def test_an_env_error_ends_only_its_episode():
 def test_branch_of_a_batched_episode_has_an_exact_control(tmp_path):
     """``rollcap branch`` on an episode of a batched run builds a row of runners at the recorded batch, so its control
     (the parent's own noise from the boundary on) is the parent's continuation byte for byte."""
-    from rollcap.rollout.cli.branch import branch_episode
+    from rollcap.rollout.api import branch_episode
 
     p, c = _models(2)
     pol, cri = save_policy(p, tmp_path / "p"), save_critic(c, tmp_path / "c")

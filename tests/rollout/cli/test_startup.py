@@ -59,3 +59,28 @@ for name in {list(TORCH_FREE)!r}:
 print(json.dumps({{"first": first}}))
 """)
     assert got["first"] is None, f"importing {got['first']} imported torch"
+
+
+def test_the_parser_and_every_command_help_import_no_torch():
+    """``rollcap --help`` and ``rollcap COMMAND --help`` for every command, through the console entry point's main,
+    import no torch, MuJoCo or h5py; then something that needs torch (a run's runners) does import it."""
+    got = _python(f"""
+from rollcap.rollout.cli import main
+from rollcap.rollout.cli.commands import build_parser
+commands = sorted(build_parser()._subparsers._group_actions[0].choices)
+seen = {{}}
+for argv in [["--help"]] + [[c, "--help"] for c in commands if c != "capsule"] + [["capsule", "inspect", "--help"]]:
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+    seen[" ".join(argv)] = loaded({HEAVY!r})
+from rollcap.rollout.build import policy_runner  # a run's runner: needs torch
+import rollcap.policies
+rollcap.policies.PolicyRunner
+print(json.dumps({{"commands": commands, "seen": seen, "after": "torch" in sys.modules}}))
+""")
+    assert {"run", "replay", "inspect", "export", "branch", "bench", "recap", "merge", "capsule"} <= set(got["commands"])
+    heavy = {argv: mods for argv, mods in got["seen"].items() if mods}
+    assert not heavy, f"--help imported {heavy}"
+    assert got["after"], "PolicyRunner came without torch: the check above could not see an import"
