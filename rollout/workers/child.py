@@ -52,6 +52,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import EpisodeEnd
+from rollcap.rollout.subscribers import take_batch
 from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 
@@ -246,12 +247,7 @@ class ShardWriter:
 
     def _loop(self) -> None:
         while True:
-            items = [self.q.get()]
-            while items[-1] is not None and len(items) < 16:
-                try:
-                    items.append(self.q.get_nowait())
-                except queue.Empty:
-                    break
+            items = take_batch(self.q, 16, window_s=0.0)  # what waits: one commit (its ends flow as they are written)
             stop = items[-1] is None
             work = [i for i in items if i is not None]
             try:
