@@ -247,8 +247,8 @@ class RunConfig:
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
     """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
-    env_workers: int | Literal["auto"] = 0
-    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. auto: one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 or with actors, writers or teleop. The same bytes either way."""
+    env_workers: int | Literal["auto"] = "auto"
+    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process (your subscribers then see observations). auto (the default): one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 (a machine under 4 cores), with envs 1, or with actors, writers or teleop. The same bytes either way."""
 
     def __post_init__(self):
         if not _is_int(self.episodes) or self.episodes < 1:

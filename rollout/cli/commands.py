@@ -89,7 +89,9 @@ def cmd_run(args) -> int:
     if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
         raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     spec = Spec(parts, host_cfg, run_cfg)
-    if opts.values(args, RunConfig)["env_workers"] == "auto":  # say what it chose: it depends on the machine
+    if (
+        opts.values(args, RunConfig)["env_workers"] == "auto" and run_cfg.envs > 1
+    ):  # say what it chose: it depends on the machine
         where = f"{run_cfg.env_workers} env worker(s)" if run_cfg.env_workers else "every env in this process"
         print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})", file=sys.stderr)
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over

@@ -232,3 +232,16 @@ def test_auto_is_a_core_each_less_two_a_multiple_of_graphs_and_none_where_worker
     assert RunConfig(envs=8, env_workers="auto").env_workers == auto_env_workers(8, 1, usable_cores())
     for other in (dict(writers=2), dict(actors=2), dict(teleop="terminal", envs=1)):
         assert RunConfig(**{"envs": 8, **other, "env_workers": "auto"}).env_workers == 0
+
+
+def test_auto_is_the_default_for_a_batched_run_and_says_what_a_subscriber_misses(monkeypatch):
+    """A batched run's env_workers defaults to auto (0 here on 2 cores, with envs 1, with actors); on a 16-core machine
+    rollcap.run warns that its subscribers will see no observations, naming env_workers=0 (before anything is built)."""
+    import rollcap.rollout.spec as spec
+
+    assert RunConfig(envs=8).env_workers == auto_env_workers(8, 1, usable_cores())
+    assert RunConfig().env_workers == 0 and RunConfig(envs=8, actors=2).env_workers == 0
+    monkeypatch.setattr(spec, "usable_cores", lambda: 16)  # a GPU box's cores (this one has 2)
+    assert RunConfig(envs=4).env_workers == 4 and RunConfig(envs=4, env_workers=0).env_workers == 0
+    with pytest.warns(UserWarning, match="env_workers=0"), pytest.raises(ConfigError):
+        rollcap.run(1, envs=4, subscribers=(Subscriber(),), out="/proc/rollcap-cannot-be-here")
