@@ -287,9 +287,17 @@ class ShardWriter:
 
 def started() -> dict:
     """What starting this worker cost: its peak resident memory (MB), its modules, and whether torch is among them."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    mb = peak / 2**20 if sys.platform == "darwin" else peak / 2**10
-    return {"rss_mb": round(mb, 1), "modules": len(sys.modules), "torch": "torch" in sys.modules}
+    return {"rss_mb": round(peak_rss_mb(), 1), "modules": len(sys.modules), "torch": "torch" in sys.modules}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM (ru_maxrss carries the parent's peak over a spawn)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def _spec(d: dict) -> dict:
