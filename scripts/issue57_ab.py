@@ -11,7 +11,9 @@ Each round runs, for the old tree then this one, each in fresh processes:
   (the pool's construction) and the worker's peak RSS (``VmHWM`` read from ``/proc/<pid>/status`` while it lives);
 - the writer's CPU per episode (``EpisodeRecorder.write_many``, npz + HDF5, one and 16 episodes a commit) over the
   same 20 recorded PushBlock episodes (recorded once, by this tree, with the shipped policy);
-- the in-process host's work per slot and round at batch 32 with a 2 ms stand-in (``bench.batch.host_per_slot``).
+- the in-process host's work per slot and round at batch 32 with a 2 ms stand-in (``bench.batch.host_per_slot``), and
+  the same host's launch and decide alone (``iso_*``: round after round on the same observations, no env step between,
+  so the envs' data does not crowd the caches).
 
 Prints a markdown table (median, range over the rounds) and the machine's load before and after.
 """
@@ -76,6 +78,42 @@ r = host_per_slot(Parts(), 32, 30)
 print(json.dumps({"host_us": r["host_us_per_slot_round"], "launch_us": r["launch_us"], "decide_us": r["decide_us"]}))
 """
 
+ISOLATED = """
+import json, statistics, time
+from rollcap.rollout.build import Parts, make_env
+from rollcap.rollout.bench.batch import _runners
+from rollcap.rollout.batch import BatchedCore
+from rollcap.rollout.config import HostConfig
+parts, n = Parts(), 32
+envs = [make_env(parts.env_id, parts.env_kwargs) for _ in range(n)]
+policy, critic = _runners(parts, n, envs[0], 2e-3)
+core = BatchedCore(envs, policy, critic, HostConfig(seed=5), records=False, workers=0)
+for i in range(n):
+    core.hosts[i].start(i)
+got = {"iso_launch_us": [], "iso_decide_us": []}
+for k in range(60):  # the boundary's two halves round after round, the same observations: the host's own work alone
+    c0 = time.thread_time()
+    tickets = [h.launch() for h in core.hosts]
+    c1 = time.thread_time()
+    for rows in core.policy_rows + core.critic_rows:
+        rows.launch()
+    for h in core.hosts:
+        h.draw_ahead()
+    for rows in core.policy_rows + core.critic_rows:
+        rows.wait()
+    c2 = time.thread_time()
+    for h, t in zip(core.hosts, tickets):
+        h.decide(t)
+    c3 = time.thread_time()
+    for h in core.hosts:  # as if the chunk ran: back at the next boundary
+        h._ep.pending, h._ep.chunk = None, h._ep.chunk + 1
+    if k >= 10:
+        got["iso_launch_us"].append(1e6 * (c1 - c0) / n)
+        got["iso_decide_us"].append(1e6 * (c3 - c2) / n)
+core.close()
+print(json.dumps({k: statistics.median(v) for k, v in got.items()}))
+"""
+
 RECORD = """
 import sys
 from rollcap.rollout.build import Parts, make_env, make_runners
@@ -114,7 +152,7 @@ def _measure(env: dict, episodes: Path) -> dict:
         t0 = time.perf_counter()
         _run(env, "-m", "rollcap.rollout.cli", *argv).check_returncode()
         out[name] = time.perf_counter() - t0
-    for code, args in ((WORKER, ()), (WRITER, (str(episodes),)), (HOST, ())):
+    for code, args in ((WORKER, ()), (WRITER, (str(episodes),)), (HOST, ()), (ISOLATED, ())):
         res = _run(env, "-c", code, *args)
         if res.returncode:
             raise RuntimeError(res.stderr[-2000:])

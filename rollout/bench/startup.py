@@ -74,7 +74,7 @@ def bench_startup(parts: Parts, n: int) -> dict:
         and with torch imported first (``torch_s``, ``torch_rss_mb``), the range of ``s``; ``worker``: a real env
         worker's spawn to ready (``start_s``), peak ``rss_mb`` and whether it held torch; ``rounds``.
     """
-    rounds = 2 if n < 100 else 5
+    rounds = 1 if n < 100 else 5
     env = f"make_env({parts.env_id!r}, {dict(parts.env_kwargs or {})!r})"
     cases = {
         "import rollcap": "import rollcap\n",

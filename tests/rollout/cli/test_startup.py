@@ -80,7 +80,9 @@ import rollcap.policies
 rollcap.policies.PolicyRunner
 print(json.dumps({{"commands": commands, "seen": seen, "after": "torch" in sys.modules}}))
 """)
-    assert {"run", "replay", "inspect", "export", "branch", "bench", "recap", "merge", "capsule"} <= set(got["commands"])
+    assert {"run", "replay", "inspect", "export", "branch", "bench", "recap", "merge", "capsule"} <= set(
+        got["commands"]
+    )
     heavy = {argv: mods for argv, mods in got["seen"].items() if mods}
     assert not heavy, f"--help imported {heavy}"
     assert got["after"], "PolicyRunner came without torch: the check above could not see an import"
