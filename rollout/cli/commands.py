@@ -89,17 +89,24 @@ def cmd_run(args) -> int:
     if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
         raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     spec = Spec(parts, host_cfg, run_cfg)
+    said = None
     if (
         opts.values(args, RunConfig)["env_workers"] == "auto" and run_cfg.envs > 1
-    ):  # say what it chose: it depends on the machine
+    ):  # (the default): it depends on the machine
         where = f"{run_cfg.env_workers} env worker(s)" if run_cfg.env_workers else "every env in this process"
-        print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})", file=sys.stderr)
+        said = f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})"
+
+    def started() -> None:  # say what auto chose once the run starts (a run refused in start-up says only why)
+        if said is not None:
+            print(said, file=sys.stderr)
+        _SIGNALS.release()
+
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over
         result = run(
             run_cfg.episodes,
             out=run_cfg.out,
             env=parts.env_id,
-            on_started=_SIGNALS.release,
+            on_started=started,
             on_finished=_SIGNALS.finish,
             poll_stop=_SIGNALS.poll,
             **spec.options(),

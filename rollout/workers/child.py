@@ -26,7 +26,7 @@ disk (the parent names it in the manifest, the commit point).
 The worker ignores SIGINT (a Ctrl-C reaches the process group; the parent
 decides) and imports no torch: its rows are validated with numpy
 (:mod:`rollcap.policies.observation`), its capsules hold numpy state and its
-records are numpy, so a worker starts in a fraction of a second and tens of MB
+records are numpy, so a worker starts with ~70 MB and without torch's ~2 s
 (its "ready" says how long, how much, and whether torch came in anyway: an env
 of the user's may import it). ``tests/rollout/workers/test_workers.py`` guards this.
 
