@@ -1,4 +1,8 @@
-"""What bit-exactness depends on, as plain JSON-able dicts, and byte digests."""
+"""What bit-exactness depends on, as plain JSON-able dicts, and byte digests.
+
+Importing it imports no torch (an env worker digests numpy state with
+:func:`tensor_digest`); :func:`device_fingerprint` imports it.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,19 @@ import functools
 import hashlib
 import os
 import platform
+import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
+
+
+def is_tensor(value) -> bool:
+    """``isinstance(value, torch.Tensor)``, without importing torch: no tensor exists before torch is imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def tensor_digest(tensors: dict[str, torch.Tensor] | dict[str, np.ndarray]) -> str:
@@ -16,7 +30,9 @@ def tensor_digest(tensors: dict[str, torch.Tensor] | dict[str, np.ndarray]) -> s
     h = hashlib.sha256()
     for name in sorted(tensors):
         t = tensors[name]
-        if isinstance(t, torch.Tensor):
+        if is_tensor(t):
+            import torch
+
             arr = t.detach().to("cpu").contiguous()
             dtype = str(arr.dtype)
             shape = tuple(arr.shape)
@@ -73,6 +89,8 @@ def device_fingerprint(device: torch.device | str, threads: int | None = None) -
     bits) and the environment variables that steer MKL and oneDNN (:data:`CPU_ENV`); on CUDA the device name, compute
     capability, multiprocessor count (cuBLAS picks kernels by it) and the CUDA and cuDNN versions.
     """
+    import torch
+
     device = torch.device(device)
     fp = {
         "device_kind": device.type,

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,13 @@ def run(
         Interrupted: Ctrl-C; finished episodes are kept (``.result``).
     """
     spec = Spec.of(episodes, out, env, policy, critic, **options)
+    if subscribers and spec.run.env_workers and "env_workers" not in options:  # the default put the envs elsewhere
+        warnings.warn(
+            f"rollcap.run: envs={spec.run.envs} step on {spec.run.env_workers} env worker(s) (env_workers auto): your "
+            "subscribers see each episode's start, its chunks' values and timings and its end, not its observations; "
+            "pass env_workers=0 to step every env in this process",
+            stacklevel=2,
+        )
     if spec.run.out is not None and (why := cannot_create_dir(spec.run.out)):
         raise ConfigError("out", why)  # before minutes of building what would write there
     if spec.run.actors:  # names and paths only, Ray installed, something answers at the address

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from rollcap.policies.observation import ObsHandoff, noise_input
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
@@ -79,12 +80,14 @@ class Rows:
 
 
 class _RowView:
-    """What a row view shares: the batched runner, its row, reset and fingerprint."""
+    """What a row view shares: the batched runner, its row, reset and fingerprint; ``handoff``: the slot's
+    observation check, which its critic row takes from its policy row (checked once a launch)."""
 
-    def __init__(self, rows: Rows, row: int):
+    def __init__(self, rows: Rows, row: int, handoff: ObsHandoff | None = None):
         if not 0 <= row < rows.runner.batch:
             raise ValueError(f"row: expected 0..{rows.runner.batch - 1}, got {row}")
         self.rows, self.row, self.runner = rows, row, rows.runner
+        self.handoff = handoff or ObsHandoff()
 
     def reset(self) -> None:
         """Called at each episode start: wait out a replay an error left in flight."""
@@ -112,8 +115,11 @@ class RowPolicy(_RowView):
         return self.runner.execute_steps
 
     def start(self, obs: Observation, noise: np.ndarray) -> None:
-        """Validate and write this row (the batch is launched by the core, or by :meth:`result`)."""
-        self.runner.load_row(self.row, obs, noise)
+        """Validate and write this row, as the runner's ``load_row`` does (the batch is launched by the core, or by
+        :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
+        values = self.runner.obs_inputs(obs)
+        self.handoff.put(obs, self.runner.spec, values)
+        self.runner.write_row(self.row, {**values, "noise": noise_input(noise, self.runner.chunk_shape)})
         self.rows.written()
 
     def result(self) -> np.ndarray:
@@ -125,7 +131,9 @@ class RowCritic(_RowView):
     """A :class:`~rollcap.rollout.protocols.ChunkCritic` over one row of a batched ``CriticRunner``."""
 
     def start(self, obs: Observation) -> None:
-        self.runner.load_row(self.row, obs)
+        """Write this row: the observation the slot's policy row just checked (same spec), else checked here."""
+        values = self.handoff.take(obs, self.runner.spec)
+        self.runner.write_row(self.row, self.runner.obs_inputs(obs) if values is None else values)
         self.rows.written()
 
     def result(self) -> float:
@@ -235,10 +243,11 @@ class BatchedCore:
 
         def host(i: int, env) -> RolloutHost:
             g, row = divmod(i, batch)
+            handoff = ObsHandoff()  # the slot's: its policy row checks an observation, its critic row reads it
             return RolloutHost(
                 env,
-                RowPolicy(self.policy_rows[g], row),
-                RowCritic(self.critic_rows[g], row) if self.critic_rows else None,
+                RowPolicy(self.policy_rows[g], row, handoff),
+                RowCritic(self.critic_rows[g], row, handoff) if self.critic_rows else None,
                 config,
                 shared,
                 records=records,

@@ -1,4 +1,9 @@
-"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect."""
+"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect.
+
+Building the parser imports no torch (``rollcap --help`` and ``rollcap COMMAND --help`` answer in a fraction of a
+second): it needs the spec's dataclasses only; each command imports what it runs (the API, the benches) when it
+runs. ``tests/rollout/cli/test_startup.py`` guards this.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +15,7 @@ from pathlib import Path
 
 from rollcap.kernels.files import cannot_create_dir
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.api import Interrupted, run
-from rollcap.rollout.bench.report import format_report, run_bench
 from rollcap.rollout.bench.batch_options import add_batch_arguments, batch_options
-from rollcap.rollout.bench.ray import format_report as format_ray
-from rollcap.rollout.bench.ray import run_bench as run_ray
 
 from rollcap.capsule.cli import add_subparser as add_capsule_parser
 from rollcap.rollout.cli.branch import add_parser as add_branch_parser
@@ -79,6 +80,8 @@ def _run_options(p: argparse.ArgumentParser):
 
 
 def cmd_run(args) -> int:
+    from rollcap.rollout.api import Interrupted, run
+
     _SIGNALS.poll()  # the heavy imports are done: a Ctrl-C held during them stops here, not after the build and capture
     opts = args.options
     parts = Parts(**opts.values(args, Parts))
@@ -86,15 +89,24 @@ def cmd_run(args) -> int:
     if run_cfg.out is not None and (why := cannot_create_dir(run_cfg.out)):
         raise ConfigError("out", why)  # before the env and the runners are built: a bad --out costs nothing
     spec = Spec(parts, host_cfg, run_cfg)
-    if opts.values(args, RunConfig)["env_workers"] == "auto":  # say what it chose: it depends on the machine
+    said = None
+    if (
+        opts.values(args, RunConfig)["env_workers"] == "auto" and run_cfg.envs > 1
+    ):  # (the default): it depends on the machine
         where = f"{run_cfg.env_workers} env worker(s)" if run_cfg.env_workers else "every env in this process"
-        print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})", file=sys.stderr)
+        said = f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {run_cfg.envs})"
+
+    def started() -> None:  # say what auto chose once the run starts (a run refused in start-up says only why)
+        if said is not None:
+            print(said, file=sys.stderr)
+        _SIGNALS.release()
+
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over
         result = run(
             run_cfg.episodes,
             out=run_cfg.out,
             env=parts.env_id,
-            on_started=_SIGNALS.release,
+            on_started=started,
             on_finished=_SIGNALS.finish,
             poll_stop=_SIGNALS.poll,
             **spec.options(),
@@ -157,6 +169,10 @@ def _summary_table(s: dict) -> str:
 
 # ------------------------------------------------------------------- bench
 def cmd_bench(args) -> int:
+    from rollcap.rollout.bench.ray import format_report as format_ray
+    from rollcap.rollout.bench.ray import run_bench as run_ray
+    from rollcap.rollout.bench.report import format_report, run_bench
+
     parts = Parts(**args.options.values(args, Parts))
     only = [s for s in args.only.split(",") if s] if args.only else None
     actors = args.actors or (2 if only and "ray" in only else 0)
@@ -247,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=None,
-        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (envs 1 and 8, in this process and in env workers, the shipped policy and a 4 ms stand-in, recorded; --batch-*; ~4 min)",
+        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording,startup; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (envs 1 and 8, in this process and in env workers, the shipped policy and a 4 ms stand-in, recorded; --batch-*; ~4 min)",
     )
     add_batch_arguments(p)
     p.add_argument(

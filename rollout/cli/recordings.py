@@ -7,14 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from rollcap.rollout.build import Parts, named_env
 from rollcap.rollout.options import UserError, json_object
-from rollcap.rollout.offline.deployment import recorded_parts
-from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
-from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes, readable_episodes
-from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
-from rollcap.rollout.ray.episodes import check_actor_run
-from rollcap.rollout.recording import iter_episodes
+from rollcap.rollout.spec import Parts
 
 ENV_HELP = (
     "allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported "
@@ -150,6 +144,12 @@ def add_parsers(command, parts_options) -> None:
 
 # ------------------------------------------------------------------ replay
 def cmd_replay(args) -> int:
+    # the command's modules (torch, the runners): imported when it runs, not for --help
+    from rollcap.rollout.offline.deployment import recorded_parts
+    from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
+    from rollcap.rollout.ray.episodes import check_actor_run
+    from rollcap.rollout.recording import iter_episodes
+
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         raise UserError(f"--mode: expected a comma list of {','.join(MODES)}, got {args.mode!r}")
@@ -210,6 +210,8 @@ def cmd_replay(args) -> int:
 
 def _check_replay_env(args, rec, source: str) -> None:
     """An explicit --env / --env-kwargs must name the recording's env (--env module:id may name a recording of id)."""
+    from rollcap.rollout.build import named_env
+
     named_env(rec.env_id, args.env, source)
     if args.env_kwargs is not None and args.env_kwargs != rec.env_kwargs:
         raise UserError(
@@ -219,6 +221,9 @@ def _check_replay_env(args, rec, source: str) -> None:
 
 # ----------------------------------------------------------------- inspect
 def cmd_inspect(args) -> int:
+    from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
+    from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes, readable_episodes
+    from rollcap.rollout.recording import iter_episodes
 
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing

@@ -185,7 +185,8 @@ def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads:
     elif env_kwargs is not None:
         raise ConfigError("env_kwargs", "give the env's kwargs in parts (Parts(env_kwargs=...)), not beside it")
     fork_safe_torch()
-    built = build(Spec(parts, run=RunConfig(envs=num_envs, graphs=graphs)), check_env=False)
+    run = RunConfig(envs=num_envs, graphs=graphs, env_workers=0)  # the vector env steps its envs itself
+    built = build(Spec(parts, run=run), check_env=False)
     return built.envs, built.policy, built.critic
 
 

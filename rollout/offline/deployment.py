@@ -26,8 +26,7 @@ import functools
 import json
 from pathlib import Path
 
-from rollcap.rollout.build import named_policy
-from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS
+from rollcap.rollout.spec import named_policy
 from rollcap.rollout.errors import ConfigError
 
 AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
@@ -124,6 +123,8 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
                     "runs on cpu, where its episodes are compared but not proven exact (exit 1 unless --accept-not-comparable)"
                 )
         out["device"] = device
+    from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS  # (torch): replay and branch need it; --help does not
+
     on_gpu = str(out["device"]).startswith("cuda")
     if given.get("backend") is None and pol.get("backend") in ("eager", *(CUDA_PLANS if on_gpu else CPU_PLANS)):
         if pol["backend"] not in ("jit", "cuda"):  # the device defaults need no word

@@ -83,7 +83,7 @@ class BatchedRolloutActor(RolloutActor):
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
         self._cores: dict[HostConfig, BatchedCore] = {}
         self._hosts = {}
-        self._built = build(Spec(parts, config, RunConfig(envs=envs, graphs=graphs)), check_env=False)
+        self._built = build(Spec(parts, config, RunConfig(envs=envs, graphs=graphs, env_workers=0)), check_env=False)
         self.envs, self.policy, self.critic, self.env = (
             self._built.envs,
             self._built.policy,

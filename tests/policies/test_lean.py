@@ -14,7 +14,7 @@ from rollcap.kernels.precision import cast_linears
 from rollcap.policies import PolicyRunner
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import LeanFlowVLA, lean
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
+from rollcap.policies import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
 from rollcap.policies.sizes import build, size_config
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs
 from tests.helpers import make_noise, make_obs
