@@ -11,58 +11,54 @@ and :class:`RegistryPolicy`. Nothing here knows what an episode is.
 
 Imports point downward only: ``capsule`` imports ``rollcap.kernels`` and
 nothing else of rollcap; ``policies``, ``critics``, ``envs`` and ``rollout``
-import ``capsule``.
+import ``capsule``. Names are imported on first use
+(:mod:`rollcap.kernels.lazy`): importing the package, or the verbs on numpy
+state (an env's exact state, the host's counters), imports no torch.
 """
 
 from __future__ import annotations
 
-from rollcap.capsule.bench import bench_capsules
-from rollcap.capsule.capsule import TIERS, Boundary, BufferInfo, Capsule, buffer_digest, combine_digests
-from rollcap.capsule.cli import add_subparser, format_manifest, inspect_main
-from rollcap.capsule.errors import CapsuleError, CapsuleMismatch, CorruptCapsule, RegistryFull, UnknownBoundary
-from rollcap.capsule.protocol import StateValue, Stateful
-from rollcap.capsule.registry import CapsuleRegistry, RegistryPolicy, RegistryStats, TierBudgets
-from rollcap.capsule.session import Session, rollback
-from rollcap.capsule.disk import FORMAT_VERSION, Manifest, load, open_disk, read_manifest, save, verify
-from rollcap.capsule.tiers import move, to_device, to_host
-from rollcap.capsule.verbs import fork, restore, snapshot, validate
+from rollcap.kernels.lazy import lazy_names
 
-__all__ = [
-    "FORMAT_VERSION",
-    "TIERS",
-    "Boundary",
-    "BufferInfo",
-    "Capsule",
-    "CapsuleError",
-    "CapsuleMismatch",
-    "CapsuleRegistry",
-    "CorruptCapsule",
-    "Manifest",
-    "RegistryFull",
-    "RegistryPolicy",
-    "RegistryStats",
-    "Session",
-    "StateValue",
-    "Stateful",
-    "TierBudgets",
-    "UnknownBoundary",
-    "add_subparser",
-    "bench_capsules",
-    "buffer_digest",
-    "combine_digests",
-    "format_manifest",
-    "fork",
-    "inspect_main",
-    "load",
-    "move",
-    "open_disk",
-    "read_manifest",
-    "restore",
-    "rollback",
-    "save",
-    "snapshot",
-    "to_device",
-    "to_host",
-    "validate",
-    "verify",
-]
+_NAMES = {
+    "bench_capsules": "bench",
+    "TIERS": "capsule",
+    "Boundary": "capsule",
+    "BufferInfo": "capsule",
+    "Capsule": "capsule",
+    "buffer_digest": "capsule",
+    "combine_digests": "capsule",
+    "add_subparser": "cli",
+    "format_manifest": "cli",
+    "inspect_main": "cli",
+    "CapsuleError": "errors",
+    "CapsuleMismatch": "errors",
+    "CorruptCapsule": "errors",
+    "RegistryFull": "errors",
+    "UnknownBoundary": "errors",
+    "StateValue": "protocol",
+    "Stateful": "protocol",
+    "CapsuleRegistry": "registry",
+    "RegistryPolicy": "registry",
+    "RegistryStats": "registry",
+    "TierBudgets": "registry",
+    "Session": "session",
+    "rollback": "session",
+    "FORMAT_VERSION": "disk",
+    "Manifest": "disk",
+    "load": "disk",
+    "open_disk": "disk",
+    "read_manifest": "disk",
+    "save": "disk",
+    "verify": "disk",
+    "move": "tiers",
+    "to_device": "tiers",
+    "to_host": "tiers",
+    "fork": "verbs",
+    "restore": "verbs",
+    "snapshot": "verbs",
+    "validate": "verbs",
+}
+
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

@@ -5,7 +5,8 @@ forks and with the capsule it was derived from (copy-on-write: restores only
 read them), so nothing may write them in place; derive a changed capsule with
 :meth:`Capsule.with_buffers`. Numpy arrays are made read-only, and an in-place
 write to a torch tensor is caught at restore time through the tensor's
-version counter.
+version counter. Importing it imports no torch: a capsule of numpy buffers
+(an env's exact state, RNG state) never needs it.
 """
 
 from __future__ import annotations
@@ -20,12 +21,11 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-import torch
 
 from rollcap.capsule.errors import CapsuleMismatch, CorruptCapsule
 from rollcap.capsule.protocol import StateValue
 from rollcap.kernels.files import plain_json
-from rollcap.kernels.fingerprint import tensor_digest
+from rollcap.kernels.fingerprint import is_tensor, tensor_digest
 
 TIERS = ("device", "host", "disk")
 """Where a capsule lives, fastest first: beside the live buffers, CPU memory, a directory."""
@@ -65,13 +65,20 @@ def frozen_json(value: Mapping[str, Any], what: str) -> MappingProxyType:
 # -- digests ---------------------------------------------------------------------
 def buffer_digest(name: str, value: StateValue) -> str:
     """``tensor_digest({name: value})``, extended to 0-d torch tensors (same byte format)."""
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
+    if is_tensor(value) and value.dim() == 0:
+        import torch
+
         arr = value.detach().to("cpu").reshape(1)
         h = hashlib.sha256()
         h.update(f"{name}|{arr.dtype}|{()}|".encode())
         h.update(arr.view(torch.uint8).numpy().tobytes())
         return "sha256:" + h.hexdigest()
     return tensor_digest({name: value})
+
+
+def carried_digest(capsule: Capsule) -> str | None:
+    """The digest a capsule derived from ``capsule`` (moved, forked) carries over: known or already computed, else None."""
+    return capsule.known_digest or capsule._cache.get("digest")
 
 
 def combine_digests(per_buffer: Mapping[str, Mapping[str, str]]) -> str:
@@ -145,6 +152,8 @@ class Boundary:
 def _itemsize(kind: str, dtype: str) -> int:
     """Bytes per element of a buffer dtype named as :class:`BufferInfo` names it; ``ValueError`` for another name."""
     if kind == "torch":
+        import torch
+
         t = getattr(torch, dtype, None) if dtype.isidentifier() else None
         if not isinstance(t, torch.dtype):
             raise ValueError(f"unknown torch dtype {dtype!r}")
@@ -162,12 +171,14 @@ def _itemsize(kind: str, dtype: str) -> int:
 def _native_layout(info: BufferInfo) -> tuple:
     """``(type, dtype, shape)`` of a live value that :meth:`BufferInfo.same_layout` would accept."""
     if info.kind == "torch":
+        import torch
+
         return torch.Tensor, getattr(torch, info.dtype), torch.Size(info.shape)
     return np.ndarray, np.dtype(info.dtype), info.shape
 
 
 def _dtype_name(value: StateValue) -> str:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return str(value.dtype).removeprefix("torch.")
     return value.dtype.name
 
@@ -190,7 +201,7 @@ class BufferInfo:
     @classmethod
     def of(cls, value: StateValue) -> BufferInfo:
         """Describe a live value (raises ``TypeError`` for what a capsule cannot hold)."""
-        if isinstance(value, torch.Tensor):
+        if is_tensor(value):
             return cls(
                 "torch", _dtype_name(value), tuple(value.shape), str(value.device), value.numel() * value.element_size()
             )
@@ -239,10 +250,13 @@ class BufferInfo:
             raise ValueError(f"nbytes {nbytes!r} is not what {dtype}{shape} holds ({math.prod(shape) * itemsize})")
         if kind == "numpy" and device != "cpu":
             raise ValueError(f"a numpy buffer lives on cpu, not {device!r}")
-        try:
-            torch.device(device)
-        except (RuntimeError, ValueError) as err:
-            raise ValueError(f"bad device {device!r}") from err
+        if kind == "torch":  # (a numpy buffer's is cpu, checked above)
+            import torch
+
+            try:
+                torch.device(device)
+            except (RuntimeError, ValueError) as err:
+                raise ValueError(f"bad device {device!r}") from err
         return cls(kind, dtype, tuple(shape), device, nbytes)
 
 
@@ -441,7 +455,9 @@ class Capsule:
                     got=got.describe(),
                 )
             old = current[name]
-            if isinstance(old, torch.Tensor):  # same_layout: value is a tensor too
+            if is_tensor(old):  # same_layout: value is a tensor too
+                import torch
+
                 pinned = old.device.type == "cpu" and old.is_pinned()
                 new[name] = torch.empty(old.shape, dtype=old.dtype, device=old.device, pin_memory=pinned).copy_(
                     value.detach()

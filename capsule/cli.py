@@ -12,7 +12,6 @@ import time
 from collections.abc import Sequence
 
 from rollcap.capsule.errors import CapsuleError
-from rollcap.capsule.disk import load, read_manifest
 
 
 def _clip(text: str, limit: int = 100) -> str:
@@ -31,6 +30,8 @@ def _utc(wall_time: float) -> str:
 
 def _inspect(path: str) -> tuple[str, str | None]:
     """The report and, if the bytes check failed, why (``None`` when OK)."""
+    from rollcap.capsule.disk import load, read_manifest  # (safetensors, torch): not for building the parser
+
     m = read_manifest(path)
     try:
         load(m.path)

@@ -25,7 +25,7 @@ import numpy as np
 import safetensors
 import safetensors.torch
 import torch
-from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, buffer_digest, combine_digests
+from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, buffer_digest, carried_digest, combine_digests
 from rollcap.capsule.errors import CorruptCapsule
 from rollcap.capsule.protocol import StateValue
 from rollcap.kernels.files import canonical_json, fsync_dir, fsync_file, sealed_digest
@@ -63,10 +63,6 @@ def _header_shape(dtype: str, shape: tuple[int, ...]) -> list[int]:
     """The shape a safetensors header gives a buffer of ``dtype`` and ``shape``."""
     per = _PACKED.get(dtype, 1)
     return [*shape[:-1], shape[-1] * per] if shape and per > 1 else list(shape)
-
-
-def _carry_digest(capsule: Capsule) -> str | None:
-    return capsule.known_digest or capsule._cache.get("digest")
 
 
 def _manifest_digest(manifest: dict) -> str:
@@ -369,7 +365,7 @@ def verify(capsule: Capsule) -> None:
     if capsule.tier == "disk":
         load(capsule.path, expect_digest=capsule.known_digest)
         return
-    recorded = _carry_digest(capsule)
+    recorded = carried_digest(capsule)
     capsule._cache.pop("buffer_digests", None)
     capsule._cache.pop("digest", None)
     actual = combine_digests(capsule.buffer_digests())

@@ -7,12 +7,15 @@ state, and by the rollout host's own bookkeeping (RNG state, counters).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Union, runtime_checkable
 
 import numpy as np
-import torch
 
-StateValue = torch.Tensor | np.ndarray
+if TYPE_CHECKING:
+    import torch
+
+StateValue = Union["torch.Tensor", np.ndarray]
+"""A buffer's value: a torch tensor, or a numpy array (an env's exact state, RNG state: no torch needed)."""
 
 
 @runtime_checkable

@@ -6,25 +6,32 @@
   same memory and moving between them copies nothing.
 - disk: a directory per capsule (:mod:`rollcap.capsule.disk`: the format, atomic
   writes, sealed manifests, the dtype table).
+
+Importing it imports no torch, and copies of numpy buffers never do; the disk
+tier (safetensors, torch) is imported when a capsule goes to or comes from it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from rollcap.capsule.capsule import Capsule
+from rollcap.capsule.capsule import Capsule, carried_digest
 from rollcap.capsule.errors import CapsuleMismatch
 from rollcap.capsule.protocol import StateValue
 
-from rollcap.capsule.disk import _carry_digest, load
-from rollcap.capsule.disk import save
+if TYPE_CHECKING:
+    import torch
 
 
 def _sync(devices: set[torch.device]) -> None:
+    if not devices:
+        return
+    import torch
+
     for dev in devices:
         if dev.type == "cuda":
             torch.cuda.current_stream(dev).synchronize()
@@ -44,6 +51,8 @@ def copy_state(live: Mapping[str, Mapping[str, StateValue]], tier: str) -> dict[
             if isinstance(v, np.ndarray):
                 out[comp][name] = np.array(v, order="C", copy=True)
                 continue
+            import torch  # a tensor: torch is imported already
+
             src = v.detach()
             if tier == "host" and src.device.type == "cuda":
                 dst = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
@@ -70,6 +79,8 @@ def clone_state(capsule: Capsule) -> dict[str, dict[str, StateValue]]:
             if isinstance(v, np.ndarray):
                 out[comp][name] = np.array(v, copy=True)
             else:
+                import torch
+
                 pinned = v.device.type == "cpu" and v.is_pinned()
                 out[comp][name] = torch.empty(v.shape, dtype=v.dtype, device=v.device, pin_memory=pinned).copy_(v)
     return out
@@ -77,7 +88,7 @@ def clone_state(capsule: Capsule) -> dict[str, dict[str, StateValue]]:
 
 def _moved(capsule: Capsule, tier: str, state: dict) -> Capsule:
     return Capsule(
-        capsule.boundary, capsule.specs, capsule.fingerprints, tier, state, known_digest=_carry_digest(capsule)
+        capsule.boundary, capsule.specs, capsule.fingerprints, tier, state, known_digest=carried_digest(capsule)
     )
 
 
@@ -86,15 +97,20 @@ def to_device(capsule: Capsule) -> Capsule:
     if capsule.tier == "device":
         return capsule
     if capsule.tier == "disk":
-        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+        capsule = from_disk(capsule)
     capsule.check_untouched()
     state: dict[str, dict[str, StateValue]] = {}
     waits: set[torch.device] = set()
     for comp, values in capsule.state.items():
         state[comp] = {}
         for name, v in values.items():
+            if isinstance(v, np.ndarray):  # numpy lives on the CPU, at home
+                state[comp][name] = v
+                continue
+            import torch
+
             home = torch.device(capsule.specs[comp][name].device)
-            if isinstance(v, torch.Tensor) and v.device != home:
+            if v.device != home:
                 if home.type == "cuda" and not torch.cuda.is_available():
                     raise CapsuleMismatch(
                         f"{comp}.{name} was taken on {home}, and this process has no CUDA; restore from the host tier instead",
@@ -115,9 +131,16 @@ def to_host(capsule: Capsule) -> Capsule:
     if capsule.tier == "host":
         return capsule
     if capsule.tier == "disk":
-        return load(capsule.path, expect_digest=capsule.known_digest)
+        return from_disk(capsule)
     capsule.check_untouched()
     return _moved(capsule, "host", copy_state(capsule.state, "host"))
+
+
+def from_disk(capsule: Capsule) -> Capsule:
+    """A disk-tier capsule read into memory (:func:`rollcap.capsule.disk.load`, its digest checked)."""
+    from rollcap.capsule.disk import load
+
+    return load(capsule.path, expect_digest=capsule.known_digest)
 
 
 def move(capsule: Capsule, tier: str, path: str | Path | None = None) -> Capsule:
@@ -131,6 +154,8 @@ def move(capsule: Capsule, tier: str, path: str | Path | None = None) -> Capsule
             return capsule
         if path is None:
             raise ValueError("moving a capsule to the disk tier needs a path for its directory")
+        from rollcap.capsule.disk import save
+
         return save(capsule, path)
     raise ValueError(f"unknown tier {tier!r}; choose device, host or disk")
 

@@ -3,7 +3,9 @@
 Each is a copy of named buffers (or no copy at all, for fork): nothing here
 captures, replays or rebuilds a graph. Components are :class:`Stateful`.
 Single-threaded: call these between replays, never while a lane is running
-over the components' buffers.
+over the components' buffers. Importing it imports no torch: snapshots and
+restores of numpy state (an env worker's host counters, an env's exact state)
+never need it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,18 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from rollcap.capsule.capsule import Boundary, BufferInfo, Capsule, _native_layout, frozen_json, json_normalize
+from rollcap.capsule.capsule import (
+    Boundary,
+    BufferInfo,
+    Capsule,
+    _native_layout,
+    carried_digest,
+    frozen_json,
+    json_normalize,
+)
 from rollcap.capsule.errors import CapsuleError, CapsuleMismatch
 from rollcap.capsule.protocol import Stateful
-from rollcap.capsule.disk import _carry_digest, load
-from rollcap.capsule.tiers import clone_state, copy_state
+from rollcap.capsule.tiers import clone_state, copy_state, from_disk
 
 _ABSENT = object()
 
@@ -90,12 +97,18 @@ def _specs_of(name: str, comp: Stateful, values: Mapping[str, Any]) -> dict[str,
             specs[buf] = BufferInfo.of(v)
         except TypeError as err:
             raise TypeError(f"component {name!r} buffer {buf!r}: {err}") from err
-    checks = {b: (*_native_layout(i), None if i.kind == "numpy" else torch.device(i.device)) for b, i in specs.items()}
+    checks = {b: (*_native_layout(i), None if i.kind == "numpy" else _device(i.device)) for b, i in specs.items()}
     try:
         _LAST_SPECS[comp] = (specs, checks)
     except TypeError:
         pass
     return specs
+
+
+def _device(name: str):
+    import torch  # a torch buffer's: torch is imported already
+
+    return torch.device(name)
 
 
 def snapshot(
@@ -268,12 +281,14 @@ def restore(capsule: Capsule, components: Mapping[str, Stateful], *, atomic: boo
         CorruptCapsule: its bytes or manifest are damaged (nothing copied).
     """
     if capsule.tier == "disk":
-        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+        capsule = from_disk(capsule)
     targets = _validate(capsule, components)
     backup = snapshot(components, "restore-backup") if atomic else None
     done: list[str] = []
     batch = [n for n, c in components.items() if getattr(c, "loads_by_copy", False) is True and capsule.all_tensors(n)]
     if batch:
+        import torch  # the components' buffers are tensors
+
         try:
             torch._foreach_copy_(
                 [v for n in batch for v in targets[n]], [v for n in batch for v in capsule.ordered_values(n)]
@@ -322,9 +337,9 @@ def fork(capsule: Capsule, n: int, *, copy: bool = False) -> list[Capsule]:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"fork needs n >= 1 branches, got {n!r}")
     if capsule.tier == "disk":
-        capsule = load(capsule.path, expect_digest=capsule.known_digest)
+        capsule = from_disk(capsule)
     capsule.check_untouched()
-    digest = _carry_digest(capsule)
+    digest = carried_digest(capsule)
     out = []
     for i in range(n):
         state = clone_state(capsule) if copy else capsule.state

@@ -11,12 +11,10 @@ from rollcap.critics.value_critic import ValueCritic, ValueCriticConfig
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.checkpoint import load_module, save_checkpoint
 from rollcap.kernels.lanes import Lane, Ticket
-from rollcap.policies.observation import ObsRunner
+from rollcap.critics.shipped import DEFAULT_CHECKPOINT
+from rollcap.policies.obs_runner import ObsRunner
 
 KIND = "rollcap.ValueCritic"
-DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_critic.json"
-MT10_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "mt10_critic.json"
-"""The shipped MetaWorld MT10 critic (trained on the MT10 policy's rollouts; ``python3 -m rollcap.rollout.learn.mt10_critic``)."""
 
 
 def save_critic(model: ValueCritic, path: str | Path) -> Path:

@@ -15,6 +15,10 @@ Monte-Carlo returns, the noise it picks), agent.safetensors and curve.png (with 
 --snapshot-minutes M also scores, on the same held-out episodes, the agent a run of M minutes would have ended with
 (agent-snapshot.safetensors: a 15-minute and a 60-minute result from one run). When keep-best kept an earlier agent
 than the last, the last one is scored too (agent-last.safetensors), so what keeping it was worth is measured.
+
+--load RUN/agent.safetensors evaluates a saved agent instead of training one (its run's result.json names the task,
+view and agent), on the same held-out episodes; the result goes to --out's result.json. --tensorboard DIR also writes
+the training curve and the held-in checkpoints as TensorBoard event files (tensorboard --logdir DIR).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from safetensors.torch import save
 from rollcap.rollout.cli.options import Options
 from rollcap.rollout.learn.dsrl_heldin import kept_line, streams, weights
 from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
-from rollcap.rollout.learn.noise_agent import AgentConfig
+from rollcap.rollout.learn.logs import add_scalars, summary_writer, tensorboard_missing
+from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
 
 OUTPUTS = ("result.json", "agent.safetensors", "curve.png", "agent-snapshot.safetensors", "agent-last.safetensors")
 
@@ -49,6 +54,10 @@ class Args:
     """JSON of the frozen and zero-noise outcomes on the held-out seeds (default: baseline-TASK-SEED-N.json in --out's parent; computed when missing)."""
     overwrite: bool = False
     """Replace a result already in --out (default: refuse it)."""
+    load: Path | None = None
+    """Evaluate this saved agent instead of training one: an agent*.safetensors this script wrote, its run's result.json beside it (task, view, agent); the result goes to --out."""
+    tensorboard: Path | None = None
+    """Also write the training curve and the held-in checkpoints as TensorBoard event files here."""
 
 
 class BadFlag(Exception):
@@ -78,8 +87,32 @@ def base_path(args: Args, cfg: TrainConfig) -> Path:
     return args.baseline or args.out.parent / f"baseline-{cfg.task}-{eval_seed}-{args.eval_episodes}.json"
 
 
+def saved_run(path: Path) -> TrainConfig:
+    """The training config of the run that saved the agent at ``path`` (its result.json); BadFlag for --load."""
+    if path.suffix != ".safetensors" or not path.is_file():
+        raise BadFlag("--load", f"{path}: expected an agent*.safetensors file this script wrote")
+    try:
+        saved = json.loads((path.parent / "result.json").read_text())["config"]
+        agent = AgentConfig(**saved.pop("agent"))
+        return TrainConfig(**saved, agent=agent)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise BadFlag("--load", f"{path.parent / 'result.json'}: no training config of this script's ({err})") from None
+
+
+def load_agent(path: Path, cfg: TrainConfig):
+    """The saved agent at ``path`` (BadFlag for --load when its weights do not fit its config)."""
+    from safetensors.torch import load_file
+
+    try:
+        return NoiseAgent.from_state(load_file(str(path)), cfg.agent)
+    except (OSError, ValueError) as err:
+        raise BadFlag("--load", f"{path}: {err}") from None
+
+
 def check(args: Args, cfg: TrainConfig) -> None:
     """Every check that needs no training: BadFlag names the flag."""
+    if args.tensorboard is not None and tensorboard_missing():
+        raise BadFlag("--tensorboard", tensorboard_missing())
     if not isinstance(args.eval_episodes, int) or args.eval_episodes < 1:
         raise BadFlag("--eval-episodes", f"expected an integer >= 1, got {args.eval_episodes!r}")
     try:
@@ -161,10 +194,46 @@ def plot(info: dict, result: dict, path: Path, title: str) -> bool:
     return True
 
 
+def baseline_for(args: Args, cfg: TrainConfig, eval_seed: int) -> dict:
+    """The frozen and zero-noise outcomes on the held-out seeds: read from --baseline, or computed and written there."""
+    path = base_path(args, cfg)
+    if path.exists():
+        return json.loads(path.read_text())
+    base = baseline(cfg.task, args.eval_episodes, eval_seed=eval_seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write(path, json.dumps(base).encode())
+    return base
+
+
+def evaluate_only(args: Args, cfg: TrainConfig) -> None:
+    """--load: the saved agent on the held-out episodes, paired against the frozen policy and zero noise."""
+    eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
+    agent = load_agent(args.load, cfg)
+    print(
+        f"evaluating {args.load} (task {cfg.task}, view {cfg.view}, DSRL-{cfg.agent.algorithm.upper()}, from its result.json)"
+    )
+    result = evaluate(
+        agent, cfg.task, args.eval_episodes, baseline_for(args, cfg, eval_seed), cfg.agent.gamma, cfg.view
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"loaded": str(args.load), "config": cfg.to_json(), "baseline": str(base_path(args, cfg)), "eval": result}
+    write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
+    print("\n".join(summary_lines(result)))
+    print(f"-> {args.out / 'result.json'}")
+
+
 def main(args: Args, cfg: TrainConfig) -> None:
+    if args.load is not None:
+        return evaluate_only(args, cfg)
     eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
     path = base_path(args, cfg)
-    agent, info = train(cfg, progress=lambda text: print(text, flush=True))  # live, also into a pipe or a file
+    writer = summary_writer(args.tensorboard) if args.tensorboard is not None else None
+    scalars = None if writer is None else (lambda prefix, point, step: add_scalars(writer, prefix, point, step))
+    try:  # the progress lines go out live, also into a pipe or a file
+        agent, info = train(cfg, progress=lambda text: print(text, flush=True), scalars=scalars)
+    finally:
+        if writer is not None:
+            writer.close()
     print(json.dumps(info["budget"]))
     # the training is kept before anything is evaluated: an evaluation that fails leaves the agent and its curves
     args.out.mkdir(parents=True, exist_ok=True)
@@ -195,12 +264,7 @@ def main(args: Args, cfg: TrainConfig) -> None:
         **{name: {**meta, "eval": None} for name, (meta, _) in others.items()},
     }  # fmt: skip
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
-    if path.exists():
-        base = json.loads(path.read_text())
-    else:
-        base = baseline(cfg.task, args.eval_episodes, eval_seed=eval_seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(path, json.dumps(base).encode())
+    base = baseline_for(args, cfg, eval_seed)
     report["eval"] = result = evaluate(agent, cfg.task, args.eval_episodes, base, cfg.agent.gamma, cfg.view)
     write(args.out / "result.json", json.dumps(report, indent=1, default=str).encode())
     kept_state = weights(agent)
@@ -248,6 +312,8 @@ def parse(argv=None) -> tuple[Args, TrainConfig]:
             name, _, what = str(err).partition(":")
             raise BadFlag(opts.flag(name) or name, what.strip()) from None
         args = Args(**opts.values(ns, Args))
+        if args.load is not None:  # the saved run's task, view and agent, not the flags' defaults
+            cfg = saved_run(args.load)
         check(args, cfg)
     except BadFlag as err:
         error(str(err))

@@ -26,6 +26,7 @@ import torch
 
 from rollcap.rollout.build import Parts
 from rollcap.kernels.errors import CheckpointMismatch
+from rollcap.rollout.learn.logs import tensorboard_missing
 from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, sac_entropy, train_sac
 from rollcap.rollout.learn.sac_io import load_sac, save_sac
 from rollcap.rollout.options import Options
@@ -53,6 +54,8 @@ class Args:
     """Where the agent (dsrl_sac.safetensors + .json) and result.json go."""
     load: Path | None = None
     """Evaluate this saved agent (a dsrl_sac.json or .safetensors this script wrote) instead of training one (result.json still goes to --out)."""
+    tensorboard: Path | None = None
+    """Also write SB3's training log as TensorBoard event files here (tensorboard --logdir DIR)."""
 
 
 def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
@@ -76,6 +79,7 @@ def main(args: Args, cfg: SteeringConfig, parts: Parts | None = None) -> None:
             args.learning_starts,
             args.ent_coef,
             target_entropy=args.target_entropy,
+            tensorboard=args.tensorboard,
         )
         saved = save_sac(model, args.out / "dsrl_sac")
         print(f"trained {stats.steps} steps, {stats.episodes} episodes, {stats.seconds:.0f} s -> {saved}")
@@ -101,6 +105,8 @@ if __name__ == "__main__":
     opts.add(Parts, flags={"env_id": "--env"}, skip=("backend", "threads"))
     ns = ap.parse_args()
     args = Args(**opts.values(ns, Args))
+    if args.tensorboard is not None and tensorboard_missing():
+        ap.error(f"--tensorboard: {tensorboard_missing()}")
     try:
         sac_entropy(args.ent_coef, args.target_entropy)  # refused here, before any env is built
     except ValueError as err:

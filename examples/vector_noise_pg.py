@@ -8,7 +8,8 @@ runs the shipped policy once at batch N on the agent's noise and executes the
 N chunks (gymnasium 1.x next-step autoreset). The agent maps the proprio state
 to the mean of the noise; returns are summed per episode within the rollout
 (an autoreset step, reward 0, cuts them). Prints the mean chunk reward and the
-episodes that ended (and succeeded) per update.
+episodes that ended (and succeeded) per update; --tensorboard DIR also writes
+them as TensorBoard event files.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from rollcap.rollout.learn.logs import add_scalars, summary_writer, tensorboard_missing
 from rollcap.rollout.options import Options
 from rollcap.rollout.gym.vector import make_noise_steering_vector_env
 
@@ -40,6 +43,8 @@ class Args:
     """Seed of the sub-envs (sub-env i: seed + i) and of the agent."""
     threads: int = 1
     """Intra-op threads of the policy's and the critic's lanes."""
+    tensorboard: Path | None = None
+    """Also write each update's figures as TensorBoard event files here."""
 
 
 def main(args: Args) -> None:
@@ -51,6 +56,7 @@ def main(args: Args) -> None:
     torch.nn.init.zeros_(agent.bias)
     opt = torch.optim.Adam(agent.parameters(), lr=args.lr)
     obs, _ = env.reset(seed=args.seed)
+    writer = summary_writer(args.tensorboard) if args.tensorboard is not None else None
     try:
         for update in range(args.updates):
             logps, rewards, cuts, ended, successes = [], [], [], 0, 0
@@ -78,11 +84,15 @@ def main(args: Args) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            print(
-                f"update {update:>3}: mean chunk reward {torch.stack(rewards).mean():+.4f}, episodes ended {ended} (succeeded {successes})"
-            )
+            mean = float(torch.stack(rewards).mean())
+            print(f"update {update:>3}: mean chunk reward {mean:+.4f}, episodes ended {ended} (succeeded {successes})")
+            if writer is not None:
+                figures = {"mean_chunk_reward": mean, "episodes_ended": ended, "episodes_succeeded": successes}
+                add_scalars(writer, "train", figures, (update + 1) * args.chunks * args.envs)
     finally:
         env.close()
+        if writer is not None:
+            writer.close()
 
 
 if __name__ == "__main__":
@@ -92,5 +102,8 @@ if __name__ == "__main__":
     args = Args(**opts.values(ap.parse_args(), Args))
     if args.envs < 1:  # one line, exit 2, nothing built
         print(f"vector_noise_pg.py: --envs: expected an integer >= 1, got {args.envs}", file=sys.stderr)
+        sys.exit(2)
+    if args.tensorboard is not None and tensorboard_missing():
+        print(f"vector_noise_pg.py: --tensorboard: {tensorboard_missing()}", file=sys.stderr)
         sys.exit(2)
     main(args)

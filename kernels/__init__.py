@@ -2,37 +2,38 @@
 
 Mechanism only. This package imports nothing else of rollcap and knows nothing
 of episodes, sessions or caching; everything above it calls downward into it.
+Its names are imported on first use (:mod:`rollcap.kernels.lazy`): importing
+the package, or its torch-free modules (``files``, ``errors``, ``fingerprint``'s
+digests), imports no torch.
 """
 
 from __future__ import annotations
 
-from rollcap.kernels.buffers import BufferSet, BufferSpec
-from rollcap.kernels.errors import BadInput, CaptureError, CaptureHazard, CheckpointMismatch, LaneError, ReplayInFlight
-from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
-from rollcap.kernels.graph import BACKENDS, CapturedGraph, capture_count, default_backend
-from rollcap.kernels.lanes import CallerLane, CpuLane, CudaLane, Lane, make_lane
-from rollcap.kernels.ops import cfg_euler_step, cfg_euler_step_reference
+from rollcap.kernels.lazy import lazy_names
 
-__all__ = [
-    "BACKENDS",
-    "BadInput",
-    "BufferSet",
-    "BufferSpec",
-    "CaptureError",
-    "CaptureHazard",
-    "CheckpointMismatch",
-    "CallerLane",
-    "CapturedGraph",
-    "CpuLane",
-    "CudaLane",
-    "Lane",
-    "LaneError",
-    "ReplayInFlight",
-    "capture_count",
-    "cfg_euler_step",
-    "cfg_euler_step_reference",
-    "default_backend",
-    "device_fingerprint",
-    "make_lane",
-    "tensor_digest",
-]
+_NAMES = {
+    "BACKENDS": "graph",
+    "BadInput": "errors",
+    "BufferSet": "buffers",
+    "BufferSpec": "buffers",
+    "CaptureError": "errors",
+    "CaptureHazard": "errors",
+    "CheckpointMismatch": "errors",
+    "CallerLane": "lanes",
+    "CapturedGraph": "graph",
+    "CpuLane": "lanes",
+    "CudaLane": "lanes",
+    "Lane": "lanes",
+    "LaneError": "errors",
+    "ReplayInFlight": "errors",
+    "capture_count": "graph",
+    "cfg_euler_step": "ops",
+    "cfg_euler_step_reference": "ops",
+    "default_backend": "graph",
+    "device_fingerprint": "fingerprint",
+    "make_lane": "lanes",
+    "tensor_digest": "fingerprint",
+}
+
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

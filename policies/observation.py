@@ -2,27 +2,29 @@
 
 An observation is a mapping with ``"state"`` (float32 vector), one uint8
 ``(H, W, 3)`` image per camera key (e.g. ``"image_front"``) and
-``"instruction"`` (str). :class:`ObsSpec` turns it into the exact tensors the
+``"instruction"`` (str). :class:`ObsSpec` turns it into the exact arrays the
 static buffers hold, validating everything and never truncating or
-broadcasting.
+broadcasting; :func:`noise_input` does the same for a chunk's noise.
+
+Numpy only: an env worker validates its rows with these, and imports no torch.
+The runner over these inputs is :class:`~rollcap.policies.obs_runner.ObsRunner`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
-from rollcap.kernels.fingerprint import tensor_digest
-from rollcap.kernels.fp8 import fp8_facts, to_fp8
-from rollcap.kernels.precision import cast_linears, check_precision
-from rollcap.kernels.runner import GraphRunner
+
+if TYPE_CHECKING:
+    import torch
 
 PAD, BOS, EOS = 256, 257, 258
 VOCAB_SIZE = 259
@@ -59,8 +61,18 @@ class ObsSpec:
     state_dim: int
     max_tokens: int
 
+    @functools.cached_property
+    def _keys(self) -> tuple[str, ...]:
+        return (*self.image_keys, "state", "instruction")
+
+    @functools.cached_property
+    def _frame(self) -> tuple[int, int, int]:
+        return (self.image_size, self.image_size, 3)
+
     def buffer_shapes(self, batch: int = 1) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Buffer name -> (shape, dtype) for ``batch`` observations (one row each)."""
+        import torch
+
         shapes = {k: ((batch, self.image_size, self.image_size, 3), torch.uint8) for k in self.image_keys}
         shapes["state"] = ((batch, self.state_dim), torch.float32)
         shapes["tokens"] = ((batch, self.max_tokens), torch.int64)
@@ -70,17 +82,16 @@ class ObsSpec:
         self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None
     ) -> dict[str, np.ndarray]:
         """Validate one observation and return batch-1 arrays keyed by buffer name."""
-        if not isinstance(obs, Mapping):
+        if not isinstance(obs, dict) and not isinstance(obs, Mapping):  # (a dict first: the ABC check costs ~1 us)
             raise BadInput(f"observation: expected a mapping, got {type(obs).__name__}")
-        missing = [k for k in (*self.image_keys, "state", "instruction") if k not in obs]
-        if missing:
+        if not all(k in obs for k in self._keys):
+            missing = [k for k in self._keys if k not in obs]
             raise BadInput(f"observation: missing {missing}; have {sorted(obs)}")
         out: dict[str, np.ndarray] = {}
         for k in self.image_keys:
             img = np.asarray(obs[k])
-            want = (self.image_size, self.image_size, 3)
-            if img.shape != want or img.dtype != np.uint8:
-                raise BadInput(f"observation[{k!r}]: expected uint8 {want}, got {img.dtype} {img.shape}")
+            if img.shape != self._frame or img.dtype != np.uint8:
+                raise BadInput(f"observation[{k!r}]: expected uint8 {self._frame}, got {img.dtype} {img.shape}")
             out[k] = img[None]
         state = np.asarray(obs["state"])
         if state.shape != (self.state_dim,) or state.dtype != np.float32:
@@ -99,6 +110,45 @@ class ObsSpec:
                 token_cache[text] = toks
         out["tokens"] = toks[None]
         return out
+
+
+class ObsHandoff:
+    """The observation a slot's policy row just validated, for the same slot's critic row: taken once.
+
+    The host starts the policy and then the critic on the same observation
+    object, with nothing in between; when the critic reads observations as the
+    policy does (equal :class:`ObsSpec`), checking it again finds nothing new.
+    :meth:`take` hands the policy's arrays over only for that same object and
+    spec, and only once, so a later observation is always checked.
+    """
+
+    __slots__ = ("obs", "spec", "values")
+
+    def __init__(self):
+        self.obs = self.spec = self.values = None
+
+    def put(self, obs, spec: ObsSpec, values: dict[str, np.ndarray]) -> None:
+        self.obs, self.spec, self.values = obs, spec, values
+
+    def take(self, obs, spec: ObsSpec) -> dict[str, np.ndarray] | None:
+        """The validated arrays of ``obs`` if the policy's check of this very object under ``spec`` is waiting; else None."""
+        values, same = self.values, self.obs is obs and (self.spec is spec or self.spec == spec)
+        self.obs = self.spec = self.values = None
+        return values if same else None
+
+
+def noise_input(noise, shape: tuple[int, ...]) -> np.ndarray:
+    """Validate one chunk's flow noise (float32 of ``shape``, finite) into a batch-1 array.
+
+    Raises:
+        BadInput: another dtype or shape, or a NaN / Inf.
+    """
+    noise = np.asarray(noise)
+    if noise.shape != tuple(shape) or noise.dtype != np.float32:
+        raise BadInput(f"noise: expected float32 {tuple(shape)}, got {noise.dtype} {noise.shape}")
+    if not np.isfinite(noise).all():
+        raise BadInput("noise: contains NaN or Inf")
+    return noise[None]
 
 
 class ObsModelConfig:
@@ -185,100 +235,3 @@ class ObsModelConfig:
             return cls(**data)
         except (TypeError, ValueError) as err:
             raise ValueError(f"{where}: {err}") from err
-
-
-class ObsRunner(GraphRunner):
-    """A :class:`GraphRunner` whose inputs are one observation (plus ``extra_inputs``).
-
-    Freezes ``model`` on ``device``, builds the observation buffers from its
-    config's :class:`ObsSpec`, caches instruction tokens per string, and
-    fingerprints the weights. Subclasses give the graph function, the extra
-    input and the output buffers, and a label.
-
-    ``batch`` > 1: every buffer holds ``batch`` rows (one observation each) and
-    one replay computes them all; :meth:`write_row` fills one row, and the
-    fingerprint names the batch (a row's bits may depend on it). Batch 1 is
-    the plain runner (its fingerprint has no ``batch`` field).
-    """
-
-    label = "model"
-    kind = "rollcap.model"
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        extra_inputs: list[BufferSpec],
-        outputs: list[BufferSpec],
-        device="cpu",
-        backend=None,
-        lane=None,
-        threads: int = 1,
-        batch: int = 1,
-        precision: str = "fp32",
-    ):
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-            raise ValueError(f"batch: expected an int >= 1, got {batch!r}")
-        self.batch = batch
-        self.model = model.to(device).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self.cfg = model.cfg
-        self.spec = self.cfg.obs_spec
-        self._tokens: dict[str, np.ndarray] = {}
-        ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
-        digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
-        try:  # before any conversion: fp8 where there are no float8 tensor cores is refused here
-            check_precision(precision, device)
-        except ValueError as err:
-            raise ValueError(f"{self.label}: {err}") from None
-        if precision == "fp8":  # bf16 weights, then the FP8_SCOPE linears at float8 (a copy; the caller's is untouched)
-            self.model = to_fp8(cast_linears(self.model))
-            self.model.weights_digest = digest
-        elif (
-            precision == "bf16"
-            and torch.device(device).type == "cuda"
-            and any(
-                p.dtype != torch.bfloat16
-                for m in self.model.modules()
-                for p in ([m.weight] if isinstance(m, torch.nn.Linear) else [])
-                + [getattr(m, n) for n in getattr(type(m), "CAST_PARAMS", ())]
-            )
-        ):
-            # On CUDA: the same bits as autocast's per-call weight casts, without them (a CPU jit plan is traced in fp32
-            # and replayed under autocast, so its weights stay fp32 there).
-            self.model = cast_linears(self.model)
-            self.model.weights_digest = digest  # the checkpoint's weights, as every fingerprint names them
-        super().__init__(
-            self._graph_fn, ins, outputs, device, backend, [self.model], lane, self.label, digest, threads, precision
-        )
-
-    def _graph_fn(self, b: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def reset(self) -> None:
-        """Called when an episode starts: wait out (and discard) a replay an error left in flight."""
-        self.drain()
-
-    def obs_inputs(self, obs: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Validate one observation into batch-1 arrays for the buffers."""
-        return self.spec.to_inputs(obs, self._tokens)
-
-    def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
-        """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""
-        self._require_idle("inputs written")
-        for name, v in values.items():
-            self.inputs.write_row(name, row, v[0])
-
-    def _make_fingerprint(self) -> dict:
-        fp = super()._make_fingerprint()
-        fp["model"] = self.kind
-        fp["config"] = self.cfg.to_json()
-        fp["dtype"] = "float32"
-        if self.precision == "fp8":
-            fp.update(fp8_facts(self.model))
-        facts = getattr(self.model, "fingerprint_facts", None)
-        if facts is not None:  # a sampler whose bits depend on its kernels (the lean one's fused ops)
-            fp.update(facts(self.device))
-        if self.batch != 1:
-            fp["batch"] = self.batch
-        return fp

@@ -57,7 +57,7 @@ import torch
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.errors import BadInput
 from rollcap.policies.flow_vla import FlowVLA
-from rollcap.policies.observation import ObsRunner
+from rollcap.policies.obs_runner import ObsRunner
 from rollcap.policies.runner import PolicyRunner
 
 GUIDANCE = ("rtc", "naive")

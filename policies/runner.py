@@ -16,15 +16,14 @@ import torch
 
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.kernels.checkpoint import load_module, save_checkpoint
-from rollcap.kernels.errors import BadInput, CheckpointMismatch
+from rollcap.kernels.errors import CheckpointMismatch
 from rollcap.kernels.lanes import Lane, Ticket
 from rollcap.policies.flow_vla import FlowVLA, FlowVLAConfig
-from rollcap.policies.observation import ObsRunner
+from rollcap.policies.obs_runner import ObsRunner
+from rollcap.policies.observation import noise_input
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
 
 KIND = "rollcap.FlowVLA"
-DEFAULT_CHECKPOINT = Path(__file__).parent / "weights" / "pushblock_policy.json"
-MT10_CHECKPOINT = DEFAULT_CHECKPOINT.parent / "mt10_policy.json"
-"""The shipped MetaWorld MT10 policy (state + instruction; ``python3 -m rollcap.rollout.learn.mt10``)."""
 
 
 def save_policy(model: FlowVLA, path: str | Path) -> Path:
@@ -106,13 +105,7 @@ class PolicyRunner(ObsRunner):
 
     def _inputs(self, obs: Mapping[str, object], noise: np.ndarray) -> dict[str, np.ndarray]:
         values = self.obs_inputs(obs)
-        noise = np.asarray(noise)
-        want = self.noise_shape[1:]
-        if noise.shape != want or noise.dtype != np.float32:
-            raise BadInput(f"noise: expected float32 {want}, got {noise.dtype} {noise.shape}")
-        if not np.isfinite(noise).all():
-            raise BadInput("noise: contains NaN or Inf")
-        values["noise"] = noise[None]
+        values["noise"] = noise_input(noise, self.noise_shape[1:])
         return values
 
     def load(self, obs: Mapping[str, object], noise: np.ndarray) -> None:

@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,9 +129,19 @@ def run(
     """
     if not isinstance(spec, Spec):
         spec = Spec.of(**({} if spec is None else {"episodes": spec}), **options)
+        chose = "env_workers" in options
     elif options:
         raise TypeError(f"run(spec): the spec holds the whole run; got options beside it: {sorted(options)}")
+    else:
+        chose = spec.run.env_workers != "auto"
     spec = for_this_machine(spec)  # env_workers="auto": a count
+    if subscribers and spec.run.env_workers and not chose:  # the default put the envs elsewhere
+        warnings.warn(
+            f"rollcap.run: envs={spec.run.envs} step on {spec.run.env_workers} env worker(s) (env_workers auto): your "
+            "subscribers see each episode's start, its chunks' values and timings and its end, not its observations; "
+            "pass env_workers=0 to step every env in this process",
+            stacklevel=2,
+        )
     if spec.run.out is not None and (why := cannot_create_dir(spec.run.out)):
         raise ConfigError("out", why)  # before minutes of building what would write there
     if spec.run.actors:  # names and paths only, Ray installed, something answers at the address
@@ -170,6 +181,7 @@ def branch_pool(actors: int, address=None):
 def placement_for(spec: Spec, built: Built, spare_from: int = 0) -> Placement:
     """Where ``spec``'s slots live (nothing starts yet): env workers, Ray actors, a person's hands, or this process.
     ``spare_from``: the first index a teleop retry may take (after the run's own)."""
+    spec = for_this_machine(spec)  # env_workers "auto": a count
     run = spec.run
     if run.env_workers:
         return EnvWorkersPlacement(spec, built)

@@ -52,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from rollcap.policies.observation import ObsHandoff, noise_input
 from rollcap.rollout.config import MAX_ENVS, HostConfig, check_batched_host
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.host import RolloutHost
@@ -107,10 +108,13 @@ class Round:
         self._decided = [s for s in launched if self.slots[s].state is HostState.RUNNING]
         return events
 
-    def execute(self, actions: Sequence | Mapping | None = None) -> dict[int, list[StepEvent]]:
-        """Every slot that decided and still runs executes its chunk (``actions[slot]``: another chunk, None: the
-        policy's), on the round's threads when it has them; returns each slot's step events."""
-        ready, self._decided = self._decided, []
+    def execute(
+        self, actions: Sequence | Mapping | None = None, slots: Sequence[int] | None = None
+    ) -> dict[int, list[StepEvent]]:
+        """Every slot that decided and still runs (or ``slots``: these, whose last boundary decided) executes its
+        chunk (``actions[slot]``: another chunk, None: the policy's), on the round's threads when it has them;
+        returns each slot's step events."""
+        ready, self._decided = (self._decided if slots is None else list(slots)), []
         chunk = (lambda s: None) if actions is None else (lambda s: actions[s])  # noqa: E731
         if self._pool is None or len(ready) < 2:
             return {s: self.slots[s].execute(chunk(s)) for s in ready}
@@ -134,12 +138,18 @@ class Round:
         """One boundary of every running slot: launch, the placement's replay, decide, execute (see :meth:`launch`,
         :meth:`execute`). Returns per slot, in slot order, its chunk event (None: it did not take part, or its episode
         ended at the boundary) and its steps' events. A slot whose episode ended stays stopped: :meth:`finish` it."""
+        events = self.boundaries(noise, active)
+        steps = self.execute(actions)
+        return [(event, steps.get(s, [])) for s, event in zip(self.slots, events)]
+
+    def boundaries(self, noise: Sequence | Mapping | None = None, active: Sequence | Mapping | None = None) -> list:
+        """:meth:`round`'s first half: launch, the placement's replay, decide; per slot, in slot order, its chunk
+        event (None: it did not take part, or its episode ended instead). :meth:`execute` is the second half."""
         self.launch(noise, active)
         if self.replay is not None:
             self.replay()
         events = self.decide()
-        steps = self.execute(actions)
-        return [(events.get(s), steps.get(s, [])) for s in self.slots]
+        return [events.get(s) for s in self.slots]
 
     # -- a run of episodes -----------------------------------------------------------
     def episodes(self, todo: Iterable[int | tuple[int, int]]) -> Iterator[EpisodeEnd]:
@@ -233,12 +243,14 @@ class Rows:
 
 
 class _RowView:
-    """What a row view shares: the batched runner, its row, reset and fingerprint."""
+    """What a row view shares: the batched runner, its row, reset and fingerprint; ``handoff``: the slot's
+    observation check, which its critic row takes from its policy row (checked once a launch)."""
 
-    def __init__(self, rows: Rows, row: int):
+    def __init__(self, rows: Rows, row: int, handoff: ObsHandoff | None = None):
         if not 0 <= row < rows.runner.batch:
             raise ValueError(f"row: expected 0..{rows.runner.batch - 1}, got {row}")
         self.rows, self.row, self.runner = rows, row, rows.runner
+        self.handoff = handoff or ObsHandoff()
 
     def reset(self) -> None:
         """Called at each episode start: wait out a replay an error left in flight."""
@@ -266,8 +278,11 @@ class RowPolicy(_RowView):
         return self.runner.execute_steps
 
     def start(self, obs: Observation, noise: np.ndarray) -> None:
-        """Validate and write this row (the batch is launched by the core, or by :meth:`result`)."""
-        self.runner.load_row(self.row, obs, noise)
+        """Validate and write this row, as the runner's ``load_row`` does (the batch is launched by the core, or by
+        :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
+        values = self.runner.obs_inputs(obs)
+        self.handoff.put(obs, self.runner.spec, values)
+        self.runner.write_row(self.row, {**values, "noise": noise_input(noise, self.runner.chunk_shape)})
         self.rows.written()
 
     def result(self) -> np.ndarray:
@@ -279,7 +294,9 @@ class RowCritic(_RowView):
     """A :class:`~rollcap.rollout.protocols.ChunkCritic` over one row of a batched ``CriticRunner``."""
 
     def start(self, obs: Observation) -> None:
-        self.runner.load_row(self.row, obs)
+        """Write this row: the observation the slot's policy row just checked (same spec), else checked here."""
+        values = self.handoff.take(obs, self.runner.spec)
+        self.runner.write_row(self.row, self.runner.obs_inputs(obs) if values is None else values)
         self.rows.written()
 
     def result(self) -> float:
@@ -379,10 +396,11 @@ class BatchedCore(Round):
 
         def host(i: int, env) -> RolloutHost:
             g, row = divmod(i, batch)
+            handoff = ObsHandoff()  # the slot's: its policy row checks an observation, its critic row reads it
             return RolloutHost(
                 env,
-                RowPolicy(self.policy_rows[g], row),
-                RowCritic(self.critic_rows[g], row) if self.critic_rows else None,
+                RowPolicy(self.policy_rows[g], row, handoff),
+                RowCritic(self.critic_rows[g], row, handoff) if self.critic_rows else None,
                 config,
                 shared,
                 records=records,

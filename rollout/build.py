@@ -8,6 +8,7 @@ models fit the env and captures the policy and critic graphs at the batch
 rebuilds a recording's runners with it, at the recorded batch), and
 :func:`policy_runner` / :func:`critic_runner` are the only places a runner is
 constructed (``tests/rollout/test_build.py`` fails on another).
+Importing it imports no torch (env workers make envs with :func:`make_env`): runners' modules load where they are made.
 """
 
 from __future__ import annotations
@@ -20,25 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import gymnasium as gym
-import torch
 
-from rollcap import envs
-from rollcap.critics import CriticRunner, load_critic
+from rollcap import critics, envs, kernels, policies  # packages whose names are imported on first use
 from rollcap.envs import probe_exactness
 from rollcap.envs.errors import mujoco_warnings
-from rollcap.kernels.compiled import cxx_compiler
-from rollcap.kernels.fingerprint import tensor_digest
-from rollcap.kernels.lanes import make_lane
-from rollcap.kernels.precision import check_precision
-from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
-from rollcap.policies import MT10_CHECKPOINT
-from rollcap.policies import PolicyRunner, load_policy
-from rollcap.policies.fused import fuse
-from rollcap.policies.lean import lean
-from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.config import check_batched_host
 from rollcap.rollout.errors import ConfigError, NotExactWarning, cause_of
-from rollcap.rollout.named import ExpertPolicy, check_lerobot, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)
 from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
     DEFAULT_ENV,
     EXPERT,
@@ -184,7 +172,7 @@ NO_SHIPPED_POLICY = (
 
 
 def _shipped_policies() -> set[Path]:
-    return {DEFAULT_POLICY, MT10_CHECKPOINT}
+    return {policies.DEFAULT_CHECKPOINT, policies.MT10_CHECKPOINT}
 
 
 def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
@@ -235,11 +223,11 @@ def build(spec: Spec, poll=None, check_env: bool = True) -> Built:
     Raises:
         ConfigError: naming the field at fault; what was built so far is closed.
     """
+    spec = for_this_machine(spec)  # env_workers "auto": a count
     parts, run, poll = spec.deployment, spec.run, poll or (lambda: None)
     n = run.envs
     here = 1 if run.env_workers else n  # env workers build their slots' envs; this process one, for the checks
-    env, policy, critic = parts.env_id, parts.policy, parts.critic
-    out = Built([], batch=n)
+    env, policy, critic, out = parts.env_id, parts.policy, parts.critic, Built([], batch=n)
     try:
         if run.env_workers and not parts.names_only:
             raise ConfigError(
@@ -283,8 +271,7 @@ def build(spec: Spec, poll=None, check_env: bool = True) -> Built:
 
 
 def for_this_machine(spec: Spec) -> Spec:
-    """``spec`` with what depends on this machine settled: ``env_workers="auto"`` becomes a count
-    (:func:`~rollcap.rollout.spec.auto_env_workers`: the cores this process may use; 0 where workers do not apply)."""
+    """``spec`` with ``env_workers="auto"`` settled to a count for this machine (:func:`auto_env_workers`)."""
     run = spec.run
     if run.env_workers != "auto":
         return spec
@@ -314,8 +301,10 @@ def check_repeatable(env, require: bool = False) -> None:
     warnings.warn(why, NotExactWarning, stacklevel=4)
 
 
-def device_missing(device: str | torch.device) -> str | None:
-    """Why ``device`` cannot be used on this machine (None: it can): not a device, or a CUDA device it lacks."""
+def device_missing(device) -> str | None:
+    """Why ``device`` (a name or a ``torch.device``) cannot be used here (None: it can): not a device, or a CUDA device it lacks."""
+    import torch
+
     try:
         dev = torch.device(device)
     except RuntimeError:
@@ -334,22 +323,26 @@ def probe(parts: Parts) -> None:
     Raises:
         ConfigError: naming ``policy``, ``backend`` or ``device``.
     """
-    named = named_policy(parts.policy)
-    if named is not None and named[0] == "lerobot":
+    if (named := named_policy(parts.policy)) is not None and named[0] == "lerobot":
+        from rollcap.rollout.named import check_lerobot  # (imports torch)
+
         check_lerobot(named[1])
     if parts.backend in ("aoti", "compile"):
+        from rollcap.kernels.compiled import cxx_compiler
+
         if cxx_compiler() is None:
             raise ConfigError(
                 "backend",
                 f"{parts.backend!r} compiles C++ and found no compiler (g++ or $CXX) on PATH; install one or use 'jit'",
             )
-    dev = torch.device(parts.device)
-    missing = device_missing(dev)
+    missing = device_missing(parts.device)
     if missing is not None:
         raise ConfigError("device", missing)
-    if dev.type == "cuda":
+    if parts.device.startswith("cuda"):  # (Parts checked it is cpu or cuda[:i])
+        from rollcap.kernels.precision import check_precision
+
         try:
-            check_precision(parts.precision, dev)  # fp8: this GPU's float8 tensor cores
+            check_precision(parts.precision, parts.device)  # fp8: this GPU's float8 tensor cores
         except ValueError as err:
             raise ConfigError("precision", str(err)) from None
 
@@ -376,13 +369,15 @@ def runners(
 
 def _pair(parts: Parts, env, envs: int, rtc: bool, source: str | None):
     """One graph's policy runner and critic runner (None without a critic) at batch ``envs``."""
+    from rollcap.rollout.named import named_runner
+
     if envs > 1 and named_policy(parts.policy) is not None:
         raise ConfigError("envs", f"a batched run needs a FlowVLA checkpoint; {parts.policy} has no batched graph")
     named = named_runner(parts, env)
     if named is not None:
         return named, make_critic(parts, env) if parts.critic is not None else None
-    model = load_policy(parts.policy)
-    critic_model = load_critic(parts.critic) if parts.critic is not None and envs > 1 else None
+    model = policies.load_policy(parts.policy)
+    critic_model = critics.load_critic(parts.critic) if parts.critic is not None and envs > 1 else None
     if env is not None:
         try:
             check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
@@ -402,15 +397,15 @@ def _pair(parts: Parts, env, envs: int, rtc: bool, source: str | None):
 
 def make_runners(
     parts: Parts, env=None, rtc: bool = False, source: str | None = None, *, envs: int = 1
-) -> tuple[PolicyRunner, CriticRunner | None]:
+) -> tuple[policies.PolicyRunner, critics.CriticRunner | None]:
     """One graph of :func:`runners` at batch ``envs`` (1: what one episode at a time runs on); no critic: None."""
     (policy,), critics = runners(parts, env, envs=envs, rtc=rtc, source=source)
     return policy, critics[0] if critics else None
 
 
-def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunner:
+def make_critic(parts: Parts, env=None, source: str | None = None) -> critics.CriticRunner:
     """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`runners`)."""
-    model = load_critic(parts.critic)
+    model = critics.load_critic(parts.critic)
     if env is not None:
         check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
     return critic_runner(model, parts)
@@ -420,17 +415,19 @@ def policy_runner(model, parts: Parts | None = None, *, envs: int = 1, rtc: bool
     """The one place a policy runner is made: ``model`` captured where and how ``parts`` says (its own lane), at
     batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`. Without ``parts``: the runner's
     defaults. ``options``: the runner's own arguments (``backend``, ``lane``, ``sampler``, ...)."""
-    return _runner(RTCPolicyRunner if rtc else PolicyRunner, "policy", model, parts, envs, options)
+    from rollcap.policies.rtc import RTCPolicyRunner
+
+    return _runner(RTCPolicyRunner if rtc else policies.PolicyRunner, "policy", model, parts, envs, options)
 
 
 def critic_runner(model, parts: Parts | None = None, *, envs: int = 1, **options):
     """The one place a critic runner is made (see :func:`policy_runner`)."""
-    return _runner(CriticRunner, "critic", model, parts, envs, options)
+    return _runner(critics.CriticRunner, "critic", model, parts, envs, options)
 
 
 def _runner(cls, label: str, model, parts: Parts | None, envs: int, options: dict):
     if parts is not None:
-        lane = make_lane(label, parts.device, parts.threads)
+        lane = kernels.make_lane(label, parts.device, parts.threads)
         options = {
             "device": parts.device,
             "backend": parts.backend,
@@ -447,4 +444,7 @@ def policy_model(parts: Parts, model):
     """``model`` (a loaded FlowVLA checkpoint) as ``parts.sampler`` runs it: itself, fused (:func:`rollcap.policies.fused.fuse`) or lean (:func:`rollcap.policies.lean.lean`)."""
     if parts.sampler not in ("fused", "lean"):
         return model
-    return (fuse if parts.sampler == "fused" else lean)(model, tensor_digest(dict(model.state_dict())))
+    from rollcap.policies.fused import fuse
+    from rollcap.policies.lean import lean
+
+    return (fuse if parts.sampler == "fused" else lean)(model, kernels.tensor_digest(dict(model.state_dict())))

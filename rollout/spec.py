@@ -28,6 +28,10 @@ LeRobot directory, the cores for ``env_workers="auto"``):
 ``envs`` is the env count everywhere (this spec, ``--envs``, the summary, the
 build function's argument); gymnasium's ``num_envs`` is kept only where
 gymnasium asks for it (``gym.make_vec``).
+
+Importing it imports no torch (the command line's parser and an env worker
+read these dataclasses); checking a deployment's device imports it
+(:func:`check_graph_settings`). ``tests/rollout/cli/test_startup.py`` guards this.
 """
 
 from __future__ import annotations
@@ -37,21 +41,18 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-
-from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
-from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
-from rollcap.envs.metaworld import ID_PREFIX, MT10
-from rollcap.kernels.graph import check_cpu_plan
-from rollcap.kernels.precision import check_plan_precision, check_precision
-from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
-from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
+from rollcap.critics.shipped import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
+from rollcap.critics.shipped import MT10_CHECKPOINT as MT10_CRITIC
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT as DEFAULT_POLICY
+from rollcap.policies.shipped import MT10_CHECKPOINT as MT10_POLICY
 from rollcap.rollout.config import BYTES, MAX_ENVS, HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.protocols import ChunkCritic, ChunkPolicy, Env
 
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["Parts", "RunConfig", "Spec", "byte_fields", "is_name", "DEFAULT_ENV", "FORMATS"]
 
@@ -149,6 +150,11 @@ def check_graph_settings(backend: str | None, precision: str, device: str) -> to
     Raises:
         ConfigError: naming ``device``, ``precision`` or ``backend``.
     """
+    import torch  # a deployment's device is torch's to parse (a spec without one imports no torch)
+
+    from rollcap.kernels.graph import check_cpu_plan
+    from rollcap.kernels.precision import check_plan_precision, check_precision
+
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
@@ -176,6 +182,8 @@ def check_graph_settings(backend: str | None, precision: str, device: str) -> to
 
 def shipped_models(env_id: str) -> tuple[Path, Path]:
     """The shipped policy and critic for ``env_id``: the MT10 pair on a MetaWorld MT10 task, else the built-in task's."""
+    from rollcap.envs.metaworld import ID_PREFIX, MT10  # (rollcap.envs imports MuJoCo: not for building the parser)
+
     if env_id.startswith(ID_PREFIX) and env_id.removeprefix(ID_PREFIX) in MT10:
         return MT10_POLICY, MT10_CRITIC
     return DEFAULT_POLICY, DEFAULT_CRITIC
@@ -251,8 +259,8 @@ class RunConfig:
     """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
     """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
-    env_workers: int | Literal["auto"] = 0
-    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process. auto: one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 or with actors, writers or teleop. The same bytes either way."""
+    env_workers: int | Literal["auto"] = "auto"
+    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process (your subscribers then see observations). auto (the default): one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 (a machine under 4 cores), with envs 1, or with actors, writers or teleop. The same bytes either way."""
 
     def __post_init__(self):
         if not _is_int(self.episodes) or self.episodes < 1:

@@ -7,9 +7,11 @@ between boundaries, so a slow subscriber slows the rollout: keep them cheap
 
 from __future__ import annotations
 
+import queue
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +20,23 @@ from rollcap.rollout.errors import RecordingFailed
 from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, StepEvent, Subscriber
 
 __all__ = ["InBackground", "Metrics", "Progress", "Subscriber"]
+
+GATHER_S = 0.25
+"""How long a writer thread waits, after an episode arrives, for more to write in the same commit (one HDF5 open,
+set of masks and five fsyncs for all of them: ~3 ms of CPU an episode when each is committed alone)."""
+
+
+def take_batch(q: queue.Queue, most: int, window_s: float = GATHER_S, stop=lambda: False) -> list:
+    """The next item of ``q`` (waiting for it), then what arrives within ``window_s`` of it: up to ``most`` items, or
+    up to an end mark (None, kept last), or until ``stop()`` says so (checked as items arrive)."""
+    items = [q.get()]
+    deadline = time.monotonic() + window_s
+    while items[-1] is not None and len(items) < most and not stop():
+        try:
+            items.append(q.get(timeout=max(0.0, deadline - time.monotonic())))
+        except queue.Empty:
+            break
+    return items
 
 
 @dataclass
@@ -154,15 +173,14 @@ class InBackground(Subscriber):
 
     def _loop(self) -> None:
         many = getattr(self.inner, "on_episode_ends", None)
-        while True:
-            batch = [self._q.get()]
-            while many is not None and batch[-1] is not None and len(batch) < self._max and not self._q.empty():
-                batch.append(self._q.get_nowait())  # what waits goes in one call (one HDF5 commit)
+        while True:  # what waits, and what arrives within GATHER_S, goes in one call (one HDF5 commit)
+            dropping = self._abandon  # queued before the abandon: dropped; gathered when it came: written
+            batch = take_batch(self._q, self._max if many is not None else 1, stop=lambda: self._abandon)
             ends = [e for e in batch if e is not None]
             try:
                 if not ends:
                     pass
-                elif self._abandon:
+                elif dropping:
                     self.discarded.extend(e.index for e in ends)
                 elif self._error is None and len(ends) > 1:
                     many(ends)
@@ -182,7 +200,7 @@ class InBackground(Subscriber):
             raise RecordingFailed(f"{type(self.inner).__name__} failed on its writer thread: {err}") from err
 
     def abandon(self) -> None:
-        """Finish the episode (or the episodes handed over together) being handled, drop the ones still queued (safe from a signal handler)."""
+        """Finish the episode (or the episodes taken together) being handled, drop the ones still queued (safe from a signal handler)."""
         self._abandon = True
 
     def on_episode_start(self, start: EpisodeStart) -> None:

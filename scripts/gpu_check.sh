@@ -18,6 +18,12 @@
 # 6c. env workers (issue 41): `--only batch` with envs 1/32/64 in process and on 14 env workers, and a recorded
 #    --envs 32 run in process vs on the workers, digests compared (workers_digests.json); alone: STEPS=workers;
 # 7. opt-in (STEPS=compile): compile-cuda beside the plain CUDA graph, fused, bf16.
+# 9. opt-in (STEPS=issue57; about 9 minutes on one H100, 16 cores; one call): issue 57's GPU figures: the workers
+#    table at --envs 32/64/128 on 14 env workers with the GPU's busy fraction and the model's prediction beside it
+#    (bench_i57_workers.json: its "model" holds both), the host overhead at batch 1 (bench_i57_host.json), start-up
+#    and the writer's CPU per episode and format on that box (bench_i57_startup_writer.json), and the kernel table of
+#    the samplers never timed on a GPU (shared guidance prefix, expert attention kernel, whole-step kernel) at 3b, 205m,
+#    26m and shipped (kernels_i57.json, kernel_table_i57.md). GPU_CHECK_DEVICE=cpu runs it shortened (its dry run).
 # 8. opt-in (STEPS=kernels, issue 42; about 4 minutes on one H100): the batch-1 chunk side by side in one process
 #    (today's fused bf16 CUDA graph vs the lean sampler at bf16 and fp8, with the shared prefix, with the expert's
 #    attention kernel; KERNEL_COMPILE=1 adds compile-cuda at 3b) at
@@ -29,7 +35,7 @@
 # log.txt (all output), summary.json (each step's exit code and seconds, the digest comparisons, the machine),
 # bench_core.json, bench_batch.json, pytest_cuda.txt, pytest_core.txt, sizes.json, compile_cuda.json (each as its step
 # ends, so a cut run keeps what finished).
-# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,workers,compile,kernels picks steps (default: all but compile and kernels; SIZES, PRECISIONS and
+# SECTIONS narrows step 4's bench sections. STEPS=tests,core,runs,bench,models,batch,envs,workers,compile,kernels,issue57 picks steps (default: all but compile and kernels; SIZES, PRECISIONS and
 # COMPILE_SIZES narrow the sweeps); GPU_CHECK_DEVICE=cpu runs the same steps on the CPU, shortened, to check the script.
 set -u
 cd "$(dirname "$0")/.."
@@ -169,6 +175,18 @@ if want kernels; then
   fi
 fi
 
+# ---------------------------------------------------------------- 9. issue 57 (opt-in: STEPS=issue57)
+if want issue57; then
+  if [ "$DEV" = cpu ]; then IENVS=4; IW=2; ISIZES=shipped; IREPS=2; else IENVS=${I57_ENVS:-32,64,128}; IW=${WORKERS:-14}; ISIZES=${I57_SIZES:-3b,205m,26m,shipped}; IREPS=10; fi
+  step i57-workers 270 "${ROLLCAP[@]}" bench --device "$DEV" --only batch --quick --batch-envs "$IENVS" --batch-workers "$IW" \
+    --batch-standin 0 --json "$OUT_DIR/bench_i57_workers.json"
+  step i57-host 75 "${ROLLCAP[@]}" bench --device "$DEV" --only host "${QUICK[@]}" --json "$OUT_DIR/bench_i57_host.json"
+  step i57-startup-writer 90 "${ROLLCAP[@]}" bench --device "$DEV" --only startup,recording --quick --json "$OUT_DIR/bench_i57_startup_writer.json"
+  step i57-kernels 150 "$PY" -m rollcap.rollout.bench.kernel_sweep --device "$DEV" --sizes "$ISIZES" --reps "$IREPS" \
+    --settings fused-bf16,lean-bf16,lean-bf16-shared,lean-bf16-attn,lean-bf16-shared-attn,lean-bf16-step --profile "$ISIZES" \
+    --json "$OUT_DIR/kernels_i57.json" --table "$OUT_DIR/kernel_table_i57.md"
+fi
+
 # ---------------------------------------------------------------- summary
 "$PY" - "$WORK" "$OUT_DIR" "$DEV" <<'EOF'
 import json, platform, sys
@@ -214,11 +232,30 @@ if kern.exists():  # issue 42's short table, last
         if shares and name in ("3b", "205m") or (shares and r["device"] == "cpu"):
             print(f"{name}: adds+norms+casts+copies+GELU share of kernel time: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     print("(! = replay not byte-equal to its own eager chunk)")
-host = out / "bench_host.json"
-if host.exists():
-    h = json.loads(host.read_text()).get("host", {})
-    if "host_overhead_ms_median" in h:
-        print(f"host overhead at batch 1 (real runners): {h['host_overhead_ms_median']:.3f} ms = {h['host_overhead_fraction']:.1%} of a {h['boundary_ms_median']:.2f} ms boundary")
+for name in ("bench_host.json", "bench_i57_host.json"):
+    host = out / name
+    if host.exists():
+        h = json.loads(host.read_text()).get("host", {})
+        if "host_overhead_ms_median" in h:
+            print(f"host overhead at batch 1 (real runners): {h['host_overhead_ms_median']:.3f} ms = {h['host_overhead_fraction']:.1%} of a {h['boundary_ms_median']:.2f} ms boundary")
+workers = out / "bench_i57_workers.json"
+if workers.exists():  # issue 57: episodes/s, the GPU's busy share and the model beside each
+    b = json.loads(workers.read_text()).get("batch", {})
+    for k, rs in b.get("runs", {}).items():
+        eps, busy = sorted(r["episodes_per_s"] for r in rs), sorted(r["policy_busy_fraction"] for r in rs)
+        c = b.get("model", {}).get("check", {}).get(k, {})
+        model = f", model {c['predicted']:.1f}" if "predicted" in c else ""
+        print(f"{k}: {eps[len(eps) // 2]:.1f} episodes/s, GPU (policy) busy {busy[len(busy) // 2]:.0%}{model}")
+sw = out / "bench_i57_startup_writer.json"
+if sw.exists():
+    r = json.loads(sw.read_text())
+    for k, c in r.get("startup", {}).get("cases", {}).items():
+        print(f"{k}: {c['s']:.2f} s, {c['rss_mb']:.0f} MB (torch first: {c['torch_s']:.2f} s, {c['torch_rss_mb']:.0f} MB)")
+    w = r.get("startup", {}).get("worker")
+    if w:
+        print(f"env worker spawn to ready: {w['start_s']:.2f} s, {w['rss_mb']:.0f} MB, torch {w['held_torch']}")
+    for k, v in r.get("recording", {}).get("writer", {}).items():
+        print(f"writer CPU per episode, {k}: {v['median_ms']:.2f} ms")
 if "success" in summary:
     print("shipped policy success rate, lean: " + ", ".join(f"{k} {v}" for k, v in summary["success"].items()))
 bad = [s["step"] for s in summary["steps"] if s["rc"] != 0]

@@ -71,8 +71,8 @@ def bench_recording(parts: Parts, n: int) -> dict:
                 "npz write (whole)",
                 "h5 append (whole)",
                 "image deflate-1 (npz's)",
-                "image gzip-4 per frame (h5's)",
-                "image gzip-1 per frame",
+                "image gzip-4 per frame (h5's before issue 57)",
+                "image deflate-1 per frame (both formats' since, once)",
             )
         }
         h5 = H5Writer(Path(tmp) / "stages.hdf5", env_meta)
@@ -85,13 +85,14 @@ def bench_recording(parts: Parts, n: int) -> dict:
             )
             stage_s["h5 append (whole)"].append(_timed(lambda: h5.append(rec, checked)))
             stage_s["image deflate-1 (npz's)"].append(_timed(lambda: [zlib.compress(a.tobytes(), 1) for a in images]))
-            stage_s["image gzip-4 per frame (h5's)"].append(
+            stage_s["image gzip-4 per frame (h5's before issue 57)"].append(
                 _timed(lambda: [zlib.compress(f.tobytes(), 4) for a in images for f in a])
             )
-            stage_s["image gzip-1 per frame"].append(
+            stage_s["image deflate-1 per frame (both formats' since, once)"].append(
                 _timed(lambda: [zlib.compress(f.tobytes(), 1) for a in images for f in a])
             )
         producer = _producer(records, Path(tmp), env_meta, quick)
+        writer = writer_cpu(records, Path(tmp) / "writer", env_meta, rounds=1 if quick else 3)
     for part in (policy, critic, env):
         if part is not None:  # --critic none
             part.close()
@@ -102,7 +103,7 @@ def bench_recording(parts: Parts, n: int) -> dict:
         wall = statistics.mean(w for w, _ in samples)
         cpu = statistics.mean(c for _, c in samples)
         stages[name] = {"wall_ms": wall * 1e3, "cpu_ms": cpu * 1e3, "cpu_share": cpu / plain}
-    writer_cpu = sum(stages[k]["cpu_ms"] for k in ("checks + digests (once)", "npz write (whole)", "h5 append (whole)"))
+    stages_cpu = sum(stages[k]["cpu_ms"] for k in ("checks + digests (once)", "npz write (whole)", "h5 append (whole)"))
     return {
         "episodes": episodes,
         "rounds": rounds,
@@ -110,11 +111,43 @@ def bench_recording(parts: Parts, n: int) -> dict:
         "steps_per_episode": float(np.mean([r.num_steps for r in records])),
         "image_bytes": float(np.mean([sum(a.nbytes for a in r.obs.values() if is_image(a)) for r in records])),
         "stages": stages,
-        "writer_cpu_share": writer_cpu / 1e3 / plain,
+        "writer_cpu_share": stages_cpu / 1e3 / plain,
         "background_overhead": spread([b / p - 1 for b, p in zip(walls["background"], walls["plain"])]),
         "sync_overhead": spread([s / p - 1 for s, p in zip(walls["sync"], walls["plain"])]),
         "producer": producer,
+        "writer": writer,
     }
+
+
+WRITER_CASES = (("npz",), ("h5",), ("npz", "h5"))
+PER_COMMIT = (1, 16)
+"""Episodes a commit in :func:`writer_cpu`: one (a writer that keeps up, before issue 57 the workers' and the host
+thread's usual case) and 16 (what a writer gathering for :data:`~rollcap.rollout.subscribers.GATHER_S` commits at
+~60 episodes/s)."""
+
+
+def writer_cpu(records, tmp: Path, env_meta: dict, rounds: int = 3) -> dict:
+    """The writer's CPU per episode (``EpisodeRecorder.write_many``: checks, digests, compression, both containers,
+    the HDF5 commit), per format and per commit size, on fresh copies of ``records`` (nothing cached from an earlier
+    write), interleaved over ``rounds``; median and range in ms."""
+    import copy
+
+    from rollcap.rollout.recording import EpisodeRecorder
+
+    out: dict = {}
+    for r in range(rounds):
+        for formats in WRITER_CASES:
+            for per in PER_COMMIT:
+                fresh = [copy.deepcopy(rec) for rec in records]  # new arrays: the frames' encodings are not reused
+                rec = EpisodeRecorder(tmp / f"{'+'.join(formats)}-{per}-{r}", formats, env_meta)
+                c0 = time.thread_time()
+                for k in range(0, len(fresh), per):
+                    rec.write_many(fresh[k : k + per])
+                out.setdefault(f"{'+'.join(formats)}, {per} a commit", []).append(
+                    1e3 * (time.thread_time() - c0) / len(fresh)
+                )
+                rec.close()
+    return {k: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v)} for k, v in out.items()}
 
 
 RATE, WORK_MS = 50.0, 8.0
@@ -156,6 +189,11 @@ def format_recording(r: dict, row) -> None:
     for key in ("background_overhead", "sync_overhead"):
         o = r[key]
         row(key.replace("_", " "), f"{o['median']:.1%} ({o['min']:.1%} to {o['max']:.1%} over {r['rounds']} rounds)")
+    w = r.get("writer")
+    if w is not None:
+        row("writer CPU per episode (write_many: checks, digests, compression, containers, commit):")
+        for name, v in w.items():
+            row(f"  {name}", f"{v['median_ms']:.2f} ms ({v['min_ms']:.2f} to {v['max_ms']:.2f})")
     p = r.get("producer")
     if p is not None:
         row(

@@ -10,7 +10,8 @@ re-creation), ``branch`` (:mod:`rollcap.rollout.bench.branch`), ``scaling``
 (capsule restore/snapshot vs copy from 25 KB to 256 MB,
 :mod:`rollcap.capsule.bench_scaling`), ``peer`` (the loop users write today,
 :mod:`rollcap.rollout.bench.peer`), ``recording`` (the writer's stages,
-:mod:`rollcap.rollout.bench.recording`). Each section's seconds are in
+:mod:`rollcap.rollout.bench.recording`), ``startup`` (``import rollcap``, ``--help``, an env worker's start
+and RSS, beside torch's share: :mod:`rollcap.rollout.bench.startup`). Each section's seconds are in
 ``section_s``. Opt-in (``--only``): ``backends`` (the CPU plans jit, aoti and
 compile side by side, :mod:`rollcap.rollout.bench.backends`), ``batch`` (envs 1 / 8 / ... in this process
 and on env workers, the shipped policy and a fixed-latency stand-in, recorded; the host's per-slot work; the batched
@@ -28,7 +29,7 @@ import torch
 
 from rollcap.rollout.build import Parts
 
-SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording")
+SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording", "startup")
 OPT_IN = ("backends", "batch")
 """Sections run only when named in ``--only`` (``backends`` compiles for minutes on a cold cache; ``batch`` records runs for a few minutes)."""
 _MODULE = {"scaling": "capsule"}
@@ -130,6 +131,10 @@ _FORMAT = {
     "scaling": ("capsule", "capsule scaling (restore / snapshot vs a plain copy; ratio median, IQR over rounds):"),
     "peer": ("peer", "peer (the same env and policy driven as LeRobot / openpi loops do):"),
     "recording": ("recording", "recording (the writer's stages per episode, real episodes of the policy in the env):"),
+    "startup": (
+        "startup",
+        "startup (fresh interpreters, {rounds} interleaved rounds; beside each, torch imported first):",
+    ),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
     "batch": ("batch", "batch (envs {envs} on one policy graph, in this process and in env workers; recorded runs):"),
     "section_s": None,

@@ -38,6 +38,12 @@ class FixedLatencyRows:
     def write(self, values) -> None:
         self.runner.write(values)
 
+    def obs_inputs(self, obs) -> dict:
+        return self.runner.obs_inputs(obs)
+
+    def write_row(self, row: int, values) -> None:
+        self.runner.write_row(row, values)
+
     def launch(self) -> None:
         self._ready = time.perf_counter() + self.seconds
 

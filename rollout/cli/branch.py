@@ -11,11 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rollcap.rollout.api import branch_episode, branch_pool
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.cli.recordings import ADDRESS_HELP, ENV_HELP
-from rollcap.rollout.offline.branching import RecordedDeployment, check_address, recorded_host
-from rollcap.rollout.offline.calibrate import calibrate, check_calibration, load_for_calibration
 from rollcap.rollout.spec import Parts
 
 EXAMPLE = "rollcap branch runs/latest/episodes.hdf5 --episode 3 --chunk 5 --n 16 --out runs/branch3"
@@ -90,6 +87,10 @@ def cmd_branch(args) -> int:
     if args.every < 1:
         raise ConfigError("every", f"expected an integer >= 1, got {args.every}")
     formats = tuple(f for f in args.formats.split(",") if f)
+    from rollcap.rollout.api import (
+        branch_episode,
+    )  # the command's modules (torch): imported when it runs, not for --help
+
     parts = args.options.values(args, Parts)  # None: as the recording (offline/deployment.py), resolved when it is read
     if args.calibrate:
         return _calibrate(args, parts)
@@ -108,6 +109,10 @@ def cmd_branch(args) -> int:
 
 
 def _calibrate(args, parts) -> int:
+    from rollcap.rollout.api import branch_pool
+    from rollcap.rollout.offline.branching import RecordedDeployment, check_address, recorded_host
+    from rollcap.rollout.offline.calibrate import calibrate, check_calibration, load_for_calibration
+
     if args.actors < 0:
         raise ConfigError("actors", f"expected an integer >= 0, got {args.actors}")
     check_address(args.address, args.actors)

@@ -1,4 +1,9 @@
-"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect."""
+"""The ``rollcap`` command line: run, replay, inspect, export, branch, recap, bench, capsule inspect.
+
+Building the parser imports no torch (``rollcap --help`` and ``rollcap COMMAND --help`` answer in a fraction of a
+second): it needs the spec's dataclasses only; each command imports what it runs (the API, the benches) when it
+runs. ``tests/rollout/cli/test_startup.py`` guards this.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from rollcap.rollout.api import Interrupted, run
-from rollcap.rollout.build import for_this_machine
-from rollcap.rollout.bench.report import format_report, run_bench
 from rollcap.rollout.bench.batch_options import add_batch_arguments, batch_options
-from rollcap.rollout.bench.ray import format_report as format_ray
-from rollcap.rollout.bench.ray import run_bench as run_ray
 
 from rollcap.capsule.cli import add_subparser as add_capsule_parser
 from rollcap.rollout.cli.branch import add_parser as add_branch_parser
@@ -78,16 +78,26 @@ def _run_options(p: argparse.ArgumentParser):
 
 
 def cmd_run(args) -> int:
+    from rollcap.rollout.api import Interrupted, run
+    from rollcap.rollout.build import for_this_machine
+
     _SIGNALS.poll()  # the heavy imports are done: a Ctrl-C held during them stops here, not after the build and capture
     opts = args.options
     spec = Spec(*(cls(**opts.values(args, cls)) for cls in (Parts, HostConfig, RunConfig)))
-    if spec.run.env_workers == "auto":  # say what it chose: it depends on the machine
+    said = None
+    if spec.run.env_workers == "auto":  # (the default): it depends on the machine
         spec = for_this_machine(spec)
         n, envs = spec.run.env_workers, spec.run.envs
         where = f"{n} env worker(s)" if n else "every env in this process"
-        print(f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {envs})", file=sys.stderr)
+        said = f"rollcap: --env-workers auto: {where} ({usable_cores()} cores, --envs {envs})" if envs > 1 else None
+
+    def started() -> None:  # say what auto chose once the run starts (a run refused in start-up says only why)
+        if said is not None:
+            print(said, file=sys.stderr)
+        _SIGNALS.release()
+
     try:  # run() builds from names and paths (rollcap.rollout.build) and releases a Ctrl-C held in start-up once it is over
-        result = run(spec, on_started=_SIGNALS.release, on_finished=_SIGNALS.finish, poll_stop=_SIGNALS.poll)
+        result = run(spec, on_started=started, on_finished=_SIGNALS.finish, poll_stop=_SIGNALS.poll)
     except Interrupted as stop:
         print(_summary_table(stop.result.summary))
         dropped = stop.result.summary["unwritten_at_interrupt"]
@@ -146,6 +156,10 @@ def _summary_table(s: dict) -> str:
 
 # ------------------------------------------------------------------- bench
 def cmd_bench(args) -> int:
+    from rollcap.rollout.bench.ray import format_report as format_ray
+    from rollcap.rollout.bench.ray import run_bench as run_ray
+    from rollcap.rollout.bench.report import format_report, run_bench
+
     parts = Parts(**args.options.values(args, Parts))
     only = [s for s in args.only.split(",") if s] if args.only else None
     actors = args.actors or (2 if only and "ray" in only else 0)
@@ -236,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         default=None,
-        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (envs 1 and 8, in this process and in env workers, the shipped policy and a 4 ms stand-in, recorded; --batch-*; ~4 min)",
+        help="comma list of sections: models,capsule,env,host,gym,branch,scaling,peer,recording,startup; opt-in: backends (the CPU plans jit/aoti/compile side by side; minutes on a cold compile cache), batch (envs 1 and 8, in this process and in env workers, the shipped policy and a 4 ms stand-in, recorded; --batch-*; ~4 min)",
     )
     add_batch_arguments(p)
     p.add_argument(

@@ -7,14 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from rollcap.rollout.build import Parts, named_env
 from rollcap.rollout.options import UserError, json_object
-from rollcap.rollout.offline.deployment import recorded_parts
-from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
-from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes, readable_episodes
-from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
-from rollcap.rollout.ray.episodes import check_actor_run
-from rollcap.rollout.recording import iter_episodes
+from rollcap.rollout.spec import Parts
 
 ENV_HELP = (
     "allow the recording's env id (it must be the same); needed for a 'module:Env' id, which is never imported "
@@ -92,17 +86,17 @@ def add_parsers(command, parts_options) -> None:
     p = command(
         "export",
         cmd_export,
-        "export a recording as a LeRobotDataset v3 or a Minari dataset",
-        "Export the episodes of a run directory (or one npz / HDF5 file) as a LeRobotDataset v3 (--to lerobot: images lossless as PNG frames, the instruction as task, reward/done/success/intervention/critic value per frame) or a Minari dataset (--to minari: HDF5, observations with the final one). The dataset is written beside its target and renamed into place when whole: a failure leaves nothing. Needs lerobot / minari: run it with LeRobot's venv (bash scripts/lerobot_env.sh).",
+        "export a recording as a LeRobotDataset v3, a Minari dataset or chunk transitions (npz)",
+        "Export the episodes of a run directory (or one npz / HDF5 file) as a LeRobotDataset v3 (--to lerobot: images lossless as PNG frames, the instruction as task, reward/done/success/intervention/critic value per frame) or a Minari dataset (--to minari: HDF5, observations with the final one). The dataset is written beside its target and renamed into place when whole: a failure leaves nothing. Needs lerobot / minari: run it with LeRobot's venv (bash scripts/lerobot_env.sh). --to chunks writes the chunk-level transitions for offline RL as one npz (numpy only): per executed chunk its boundary's observation, noise, policy chunk, executed actions, return, next observation and done flags.",
         "rollcap export runs/demos --to lerobot --root datasets/demos --obs-keys state --instruction-dims 32",
     )
     p.add_argument("run", type=Path, help="run directory, npz file or HDF5 file")
-    p.add_argument("--to", required=True, choices=("lerobot", "minari"), help="the dataset format")
+    p.add_argument("--to", required=True, choices=("lerobot", "minari", "chunks"), help="the dataset format")
     p.add_argument(
         "--root",
         required=True,
         type=Path,
-        help="lerobot: the dataset directory to create (absent or empty); minari: the datasets root (the dataset goes to ROOT/DATASET_ID)",
+        help="lerobot: the dataset directory to create (absent or empty); minari: the datasets root (the dataset goes to ROOT/DATASET_ID); chunks: the .npz file to create",
     )
     p.add_argument(
         "--extras",
@@ -124,7 +118,7 @@ def add_parsers(command, parts_options) -> None:
         "--obs-keys",
         default=None,
         metavar="LIST",
-        help="lerobot: comma list of observation keys to export (default all), e.g. state for a policy without images",
+        help="lerobot, chunks: comma list of observation keys to export (default all), e.g. state for a policy without images",
     )
     p.add_argument(
         "--instruction-dims",
@@ -135,6 +129,12 @@ def add_parsers(command, parts_options) -> None:
     )
     p.add_argument("--dataset-id", default=None, help="minari: the dataset id (default rollcap/<run name>-v0)")
     p.add_argument(
+        "--gamma",
+        type=float,
+        default=None,
+        help="chunks: the per-step discount inside a chunk's return, 0 < gamma <= 1 (default 1: the plain sum of its rewards)",
+    )
+    p.add_argument(
         "--labels",
         choices=("recorded", "expert"),
         default="recorded",
@@ -144,6 +144,12 @@ def add_parsers(command, parts_options) -> None:
 
 # ------------------------------------------------------------------ replay
 def cmd_replay(args) -> int:
+    # the command's modules (torch, the runners): imported when it runs, not for --help
+    from rollcap.rollout.offline.deployment import recorded_parts
+    from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
+    from rollcap.rollout.ray.episodes import check_actor_run
+    from rollcap.rollout.recording import iter_episodes
+
     modes = [m for m in args.mode.split(",") if m]
     if not modes or any(m not in MODES for m in modes):
         raise UserError(f"--mode: expected a comma list of {','.join(MODES)}, got {args.mode!r}")
@@ -204,6 +210,8 @@ def cmd_replay(args) -> int:
 
 def _check_replay_env(args, rec, source: str) -> None:
     """An explicit --env / --env-kwargs must name the recording's env (--env module:id may name a recording of id)."""
+    from rollcap.rollout.build import named_env
+
     named_env(rec.env_id, args.env, source)
     if args.env_kwargs is not None and args.env_kwargs != rec.env_kwargs:
         raise UserError(
@@ -213,6 +221,9 @@ def _check_replay_env(args, rec, source: str) -> None:
 
 # ----------------------------------------------------------------- inspect
 def cmd_inspect(args) -> int:
+    from rollcap.rollout.offline.early_stop import boundaries_of, early_stop_rows, table
+    from rollcap.rollout.offline.inspect import check_plot_dir, episode_table, plot_episodes, readable_episodes
+    from rollcap.rollout.recording import iter_episodes
 
     if args.plot is not None:
         check_plot_dir(args.plot)  # a bad --plot costs nothing
@@ -248,11 +259,15 @@ def _thresholds(values: list[float]) -> list[float]:
 def cmd_export(args) -> int:
     from rollcap.rollout.recording.exporters import export  # the exporters' modules: only for export
 
-    if importlib.util.find_spec(args.to) is None:  # the wrong venv is the likeliest mistake: say so first
+    if args.to != "chunks" and importlib.util.find_spec(args.to) is None:  # the wrong venv: say so first
         raise UserError(
             f"--to {args.to}: {args.to} is not importable in this Python ({sys.version.split()[0]}); it lives in LeRobot's venv: bash scripts/lerobot_env.sh, then run .venv-lerobot/bin/rollcap"
         )
 
+    if args.to == "chunks":
+        return _export_chunks(args)
+    if args.gamma is not None:
+        raise UserError(f"--gamma: an option of --to chunks, not --to {args.to}")
     options = {"extras": tuple(x for x in args.extras.split(",") if x)} if args.extras is not None else {}
     options["labels"] = args.labels
     if args.to == "lerobot":
@@ -309,4 +324,25 @@ def cmd_export(args) -> int:
             f"wrote {out.path}: Minari dataset {out.dataset_id!r}, {out.episodes} episodes, {out.steps} steps{skipped}"
         )
         print(f"read it with MINARI_DATASETS_PATH={out.root} and minari.load_dataset({out.dataset_id!r})")
+    return 0
+
+
+def _export_chunks(args) -> int:
+    """``--to chunks``: the chunk-level transitions as one npz (numpy only)."""
+    from rollcap.rollout.recording.to_chunks import export_chunks
+
+    others = [f for f, on in (("--extras", args.extras is not None), ("--repo-id", args.repo_id), ("--fps", args.fps),
+              ("--videos", args.videos), ("--instruction-dims", args.instruction_dims), ("--dataset-id", args.dataset_id),
+              ("--labels", args.labels != "recorded")) if on]  # fmt: skip
+    if others:
+        raise UserError(f"{others[0]}: not an option of --to chunks")
+    keys = None if args.obs_keys is None else tuple(x for x in args.obs_keys.split(",") if x)
+    try:
+        out = export_chunks(args.run, args.root, 1.0 if args.gamma is None else args.gamma, keys)
+    except ValueError as err:
+        arg, sep, rest = str(err).partition(": ")
+        flags = {"run_dir": "RUN", "root": "--root", "obs_keys": "--obs-keys", "gamma": "--gamma"}
+        raise UserError(f"{flags[arg]}: {rest}" if sep and arg in flags else str(err)) from err
+    skipped = f"; {len(out.skipped)} episode(s) without an executed chunk skipped" if out.skipped else ""
+    print(f"wrote {out.transitions} chunk transition(s) of {out.episodes} episode(s) to {out.path}{skipped}")
     return 0

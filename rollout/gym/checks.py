@@ -72,23 +72,42 @@ def entropy_seed(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 2**63 - 1))
 
 
-def reset_stop_reason(chunks: int) -> str:
-    """Why the caller reset an episode that was still running after ``chunks`` steps of the env.
+def _calling_time_limit(method: str) -> TimeLimit | None:
+    """The gymnasium ``TimeLimit`` whose ``method`` (``"step"`` / ``"reset"``) is among the calling frames, or None.
 
-    gymnasium's ``TimeLimit`` truncates by flipping ``truncated`` on its way out and tells the env nothing; the loop
-    then calls ``reset()`` through it. So a reset whose caller is a ``TimeLimit`` whose limit the episode reached is
-    that wrapper's truncation (:data:`TIME_LIMIT`); any other is the caller's own (:data:`CALLER_RESET`). Looks at
-    the calling frames only (a reset, not a step, pays for it).
+    gymnasium's ``TimeLimit`` truncates by flipping ``truncated`` on its way out and tells the env nothing, so the env
+    looks at who called it: a few frames, a few microseconds, once per step (a chunk's step takes milliseconds).
     """
-    frame = sys._getframe(1)
+    frame = sys._getframe(2)
     for _ in range(24):
         if frame is None:
             break
-        owner = frame.f_locals.get("self") if frame.f_code.co_name == "reset" else None
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == method else None
         if isinstance(owner, TimeLimit):
-            return TIME_LIMIT if chunks >= owner._max_episode_steps else CALLER_RESET
+            return owner
         frame = frame.f_back
-    return CALLER_RESET
+    return None
+
+
+def time_limit_cuts() -> bool:
+    """True when a gymnasium ``TimeLimit`` is calling this ``step`` and will truncate the episode on its way out (this
+    step is the one that reaches its limit): the env ends the episode itself, stop reason :data:`TIME_LIMIT`, so
+    ``stop_reason`` and ``is_success`` are in this step's info, where SB3 and other loggers read them."""
+    owner = _calling_time_limit("step")
+    return (
+        owner is not None and owner._elapsed_steps is not None and owner._elapsed_steps + 1 >= owner._max_episode_steps
+    )
+
+
+def reset_stop_reason(chunks: int) -> str:
+    """Why the caller reset an episode that was still running after ``chunks`` steps of the env.
+
+    A reset whose caller is a ``TimeLimit`` whose limit the episode reached is that wrapper's truncation
+    (:data:`TIME_LIMIT`: one whose step did not go through it, so :func:`time_limit_cuts` could not end it there); any
+    other is the caller's own (:data:`CALLER_RESET`). Looks at the calling frames only.
+    """
+    owner = _calling_time_limit("reset")
+    return TIME_LIMIT if owner is not None and chunks >= owner._max_episode_steps else CALLER_RESET
 
 
 def frame_key(space: spaces.Space, render_mode: str | None) -> str | None:
@@ -127,8 +146,15 @@ def claim_index(own: int, subscribers) -> int:
     """The index of the episode an env starts next: at least ``own`` (the env's next), and past every index used with
     the same recorder by any env in this process (``SyncVectorEnv`` sub-envs sharing one recorder) or already in its
     run directory (``EpisodeRecorder.next_index``: a recorder opened with ``resume=True``). The caller's next is the
-    returned index + 1."""
+    returned index + 1. A recorder used outside the process that opened it refuses here (``check_process``), at the
+    episode's start, before anything runs."""
     recorders = [s for s in subscribers if getattr(s, "wants_records", False)]
+    for (
+        s
+    ) in recorders:  # a recorder copied into another process (an AsyncVectorEnv worker) refuses before anything runs
+        check = getattr(s, "check_process", None) or getattr(getattr(s, "inner", None), "check_process", None)
+        if check is not None:
+            check()
     index = max([own, *(_next_index.get(s, getattr(s, "next_index", 0)) for s in recorders)])
     for s in recorders:
         _next_index[s] = index + 1

@@ -1,8 +1,10 @@
 """Gymnasium envs over the episode core, for RL training loops.
 
 - :class:`ChunkEnv`: the action is an action chunk ``[H, A]``; one ``step``
-  runs one chunk boundary (policy and critic on their lanes, stop predicates)
-  and executes the agent's chunk in the env.
+  executes the agent's chunk in the env (its first ``execute_steps`` rows), then
+  runs the next chunk boundary (policy and critic on their lanes, stop
+  predicates): the observation holds the policy's chunk for it
+  (``policy_chunk``), for residual RL.
 - :class:`NoiseSteeringEnv`: the action is the flow noise ``[H, A]`` fed to
   the frozen policy for the chunk (DSRL: RL steers a frozen VLA through its
   latent noise); the policy's chunk is executed.
@@ -24,12 +26,16 @@ Conventions:
     terminated: the task ended (success, or the env's own termination).
     truncated: the episode was cut (env time limit, chunk or time limit,
         critic stop, an outside stop event).
-    info: ``stop_reason`` and ``is_success`` (at the end), ``value`` (the
-        critic's; absent without one), ``steps``, ``policy_chunk``. Everything in
+    info: ``is_success`` at every step (False until an episode ends in
+        success, as gymnasium-robotics reports it, so SB3's and other loggers
+        count every episode), ``stop_reason`` at the end (also when a gymnasium
+        ``TimeLimit`` cuts the episode: the env ends it in that step, stop reason
+        ``time_limit``), ``value`` (the critic's; absent without one), ``steps``,
+        and NoiseSteeringEnv's ``policy_chunk`` (the chunk executed). Everything in
         ``info`` is a pure function of the seed and the actions (gymnasium's
         checker asks that); the last step's latencies are in ``env.timings``.
         ``reset`` gives ``rollcap_episode``, ``rollcap_seed`` and
-        ``rollcap_index`` (see :meth:`_CoreEnv.reset`); gymnasium's
+        ``rollcap_index`` (see :meth:`~rollcap.rollout.gym.core.CoreEnv.reset`); gymnasium's
         ``RecordEpisodeStatistics`` owns the key ``episode``.
     actions: exactly the action space's shape (never reshaped) and finite,
         else ValueError saying what was expected and what came.
@@ -50,247 +56,131 @@ Recording: an :class:`~rollcap.rollout.recording.EpisodeRecorder` among
 ``subscribers`` (or added to ``env.host.subscribers`` later) records every
 episode that ends, a seeded reset included, under an index no env sharing
 the recorder has used (nor the run directory of a resumed recorder). ``close()`` closes the host, the lanes the ``make_*`` functions
-made, and calls every subscriber's ``on_run_end``.
+made, and calls every subscriber's ``on_run_end``; a recorder stays open (whoever opened it closes it), so a train env
+and an eval env can share one. A recorder copied into another process (``AsyncVectorEnv``'s workers) refuses at the
+first reset, in one line.
 
 Single-threaded, like the host.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from rollcap.kernels.errors import BadInput
-from rollcap.policies.observation import EOS, tokenize
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.gym.checks import (
-    RENDER_MODES,
-    checked_action,
-    claim_index,
-    closed_error,
-    entropy_seed,
-    fork_safe_torch,
-    frame_key,
-    keep_records,
-    render_metadata,
-    reset_stop_reason,
-)
-from rollcap.rollout.host import HostState, RolloutHost
-from rollcap.rollout.protocols import ChunkCritic, ChunkPolicy, Subscriber
-from rollcap.rollout.seeding import episode_seed
+from rollcap.rollout.gym.checks import fork_safe_torch, time_limit_cuts
+from rollcap.rollout.gym.core import MAX_TOKENS, CoreEnv
+from rollcap.rollout.host import HostState
 
-TERMINAL = ("success", "terminated")
-"""Stop reasons that are the task's own end (gymnasium's ``terminated``); every other stop truncates."""
 NOISE_BOUND = 4.0
 """NoiseSteeringEnv's action is a Box in [-NOISE_BOUND, NOISE_BOUND] (standard-normal noise lies within it but for 6e-5)."""
-MAX_TOKENS = 64
 
 
-def instruction_tokens(text: str, max_tokens: int = MAX_TOKENS) -> np.ndarray:
-    """The models' byte tokenizer (:func:`rollcap.policies.observation.tokenize`): UTF-8 bytes framed by
-    BOS/EOS, PAD-padded to ``max_tokens`` (int64); a longer instruction is refused, never truncated."""
-    try:
-        return tokenize(str(text), max_tokens)
-    except BadInput as err:
-        raise ValueError(f"instruction does not fit {max_tokens} tokens ({err})") from err
+class ChunkEnv(CoreEnv):
+    """One step = the agent's ``[H, A]`` chunk executed in the env, then the next chunk boundary.
 
+    The action space is the env's action bounds tiled to ``(H, A)``; like the
+    policy's own chunk, its first ``execute_steps`` rows are executed (the
+    config's, default the policy's own: 4 of the shipped policy's 8), the rest
+    is the plan's tail. The policy still runs at every boundary, and its chunk
+    for the *current* observation is in the observation as ``policy_chunk``
+    (float32 ``(H, A)``), computed before the agent acts: reset runs the first
+    boundary, and each step runs the next one after the chunk. So residual RL
+    acts ``obs["policy_chunk"] + residual``, and a zero residual is the frozen
+    policy, episode for episode (the host sees the same boundaries and chunks as
+    ``rollcap run``). The critic feeds the stop predicates; a boundary that stops
+    the episode ends the step that led to it (a boundary runs after the last
+    chunk of an episode that a time limit cuts too, as ``rollcap run
+    --max-chunks`` records one: the cut observation's plan is there to bootstrap
+    from; an episode the env itself ended shows zeros). ``info["value"]`` is the
+    critic's value of the returned observation. See the module docstring for observation,
+    reward and done conventions.
 
-def gym_obs_space(space: spaces.Space, max_tokens: int = MAX_TOKENS, state_only: bool = False) -> spaces.Dict:
-    """The envs' observation space: the env's, its instruction as ``instruction_tokens`` (a non-dict one under
-    ``observation``); ``state_only``: the env's ``state`` alone (a non-dict one under ``observation``)."""
-    if state_only:
-        if isinstance(space, spaces.Dict) and "state" not in space.spaces:
-            raise ValueError(f"state_only=True needs a 'state' in the env's observation; it has {sorted(space.spaces)}")
-        return spaces.Dict({"state": space["state"]} if isinstance(space, spaces.Dict) else {"observation": space})
-    if isinstance(space, spaces.Dict):
-        keys = {k: s for k, s in space.spaces.items() if k != "instruction"}
-    else:
-        keys = {"observation": space}
-    keys["instruction_tokens"] = spaces.Box(0, EOS, (max_tokens,), np.int64)
-    return spaces.Dict(keys)
-
-
-def gym_obs(obs, max_tokens: int = MAX_TOKENS, state_only: bool = False) -> dict[str, np.ndarray]:
-    """An env observation as the envs return it (see :func:`gym_obs_space`)."""
-    if state_only:
-        return {"state": obs["state"]} if isinstance(obs, dict) else {"observation": obs}
-    if isinstance(obs, dict):
-        out = {k: v for k, v in obs.items() if k != "instruction"}
-        out["instruction_tokens"] = instruction_tokens(obs.get("instruction", ""), max_tokens)
-    else:
-        out = {"observation": obs, "instruction_tokens": instruction_tokens("", max_tokens)}
-    return out
-
-
-class _CoreEnv(gym.Env):
-    """What both envs share: the host, the observation conversion, the episode sequence, rendering, closing."""
-
-    metadata = {"render_modes": list(RENDER_MODES), "render_fps": 1.0}
+    Args:
+        residual: None (the action is the chunk), or a scale ``s > 0``: the action is a residual in
+            ``[-1, 1]^(H, A)`` (clipped to it) and the env executes ``obs["policy_chunk"] + s * action`` (that sum
+            is not clipped: the env treats it as it treats the policy's own chunk), so an agent whose action starts at zero starts as the
+            frozen policy (SB3's SAC and PPO start near zero).
+    """
 
     def __init__(
         self,
-        env: gym.Env,
-        policy: ChunkPolicy,
-        critic: ChunkCritic | None = None,
-        config: HostConfig | None = None,
-        subscribers: tuple[Subscriber, ...] = (),
+        env,
+        policy,
+        critic=None,
+        config=None,
+        subscribers=(),
         max_tokens: int = MAX_TOKENS,
-        render_mode: str | None = None,
-        state_only: bool = False,
-        owns: tuple = (),
+        residual: float | None = None,
+        **kw,
     ):
-        if not isinstance(env, gym.Env):
-            raise TypeError(f"env: expected a gymnasium.Env, got {type(env).__name__}")
-        if (
-            config is not None and config.chunking != "sync"
-        ):  # step() would not see the queue's steps (run during boundary())
-            raise ConfigError(
-                "chunking", f"the gymnasium envs step whole chunks synchronously; got {config.chunking!r}"
-            )
-        self._frame = frame_key(env.observation_space, render_mode)
-        self.env = env
-        self.host = RolloutHost(
-            env,
-            policy,
-            critic,
-            config,
-            subscribers,
-            records=any(getattr(s, "wants_records", False) for s in subscribers),
-            on_error="raise",
-        )
-        self.owns = list(owns)
-        """What :meth:`close` closes besides the host (the lanes the ``make_*_env`` functions made)."""
-        self.render_mode = render_mode
-        self.metadata = render_metadata(env, self.host.config.execute_steps)
-        self.chunk_shape = tuple(int(n) for n in policy.chunk_shape)
-        self.max_tokens = int(max_tokens)
-        self.state_only = bool(state_only)
-        self.observation_space = self._obs_space(env.observation_space)
-        self._run_seed: int | None = None  # the last seeded reset's seed (or one drawn from entropy)
-        self._episode = 0  # the next episode's number in that run: its seed is episode_seed(run seed, number)
-        self._index = 0  # the next episode's index: unique for this env's life and its recorders' (their file names)
-        self._chunks = 0  # steps of the running episode (a TimeLimit's count)
-        self._last_obs = None  # the env's last observation (render() shows its image)
-        self.timings: dict[str, float] = {}
-        """The last step's boundary latencies in seconds (``policy_s``, ``critic_s``, ``boundary_s``)."""
-
-    def _obs_space(self, space: spaces.Space) -> spaces.Dict:
-        return gym_obs_space(space, self.max_tokens, self.state_only)
-
-    def _obs(self, obs) -> dict[str, np.ndarray]:
-        return gym_obs(obs, self.max_tokens, self.state_only)
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        """End the running episode and start the next: capsule restore, env reset from its episode seed.
-
-        ``seed`` starts a new run: episode ``j`` after it uses ``episode_seed(seed, j)``, as ``rollcap run --seed``
-        does. The first reset without a seed draws the run's seed from entropy (``np_random``), as gymnasium's envs
-        do. info: ``rollcap_episode`` (``j``), ``rollcap_seed`` (the episode's seed, recorded with it) and
-        ``rollcap_index`` (its index in a recording: no env sharing the recorder reuses it). A running episode
-        ends with stop reason ``time_limit`` when a gymnasium ``TimeLimit`` around this env truncated it, else
-        ``reset``.
-        """
-        if self.host.state is HostState.CLOSED:
-            raise closed_error("reset()")
-        super().reset(seed=seed)
-        keep_records(self.host)
-        if self.host.state is not HostState.RESET:
-            self.host.finish(reset_stop_reason(self._chunks))
-        if seed is not None:
-            self._run_seed, self._episode = int(seed), 0
-        elif self._run_seed is None:
-            self._run_seed, self._episode = entropy_seed(self.np_random), 0
-        info = {
-            "rollcap_episode": self._episode,
-            "rollcap_seed": episode_seed(self._run_seed, self._episode),
-            "rollcap_index": claim_index(self._index, self.host.subscribers),
-        }
-        obs = self.host.start(info["rollcap_index"], info["rollcap_seed"])
-        self._episode, self._index, self._chunks = self._episode + 1, info["rollcap_index"] + 1, 0
-        if self.host.done:  # the reset itself failed: finish() raises the env's error (on_error="raise")
-            self.host.finish()
-        self._last_obs = obs
-        return self._obs(obs), info
-
-    def _step_chunk(self, noise: np.ndarray | None, actions: np.ndarray | None):
-        host = self.host
-        if host.state is not HostState.RUNNING:
-            raise gym.error.ResetNeeded("step() before reset() or after the episode ended; call reset()")
-        event = host.boundary(noise)  # None: an error (finish() re-raises it) or an outside stop
-        steps = [] if host.done else host.execute(actions)
-        self._chunks += 1
-        reward = float(sum(s.reward for s in steps))
-        info = {"steps": len(steps)}
-        if event is not None:
-            info["policy_chunk"] = event.actions
-            if host.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's determinism check)
-                info["value"] = event.value
-            self.timings = {
-                "policy_s": event.latency_policy_s,
-                "critic_s": event.latency_critic_s,
-                "boundary_s": event.latency_boundary_s,
-            }
-        obs = self._last_obs = host.obs
-        terminated = truncated = False
-        if host.done:
-            end = host.finish()
-            info["stop_reason"] = end.stop_reason
-            info["is_success"] = end.success
-            terminated = end.stop_reason in TERMINAL
-            truncated = not terminated
-        return self._obs(obs), reward, terminated, truncated, info
-
-    def _action(self, action) -> np.ndarray:
-        if self.host.state is HostState.CLOSED:
-            raise closed_error("step()")
-        return checked_action(action, self.action_space.shape)
-
-    def render(self):
-        """The image the policy sees now (``render_mode="rgb_array"``: the first ``image_*`` of the observation)."""
-        if self._frame is None or self._last_obs is None:
-            return None
-        return np.array(self._last_obs[self._frame])
-
-    def close(self):
-        """Abandon a running episode (nothing recorded), close the host and what the env owns; then every
-        subscriber's ``on_run_end`` (a recorder closes its files). Safe to call twice."""
-        if self.host.state is not HostState.CLOSED:
-            self.host.close()
-            for part in self.owns:
-                part.close()
-            for s in self.host.subscribers:
-                s.on_run_end()
-
-
-class ChunkEnv(_CoreEnv):
-    """One step = one chunk boundary, then the agent's ``[H, A]`` chunk executed in the env.
-
-    The action space is the env's action bounds tiled to ``(H, A)``. The
-    policy still runs at every boundary (its chunk is in ``info["policy_chunk"]``,
-    for residual RL) and the critic feeds the stop predicates. See the module
-    docstring for observation, reward and done conventions.
-    """
-
-    def __init__(self, env, policy, critic=None, config=None, subscribers=(), max_tokens: int = MAX_TOKENS, **kw):
+        residual = checked_residual(residual)  # before anything is built
         super().__init__(env, policy, critic, config, subscribers, max_tokens, **kw)
-        base = env.action_space
-        if not isinstance(base, spaces.Box) or base.shape != (self.chunk_shape[1],):
-            raise ValueError(
-                f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
-            )
-        h = self.chunk_shape[0]
-        self.action_space = spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
+        self.residual = residual
+        self.action_space = chunk_action_space(env.action_space, self.chunk_shape, self.residual)
+        self.execute_steps = int(self.host.config.execute_steps)
+        """Rows of the agent's chunk executed each step (the host config's, default the policy's own)."""
+        self.observation_space = spaces.Dict(
+            {**self.observation_space.spaces, "policy_chunk": policy_chunk_space(self.chunk_shape)}
+        )
+
+    def _obs(self, obs):
+        out = super()._obs(obs)
+        out["policy_chunk"] = self._obs_plan()
+        return out
+
+    def _obs_plan(self) -> np.ndarray:
+        """The policy's chunk for the current observation (zeros where the episode ended in the env)."""
+        event = self._event
+        return np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
+
+    def _started(self) -> None:
+        self._boundary(None, {})
+        if self.host.done and self._event is None:  # the first boundary failed: finish() raises its error
+            self.host.finish()
 
     def step(self, action):
-        """Run a boundary, then execute ``action`` (an ``[H, A]`` chunk, recorded as the agent's)."""
-        return self._step_chunk(None, self._action(action))
+        """Execute ``action`` (an ``[H, A]`` chunk, its first ``execute_steps`` rows, recorded as the agent's), then run
+        the next boundary: the returned observation holds the policy's chunk for it."""
+        chunk = self._action(action)
+        if self.residual is not None:
+            chunk = self._obs_plan() + np.float32(self.residual) * np.clip(chunk, -1.0, 1.0)
+        host = self._running()
+        self._event = None  # an episode that ends in the env has no next boundary: its last observation's plan is zeros
+        reward, info = self._execute(chunk[: self.execute_steps])
+        if not host.done:  # also when a TimeLimit cuts now: the cut observation's plan is there to bootstrap from
+            self._boundary(None, info)
+        return self._end_step(reward, info, time_limit_cuts())
 
 
-class NoiseSteeringEnv(_CoreEnv):
+def checked_residual(scale) -> float | None:
+    """``residual`` as None or a float > 0; ConfigError otherwise."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not 0 < scale < np.inf:
+        raise ConfigError("residual", f"expected None or a number > 0 (the residual's scale), got {scale!r}")
+    return float(scale)
+
+
+def chunk_action_space(base: spaces.Space, chunk_shape: tuple[int, int], residual: float | None) -> spaces.Box:
+    """A chunk env's action space: the env's action box tiled to ``(H, A)``, or ``[-1, 1]^(H, A)`` for a residual;
+    ValueError for an env whose actions are not a Box of the policy's width."""
+    h, a = chunk_shape
+    if not isinstance(base, spaces.Box) or base.shape != (a,):
+        raise ValueError(f"env action space {base} is not a Box of shape ({a},), the policy's action width")
+    if residual is not None:
+        return spaces.Box(-1.0, 1.0, (h, a), np.float32)
+    return spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
+
+
+def policy_chunk_space(chunk_shape: tuple[int, int]) -> spaces.Box:
+    """``policy_chunk``'s space: the policy's raw chunk, float32 ``(H, A)``, unbounded (it may leave the action box)."""
+    return spaces.Box(-np.inf, np.inf, tuple(chunk_shape), np.float32)
+
+
+class NoiseSteeringEnv(CoreEnv):
     """One step = one chunk of the frozen policy, its flow noise chosen by the agent (DSRL).
 
     Args:
@@ -335,8 +225,18 @@ class NoiseSteeringEnv(_CoreEnv):
         return out
 
     def step(self, action):
-        """Run the policy on the agent's noise (clipped to the action space) and execute its chunk."""
-        return self._step_chunk(np.clip(self._action(action), -self.noise_bound, self.noise_bound), None)
+        """Run the policy on the agent's noise (clipped to the action space) and execute its chunk; ``info["policy_chunk"]``
+        is that chunk (the one executed)."""
+        noise = np.clip(self._action(action), -self.noise_bound, self.noise_bound)
+        host = self._running()
+        info: dict = {}
+        self._event = None
+        if host.state is HostState.RUNNING:
+            self._boundary(noise, info)
+        reward, more = self._execute(None)
+        if self._event is not None:
+            more["policy_chunk"] = self._event.actions
+        return self._end_step(reward, {**more, **info}, time_limit_cuts())
 
 
 def checked_bound(bound) -> float:

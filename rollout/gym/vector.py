@@ -16,9 +16,18 @@ ChunkVectorEnv without a critic stop; the policy's own rows are batch-N bits).
 
 Autoreset follows gymnasium 1.x (``metadata["autoreset_mode"]``): ``NEXT_STEP``
 (the default, as ``SyncVectorEnv``: the step after an episode ends resets that
-sub-env, ignoring its action, with reward 0) or ``SAME_STEP`` (the ended
+sub-env, ignoring its action, with reward 0), ``SAME_STEP`` (the ended
 sub-env is reset in the same step; ``info["final_obs"]`` / ``info["final_info"]``
-hold the last observation and info). Seeding is a single env's per sub-env:
+hold the last observation and info) or ``DISABLED`` (an ended sub-env waits for
+``reset(options={"reset_mask": mask})``; a step before that is refused, naming
+it). ``reset_mask`` resets only the masked sub-envs, in every mode, as
+``SyncVectorEnv`` does. The mode is the enum or its value (``"NextStep"``,
+``"SameStep"``, ``"Disabled"``, the only spellings gymnasium takes); anything
+else is one ConfigError naming the choices. ``info["is_success"]`` is there at
+every step (False until an episode ends in success), ``stop_reason`` at the
+end, as the single envs'. ChunkVectorEnv runs every sub-env's next boundary
+after its chunk (one replay for the batch), so each observation holds the
+policy's chunk for it (``policy_chunk``). Seeding is a single env's per sub-env:
 ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i`` (a list: one seed each),
 its episode ``j`` then uses ``episode_seed(s + i, j)``; a sub-env never seeded
 draws its run seed from entropy, so unseeded sub-envs differ. Reset infos carry
@@ -38,302 +47,113 @@ sub-env ``j``'s next episode there, so several sub-envs can play different
 chunks from one state (DSRL's branch data); needs an env with exact state.
 ``close()`` closes
 the envs, the runners and lanes the ``make_*`` functions made, and calls every
-subscriber's ``on_run_end``.
+subscriber's ``on_run_end`` (a recorder stays open: whoever opened it closes it).
 
 Single-threaded, like the host.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
-from rollcap.rollout.batch import BatchedCore
 from rollcap.rollout.build import build
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.gym.checks import (
-    CALLER_RESET,
-    TIME_LIMIT,
-    checked_action,
-    claim_index,
-    closed_error,
-    entropy_seed,
-    fork_safe_torch,
-    frame_key,
-    render_metadata,
+from rollcap.rollout.gym.checks import fork_safe_torch
+from rollcap.rollout.gym.envs import (
+    NOISE_BOUND,
+    checked_bound,
+    checked_residual,
+    chunk_action_space,
+    lanes_of,
+    policy_chunk_space,
 )
-from rollcap.rollout.gym.envs import MAX_TOKENS, NOISE_BOUND, TERMINAL, checked_bound, gym_obs, gym_obs_space, lanes_of
+from rollcap.rollout.gym.vector_core import CoreVectorEnv
 from rollcap.rollout.host import HostState
-from rollcap.rollout.protocols import Subscriber
-from rollcap.rollout.resume import Resume
-from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.spec import Parts, RunConfig, Spec
 
-MODES = (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP)
 
-
-class _CoreVectorEnv(VectorEnv):
-    """What both vector envs share: the batched core, observation batching, seeding, autoreset, recording, rendering."""
-
-    def __init__(
-        self,
-        envs: Sequence[gym.Env],
-        policy,
-        critic=None,
-        config: HostConfig | None = None,
-        max_tokens: int = MAX_TOKENS,
-        autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
-        workers: int | None = None,
-        subscribers: Sequence[Subscriber] = (),
-        render_mode: str | None = None,
-        max_episode_steps: int | None = None,
-        state_only: bool = False,
-        owns: Sequence = (),
-    ):
-        envs = list(envs)
-        if not envs or not all(isinstance(e, gym.Env) for e in envs):
-            raise TypeError(f"envs: expected a non-empty list of gymnasium.Env, got {[type(e).__name__ for e in envs]}")
-        mode = AutoresetMode(autoreset_mode) if isinstance(autoreset_mode, str) else autoreset_mode
-        if mode not in MODES:
-            raise ConfigError("autoreset_mode", f"expected one of {[m.value for m in MODES]}, got {autoreset_mode!r}")
-        if max_episode_steps is not None and (
-            isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1
-        ):
-            raise ConfigError("max_episode_steps", f"expected an integer >= 1 or None, got {max_episode_steps!r}")
-        self._frame = frame_key(envs[0].observation_space, render_mode)
-        subscribers = list(subscribers)
-        self.core = BatchedCore(
-            envs,
-            policy,
-            critic,
-            config,
-            subscribers,
-            records=any(getattr(s, "wants_records", False) for s in subscribers),
-            on_error="raise",
-            workers=workers,
-        )
-        self.owns = list(owns)
-        """What :meth:`close` closes besides the core (the lanes and runners ``make_*_vector_env`` made)."""
-        self.num_envs = len(envs)
-        self.chunk_shape = tuple(int(n) for n in self.core.hosts[0].policy.chunk_shape)
-        self.max_tokens = int(max_tokens)
-        self.state_only = bool(state_only)
-        self.max_episode_steps = max_episode_steps
-        self.render_mode = render_mode
-        self.metadata = {"autoreset_mode": mode, **render_metadata(envs[0], self.core.config.execute_steps)}
-        self.autoreset_mode = mode
-        self.single_observation_space = gym_obs_space(envs[0].observation_space, self.max_tokens, self.state_only)
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.single_action_space = self._single_action_space(envs[0])
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self._run_seeds: list[int | None] = [None] * self.num_envs  # per sub-env, as a single env's
-        self._episodes = [0] * self.num_envs
-        self._chunks = [0] * self.num_envs
-        self._values: list[list[float]] = [[] for _ in range(self.num_envs)]  # per sub-env: its episode's critic values
-        self._last_obs: list = [None] * self.num_envs
-        self._index = 0  # the next episode's index, unique across the sub-envs (a shared recorder's file names)
-        self._autoreset = np.zeros(self.num_envs, bool)
-        self.core.open_pool()
-
-    def _single_action_space(self, env: gym.Env) -> spaces.Box:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def _split(self, actions: np.ndarray) -> tuple[list | None, list | None]:  # pragma: no cover - interface
-        """Per sub-env (noise, actions) for the core's round, from the checked ``[N, H, A]`` batch."""
-        raise NotImplementedError
-
-    # -- gymnasium -------------------------------------------------------------
-    def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):
-        """End every running episode and start the next one in each sub-env (as a single env's ``reset``).
-
-        ``seed`` s: sub-env ``i`` starts the run ``s + i`` (a list: one seed each, None for "go on"); a sub-env
-        never seeded draws its run's seed from entropy, so unseeded sub-envs differ.
-        """
-        if self.closed:
-            raise closed_error("reset()")
-        if seed is None:
-            seeds = [None] * self.num_envs
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"seed: expected {self.num_envs} seeds, got {len(seeds)}")
-        if seed is not None:
-            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seeds[0])
-        obs, infos = [], {}
-        for i, s in enumerate(seeds):
-            o, info = self._reset_one(i, s)
-            obs.append(o)
-            infos = self._add_info(infos, info, i)
-        self._autoreset[:] = False
-        return self._batch(obs), infos
-
-    def step(self, actions):
-        """One chunk in every sub-env (see the module docstring for autoreset)."""
-        if self.closed:
-            raise closed_error("step()")
-        hosts = self.core.hosts
-        if any(h.state is not HostState.RUNNING for i, h in enumerate(hosts) if not self._autoreset[i]):
-            raise gym.error.ResetNeeded("step() before reset(); call reset()")
-        noise, chunks = self._split(checked_action(actions, self.action_space.shape, "actions"))
-        stepping = [not r for r in self._autoreset]
-        results = self.core.round(noise, chunks, stepping)
-        obs, infos = [None] * self.num_envs, {}
-        rewards = np.zeros(self.num_envs, np.float64)
-        terminated, truncated = np.zeros(self.num_envs, bool), np.zeros(self.num_envs, bool)
-        for i, h in enumerate(hosts):
-            if not stepping[i]:  # NEXT_STEP: the episode ended last step; this step resets it
-                obs[i], info = self._reset_one(i, None)
-                infos = self._add_info(infos, info, i)
-                continue
-            event, steps = results[i]
-            self._chunks[i] += 1
-            rewards[i] = float(sum(s.reward for s in steps))
-            info: dict[str, Any] = {"steps": len(steps)}
-            if event is not None:
-                self._values[i].append(float(event.value))
-                info["policy_chunk"] = event.actions
-                if self.core.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's checks)
-                    info["value"] = event.value
-            self._last_obs[i] = h.obs
-            obs[i] = gym_obs(h.obs, self.max_tokens, self.state_only)
-            if h.done or (self.max_episode_steps is not None and self._chunks[i] >= self.max_episode_steps):
-                end = h.finish(TIME_LIMIT)  # the reason counts only for an episode still running
-                info.update(stop_reason=end.stop_reason, is_success=end.success)
-                terminated[i] = end.stop_reason in TERMINAL
-                truncated[i] = not terminated[i]
-                if self.autoreset_mode is AutoresetMode.SAME_STEP:
-                    infos = self._add_info(infos, {"final_obs": obs[i], "final_info": info}, i)
-                    obs[i], info = self._reset_one(i, None)
-            infos = self._add_info(infos, info, i)
-        self._autoreset = (terminated | truncated) & (self.autoreset_mode is AutoresetMode.NEXT_STEP)
-        return self._batch(obs), rewards, terminated, truncated, infos
-
-    # -- branching: start a sub-env's episode at another's boundary ---------------
-    def boundary(self, i: int) -> Resume:
-        """Sub-env ``i``'s chunk boundary now (after the last ``step``): its env's exact state, its observation and its
-        chunk and step counts, as a :class:`~rollcap.rollout.resume.Resume` that :meth:`restart` starts any sub-env at.
-
-        Raises:
-            ConfigError: the env has no exact state.
-        """
-        host = self._live(i, "boundary()")
-        if host.state_env is None:
-            raise ConfigError("env_id", f"{host.env_id} has no exact state; boundary() needs one")
-        ep, (chunk, step) = host._ep, (int(c) for c in host.book.counters[1:3])
-        origin = {"parent": "live", "episode": ep.index, "chunk": chunk, "step": step, "noise": "caller"}
-        copy = lambda v: v.copy() if isinstance(v, np.ndarray) else v  # noqa: E731 (the instruction is a str)
-        obs = {k: copy(v) for k, v in host.obs.items()} if isinstance(host.obs, dict) else copy(host.obs)
-        state = {k: np.array(v) for k, v in host.state_env.get_state().items()}
-        values = tuple(self._values[i])  # the critic's values at the earlier chunks: its stop predicates count them
-        if len(values) != chunk:  # pragma: no cover - a boundary that ran no chunk
-            raise RuntimeError(f"boundary(): sub-env {i} kept {len(values)} critic values for {chunk} chunks")
-        origin["prior_values"] = list(values)
-        return Resume(state, obs, chunk, step, origin, prior_values=values)
-
-    def restart(self, i: int, at: Resume) -> tuple[dict[str, np.ndarray], dict]:
-        """End sub-env ``i``'s episode (stop reason ``caller_reset``) and start its next one at ``at`` (a
-        :meth:`boundary` of any sub-env): reset from the next episode seed, then the boundary's exact state. Returns
-        the sub-env's observation (unbatched, as gymnasium's) and reset info (``rollcap_origin``: ``at.origin``)."""
-        self._live(i, "restart()", running=False)
-        if not isinstance(at, Resume):
-            raise TypeError(f"at: expected a Resume (from boundary()), got {type(at).__name__}")
-        obs, info = self._reset_one(i, None, at)
-        self._chunks[i], self._autoreset[i] = at.chunk, False
-        return obs, {**info, "rollcap_origin": dict(at.origin)}
-
-    def _live(self, i: int, what: str, running: bool = True):
-        if self.closed:
-            raise closed_error(what)
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < self.num_envs:
-            raise ValueError(f"{what}: sub-env index must be an integer in [0, {self.num_envs}), got {i!r}")
-        host = self.core.hosts[int(i)]
-        if running and (host.state is not HostState.RUNNING or self._autoreset[i]):
-            raise gym.error.ResetNeeded(f"{what}: sub-env {i} has no running episode; reset() or step() first")
-        return host
-
-    def render(self) -> tuple | None:
-        """Each sub-env's image, as the policy sees it (``render_mode="rgb_array"``)."""
-        if self._frame is None or any(o is None for o in self._last_obs):
-            return None
-        return tuple(np.array(o[self._frame]) for o in self._last_obs)
-
-    def close_extras(self, **kwargs) -> None:
-        """Abandon running episodes (nothing recorded), close the envs and what the env owns; then every
-        subscriber's ``on_run_end`` (a recorder closes its files)."""
-        self.core.close()
-        for part in self.owns:
-            part.close()
-        for s in self.core.subscribers:
-            s.on_run_end()
-
-    # -- private ---------------------------------------------------------------
-    def _reset_one(self, i: int, seed: int | None, at: Resume | None = None) -> tuple[dict[str, np.ndarray], dict]:
-        host = self.core.hosts[i]
-        if host.state is not HostState.RESET:
-            host.finish(CALLER_RESET)
-        if seed is not None:
-            self._run_seeds[i], self._episodes[i] = int(seed), 0
-        elif self._run_seeds[i] is None:
-            self._run_seeds[i], self._episodes[i] = entropy_seed(self.np_random), 0
-        j, index = self._episodes[i], claim_index(self._index, self.core.subscribers)
-        info = {"rollcap_episode": j, "rollcap_seed": episode_seed(self._run_seeds[i], j), "rollcap_index": index}
-        obs = host.start(index, info["rollcap_seed"], at)
-        self._episodes[i], self._index, self._chunks[i] = j + 1, index + 1, 0
-        self._values[i] = [] if at is None else list(at.prior_values)
-        if host.done:  # the reset itself failed: finish() raises the env's error (on_error="raise")
-            host.finish()
-        self._last_obs[i] = obs
-        return gym_obs(obs, self.max_tokens, self.state_only), info
-
-    def _batch(self, obs: list[dict[str, np.ndarray]]):
-        return concatenate(
-            self.single_observation_space, obs, create_empty_array(self.single_observation_space, self.num_envs)
-        )
-
-
-class ChunkVectorEnv(_CoreVectorEnv):
-    """N chunk envs on one batched core: an action is ``[N, H, A]``, each sub-env's chunk executed after its boundary.
+class ChunkVectorEnv(CoreVectorEnv):
+    """N chunk envs on one batched core: an action is ``[N, H, A]``, each sub-env's chunk (its first ``execute_steps``
+    rows) executed, then every sub-env's next boundary in one replay, so each observation holds the policy's chunk for
+    it (``policy_chunk``, as :class:`~rollcap.rollout.gym.envs.ChunkEnv`'s; batch-N bits).
 
     Args:
         envs: N gymnasium envs (one per sub-env).
         policy / critic: runners captured at batch N, or G graphs at N/G each (:func:`rollcap.rollout.build.build`).
-        config: the hosts' config (stop rules, seed).
-        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default) or ``SAME_STEP``.
+        config: the hosts' config (stop rules, seed, ``execute_steps``).
+        autoreset_mode: ``AutoresetMode.NEXT_STEP`` (default), ``SAME_STEP`` or ``DISABLED`` (or their values,
+            ``"NextStep"``, ``"SameStep"``, ``"Disabled"``).
         workers: threads stepping the sub-envs (0: this thread).
         subscribers: shared by every sub-env (a recorder records every sub-env's episodes, indices unique).
         render_mode: None or ``"rgb_array"`` (``render()``: each sub-env's image, as the policy sees it).
         max_episode_steps: truncate an episode after that many steps (chunks), stop reason ``time_limit``
             (``gym.make_vec(id, max_episode_steps=K)``; gymnasium has no vector ``TimeLimit``).
-        state_only: the agent sees the env's ``state`` alone.
+        state_only: the agent sees the env's ``state`` alone (and ``policy_chunk``).
         owns: closed with the env.
+        residual: as :class:`~rollcap.rollout.gym.envs.ChunkEnv`'s (an action in ``[-1, 1]``, executed as the
+            policy's chunk plus ``residual`` times it).
     """
 
+    LOOKAHEAD = True
+
+    def __init__(self, *args, residual: float | None = None, **kw):
+        self.residual = checked_residual(residual)
+        super().__init__(*args, **kw)
+
     def _single_action_space(self, env: gym.Env) -> spaces.Box:
-        base = env.action_space
-        if not isinstance(base, spaces.Box) or base.shape != (self.chunk_shape[1],):
-            raise ValueError(
-                f"env action space {base} is not a Box of shape ({self.chunk_shape[1]},), the policy's action width"
-            )
-        h = self.chunk_shape[0]
-        return spaces.Box(np.tile(base.low, (h, 1)), np.tile(base.high, (h, 1)), dtype=np.float32)
+        return chunk_action_space(env.action_space, self.chunk_shape, self.residual)
 
-    def _split(self, actions):
-        return None, list(actions)
+    def _obs_space(self, space):
+        out = super()._obs_space(space)
+        return spaces.Dict({**out.spaces, "policy_chunk": policy_chunk_space(self.chunk_shape)})
+
+    def _observe(self, i):
+        out = super()._observe(i)
+        out["policy_chunk"] = self._plan_of(i)
+        return out
+
+    def _plan_of(self, i: int) -> np.ndarray:
+        event = self._events[i]
+        return np.zeros(self.chunk_shape, np.float32) if event is None else np.array(event.actions)
+
+    def _advance(self, actions, stepping, fresh):
+        hosts, e = self.core.hosts, self.core.config.execute_steps
+        if self.residual is not None:
+            scale = np.float32(self.residual)
+            actions = [self._plan_of(i) + scale * np.clip(a, -1.0, 1.0) for i, a in enumerate(actions)]
+        steps = self.core.execute(
+            [a[:e] for a in actions], [i for i in stepping if hosts[i].state is HostState.RUNNING]
+        )
+        # the next boundary of every episode that runs on (a cut one too: its last observation's plan), and the first
+        # of the episodes started this step, in one replay; an episode that ended in its env has none (zeros)
+        planned = [i for i in stepping if hosts[i].state is HostState.RUNNING]
+        events = self.core.boundaries(active=[i in planned or i in fresh for i in range(self.num_envs)])
+        self._first(fresh, events)
+        out = {}
+        for i in stepping:
+            info = {"steps": len(steps.get(i, [])), "is_success": False}
+            out[i] = (float(sum(s.reward for s in steps.get(i, []))), {**info, **self._chunk_info(i, events[i])})
+        return out
+
+    def _plan(self, slots):
+        if slots:
+            self._first(slots, self.core.boundaries(active=[i in slots for i in range(self.num_envs)]))
+
+    def _first(self, slots, events) -> None:
+        """The episodes just started in ``slots`` took their first boundary (``events``); one that failed raises."""
+        for i in slots:
+            self._chunk_info(i, events[i])
+            if events[i] is None and self.core.hosts[i].done:  # finish() raises its error (on_error="raise")
+                self.core.hosts[i].finish()
 
 
-class NoiseSteeringVectorEnv(_CoreVectorEnv):
+class NoiseSteeringVectorEnv(CoreVectorEnv):
     """N noise-steering envs on one batched core: an action is the flow noise ``[N, H, A]``, clipped to
     ±``noise_bound`` (default :data:`~rollcap.rollout.gym.envs.NOISE_BOUND`); the other arguments are
-    :class:`ChunkVectorEnv`'s."""
+    :class:`ChunkVectorEnv`'s. ``info["policy_chunk"]``: each sub-env's chunk, the one executed."""
 
     def __init__(self, *args, noise_bound: float = NOISE_BOUND, **kw):
         self.noise_bound = checked_bound(noise_bound)
@@ -342,8 +162,17 @@ class NoiseSteeringVectorEnv(_CoreVectorEnv):
     def _single_action_space(self, env: gym.Env) -> spaces.Box:
         return spaces.Box(-self.noise_bound, self.noise_bound, self.chunk_shape, np.float32)
 
-    def _split(self, actions):
-        return list(np.clip(actions, -self.noise_bound, self.noise_bound)), None
+    def _advance(self, actions, stepping, fresh):
+        noise = list(np.clip(actions, -self.noise_bound, self.noise_bound))
+        results = self.core.round(noise, None, [i in stepping for i in range(self.num_envs)])
+        out = {}
+        for i in stepping:
+            event, steps = results[i]
+            info = {"steps": len(steps), "is_success": False, **self._chunk_info(i, event)}
+            if event is not None:
+                info["policy_chunk"] = event.actions
+            out[i] = (float(sum(s.reward for s in steps)), info)
+        return out
 
 
 def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads: int, graphs: int, parts=None):
@@ -356,7 +185,8 @@ def _default_parts(num_envs: int, env_kwargs: dict | None, device: str, threads:
     elif env_kwargs is not None:
         raise ConfigError("env_kwargs", "give the env's kwargs in parts (Parts(env_kwargs=...)), not beside it")
     fork_safe_torch()
-    built = build(Spec(parts, run=RunConfig(envs=num_envs, graphs=graphs)), check_env=False)
+    run = RunConfig(envs=num_envs, graphs=graphs, env_workers=0)  # the vector env steps its envs itself
+    built = build(Spec(parts, run=run), check_env=False)
     return built.envs, built.policies, built.critics or None
 
 

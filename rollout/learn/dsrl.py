@@ -27,7 +27,6 @@ module. Needs the ``rl`` extra (stable-baselines3).
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from rollcap.policies.observation import BOS, EOS
 from rollcap.rollout.build import DEFAULT_ENV
 from rollcap.rollout.gym.envs import NOISE_BOUND, NoiseSteeringEnv, make_noise_steering_env
 from rollcap.rollout.host import HostState
+from rollcap.rollout.learn.logs import sb3_logger
 from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson
@@ -50,7 +50,6 @@ from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson
 try:
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
-    from stable_baselines3.common.logger import HumanOutputFormat, Logger
 except ImportError as err:  # pragma: no cover - the rl extra is installed in CI
     raise ImportError("rollcap.rollout.learn.dsrl needs stable-baselines3: pip install 'rollcap[rl]'") from err
 
@@ -283,7 +282,7 @@ def sac_entropy(ent_coef: str | float, target_entropy: str | float = "auto") -> 
 
 
 def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learning_starts: int = 1000, ent_coef: str | float = "auto", log_interval: int = 20,
-              verbose: int = 1, target_entropy: float | str = "auto") -> tuple[SAC, TrainStats]:  # fmt: skip
+              verbose: int = 1, target_entropy: float | str = "auto", tensorboard=None) -> tuple[SAC, TrainStats]:  # fmt: skip
     """SB3 SAC (MlpPolicy, its defaults otherwise) on ``env`` for ``timesteps`` steps or ``max_seconds``, whichever ends first.
 
     Args:
@@ -291,6 +290,7 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
         ent_coef: SAC's entropy coefficient: a number (fixed), or ``"auto"`` / ``"auto_<init>"`` (SB3 tunes it).
         target_entropy: the entropy an ``auto`` coefficient is tuned towards (SB3's ``"auto"``: minus the action
             dimension; DSRL's robomimic runs use 0).
+        tensorboard: a directory for SB3's TensorBoard event files (:func:`~rollcap.rollout.learn.logs.sb3_logger`).
     """
     ent_coef, target_entropy = sac_entropy(ent_coef, target_entropy)
     model = SAC(
@@ -303,8 +303,9 @@ def train_sac(env: gym.Env, timesteps: int, max_seconds: float, seed: int, learn
         verbose=verbose,
         device="cpu",
     )
-    # SB3's default logger makes a /tmp/SB3-<date> directory for every run, even when it only prints; this one only prints.
-    model.set_logger(Logger(None, [HumanOutputFormat(sys.stdout)] if verbose else []))
+    # SB3's default logger makes a /tmp/SB3-<date> directory for every run, even when it only prints; this one only
+    # prints, and writes TensorBoard's event files where it is asked to.
+    model.set_logger(sb3_logger(bool(verbose), tensorboard))
     t0 = time.perf_counter()
     model.learn(timesteps, callback=WallClockBudget(max_seconds), log_interval=log_interval)
     seconds = time.perf_counter() - t0

@@ -214,7 +214,8 @@ def summary_lines(result: dict) -> list[str]:
         f"steered - zero noise: {100 * d:+.1f} points (95% CI {100 * lo:+.1f} to {100 * hi:+.1f}), {z['fixed']} fixed / {z['broken']} broken, McNemar p = {z['mcnemar_p']:.3g}"
     )
     c = result["critic_vs_monte_carlo"]
+    corr = "n/a" if c["corr"] is None else f"{c['corr']:.3f}"  # undefined with under 3 chunks or a constant side
     out.append(
-        f"critic vs Monte-Carlo return on the steered chunks: Q {c['q_mean']:.3f} vs G {c['return_mean']:.3f} (bias {c['bias']:+.3f}, corr {c['corr']})"
+        f"critic vs Monte-Carlo return on the steered chunks: Q {c['q_mean']:.3f} vs G {c['return_mean']:.3f} (bias {c['bias']:+.3f}, corr {corr})"
     )
     return out

@@ -164,9 +164,10 @@ class TrainConfig:
         return asdict(self)
 
 
-def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
+def train(cfg: TrainConfig, progress=print, scalars=None) -> tuple[NoiseAgent, dict]:
     """Train DSRL on ``cfg.task``; returns the agent (the kept one: :attr:`TrainConfig.keep_best`) and
-    ``{"curve": [...], "held_in": [...], "kept": {...}, "budget": {...}}``."""
+    ``{"curve": [...], "held_in": [...], "kept": {...}, "budget": {...}}``. ``scalars(prefix, point, transitions)``, when
+    given, gets each curve point (``"train"``) and held-in checkpoint (``"held_in"``) as it happens (TensorBoard)."""
     from gymnasium.vector import AutoresetMode
 
     from rollcap.rollout.gym.vector import make_noise_steering_vector_env
@@ -184,14 +185,16 @@ def train(cfg: TrainConfig, progress=print) -> tuple[NoiseAgent, dict]:
         heldin = None
         if cfg.heldin_every:
             heldin = HeldIn(venvs[1], heldin_seeds(cfg.seed, cfg.heldin_episodes), lambda o: features(o, code, task.extra), cfg.agent.gamma)  # fmt: skip
-        return _train(cfg, task, venvs[0], code, progress, heldin)
+        return _train(cfg, task, venvs[0], code, progress, heldin, scalars or (lambda prefix, point, step: None))
     finally:
         for v in venvs:
             v.close()
         torch.set_num_threads(threads)
 
 
-def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | None) -> tuple[NoiseAgent, dict]:
+def _train(
+    cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | None, scalars
+) -> tuple[NoiseAgent, dict]:
     n, (h, a) = cfg.num_envs, venv.chunk_shape
     e = task.execute_steps
     obs, _ = venv.reset(seed=[TRAIN_SEED_BASE + 100 * cfg.seed + i for i in range(n)])
@@ -238,6 +241,7 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
         points.append(p)
         timing["held_in"] += time.perf_counter() - t1
         progress(line(p, keep.point if cfg.keep_best else None))
+        scalars("held_in", {**p, "success_rate": p["success"] / p["episodes"]}, transitions)
 
     if heldin is not None:
         checkpoint()
@@ -312,6 +316,7 @@ def _train(cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | 
                      "train_success_last100": (sum(recent) / len(recent)) if recent else None, **{k: round(v, 5) for k, v in stats.items()}}  # fmt: skip
             curve.append(point)
             progress(" ".join(f"{k}={v}" for k, v in point.items()))
+            scalars("train", point, transitions)
     if heldin is not None and points[-1]["transitions"] != transitions:
         checkpoint()
     last = None

@@ -175,6 +175,27 @@ class NoiseAgent(nn.Module):
             self._build(obs_dim, noise_dim, action_dim, cfg, h, n)
         self.actor.generator.manual_seed(seed + 1)
 
+    @classmethod
+    def from_state(cls, state: dict, cfg: AgentConfig) -> NoiseAgent:
+        """The agent a saved ``state_dict`` holds (its sizes read from its layers), for evaluation; ValueError when
+        ``state`` is not one of ``cfg``'s shape (another algorithm, width or depth)."""
+        actor = sorted(
+            (k for k, v in state.items() if k.startswith("actor.net.") and k.endswith(".weight") and v.ndim == 2),
+            key=lambda k: int(k.split(".")[2]),
+        )
+        if not actor:
+            raise ValueError("the saved weights hold no actor (actor.net.*): not a NoiseAgent's")
+        obs_dim, noise_dim = int(state[actor[0]].shape[1]), int(state[actor[-1]].shape[0]) // 2
+        qa = state.get("qa.q.0.0.weight")  # DSRL-NA's action critic reads the executed chunk
+        agent = cls(obs_dim, noise_dim, int(qa.shape[1]) - obs_dim if qa is not None else noise_dim, cfg)
+        try:
+            agent.load_state_dict(state)
+        except RuntimeError as err:
+            raise ValueError(
+                f"the saved weights do not fit the agent their config describes ({str(err).splitlines()[0]})"
+            ) from None
+        return agent
+
     def _build(self, obs_dim: int, noise_dim: int, action_dim: int, cfg: AgentConfig, h: int, n: int) -> None:
         self.actor = NoiseActor(obs_dim, noise_dim, h, n, cfg.magnitude)
         if cfg.algorithm == "na":

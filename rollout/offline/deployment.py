@@ -12,7 +12,12 @@ What this machine cannot provide is one line, never a traceback: a CUDA
 recording on a machine without CUDA is replayed on the CPU (its episodes are
 then "not comparable", exit 1 unless ``--accept-not-comparable``), and a
 policy or critic that no shipped checkpoint has (a LeRobot directory, a
-checkpoint of your own) names the flag to pass.
+checkpoint of your own) names the flag to pass. A run made with a Python
+policy object (``rollcap.run(policy=obj)``, a ``ChunkEnv`` over your own
+``ChunkPolicy``) names none, since no flag rebuilds an object: one line says
+so and names the doors, ``--mode env`` and replay from Python with the same
+object. A runner rollcap captured is told apart by its fingerprint's
+``component``.
 
 A resumed run (``rollcap run --resume``) is the same question asked the other
 way: :func:`check_same_run` refuses to append episodes made with another
@@ -26,8 +31,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from rollcap.rollout.build import named_policy
-from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS
+from rollcap.rollout.spec import named_policy
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.spec import byte_fields
 
@@ -70,6 +74,19 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
         std = fp.get("std")
         return ("expert" if not std else f"expert:{std}"), None
     digest = fp.get("weights_digest")
+    if kind.startswith("lerobot."):
+        return (
+            None,
+            f"a LeRobot policy ({kind}, weights {_short(str(digest))}): pass --{component} lerobot:DIR, its save_pretrained directory",
+        )
+    if "component" not in fp:  # every runner rollcap captures names its component: this ran as a Python object
+        what = ", ".join(x for x in (kind, f"weights {_short(digest)}" if isinstance(digest, str) else "") if x)
+        return None, (
+            f"a {component} object of your own{f' ({what})' if what else ''}, which rollcap cannot rebuild: replay "
+            f"its actions on the env with --mode env, or replay it from Python with the same object "
+            f"(rollcap.rollout.offline.replay.replay_{'policy(record, policy, critic)' if component == 'critic' else 'policy(record, policy)'})"
+            + (", or pass --critic none" if component == "critic" else "")
+        )
     config = fp.get("config") if isinstance(fp.get("config"), dict) else {}
     if config.get("variant") in ("fused", "lean") and isinstance(config.get("fused_from"), str):
         digest = config[
@@ -77,19 +94,8 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
         ]  # a fused sampler's weights are re-parameterised: the checkpoint it was fused from
     if isinstance(digest, str) and digest in shipped_checkpoints():
         return shipped_checkpoints()[digest], None
-    if not kind and not isinstance(digest, str):  # not a model rollcap builds (a Python policy of your own): as before
+    if not isinstance(digest, str):  # a runner that names no weights: the default checkpoint, as before
         return None, None
-    if not isinstance(digest, str):  # a policy of the user's own, with no weights (a scripted controller)
-        return None, (
-            f"a {component} of its own ({kind}, no weights), which no flag rebuilds: replay its actions on the env "
-            f"with --mode env, or replay the {component} from Python (rollcap.rollout.offline.replay)"
-            + (", or pass --critic none" if component == "critic" else "")
-        )
-    if kind.startswith("lerobot."):
-        return (
-            None,
-            f"a LeRobot policy ({kind}, weights {_short(str(digest))}): pass --{component} lerobot:DIR, its save_pretrained directory",
-        )
     what = f"a {kind or 'model'} whose weights ({_short(str(digest))}) no shipped checkpoint has"
     return None, f"{what}: pass --{component} PATH, the checkpoint it was recorded with" + (
         " (or --critic none)" if component == "critic" else ""
@@ -123,6 +129,8 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
                     "runs on cpu, where its episodes are compared but not proven exact (exit 1 unless --accept-not-comparable)"
                 )
         out["device"] = device
+    from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS  # (torch): replay and branch need it; --help does not
+
     on_gpu = str(out["device"]).startswith("cuda")
     if given.get("backend") is None and pol.get("backend") in ("eager", *(CUDA_PLANS if on_gpu else CPU_PLANS)):
         if pol["backend"] not in ("jit", "cuda"):  # the device defaults need no word

@@ -100,7 +100,8 @@ class RolloutActor:
     def __init__(self, parts: Parts, config: HostConfig, shipped: tuple[str, ...] = (), envs: int = 1, graphs: int = 1):
         """Build the parts (``shipped``: "policy" / "critic" use this machine's copy of the shipped checkpoint)."""
         parts = replace(parts, **{k: _SHIPPED[k] for k in shipped})
-        self._built = build(Spec(parts, config, RunConfig(envs=envs, graphs=graphs)), check_env=False)
+        run = RunConfig(envs=envs, graphs=graphs, env_workers=0)  # the actor steps its envs itself
+        self._built = build(Spec(parts, config, run), check_env=False)
         self.envs = envs
         self._rounds: dict[HostConfig, Round] = {}
         try:

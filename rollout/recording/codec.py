@@ -110,9 +110,21 @@ def iter_fields(record: EpisodeRecord) -> Iterator[tuple[str, np.ndarray]]:
 
 def _digest(h, fields: Iterator[tuple[str, np.ndarray]]) -> str:
     for name, a in fields:
-        h.update(f"|{name}|{a.dtype.str}|{a.shape}|".encode())
-        h.update(byte_view(a))
+        _update(h, name, a)
     return "sha256:" + h.hexdigest()
+
+
+def _update(h, name: str, a: np.ndarray) -> None:
+    h.update(f"|{name}|{a.dtype.str}|{a.shape}|".encode())
+    h.update(a.data if a.flags.c_contiguous else byte_view(a))  # (the same bytes: a buffer, without a uint8 view)
+
+
+def _digests(record: EpisodeRecord) -> tuple[str, str]:
+    """``(episode_digest, timings_digest)`` in one pass over the fields (what a write computes for every episode)."""
+    content, timings = hashlib.sha256(canonical_json(scalar_meta(record)).encode()), hashlib.sha256()
+    for name, a in iter_fields(record):
+        _update(timings if name in TIMINGS else content, name, a)
+    return "sha256:" + content.hexdigest(), "sha256:" + timings.hexdigest()
 
 
 def episode_digest(record: EpisodeRecord) -> str:
@@ -143,13 +155,18 @@ def checked_meta(record: EpisodeRecord) -> dict:
         ValueError: as :func:`check_record`.
     """
     check_record(record)
-    return episode_meta(record, None)
+    digest, timings = _digests(record)
+    return _meta(record, None, digest, timings)
 
 
 def episode_meta(record: EpisodeRecord, codec, checked: dict | None = None) -> dict:
     """The meta dict stored with an episode in both formats (``checked``: :func:`checked_meta` of this record)."""
     if checked is not None:
         return {**checked, "codec": codec}  # the key keeps its place
+    return _meta(record, codec, episode_digest(record), timings_digest(record))
+
+
+def _meta(record: EpisodeRecord, codec, digest: str, timings: str) -> dict:
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -157,8 +174,8 @@ def episode_meta(record: EpisodeRecord, codec, checked: dict | None = None) -> d
         "num_steps": record.num_steps,
         "num_chunks": record.num_chunks,
         "codec": codec,
-        "digest": episode_digest(record),
-        "timings_digest": timings_digest(record),
+        "digest": digest,
+        "timings_digest": timings,
         **({} if record.control_period_s is None else {"control_period_s": float(record.control_period_s)}),
     }
 

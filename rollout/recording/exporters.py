@@ -1,6 +1,6 @@
-"""``rollcap.export`` / ``rollcap export``: one door to the exporters (LeRobotDataset v3, Minari).
+"""``rollcap.export`` / ``rollcap export``: one door to the exporters (LeRobotDataset v3, Minari, chunk transitions).
 
-Imports point downward: :mod:`.to_lerobot` and :mod:`.to_minari`.
+Imports point downward: :mod:`.to_lerobot`, :mod:`.to_minari` and :mod:`.to_chunks`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-TARGETS = ("lerobot", "minari")
+TARGETS = ("lerobot", "minari", "chunks")
 """What a recording can be exported to."""
 
 
@@ -27,8 +27,10 @@ def export(run_dir, to: str, root, **options):
     root, the dataset goes to ``root/<dataset_id>``; options ``dataset_id`` (default :func:`default_dataset_id`),
     ``extras``, ``description``, ``labels``). ``labels="expert"``: the clean scripted expert's action on each
     recorded observation instead of the executed one (:mod:`~rollcap.rollout.recording.labels`).
+    ``to="chunks"``: :func:`~rollcap.rollout.recording.to_chunks.export_chunks`, the chunk-level transitions for
+    offline RL (``root`` is the new ``.npz``; options ``gamma``, ``obs_keys``; numpy only).
 
-    Returns what was written (``LeRobotExport`` / ``MinariExport``).
+    Returns what was written (``LeRobotExport`` / ``MinariExport`` / ``ChunkExport``).
 
     Raises:
         ValueError: one line naming the argument (an unknown target, an option the target lacks, bad input).
@@ -36,6 +38,10 @@ def export(run_dir, to: str, root, **options):
     """
     if to == "lerobot":
         from rollcap.rollout.recording.to_lerobot import export_lerobot as fn
+
+        args = (run_dir, root)
+    elif to == "chunks":
+        from rollcap.rollout.recording.to_chunks import export_chunks as fn
 
         args = (run_dir, root)
     elif to == "minari":

@@ -16,8 +16,11 @@ Layout (robomimic's, so its readers work; rollcap's extras in their own group)::
     data/demo_<index>/rollcap/steps/{terminated, truncated, actor}
     data/demo_<index>/rollcap/{chunks, initial_state, final_obs}/<key>
 
-Images (uint8, ndim 4) are chunked one frame per chunk and gzip-4 compressed;
-everything else is contiguous.
+Images (uint8, ndim 4) are chunked one frame per chunk and deflated (level 1;
+compressed once for both formats: :mod:`~rollcap.rollout.recording.deflate`);
+everything else is contiguous. The deflate filter names level 4 (what HDF5
+uses if it compresses a frame itself, e.g. one appended through h5py); rollcap
+deflates its own frames at level 1 (the ``codec`` attribute says so).
 
 ``next_obs`` and ``mask`` are derived data for robomimic's readers (its offline-RL
 algorithms read ``next_obs``; ``filter_by_attribute`` reads ``mask``); rollcap's
@@ -49,7 +52,7 @@ crash, SIGKILL, SIGINT or full disk at any moment leaves the file as of the last
 commit, whole episodes or none, earlier demos untouched. One writer per file.
 
 Imports point downward: this module knows ``kernels.files``, ``episode``,
-``errors``, ``codec``, ``journal`` and ``h5read`` (the reading half).
+``errors``, ``codec``, ``deflate``, ``journal`` and ``h5read`` (the reading half).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.kernels.files import atomic_write, canonical_json, plain_json
 from rollcap.rollout.episode import ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.recording.codec import check_record, episode_meta, is_image
+from rollcap.rollout.recording.deflate import frames, zlib_chunk
 from rollcap.rollout.recording.h5read import (  # noqa: F401 - the readers, re-exported: part of this module's API
     _JSON_ATTRS,
     ROBOMIMIC_STEP_KEYS,
@@ -76,7 +80,7 @@ from rollcap.rollout.recording.h5read import (  # noqa: F401 - the readers, re-e
 )
 from rollcap.rollout.recording.journal import journaled_update, recover
 
-IMAGE_CODEC = {"images": "gzip-4, one chunk per frame", "other": "contiguous"}
+IMAGE_CODEC = {"images": "deflate-1, one chunk per frame", "other": "contiguous"}
 _LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
 MASKS = ("success", "failure", "intervened", "train", "valid")
 """robomimic filter keys kept under ``mask/``; see the module docstring."""
@@ -89,75 +93,142 @@ def recover_h5(path, lock_timeout_s: float = 60.0) -> bool:
 
 
 # --------------------------------------------------------------------------- layout
+# A demo is ~30 datasets, ~8 groups and ~17 attributes: written through h5py's low-level calls with their types,
+# spaces and property lists made once (h5py's high-level layer spends ~0.1 ms of Python on each), the same objects
+# ``group.create_dataset(name, data=a)``, ``create_group`` and ``attrs[name] = value`` make
+# (``tests/rollout/recording/test_robomimic.py`` compares them).
+
+_CACHE: dict[tuple, object] = {}
 
 
-_DCPL: dict[tuple, h5py.h5p.PropDCID] = {}
+def _made(key: tuple, make):
+    """``make()``, once per ``key`` (types, dataspaces, property lists: read-only once made)."""
+    value = _CACHE.get(key)
+    if value is None:
+        if len(_CACHE) > 4096:  # shapes vary with episode lengths: bounded
+            _CACHE.clear()
+        value = _CACHE[key] = make()
+    return value
 
 
 def _dcpl(frame: tuple[int, ...] | None) -> h5py.h5p.PropDCID:
-    """The creation properties ``group.create_dataset`` gives a contiguous array (``frame`` None) or an image stack
-    of ``frame``-shaped frames (one chunk per frame, gzip-4): no times stored, attribute order not tracked."""
-    plist = _DCPL.get(frame)
-    if plist is None:
+    """The creation properties of a contiguous array (``frame`` None) or an image stack of ``frame``-shaped frames
+    (one chunk per frame, deflate: :mod:`~rollcap.rollout.recording.deflate` compresses them): no times stored,
+    attribute order not tracked."""
+
+    def make():
         plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         if frame is not None:
             plist.set_chunk((1, *frame))
-            plist.set_deflate(4)
+            plist.set_deflate(4)  # the level HDF5 uses if it compresses a frame itself; deflate.LEVEL is ours
         plist.set_obj_track_times(False)
         plist.set_attr_creation_order(0)
-        _DCPL[frame] = plist
-    return plist
+        return plist
+
+    return _made(("dcpl", frame), make)
 
 
-def _put(group: h5py.Group, name: str, a: np.ndarray) -> None:
-    """``group.create_dataset(name, data=a)`` (images: chunked per frame, gzip-4, growable), through h5py's
-    low-level calls: the same dataset, without the high-level layer's ~0.1 ms of Python per dataset."""
+def _lcpl() -> h5py.h5p.PropLCID:
+    """Link names in UTF-8, as h5py's high-level layer makes them."""
+
+    def make():
+        plist = h5py.h5p.create(h5py.h5p.LINK_CREATE)
+        plist.set_char_encoding(h5py.h5t.CSET_UTF8)
+        return plist
+
+    return _made(("lcpl",), make)
+
+
+def _type(dtype: np.dtype) -> h5py.h5t.TypeID:
+    return _made(("type", dtype.str), lambda: h5py.h5t.py_create(dtype, logical=1))
+
+
+def _memory_type(dtype: np.dtype) -> h5py.h5t.TypeID:
+    """The type h5py writes an array of ``dtype`` with (it makes one at every write unless given)."""
+    return _made(("memory", dtype.str), lambda: h5py.h5t.py_create(dtype))
+
+
+def _space(shape: tuple[int, ...], maxshape: tuple | None = None) -> h5py.h5s.SpaceID:
+    return _made(("space", shape, maxshape), lambda: h5py.h5s.create_simple(shape, maxshape))
+
+
+def _group(parent: h5py.h5g.GroupID, name: str) -> h5py.h5g.GroupID:
+    """``parent.create_group(name)``."""
+    return h5py.h5g.create(parent, name.encode(), lcpl=_lcpl())
+
+
+def _put(group: h5py.h5g.GroupID, name: str, a: np.ndarray) -> None:
+    """``create_dataset(name, data=a)`` (images: chunked per frame, deflated, growable): image frames are written
+    as the chunks :func:`~rollcap.rollout.recording.deflate.frames` compressed (once for both formats)."""
     a = np.require(a, requirements="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
-    frame = a.shape[1:] if is_image(a) and all(a.shape[1:]) else None
+    image = is_image(a) and all(a.shape[1:])
     if a.ndim == 0:
-        space = h5py.h5s.create(h5py.h5s.SCALAR)
+        space = _made(("scalar",), lambda: h5py.h5s.create(h5py.h5s.SCALAR))
     else:
-        space = h5py.h5s.create_simple(a.shape, None if frame is None else (h5py.h5s.UNLIMITED, *frame))
-    dset = h5py.h5d.create(group.id, name.encode(), h5py.h5t.py_create(a.dtype, logical=1), space, dcpl=_dcpl(frame))
-    dset.write(h5py.h5s.ALL, h5py.h5s.ALL, a)
+        space = _space(a.shape, (h5py.h5s.UNLIMITED, *a.shape[1:]) if image else None)
+    dset = h5py.h5d.create(
+        group, name.encode(), _type(a.dtype), space, dcpl=_dcpl(a.shape[1:] if image else None), lcpl=_lcpl()
+    )
+    if image:
+        f, at = frames(a), [0] * a.ndim
+        for i in range(len(a)):
+            at[0] = i
+            dset.write_direct_chunk(tuple(at), zlib_chunk(f, i))
+    elif a.size:
+        dset.write(h5py.h5s.ALL, h5py.h5s.ALL, a, mtype=_memory_type(a.dtype))
 
 
-def _write_demo(data: h5py.Group, record: EpisodeRecord, checked: dict | None = None) -> None:
+def _attr(obj: h5py.h5g.GroupID, name: str, value) -> None:
+    """``attrs[name] = value`` for a str, int, float or bool (a str as h5py stores it: variable-length UTF-8)."""
+    if isinstance(value, str):
+        arr, key = np.array(value, dtype=h5py.string_dtype()), "str"
+    else:
+        arr = np.asarray(value)
+        key = arr.dtype.str
+    logical, memory = _made(
+        ("attr", key), lambda: (h5py.h5t.py_create(arr.dtype, logical=True), h5py.h5t.py_create(arr.dtype))
+    )
+    h5py.h5a.create(obj, name.encode(), logical, _space(())).write(arr, mtype=memory)
+
+
+def _write_demo(data: h5py.h5g.GroupID, record: EpisodeRecord, checked: dict | None = None) -> None:
     meta = episode_meta(record, IMAGE_CODEC, checked)
-    demo = data.create_group(f"demo_{record.index}")
-    demo.attrs["num_samples"] = record.num_steps
+    demo = _group(data, f"demo_{record.index}")
+    _attr(demo, "num_samples", record.num_steps)
     for k in ROBOMIMIC_STEP_KEYS:
         _put(demo, k, record.steps[k])
-    obs = demo.create_group("obs")
+    obs = _group(demo, "obs")
     for k, a in record.obs.items():
         _put(obs, k, a)
-    rc = demo.create_group("rollcap")
+    rc = _group(demo, "rollcap")
     for k, v in meta.items():
-        if k in _JSON_ATTRS:
-            rc.attrs[k] = canonical_json(v)
-        elif k in ("index", "seed"):
-            rc.attrs[k] = str(v)  # Python ints may exceed int64
-        else:
-            rc.attrs[k] = v
-    steps = rc.create_group("steps")
+        _attr(
+            rc, k, canonical_json(v) if k in _JSON_ATTRS else str(v) if k in ("index", "seed") else v
+        )  # ints may exceed int64
+    steps = _group(rc, "steps")
     for k, a in record.steps.items():
         if k not in ROBOMIMIC_STEP_KEYS:
             _put(steps, k, a)
     for table in ("chunks", "initial_state", "final_obs"):
-        sub = rc.create_group(table)
+        sub = _group(rc, table)
         for k, a in getattr(record, table).items():
             _put(sub, k, a)
-    _write_next_obs(demo)
+    nxt, at = _group(demo, "next_obs"), f"/data/demo_{record.index}"
+    for k, a in record.obs.items():
+        last = record.final_obs.get(k)
+        last = None if last is None else (f"{at}/rollcap/final_obs/{k}", last.shape, last.dtype)
+        _put_next_obs(nxt, k, f"{at}/obs/{k}", a.shape, a.dtype, last)
 
 
 def _write_next_obs(demo: h5py.Group) -> None:
-    """``demo/next_obs/<k>``: virtual datasets over ``obs/<k>[1:]`` and the final frame (no array bytes)."""
+    """``demo/next_obs/<k>`` of a demo written before rollcap kept them: virtual datasets over ``obs/<k>[1:]`` and
+    the final frame (no array bytes)."""
     nxt = demo.create_group("next_obs")
     final = demo["rollcap/final_obs"] if "rollcap/final_obs" in demo else {}
     for k, ob in demo["obs"].items():
         last = final.get(k)
         last = None if last is None else (last.name, last.shape, last.dtype)
-        _put_next_obs(nxt, k, ob.name, ob.shape, ob.dtype, last)
+        _put_next_obs(nxt.id, k, ob.name, ob.shape, ob.dtype, last)
 
 
 def _rows(shape: tuple[int, ...], start: int, count: int) -> h5py.h5s.SpaceID:
@@ -168,13 +239,13 @@ def _rows(shape: tuple[int, ...], start: int, count: int) -> h5py.h5s.SpaceID:
 
 
 def _put_next_obs(
-    nxt: h5py.Group, k: str, obs: str, shape: tuple[int, ...], dtype: np.dtype, last: tuple | None
+    nxt: h5py.h5g.GroupID, k: str, obs: str, shape: tuple[int, ...], dtype: np.dtype, last: tuple | None
 ) -> None:
     """``nxt/<k>``: the virtual dataset over the dataset ``obs`` (rows 1..T-1) and ``last`` (``(path, shape, dtype)``
     of the final frame; used when it is one frame of ``obs``) that ``h5py.VirtualLayout`` builds, through h5py's
     low-level calls (its selection objects cost ~0.5 ms a key)."""
-    if 0 in shape:
-        nxt.create_dataset(k, shape=shape, dtype=dtype)
+    if 0 in shape:  # an empty dataset (no frames: nothing to map)
+        h5py.h5d.create(nxt, k.encode(), _type(np.dtype(dtype)), _space(tuple(shape)), dcpl=_dcpl(None), lcpl=_lcpl())
         return
     t, plist = shape[0], h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     plist.set_layout(h5py.h5d.VIRTUAL)
@@ -185,9 +256,7 @@ def _put_next_obs(
         plist.set_virtual(_rows(shape, t - 1, 1), b".", last[0].encode(), source)
     else:
         plist.set_virtual(_rows(shape, t - 1, 1), b".", obs.encode(), _rows(shape, t - 1, 1))
-    h5py.h5d.create(
-        nxt.id, k.encode(), h5py.h5t.py_create(np.dtype(dtype), logical=1), h5py.h5s.create_simple(shape), dcpl=plist
-    )
+    h5py.h5d.create(nxt, k.encode(), _type(np.dtype(dtype)), h5py.h5s.create_simple(shape), dcpl=plist, lcpl=_lcpl())
 
 
 def demo_split(index: int) -> str:
@@ -213,38 +282,42 @@ def _stored_filter_keys(data: h5py.Group, index: int) -> list[str]:
 def _append_names(mask: h5py.Group, key: str, names: list[bytes]) -> None:
     """Append ``names`` to ``mask/<key>`` (created if missing; rebuilt wider for a longer name)."""
     width = max((len(n) for n in names), default=0)
-    old = mask.get(key)
-    if old is not None and width <= old.dtype.itemsize:
-        n = old.shape[0]
-        old.resize((n + len(names),))
-        if names:
-            old[n:] = np.array(names, old.dtype)
-        return
-    kept = [] if old is None else list(old[()])
-    if old is not None:
+    if key.encode() in mask.id:
+        old = h5py.h5d.open(mask.id, key.encode())
+        if width <= old.dtype.itemsize:  # the common case, through the low-level calls (~0.3 ms a mask less)
+            if names:
+                n, arr = old.shape[0], np.array(names, old.dtype)
+                old.set_extent((n + len(names),))
+                rows = old.get_space()
+                rows.select_hyperslab((n,), (len(names),))
+                old.write(h5py.h5s.create_simple((len(names),)), rows, arr, mtype=_memory_type(arr.dtype))
+            return
+        kept = list(mask[key][()])
         del mask[key]
-    names = kept + names
+        names = kept + names
     mask.create_dataset(
         key, data=np.array(names, f"S{max(width, _MASK_WIDTH)}"), maxshape=(None,), chunks=(_MASK_ROWS,)
     )
 
 
-def _update_derived(path, f: h5py.File, record: EpisodeRecord) -> None:
-    """Add ``record``'s (written) demo to ``mask/``; a file lacking any mask gets them, and next_obs, for every demo."""
+def _update_derived(path, f: h5py.File, records: list[EpisodeRecord]) -> None:
+    """Add ``records``' (written) demos to ``mask/``, each mask extended once; a file lacking any mask gets them,
+    and next_obs, for every other demo first."""
     data, mask = f["data"], f.require_group("mask")
-    missing = [k for k in MASKS if k not in mask]
+    missing = [k for k in MASKS if k.encode() not in mask.id]
     names: dict[str, list[bytes]] = {k: [] for k in MASKS}
     if missing:  # the first append, or a file written before rollcap kept next_obs and masks
+        new = {r.index for r in records}
         for i in _indices(path, f):
-            if i == record.index:
+            if i in new:
                 continue
             if "next_obs" not in data[f"demo_{i}"]:
                 _write_next_obs(data[f"demo_{i}"])
             for k in set(_stored_filter_keys(data, i)) & set(missing):
                 names[k].append(f"demo_{i}".encode())
-    actor = record.steps.get("actor")
-    for k in _filter_keys(record.index, record.num_steps, record.success, actor):
-        names[k].append(f"demo_{record.index}".encode())
+    for record in records:
+        for k in _filter_keys(record.index, record.num_steps, record.success, record.steps.get("actor")):
+            names[k].append(f"demo_{record.index}".encode())
     for k in MASKS:
         _append_names(mask, k, names[k])
 
@@ -343,9 +416,9 @@ class H5Writer:
         def update(view) -> None:
             with h5py.File(view, "r+", libver=_LIBVER) as f:
                 data = f["data"]
-                for k, record in enumerate(records):  # each demo, then its masks (the first also derives older demos')
-                    _write_demo(data, record, None if checked is None else checked[k])
-                    _update_derived(self.path, f, record)
+                for k, record in enumerate(records):
+                    _write_demo(data.id, record, None if checked is None else checked[k])
+                _update_derived(self.path, f, records)  # the masks once (the first commit also derives older demos')
                 data.attrs["total"] = int(data.attrs["total"]) + sum(r.num_steps for r in records)
 
         try:

@@ -189,7 +189,11 @@ class PagedFile:
             if not self._writable:
                 raise OSError("read-only view")
             start = self._pos
-            if not self._dead:
+            if not data:  # h5py's driver writes nothing often (most of its calls at a close)
+                return 0
+            if start >= self._bound and not self._dead:  # new space, straight to disk: the common case
+                _pwrite_all(self._fd, data, start)
+            elif not self._dead:
                 for lo, hi, p in self._spans(start, start + len(data)):
                     if p is None:
                         _pwrite_all(self._fd, data[lo - start :], lo)

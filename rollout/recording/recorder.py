@@ -15,6 +15,7 @@ Imports point downward: this module knows ``kernels.files``, ``episode``,
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -83,8 +84,16 @@ class EpisodeRecorder(Subscriber):
 
     Each format is written atomically, npz first. Single-threaded: :meth:`write`
     (which the host reaches through :meth:`on_episode_end`) is called on one
-    thread once per episode, and :meth:`on_run_end` (or :meth:`close`) once at
-    the end.
+    thread once per episode.
+
+    Whoever opened a recorder closes it (:meth:`close`, or ``with
+    EpisodeRecorder(...) as rec``): a run or env it was handed (``on_run_end``)
+    leaves it open, so a train env and an eval env can share one, and a
+    second run can go on with it. Every episode is on disk when its
+    :meth:`write` returns; closing only refuses further ones. A recorder
+    writes only in the process that opened it: a copy in another process (an
+    ``AsyncVectorEnv`` worker, forked or spawned) would write the same
+    indices into the same directory, so it refuses (:meth:`check_process`).
 
     Args:
         run_dir: the run directory (created if missing).
@@ -106,6 +115,7 @@ class EpisodeRecorder(Subscriber):
         self.episodes_dir = self.run_dir / EPISODES_DIR
         self.h5_path = self.run_dir / H5_NAME
         self._env_meta, self._h5, self._closed = env_meta, None, False
+        self._pid = os.getpid()  # the opener's process: the only one that writes (check_process)
         npz = _npz_indices(self.episodes_dir) if self.episodes_dir.is_dir() else set()
         h5 = set(h5_indices(self.h5_path)) if self.h5_path.exists() else set()
         if (npz or h5 or journal_path(self.h5_path).exists()) and not resume:
@@ -157,6 +167,7 @@ class EpisodeRecorder(Subscriber):
         """
         if self._closed:
             raise RuntimeError(f"{self.run_dir}: write() after close()")
+        self.check_process()
         indices = [r.index for r in records]
         for i in indices:
             if i in self._indices or indices.count(i) > 1:
@@ -226,12 +237,22 @@ class EpisodeRecorder(Subscriber):
         if end.record is not None:
             self.write(end.record)
 
+    def check_process(self) -> None:
+        """Refuse (RuntimeError, one line) to write from a process other than the one that opened this recorder."""
+        if os.getpid() != self._pid:
+            raise RuntimeError(
+                f"{self.run_dir}: this EpisodeRecorder was opened in process {self._pid} and is used in process "
+                f"{os.getpid()} (an AsyncVectorEnv worker holds a copy): a copy would write the same episode indices into "
+                "the same directory, so it records nothing; record with the batched vector env (gym.make_vec's default "
+                "mode) or vectorization_mode='sync', or open one recorder per worker, in the worker, each in its own directory"
+            )
+
     def on_run_end(self) -> None:
-        """Called by the host after the last episode: same as :meth:`close`."""
-        self.close()
+        """Called when a run or env that was handed this recorder ends: nothing to do (every episode is on disk), and the
+        recorder stays open: whoever opened it closes it (:meth:`close`, or ``with``)."""
 
     def close(self) -> None:
-        """Refuse further episodes; every episode is already on disk."""
+        """Refuse further episodes; every episode is already on disk (the opener's call; safe to call twice)."""
         if self._h5 is not None:
             self._h5.close()
         self._closed = True

@@ -84,7 +84,10 @@ def open_sink(run: RunConfig, out: Path, env_meta: dict) -> Sink:
 
     Raises:
         ConfigError: a sharded run resumed in this process without writers (naming ``actors``).
+        ValueError: ``env_workers`` still "auto" (:func:`rollcap.rollout.build.for_this_machine` settles it first).
     """
+    if run.env_workers == "auto":
+        raise ValueError("open_sink: env_workers is still 'auto'; settle it for this machine first (for_this_machine)")
     if run.env_workers or (run.actors and (run.shards or is_sharded(out))):
         writer = ManifestWriter(out, run.formats, env_meta, resume=run.resume)
         return Sink("shards", writer, writer)

@@ -24,7 +24,11 @@ steps its envs and waits for the replay; an end is sent once its episode is on
 disk (the parent names it in the manifest, the commit point).
 
 The worker ignores SIGINT (a Ctrl-C reaches the process group; the parent
-decides) and imports no CUDA: torch on the CPU, for the runners' validation.
+decides) and imports no torch: its rows are validated with numpy
+(:mod:`rollcap.policies.observation`), its capsules hold numpy state and its
+records are numpy, so a worker starts with ~70 MB and without torch's ~2 s
+(its "ready" says how long, how much, and whether torch came in anyway: an env
+of the user's may import it). ``tests/rollout/workers/test_workers.py`` guards this.
 
 Imports point downward: ``build`` (the env), ``host``, ``config``, ``recording``, the block and the proxies.
 """
@@ -34,7 +38,9 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -47,6 +53,7 @@ from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.batch import Round
+from rollcap.rollout.subscribers import take_batch
 from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 
@@ -59,7 +66,7 @@ def serve(conn, spec: str) -> None:
     except BaseException as err:  # noqa: BLE001 - reported to the parent
         conn.send_bytes(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
         return
-    conn.send_bytes(json.dumps({"ready": os.getpid()}).encode())
+    conn.send_bytes(json.dumps({"ready": os.getpid(), "start": started()}).encode())
     try:
         worker.loop(conn)
     finally:
@@ -71,11 +78,8 @@ class Worker:
     """The slots ``spec["slots"]`` of a run: one env and one host each (see the module docstring)."""
 
     def __init__(self, spec: dict):
-        import torch
-
         from rollcap.rollout.build import make_env
 
-        torch.set_num_threads(1)  # a worker steps envs; the policy is the parent's
         self.shared = SharedRows(Layout.from_json(spec["layout"]), spec["shm"])
         self.envs, self.recorder = [], None
         self.writer: ShardWriter | None = None
@@ -101,6 +105,8 @@ class Worker:
         except BaseException:
             self.close()
             raise
+        if "torch" in sys.modules:  # an env that imports it: its threads would fight the other workers for cores
+            sys.modules["torch"].set_num_threads(1)
 
     # -- the protocol --------------------------------------------------------
     def loop(self, conn) -> None:
@@ -229,12 +235,7 @@ class ShardWriter:
 
     def _loop(self) -> None:
         while True:
-            items = [self.q.get()]
-            while items[-1] is not None and len(items) < 16:
-                try:
-                    items.append(self.q.get_nowait())
-                except queue.Empty:
-                    break
+            items = take_batch(self.q, 16, window_s=0.0)  # what waits: one commit (its ends flow as they are written)
             stop = items[-1] is None
             work = [i for i in items if i is not None]
             try:
@@ -270,6 +271,21 @@ class ShardWriter:
     def close(self) -> None:
         self.q.put(None)
         self.thread.join(timeout=60)
+
+
+def started() -> dict:
+    """What starting this worker cost: its peak resident memory (MB), its modules, and whether torch is among them."""
+    return {"rss_mb": round(peak_rss_mb(), 1), "modules": len(sys.modules), "torch": "torch" in sys.modules}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM (ru_maxrss carries the parent's peak over a spawn)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def _spec(d: dict) -> dict:

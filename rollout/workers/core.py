@@ -329,7 +329,7 @@ class EnvWorkers:
                     if p.proc.is_alive():
                         return
                     raise EOFError
-                msg = json.loads(p.conn.recv_bytes())
+                msg = p.receive()
             except (EOFError, OSError):
                 self._died(p)
                 return
@@ -412,7 +412,7 @@ class EnvWorkers:
         """What the run's summary says of the workers."""
         lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
         return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "lost_and_rerun": lost,
-                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing)}  # fmt: skip
+                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing), "worker_start": [p.start for p in self.procs]}  # fmt: skip
 
     def abort(self) -> None:
         """Abandon every running episode: the ends already on their way are taken (named in the manifest), the workers stop

@@ -26,6 +26,8 @@ class Proc:
         self.launched: list[int] = []
         self.shard: str | None = None
         self.t_start = 0.0
+        self.start: dict = {}
+        """What its last start cost: ``start_s`` (spawn to ready), and the worker's own ``rss_mb``, ``modules``, ``torch``."""
 
     @property
     def free(self) -> list[int]:
@@ -33,6 +35,13 @@ class Proc:
 
     def send(self, msg: dict) -> None:
         self.conn.send_bytes(json.dumps(msg).encode())
+
+    def receive(self) -> dict:
+        """The worker's next message (blocks); its "ready" sets :attr:`start`."""
+        msg = json.loads(self.conn.recv_bytes())
+        if "ready" in msg:
+            self.start = {"start_s": time.perf_counter() - self.t_start, **msg.get("start", {})}
+        return msg
 
     def spawn(self, ctx, spec: str) -> None:
         """Start the worker process (a spawn context: the parent has threads) with its JSON ``spec``."""

@@ -3,34 +3,35 @@
 :class:`ProxyPolicy` / :class:`ProxyCritic` are what :class:`~rollcap.rollout.batch.RowPolicy`
 and :class:`~rollcap.rollout.batch.RowCritic` are in the GPU-owning process,
 with the batched runner in another process: ``start`` validates the observation
-(and noise) with the runner's own code (:meth:`PolicyRunner._inputs
-<rollcap.policies.runner.PolicyRunner>`, :meth:`ObsRunner.obs_inputs`: the same
-checks, the same messages) and writes the row's bytes into the shared block,
+(and noise) with the runner's own checks (:meth:`ObsSpec.to_inputs
+<rollcap.policies.observation.ObsSpec.to_inputs>` and :func:`~rollcap.policies.observation.noise_input`,
+which ``PolicyRunner.load_row`` calls: the same checks, the same messages) and writes the row's bytes into the shared block,
 where the parent copies every row into the runner's static inputs in one copy.
 ``result`` reads the row of the replay's outputs the parent copied back. So a
 row's bytes are the ones ``load_row`` writes in process, and its chunk and
 value the ones ``row_result`` reads. The fingerprint is the batched runner's
 (rows are interchangeable), as the parent sent it.
 
-Imports point downward: ``policies`` (validation) and the block.
+Imports point downward: ``policies.observation`` (the checks, numpy only: no torch here) and the block.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from rollcap.policies.observation import ObsRunner, ObsSpec
-from rollcap.policies.runner import PolicyRunner
+from rollcap.policies.observation import ObsSpec, noise_input
 
 
 class _Proxy:
-    obs_inputs = ObsRunner.obs_inputs  # the runner's validation, on this proxy's spec and token cache
-
     def __init__(self, arrays: dict[str, np.ndarray], prefix: str, row: int, spec: ObsSpec, fingerprint: dict):
         self.row, self.spec, self.fingerprint = row, spec, fingerprint
         self._tokens: dict[str, np.ndarray] = {}
         self._rows = {k[len(prefix) :]: v[row] for k, v in arrays.items() if k.startswith(prefix)}
         self._latency = arrays["latency"][row]
+
+    def obs_inputs(self, obs) -> dict[str, np.ndarray]:
+        """Validate one observation into batch-1 arrays (as the runner's ``obs_inputs``, with this proxy's token cache)."""
+        return self.spec.to_inputs(obs, self._tokens)
 
     def reset(self) -> None:
         """Called at each episode start: nothing is in flight here (the parent owns the replay)."""
@@ -46,8 +47,6 @@ class _Proxy:
 class ProxyPolicy(_Proxy):
     """A :class:`~rollcap.rollout.protocols.ChunkPolicy` over row ``row`` of the parent's batched ``PolicyRunner``."""
 
-    _inputs = PolicyRunner._inputs  # obs_inputs + the noise checks, exactly as load_row validates
-
     def __init__(self, arrays, row: int, spec: ObsSpec, chunk_shape, execute_steps: int, fingerprint: dict):
         super().__init__(arrays, "p.", row, spec, fingerprint)
         self.chunk_shape, self.execute_steps = tuple(chunk_shape), int(execute_steps)
@@ -60,7 +59,9 @@ class ProxyPolicy(_Proxy):
 
     def start(self, obs, noise: np.ndarray) -> None:
         """Validate and write this row (the parent replays the batch once every worker's rows are written)."""
-        self._write(self._inputs(obs, noise))
+        values = self.obs_inputs(obs)
+        values["noise"] = noise_input(noise, self.chunk_shape)
+        self._write(values)
 
     def result(self) -> np.ndarray:
         return self._actions.copy()

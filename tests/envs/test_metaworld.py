@@ -198,7 +198,7 @@ def test_fingerprint_names_the_step_limit():
 def test_expert_policy_is_the_tasks_script():
     """`expert[:STD]` on a MetaWorld env is that task's metaworld.policies class: 4-wide chunks, named in the fingerprint;
     an env id without an expert is refused naming the policy; the built-in task keeps its expert and fingerprint."""
-    from rollcap.rollout.build import expert_policy
+    from rollcap.rollout.named import expert_policy
     from rollcap.rollout.errors import ConfigError
 
     env = _make("drawer-open-v3")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -20,7 +21,8 @@ from rollcap.rollout.config import HostConfig  # noqa: E402
 from rollcap.rollout.learn.dsrl import NoiseBound, SteeringConfig, SteeringObs, frozen_episodes, task_one_hot  # noqa: E402
 from rollcap.rollout.stats import mcnemar_p, paired_difference, wilson  # noqa: E402
 from rollcap.rollout.errors import ConfigError  # noqa: E402
-from rollcap.rollout.gym.envs import NoiseSteeringEnv, instruction_tokens  # noqa: E402
+from rollcap.rollout.gym.core import instruction_tokens  # noqa: E402
+from rollcap.rollout.gym.envs import NoiseSteeringEnv  # noqa: E402
 from rollcap.rollout.recording import EpisodeRecorder  # noqa: E402
 from tests.rollout._tiny import make_env, make_runners  # noqa: E402
 
@@ -39,13 +41,17 @@ def _example(*flags, env=None, timeout=300):
 @pytest.mark.slow(seconds=24)
 def test_dsrl_sac_example_smoke(tmp_path):
     """A few hundred SAC steps and 5 held-out episodes: the agent is written as safetensors + JSON, both success
-    rates are printed, SB3's logger leaves no directory in the temp directory (its default makes one), and ``--load``
-    of the written agent scores the same held-out episodes the same way."""
+    rates are printed, SB3's logger leaves no directory in the temp directory (its default makes one) and writes
+    TensorBoard events where --tensorboard says, and ``--load`` of the written agent scores the same held-out episodes
+    the same way."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     env = {**os.environ, "TMPDIR": str(tmp)}
-    res = _example("--timesteps", 300, "--learning-starts", 100, "--eval-episodes", 5, "--out", tmp_path / "a", env=env)
+    board = importlib.util.find_spec("tensorboard") is not None  # the rl extra's
+    res = _example("--timesteps", 300, "--learning-starts", 100, "--eval-episodes", 5, "--out", tmp_path / "a",
+                   *(["--tensorboard", tmp_path / "tb"] if board else []), env=env)  # fmt: skip
     assert res.returncode == 0, res.stderr[-3000:]
+    assert not board or list((tmp_path / "tb").glob("events.out.tfevents.*"))
     assert (
         "steered (SAC, deterministic) success: " in res.stdout and "unsteered (frozen policy) success: " in res.stdout
     ), res.stdout
@@ -145,14 +151,19 @@ def test_wrappers_flatten_the_observation_and_bound_the_noise():
 
 
 def test_config_and_statistics():
-    """Bad config values name their field; the Wilson interval and exact McNemar p match known values."""
+    """Bad config values name their field; the Wilson interval, exact McNemar p and the paired difference's adjusted
+    Wald interval (Bonett and Price) match known values, and the last has width when no episode differs (it was
+    +0.0 to +0.0 at n=3)."""
     with pytest.raises(ConfigError, match="noise_bound"):
         SteeringConfig(noise_bound=5.0)
     _, lo, hi = wilson(35, 50)
     assert abs(lo - 0.5625) < 1e-3 and abs(hi - 0.8090) < 1e-3
     assert mcnemar_p(0, 0) == 1.0 and abs(mcnemar_p(1, 9) - 0.021484375) < 1e-12
     d, lo, hi = paired_difference(13, 74, 200)
-    assert d == -0.305 and abs(lo + 0.386) < 1e-3 and abs(hi + 0.224) < 1e-3
+    assert d == -0.305 and abs(lo + 0.3835) < 1e-3 and abs(hi + 0.2205) < 1e-3  # Wald's: -0.386, -0.224
+    d, lo, hi = paired_difference(0, 0, 3)
+    assert d == 0.0 and abs(lo + 0.5544) < 1e-3 and abs(hi - 0.5544) < 1e-3
+    assert paired_difference(3, 0, 3)[2] == 1.0  # clipped to [-1, 1]
 
 
 @pytest.mark.parametrize("flag, value", [("--target-entropy", "abc"), ("--ent-coef", "x")])
@@ -166,3 +177,21 @@ def test_a_bad_entropy_flag_is_one_line_before_any_env(flag, value, tmp_path):
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert f"error: {flag}: expected a number" in res.stderr.strip().splitlines()[-1] and not (tmp_path / "o").exists()
+
+
+def test_the_held_out_summary_prints_figures_as_figures():
+    """dsrl.py's summary: the critic's correlation to 3 places (it printed corr 0.2988325498921635), n/a where it is
+    undefined, and a paired interval with width at n=3 where no episode differs (it printed +0.0 to +0.0)."""
+    from rollcap.rollout.learn.dsrl_eval import summary_lines
+
+    k = {name: 1 for name in ("steered", "frozen", "zero_noise")}
+    result = {
+        "episodes": 3, **{f"{n}_success": v for n, v in k.items()}, **{f"{n}_wilson": wilson(1, 3) for n in k},
+        "difference_and_95ci": paired_difference(0, 0, 3), "fixed": 0, "broken": 0, "mcnemar_p": 1.0,
+        "vs_zero_noise": {"difference_and_95ci": paired_difference(0, 0, 3), "fixed": 0, "broken": 0, "mcnemar_p": 1.0},
+        "critic_vs_monte_carlo": {"q_mean": 0.5, "return_mean": 0.4, "bias": 0.1, "corr": 0.2988325498921635},
+    }  # fmt: skip
+    lines = summary_lines(result)
+    assert "(95% CI -55.4 to +55.4)" in lines[3] and lines[-1].endswith("corr 0.299)"), lines
+    result["critic_vs_monte_carlo"]["corr"] = None
+    assert summary_lines(result)[-1].endswith("corr n/a)")

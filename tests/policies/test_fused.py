@@ -10,7 +10,7 @@ import torch
 
 from rollcap.policies import PolicyRunner
 from rollcap.policies.fused import MASK_ALIGN, FusedFlowVLA, additive_mask, fuse
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
+from rollcap.policies import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
 from tests.helpers import TINY_POLICY, make_noise, make_obs, tiny_policy
 from tests.kernels._sampling import sampler_inputs
 

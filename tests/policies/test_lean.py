@@ -14,7 +14,7 @@ from rollcap.kernels.precision import cast_linears
 from rollcap.policies import PolicyRunner
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import LeanFlowVLA, lean
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
+from rollcap.policies import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, load_policy
 from rollcap.policies.sizes import build, size_config
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs
 from tests.helpers import make_noise, make_obs
@@ -166,6 +166,7 @@ def test_replay_takes_the_lean_sampler_and_fp8_back_from_the_recording(monkeypat
     pol = {
         "device_kind": "cuda",
         "cuda_device": "NVIDIA H100 80GB HBM3",
+        "component": "policy",  # a captured runner's
         "backend": "cuda",
         "precision": "fp8",
         "weights_digest": "sha256:lean-weights",

@@ -205,7 +205,7 @@ def test_an_env_error_ends_only_its_episode():
 def test_branch_of_a_batched_episode_has_an_exact_control(tmp_path):
     """``rollcap branch`` on an episode of a batched run builds a row of runners at the recorded batch, so its control
     (the parent's own noise from the boundary on) is the parent's continuation byte for byte."""
-    from rollcap.rollout.cli.branch import branch_episode
+    from rollcap.rollout.api import branch_episode
 
     p, c = _models(2)
     pol, cri = save_policy(p, tmp_path / "p"), save_critic(c, tmp_path / "c")
@@ -232,3 +232,31 @@ def test_branch_of_a_batched_episode_has_an_exact_control(tmp_path):
     )
     assert result.fingerprint_diff == [] and result.control_diff is None, summary["control"]
     assert result.control is not None and len(result.records) == 3
+
+
+def test_a_slots_critic_row_takes_the_observation_its_policy_row_checked_once():
+    """The critic row writes the arrays the slot's policy row just checked (the same bytes load_row writes), only for
+    that very observation and only once: a later or another observation is checked again (NaN refused)."""
+    from rollcap.kernels.errors import BadInput
+
+    policy, critic = _batched(2)
+    core = BatchedCore([make_env(), make_env()], policy, critic, HostConfig(seed=1))
+    try:
+        rp, rc = core.hosts[1].policy, core.hosts[1].critic
+        obs, noise = first_obs(3), flow_noise(3)
+        rp.start(obs, noise)
+        assert rc.handoff.values is not None
+        rc.start(obs)
+        assert rc.handoff.values is None  # taken
+        written = {k: v[1].clone() for k, v in critic.inputs.tensors().items()}
+        critic.load_row(1, first_obs(4))
+        critic.load_row(1, obs)
+        assert all(torch.equal(written[k], v[1]) for k, v in critic.inputs.tensors().items())
+        bad = {**obs, "state": np.full_like(obs["state"], np.nan)}
+        rp.start(obs, noise)
+        with pytest.raises(BadInput, match="NaN"):
+            rc.start(bad)  # another object: checked, not taken
+        with pytest.raises(BadInput, match="NaN"):
+            rc.start(bad)
+    finally:
+        core.close()

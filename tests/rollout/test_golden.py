@@ -1,13 +1,14 @@
 """Golden recordings: the built-in task's episodes for fixed seeds stay byte-identical across refactors.
 
-``golden/pushblock.json`` holds, per episode, a SHA-256 of every deterministic
-field (timings aside) and of each table separately, taken with the shipped
-policy and critic. The digests are only comparable on a machine whose runner
-fingerprint matches the one stored beside them (CPU capability, torch and numpy
-versions, ...); elsewhere the test skips and says why.
+``golden/pushblock-<cpu>.json`` holds, per episode, a SHA-256 of every deterministic field (timings aside) and of
+each table separately, taken with the shipped policy and critic on one kind of machine: one file per CPU kind
+(:func:`rollcap.kernels.fingerprint.cpu_identity`), because MKL's GEMM kernels, and so the policy's bits, follow the
+CPU's vendor and model. The digests are compared on a machine whose runner fingerprint matches the one stored in its
+kind's file (CPU, capability, torch and numpy versions, ...); elsewhere the test skips and says why. The initial
+states, which no GEMM touches, are compared against every kind's file on every machine.
 
-Regenerate (only when a change is *meant* to alter recordings, and say so in
-the commit): ``ROLLCAP_WRITE_GOLDEN=1 python3 -m pytest tests/rollout/test_golden.py``.
+Record this machine kind's file (only when a change is *meant* to alter recordings, and say so in the commit; a new
+machine kind is such a change): ``ROLLCAP_WRITE_GOLDEN=1 python3 -m pytest tests/rollout/test_golden.py``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-GOLDEN = Path(__file__).parent / "golden" / "pushblock.json"
+GOLDEN_DIR = Path(__file__).parent / "golden"
 TIMING = ("latency_policy_s", "latency_critic_s", "latency_boundary_s")
 # (run seed, episodes, config): a natural run, critic stops mid-episode and at chunk 0, a chunk limit
 RUNS = (
@@ -97,24 +99,41 @@ def _comparable(fp: dict) -> dict:
     return {k: v for k, v in fp.items() if k not in ("inputs", "outputs")}
 
 
+def golden_path(cpu: str) -> Path:
+    """This CPU kind's golden file: ``golden/pushblock-genuineintel-6-207.json`` for ``"GenuineIntel 6/207"``."""
+    return GOLDEN_DIR / f"pushblock-{re.sub(r'[^a-z0-9]+', '-', cpu.lower()).strip('-')}.json"
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    """The golden runs on this machine: (the policy's fingerprint, the episodes' digests)."""
+    return _record_runs()
+
+
 @pytest.mark.slow
-def test_builtin_task_recordings_are_byte_identical_to_the_golden():
+def test_builtin_task_recordings_are_byte_identical_to_the_golden(recorded):
     """Every deterministic field of the golden episodes (a natural run and a critic-cut run) is unchanged."""
-    fp, episodes = _record_runs()
+    fp, episodes = recorded
+    path = golden_path(fp["cpu"])
     if os.environ.get("ROLLCAP_WRITE_GOLDEN"):
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text(
+        path.write_text(
             json.dumps({"fingerprint": _comparable(fp), "episodes": episodes}, indent=1, sort_keys=True) + "\n"
         )
-        pytest.skip(f"wrote {GOLDEN}")
-    golden = json.loads(GOLDEN.read_text())
+        pytest.skip(f"wrote {path}")
+    if not path.exists():
+        have = ", ".join(sorted(p.name for p in GOLDEN_DIR.glob("pushblock-*.json")))
+        pytest.skip(
+            f"no golden recorded on a {fp['cpu']} (have: {have}); the bits follow the CPU kind, so record this kind's "
+            f"with ROLLCAP_WRITE_GOLDEN=1 on a tree whose recordings are known good, and commit {path.name}"
+        )
+    golden = json.loads(path.read_text())
     if _comparable(fp) != golden["fingerprint"]:
         differ = sorted(
             k
             for k in set(golden["fingerprint"]) | set(_comparable(fp))
             if golden["fingerprint"].get(k) != _comparable(fp).get(k)
         )
-        pytest.skip(f"golden digests were taken on another deployment fingerprint (differs in {differ})")
+        pytest.skip(f"{path.name}'s digests were taken on another deployment fingerprint (differs in {differ})")
     assert [(e["run_seed"], e["index"]) for e in episodes] == [(e["run_seed"], e["index"]) for e in golden["episodes"]]
     assert {e["stop_reason"] for e in golden["episodes"]} >= {"critic", "success"}, (
         "golden must cover a critic stop and a success"
@@ -127,3 +146,16 @@ def test_builtin_task_recordings_are_byte_identical_to_the_golden():
             assert got["digests"][table] == digest, (
                 f"run seed {want['run_seed']} episode {want['index']}: {table} changed"
             )
+
+
+@pytest.mark.slow
+def test_initial_states_are_the_same_on_every_machine_kind(recorded):
+    """The episodes' initial sim states (seeded env resets, no GEMM) equal every machine kind's golden."""
+    _, episodes = recorded
+    files = sorted(GOLDEN_DIR.glob("pushblock-*.json"))
+    assert len(files) >= 2, "the goldens should cover more than one machine kind"
+    for path in files:
+        golden = json.loads(path.read_text())["episodes"]
+        assert [e["digests"]["initial_state"] for e in episodes] == [e["digests"]["initial_state"] for e in golden], (
+            f"{path.name}: an initial state differs"
+        )

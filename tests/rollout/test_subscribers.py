@@ -64,3 +64,31 @@ def test_metrics_summary_counts_outcomes():
     s = m.summary()
     assert s["episodes"] == 2 and s["successes"] == 1
     assert s["stop_reasons"]["critic"] >= 1
+
+
+class Batches(Subscriber):
+    """Takes episodes in batches (as EpisodeRecorder does: one HDF5 commit a call) and notes each batch's indices."""
+
+    def __init__(self):
+        self.batches: list[list[int]] = []
+
+    def on_episode_end(self, end):
+        self.batches.append([end.index])
+
+    def on_episode_ends(self, ends):
+        self.batches.append([e.index for e in ends])
+
+
+def test_background_writer_commits_what_arrives_within_its_window_together():
+    """Episodes that end within GATHER_S of each other reach the recorder in one call (one commit), in order; one
+    that comes later is a call of its own; close() hands over what is gathered at once."""
+    inner = Batches()
+    bg = InBackground(inner, max_pending=8)
+    for i in range(3):  # three episodes 20 ms apart: one commit
+        bg.on_episode_end(end(i))
+        time.sleep(0.02)
+    time.sleep(0.6)
+    bg.on_episode_end(end(3))
+    t0 = time.monotonic()
+    bg.on_run_end()
+    assert inner.batches == [[0, 1, 2], [3]] and time.monotonic() - t0 < 0.5 + 0.1

@@ -11,12 +11,16 @@ Five stages, each a module and a function testable alone:
 :func:`recap` runs them all and writes the checkpoints and a manifest.
 
 Imports point downward: this package knows ``inspect``, ``branch``,
-``calibrate``, ``training``, ``host``, ``build`` and the models.
+``calibrate``, ``training``, ``host``, ``build`` and the models. Names are
+imported on first use: ``rollcap recap --help`` reads :class:`RecapConfig`
+without importing torch.
 """
 
 from __future__ import annotations
 
-from rollcap.rollout.learn.recap.config import RecapConfig
-from rollcap.rollout.learn.recap.pipeline import MANIFEST, recap
+from rollcap.kernels.lazy import lazy_names
 
-__all__ = ["MANIFEST", "RecapConfig", "recap"]
+_NAMES = {"MANIFEST": "pipeline", "RecapConfig": "config", "recap": "pipeline"}
+
+__all__ = sorted(_NAMES)
+__getattr__, __dir__ = lazy_names(__name__, _NAMES)

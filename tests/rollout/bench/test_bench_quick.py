@@ -53,6 +53,6 @@ def test_bench_quick_runs_every_section(tmp_path):
         "peer (",
         "recording (",
         "seconds per section",
-        "ChunkEnv.step vs host boundary+execute",
+        "ChunkEnv.step vs host execute+boundary",
     ):
         assert line in proc.stdout

@@ -11,7 +11,8 @@ from gymnasium.utils.env_checker import check_env
 
 import rollcap  # noqa: F401  (registers the ids)
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.gym.envs import ChunkEnv, NoiseSteeringEnv, instruction_tokens
+from rollcap.rollout.gym.core import instruction_tokens
+from rollcap.rollout.gym.envs import ChunkEnv, NoiseSteeringEnv
 from rollcap.rollout.recording import EpisodeRecorder
 from rollcap.rollout.offline.replay import replay_closed, replay_env, replay_policy
 from tests.rollout._tiny import make_env, make_runners
@@ -46,21 +47,28 @@ def _rollout(env, seed: int, actions_seed: int = 0, n: int = 10):
 
 @pytest.mark.parametrize("make", [tiny_chunk_env, tiny_noise_env, lambda: tiny_noise_env(value_in_obs=True)])
 def test_gymnasium_env_checker_passes(make):
-    """gymnasium's check_env (spaces, seeding, determinism of reset) passes."""
+    """gymnasium's check_env (spaces, seeding, determinism of reset) passes; its only notes are the chunk env's
+    unbounded ``policy_chunk`` (the policy's raw chunk, as gymnasium's own MuJoCo observations are unbounded)."""
     env = make()
-    check_env(env, skip_render_check=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env, skip_render_check=True)
     env.close()
+    notes = {str(w.message) for w in caught}
+    assert all("infinity" in m for m in notes) and bool(notes) == isinstance(env, ChunkEnv), notes
 
 
 @pytest.mark.parametrize("make", [tiny_chunk_env, tiny_noise_env])
 def test_sb3_env_checker_passes(make):
     """Stable-Baselines3's check_env passes (skipped without the rl extra), with only the advice named here.
 
-    Its two warnings are advice about SB3's defaults, not faults of the env, and
+    Its warnings are advice about SB3's defaults, not faults of the env, and
     are asserted rather than shown: the tiny env's 32x32 images are below the
-    36x36 that SB3's default ``CnnPolicy`` needs (the shipped env is 64x64), and
-    the noise env's action space (the policy's flow noise, a standard normal)
-    is deliberately not the [-1, 1] box SB3 recommends.
+    36x36 that SB3's default ``CnnPolicy`` needs (the shipped env is 64x64), the
+    noise env's action space (the policy's flow noise, a standard normal) is
+    deliberately not the [-1, 1] box SB3 recommends, and the chunk env's
+    ``policy_chunk`` is ``(H, A)``, the action's shape, not a 1-D vector (SB3's
+    ``MultiInputPolicy`` flattens it).
     """
     sb3_checker = pytest.importorskip("stable_baselines3.common.env_checker")
     env = make()
@@ -69,7 +77,9 @@ def test_sb3_env_checker_passes(make):
         sb3_checker.check_env(env, warn=True, skip_render_check=True)
     env.close()
     expected = ("minimal resolution for an image is 36x36",) + (
-        ("symmetric and normalized Box action space",) if make is tiny_noise_env else ()
+        ("symmetric and normalized Box action space",)
+        if make is tiny_noise_env
+        else ("Your observation policy_chunk has an unconventional shape",)
     )
     messages = [str(w.message) for w in caught]
     assert all(any(e in m for e in expected) for m in messages), messages

@@ -99,7 +99,7 @@ def test_time_limit_truncation_is_recorded_as_such(tmp_path):
         env = wrappers.TimeLimit(tiny(subscribers=(rec,)), max_episode_steps=2)
         env.reset(seed=0)
         info = run_episode(env)
-        assert "stop_reason" not in info  # the wrapper truncated; the env did not end the episode
+        assert info["stop_reason"] == "time_limit" and info["is_success"] is False  # the env ends it where it is cut
         env.reset()  # ends episode 0 (the wrapper's truncation), starts 1
         env.step(np.zeros(SHAPE, np.float32))
         env.reset()  # the caller ends episode 1 after 1 step of 2
@@ -257,7 +257,7 @@ def test_sync_vector_env_sub_envs_share_a_recorder_and_a_resumed_run_goes_on(tmp
         env.close()
 
     with EpisodeRecorder(tmp_path / "r") as rec:
-        loop(rec, 6)  # next-step autoreset: TimeLimit cuts at steps 2 and 5, the resets at 3 and 6 record them
+        loop(rec, 6)  # next-step autoreset: TimeLimit cuts at steps 2 and 5, each episode recorded where it is cut
     first = rollcap.load(tmp_path / "r")
     with EpisodeRecorder(tmp_path / "r", resume=True) as rec:
         loop(rec, 3)

@@ -37,9 +37,20 @@ def _actions(env, steps: int, seed: int = 0) -> list[np.ndarray]:
     return [env.action_space.sample() for _ in range(steps)]
 
 
+def _same(a, b) -> bool:
+    """Observations equal bit for bit, but the policy's chunk: batch-N rows against batch 1 (~2.5e-7 apart on CPU)."""
+    if isinstance(a, dict):
+        plan = np.allclose(a["policy_chunk"], b["policy_chunk"], atol=1e-5)
+        return plan and data_equivalence(
+            *({k: v for k, v in d.items() if k != "policy_chunk"} for d in (a, b)), exact=True
+        )
+    return data_equivalence(a, b, exact=True)
+
+
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 def test_chunk_vector_env_matches_sync_vector_env_of_chunk_envs(mode):
-    """Observations, rewards, terminations, truncations and autoresets are SyncVectorEnv's over N ChunkEnvs, bit for bit."""
+    """Observations, rewards, terminations, truncations and autoresets are SyncVectorEnv's over N ChunkEnvs, bit for bit
+    (the policy's chunk in the observation: to batch-N rounding)."""
     ours = _vector(mode=mode)
     theirs = SyncVectorEnv([lambda: ChunkEnv(make_env(), *_runners(1), CONFIG) for _ in range(N)], autoreset_mode=mode)
     try:
@@ -48,16 +59,21 @@ def test_chunk_vector_env_matches_sync_vector_env_of_chunk_envs(mode):
         assert ours.single_action_space == theirs.single_action_space
         o1, _ = ours.reset(seed=5)
         o2, _ = theirs.reset(seed=5)
-        assert data_equivalence(o1, o2, exact=True)
+        assert _same(o1, o2)
         ended = 0
         for a in _actions(ours, 10):
             r1, r2 = ours.step(a), theirs.step(a)
             for x, y in zip(r1[:4], r2[:4]):
-                assert data_equivalence(x, y, exact=True)
+                assert _same(x, y)
             assert ours.observation_space.contains(r1[0])
             ended += int((r1[2] | r1[3]).sum())
+            assert (
+                list(r1[4]["stop_reason"][r1[4]["_stop_reason"]]) == list(r2[4]["stop_reason"][r2[4]["_stop_reason"]])
+                if "stop_reason" in r1[4]
+                else "stop_reason" not in r2[4]
+            )
             if mode is AutoresetMode.SAME_STEP and (r1[2] | r1[3]).any():
-                assert data_equivalence(r1[4]["final_obs"], r2[4]["final_obs"], exact=True)
+                assert all(_same(x, y) for x, y in zip(r1[4]["final_obs"], r2[4]["final_obs"]) if x is not None)
                 assert list(r1[4]["_final_obs"]) == list(r2[4]["_final_obs"])
         assert ended >= N  # every sub-env went through an autoreset at least once
     finally:
@@ -88,15 +104,18 @@ def test_noise_steering_vector_env_is_deterministic_and_captures_once():
 
 
 def test_step_before_reset_and_bad_mode_refused():
-    """step() before reset() is ResetNeeded; an unsupported autoreset mode names the field."""
+    """step() before reset() is ResetNeeded; an autoreset mode gymnasium does not spell so is one line naming the three."""
     env = _vector()
     try:
         with pytest.raises(gym.error.ResetNeeded):
             env.step(env.action_space.sample())
     finally:
         env.close()
-    with pytest.raises(ConfigError, match="autoreset_mode"):
-        _vector(mode=AutoresetMode.DISABLED)
+    for bad in ("same_step", "next", 1):  # gymnasium's SyncVectorEnv and make_vec take only the enum's values too
+        with pytest.raises(
+            ConfigError, match=r"autoreset_mode: expected one of 'NextStep' \(AutoresetMode.NEXT_STEP\), "
+        ):
+            _vector(mode=bad)
 
 
 def test_make_vec_builds_the_batched_env():

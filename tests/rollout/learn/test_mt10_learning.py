@@ -156,7 +156,7 @@ def test_mt10_prefix_smallest_run_is_a_prefix_checkpoint(tmp_path):
 
 def test_dsrl_task_code_for_mt10():
     """An MT10 env's agent sees its task as a one-hot over MT10; other envs get none; a foreign instruction is refused."""
-    from rollcap.rollout.gym.envs import instruction_tokens
+    from rollcap.rollout.gym.core import instruction_tokens
     from rollcap.rollout.learn.dsrl import mt10_one_hot, task_code_for
 
     code = task_code_for(ID_PREFIX + "peg-insert-side-v3")

@@ -125,7 +125,7 @@ def test_branch_api_refuses_before_writing(runs, ckpt, tmp_path):
     from pathlib import Path
 
     from rollcap.rollout.build import Parts
-    from rollcap.rollout.cli.branch import branch_episode
+    from rollcap.rollout.api import branch_episode
 
     parts = Parts(policy=Path(ckpt[1]), critic=Path(ckpt[3]))
     with pytest.raises(ConfigError, match="no step limit") as info:

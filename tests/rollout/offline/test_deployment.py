@@ -42,6 +42,7 @@ def test_a_cuda_recording_on_a_cpu_machine_is_one_line_and_runs_on_cpu(monkeypat
         {
             "device_kind": "cuda",
             "cuda_device": "NVIDIA H200",
+            "component": "policy",
             "backend": "cuda",
             "precision": "bf16",
             "weights_digest": _digest(DEFAULT_CHECKPOINT),
@@ -63,7 +64,15 @@ def test_a_cuda_recording_on_a_cpu_machine_is_one_line_and_runs_on_cpu(monkeypat
 def test_a_cuda_recording_with_cuda_here_replays_there(monkeypatch):
     """With a CUDA device here the recording's device, backend and precision are taken, and said."""
     monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 1)
-    rec = _rec({"device_kind": "cuda", "cuda_device": "NVIDIA H200", "backend": "cuda", "precision": "tf32"})
+    rec = _rec(
+        {
+            "device_kind": "cuda",
+            "cuda_device": "NVIDIA H200",
+            "component": "policy",
+            "backend": "cuda",
+            "precision": "tf32",
+        }
+    )
     parts, said = recorded_parts(dict(UNSET), rec, "r")
     assert (parts["device"], parts["backend"], parts["precision"]) == ("cuda", "cuda", "tf32")
     assert said == [
@@ -82,7 +91,8 @@ def test_flags_win_over_the_recording():
 def test_models_are_found_by_weights_digest_and_a_missing_one_names_its_flag():
     """A shipped checkpoint is found by its digest; a LeRobot or private one names the flag to pass; no critic stays none."""
     assert shipped_checkpoints()[_digest(PREFIX)] == PREFIX
-    parts, _ = recorded_parts(dict(UNSET), _rec({"device_kind": "cpu", "weights_digest": _digest(PREFIX)}), "r")
+    runner = {"device_kind": "cpu", "component": "policy", "weights_digest": _digest(PREFIX)}  # a captured runner's
+    parts, _ = recorded_parts(dict(UNSET), _rec(runner), "r")
     assert parts["policy"] == PREFIX and parts["critic"] is None  # recorded without a critic
     parts, _ = recorded_parts(dict(UNSET), _rec({"kind": "rollcap.expert", "std": 0.3}), "r")
     assert parts["policy"] == "expert:0.3"
@@ -98,7 +108,8 @@ def test_models_are_found_by_weights_digest_and_a_missing_one_names_its_flag():
         recorded_parts(
             dict(UNSET),
             _rec(
-                {"weights_digest": _digest(PREFIX)}, {"model": "rollcap.ValueCritic", "weights_digest": "sha256:feed"}
+                runner,
+                {"component": "critic", "model": "rollcap.ValueCritic", "weights_digest": "sha256:feed"},
             ),
             "r",
         )
@@ -255,7 +266,9 @@ def test_settings_of_rollcaps_graphs_are_refused_with_a_policy_object(tmp_path):
 def test_every_backend_of_the_device_is_taken_back(monkeypatch):
     """A compile-cuda recording replays with compile-cuda where CUDA is present (the backend lists are kernels.graph's)."""
     monkeypatch.setattr("rollcap.rollout.offline.deployment._cuda_here", lambda: 1)
-    parts, said = recorded_parts(dict(UNSET), _rec({"device_kind": "cuda", "backend": "compile-cuda"}), "r")
+    parts, said = recorded_parts(
+        dict(UNSET), _rec({"device_kind": "cuda", "component": "policy", "backend": "compile-cuda"}), "r"
+    )
     assert parts["backend"] == "compile-cuda" and "r: recorded with backend compile-cuda: replaying with it" in said
 
 
@@ -269,3 +282,56 @@ def test_a_policy_of_your_own_without_weights_names_the_env_mode():
     assert "None" not in err.value.problem and "pass --policy PATH" not in err.value.problem
     parts, _ = recorded_parts(dict(UNSET), rec, "runs/fetch", needs_models=False)  # --mode env runs no model
     assert "policy" not in parts
+
+
+class _Wrapped:
+    """A user's Python ChunkPolicy around the shipped policy (as the issue's user wrote one): its fingerprint names the
+    model and the shipped weights digest, not a captured runner's component."""
+
+    def __init__(self):
+        from rollcap.policies import PolicyRunner, load_policy
+
+        self.inner = PolicyRunner(load_policy(DEFAULT_CHECKPOINT).eval())
+        self.chunk_shape, self.execute_steps = self.inner.chunk_shape, self.inner.execute_steps
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def start(self, obs, noise) -> None:
+        self.inner.start(obs, noise)
+
+    def result(self):
+        return self.inner.result()
+
+    def state_fingerprint(self) -> dict:
+        return {"device_kind": "cpu", "model": "rollcap.FlowVLA", "weights_digest": _digest(DEFAULT_CHECKPOINT)}
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.slow(seconds=30)
+def test_a_run_made_with_a_policy_object_replays_with_a_line_naming_the_doors(tmp_path):
+    """A run recorded with a Python policy object (here over the shipped weights): `rollcap replay` says in one line
+    that rollcap cannot rebuild the object and names --mode env and the Python door (exit 2, nothing replayed; it took
+    the shipped checkpoint and reported a fingerprint diff); --mode env replays it exact, and so does the API with
+    the same object."""
+    import rollcap as api
+    from rollcap.rollout.offline.replay import replay_policy
+
+    policy = _Wrapped()
+    result = api.run(1, out=tmp_path / "r", policy=policy, critic=None, max_chunks=2, progress=False)
+    res = rollcap("replay", tmp_path / "r")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "was recorded with a policy object of your own (rollcap.FlowVLA, weights sha256:" in lines[0]
+    assert (
+        "rollcap cannot rebuild" in lines[0]
+        and "--mode env" in lines[0]
+        and "replay_policy(record, policy)" in lines[0]
+    )
+    assert "not comparable" not in res.stdout
+    res = rollcap("replay", tmp_path / "r", "--mode", "env")
+    assert res.returncode == 0 and "all exact" in res.stdout, res.stdout + res.stderr
+    rec = next(iter(result.records()))
+    assert replay_policy(rec, policy).exact

@@ -53,6 +53,7 @@ def test_recorded_parts_takes_the_fused_sampler_back():
     """A fused recording: sampler fused, the checkpoint found by fused_from (its own weights_digest is the fused weights'), said once."""
     fp = {
         "device_kind": "cpu",
+        "component": "policy",  # a captured runner's
         "weights_digest": "sha256:fused",
         "config": {"variant": "fused", "fused_from": _digest(PREFIX)},
     }
@@ -64,7 +65,9 @@ def test_recorded_parts_takes_the_fused_sampler_back():
     parts, _ = recorded_parts(UNSET_S | {"policy": "expert"}, _rec(fp), "r")  # a named policy has no fused variant
     assert parts["sampler"] == "plain"
     parts, said = recorded_parts(
-        dict(UNSET_S), _rec({"device_kind": "cpu", "weights_digest": _digest(PREFIX), "config": {}}), "r"
+        dict(UNSET_S),
+        _rec({"device_kind": "cpu", "component": "policy", "weights_digest": _digest(PREFIX), "config": {}}),
+        "r",
     )
     assert parts["sampler"] == "plain" and said == []  # a plain recording says nothing
 

@@ -5,6 +5,7 @@ Real worker processes (spawned), real shared memory, real SIGKILLs; the tiny mod
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -28,6 +29,7 @@ from rollcap.rollout.workers import EnvWorkers
 from tests.rollout._tiny import ENV_KW
 from tests.rollout.test_batch import _batched, _models
 from tests.rollout.workers._faulty import ENV_ID as FAULTY
+from tests.rollout.workers._probe import ENV_ID as PROBE
 
 PUSH = "rollcap/PushBlock-v0"
 CONFIG = HostConfig(seed=7, max_chunks=6)
@@ -64,6 +66,31 @@ def test_an_episode_is_the_same_bytes_wherever_its_env_lived(tmp_path):
         assert sorted(e.index for e in ends) == list(range(7)) and pool.digests == want, workers
         assert {i: episode_digest(r) for i, r in enumerate(load_any(tmp_path / f"w{workers}"))} == want
         assert len({e.shard for e in read_manifest(tmp_path / f"w{workers}")[1].values()}) == workers
+
+
+@pytest.mark.slow(seconds=15)
+def test_a_worker_imports_no_torch(tmp_path):
+    """A worker that has started, stepped, recorded (npz and HDF5) and finished episodes holds no torch module (the
+    env of each slot writes its process's torch modules at every reset), and its start says so too; this process has
+    torch (the runners)."""
+    import sys
+
+    kw = {**ENV_KW, "modules_to": str(tmp_path / "modules")}
+    policy, critic = _batched(2)
+    pool = EnvWorkers(PROBE, kw, policy, critic, CONFIG, 2)
+    manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), _meta(PROBE, kw))
+    try:
+        pool.record_to(manifest, _meta(PROBE, kw))
+        ends = list(pool.episodes(range(6)))
+        starts = [p.start for p in pool.procs]
+    finally:
+        pool.close()
+        manifest.close()
+    assert "torch" in sys.modules and len(ends) == 6 and len(load_any(tmp_path / "run")) == 6
+    seen = [json.loads(f.read_text()) for f in tmp_path.glob("modules.*")]
+    assert sorted(s["pid"] for s in seen) == sorted(p.pid for p in pool.procs)
+    assert all(s["resets"] >= 2 for s in seen) and [s["torch"] for s in seen] == [[], []], seen
+    assert [s["torch"] for s in starts] == [False, False] and all(s["start_s"] > 0 and s["rss_mb"] > 0 for s in starts)
 
 
 @pytest.mark.slow(seconds=20)
@@ -212,3 +239,20 @@ def test_auto_is_a_core_each_less_two_a_multiple_of_graphs_and_none_where_worker
     assert settled(envs=8, env_workers="auto") == auto_env_workers(8, 1, usable_cores())
     for other in (dict(writers=2), dict(actors=2), dict(teleop="terminal", envs=1)):
         assert settled(**{"envs": 8, **other, "env_workers": "auto"}) == 0
+
+
+def test_auto_is_the_default_for_a_batched_run_and_says_what_a_subscriber_misses(monkeypatch):
+    """A batched run's env_workers defaults to auto (0 here on 2 cores, with envs 1, with actors); on a 16-core machine
+    rollcap.run warns that its subscribers will see no observations, naming env_workers=0 (before anything is built)."""
+    import rollcap.rollout.spec as spec
+    from rollcap.rollout.build import for_this_machine
+
+    def settled(**run) -> int | str:
+        return for_this_machine(Spec(run=RunConfig(**run))).run.env_workers
+
+    assert RunConfig(envs=8).env_workers == "auto" and settled(envs=8) == auto_env_workers(8, 1, usable_cores())
+    assert settled() == 0 and settled(envs=8, actors=2) == 0
+    monkeypatch.setattr(spec, "usable_cores", lambda: 16)  # a GPU box's cores (this one has 2)
+    assert settled(envs=4) == 4 and settled(envs=4, env_workers=0) == 0
+    with pytest.warns(UserWarning, match="env_workers=0"), pytest.raises(ConfigError):
+        rollcap.run(1, envs=4, subscribers=(Subscriber(),), out="/proc/rollcap-cannot-be-here")

@@ -1,0 +1,133 @@
+"""The writer's own mechanisms: frames deflated once for both formats, the zip written directly (zip64 where a size
+needs it), and a demo written through h5py's low-level calls as its high-level calls would write it."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+import zlib
+
+import h5py
+import numpy as np
+import pytest
+
+from rollcap.rollout.recording import H5Writer, read_h5_episode, read_npz, write_npz
+from rollcap.rollout.recording import deflate, npz
+from rollcap.rollout.recording.codec import episode_meta, is_image
+from rollcap.rollout.recording.h5 import IMAGE_CODEC, ROBOMIMIC_STEP_KEYS, _JSON_ATTRS
+from rollcap.rollout.recording.recorder import records_equal, synthetic_record
+
+META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {}}
+
+
+def test_a_frame_segment_is_an_hdf5_chunk_and_part_of_the_npz_member():
+    """Each frame's one compression decodes alone as a zlib stream (an HDF5 chunk) and, joined after the .npy header,
+    as the whole member (raw deflate), with the member's CRC; an empty stack is the header alone."""
+    a = np.random.default_rng(0).integers(0, 16, (6, 8, 8, 3), dtype=np.uint8)
+    f = deflate.frames(a)
+    assert deflate.frames(a) is f  # kept: the HDF5 writer reuses what the npz writer compressed
+    assert [zlib.decompress(deflate.zlib_chunk(f, i)) for i in range(6)] == [a[i].tobytes() for i in range(6)]
+    header = b"\x93NUMPY" + b" " * 58
+    data, crc = deflate.npz_member(deflate.compressor(), header, a)
+    d = zlib.decompressobj(-15)
+    assert d.decompress(data) + d.flush() == header + a.tobytes() and d.eof and crc == zlib.crc32(header + a.tobytes())
+    empty = np.zeros((0, 8, 8, 3), np.uint8)
+    data, _ = deflate.npz_member(deflate.compressor(), header, empty)
+    assert zlib.decompress(data, -15) == header
+
+
+@pytest.mark.parametrize("zip64", [False, True])
+def test_npz_archives_read_with_zipfile_and_numpy(zip64, tmp_path, monkeypatch):
+    """An episode's npz (images and not, zip64 records forced for every size and count) passes zipfile's CRC check,
+    reads back with np.load and with rollcap's reader, byte for byte."""
+    if zip64:  # what a >2 GB member or a >65535-member archive gets: every branch, at a size a test can write
+        monkeypatch.setattr(npz, "_ZIP64_LIMIT", 0)
+        monkeypatch.setattr(npz, "_COUNT_LIMIT", 0)
+    for rec in (synthetic_record(3), synthetic_record(4, steps=0), synthetic_record(5, image_size=0)):
+        path = tmp_path / f"e{rec.index}.npz"
+        write_npz(rec, path)
+        with zipfile.ZipFile(path) as zf:
+            assert zf.testzip() is None
+            assert zf.infolist()[0].compress_type == (
+                zipfile.ZIP_DEFLATED if any(map(is_image, rec.obs.values())) else zipfile.ZIP_STORED
+            )
+        with np.load(path, allow_pickle=False) as z:
+            assert json.loads(z["meta.json"].tobytes())["digest"] == episode_meta(rec, None)["digest"]
+        assert records_equal(read_npz(path), rec) is None
+
+
+def _reference_demo(data: h5py.Group, rec) -> None:
+    """The demo through h5py's high-level calls (the layout the fast writer must reproduce)."""
+    meta = episode_meta(rec, IMAGE_CODEC)
+    demo = data.create_group(f"demo_{rec.index}")
+    demo.attrs["num_samples"] = rec.num_steps
+
+    def put(group, k, a):
+        image = is_image(a) and all(a.shape[1:])
+        kw = (
+            dict(chunks=(1, *a.shape[1:]), maxshape=(None, *a.shape[1:]), compression="gzip", compression_opts=4)
+            if image
+            else {}
+        )
+        group.create_dataset(k, data=a, track_times=False, **kw)
+
+    for k in ROBOMIMIC_STEP_KEYS:
+        put(demo, k, rec.steps[k])
+    for k, a in rec.obs.items():
+        put(demo.require_group("obs"), k, a)
+    rc = demo.create_group("rollcap")
+    for k, v in meta.items():
+        rc.attrs[k] = json.dumps(v) if k in _JSON_ATTRS else str(v) if k in ("index", "seed") else v
+    for k, a in rec.steps.items():
+        if k not in ROBOMIMIC_STEP_KEYS:
+            put(rc.require_group("steps"), k, a)
+    for table in ("chunks", "initial_state", "final_obs"):
+        sub = rc.create_group(table)
+        for k, a in getattr(rec, table).items():
+            put(sub, k, a)
+
+
+def _layout(obj) -> dict:
+    """Every object under ``obj``: kind, dtype, shape, chunks, filter and level, values; attributes with their HDF5 types."""
+    out = {}
+
+    def visit(name, o):
+        attrs = {k: (o.attrs.get_id(k).get_type().get_class(), str(o.attrs.get_id(k).dtype)) for k in o.attrs}
+        if isinstance(o, h5py.Dataset):
+            out[name] = (
+                "dataset",
+                o.dtype.str,
+                o.shape,
+                o.chunks,
+                o.compression,
+                o.compression_opts,
+                o.maxshape,
+                o[()].tobytes(),
+                attrs,
+            )
+        else:
+            out[name] = ("group", attrs)
+
+    obj.visititems(visit)
+    out["."] = ("group", {k: obj.attrs.get_id(k).get_type().get_class() for k in obj.attrs})
+    return out
+
+
+def test_a_demo_is_what_h5pys_own_calls_write(tmp_path):
+    """The low-level writer's demo has the datasets (dtypes, shapes, chunking, filter level, bytes), groups and
+    attributes (HDF5 types: strings variable-length UTF-8, as h5py stores a str) of h5py's high-level calls, next_obs
+    and masks aside; and reads back as the record."""
+    rec = synthetic_record(7)
+    w = H5Writer(tmp_path / "fast.hdf5", META)
+    w.append(rec)
+    with h5py.File(tmp_path / "ref.hdf5", "w") as f:
+        _reference_demo(f.create_group("data"), rec)
+    with h5py.File(tmp_path / "fast.hdf5") as fast, h5py.File(tmp_path / "ref.hdf5") as ref:
+        got, want = _layout(fast["data/demo_7"]), _layout(ref["data/demo_7"])
+        got = {k: v for k, v in got.items() if not k.startswith("next_obs")}
+        assert got.keys() == want.keys() and got == want
+        rc = fast["data/demo_7/rollcap"]
+        assert json.loads(rc.attrs["codec"]) == IMAGE_CODEC and rc.attrs["codec"] == json.dumps(
+            IMAGE_CODEC, separators=(",", ":")
+        )
+    assert records_equal(read_h5_episode(tmp_path / "fast.hdf5", 7), rec) is None
