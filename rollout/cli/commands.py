@@ -114,9 +114,10 @@ def cmd_run(args) -> int:
         return 143 if isinstance(stop.cause, _Terminated) else 130
     print(_summary_table(result.summary))
     failed = result.summary.get("failed")
-    if failed:  # episodes whose every try killed its actor (or raised there): not recorded
+    if failed:  # episodes whose every try killed its actor or env worker (or raised there): not recorded
+        where = "env workers" if result.summary.get("env_workers") else "actors"
         print(
-            f"rollcap run: error: {len(failed)} episode(s) failed on the actors ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again",
+            f"rollcap run: error: {len(failed)} episode(s) failed on the {where} ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again",
             file=sys.stderr,
         )
         return 1

@@ -30,13 +30,17 @@ With G graphs and W a multiple of G, each graph's slots live on W/G workers of t
 soon as its workers have launched: one graph replays while the others' envs step (a pipeline; the bytes are those of
 the same graphs in process). Otherwise every round waits for every worker.
 
-Faults: a worker that dies (killed, crashed) ends its slots' episodes: each is
-listed in :attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error
-naming the worker, and runs again (from its start, the same bytes) on a
-replacement worker with a new shard; an episode lost :data:`MAX_TRIES` times is
-given up (:attr:`EnvWorkers.failed`). An episode it had written but not yet
-reported is an orphan of its shard (readers ignore it; a resume adopts it).
-An env exception ends one episode (stop reason ``error``), as in process.
+Faults: a worker that dies at any moment (killed, crashed; mid-chunk, between
+episodes, while it starts) is replaced by a worker with a new shard, and ends its
+slots' episodes: each is listed in
+:attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error naming the
+worker, and runs again (from its start, the same bytes) on another worker. A
+worker runs one lost episode at a time, so an episode that kills its worker
+takes no other with it twice; one lost :data:`MAX_TRIES` times is given up
+(:attr:`EnvWorkers.failed`). A worker that dies :data:`MAX_TRIES` times in a row
+before it is ready, or more deaths than :data:`MAX_TRIES` a worker, end the run
+(:class:`RecordingFailed`). An env exception ends one episode (stop reason
+``error``), as in process.
 
 The caller's subscribers see each episode's start (no observation), each
 chunk's step, critic value and timings (no observation, noise or chunk: those
@@ -148,6 +152,9 @@ class EnvWorkers:
         """Episodes a dying worker ended (stop reason ``worker_lost``; each ran again unless in :attr:`failed`)."""
         self.failed: dict[int, str] = {}
         """Episodes given up after :data:`MAX_TRIES` losses: index -> why."""
+        self.deaths: list[dict] = []
+        """Every worker death (not a stop we asked for): worker, pid, how (signal or exit code), when (while starting,
+        mid-episode, between episodes)."""
         self.restarts = 0
         self.digests: dict[int, str] = {}
         """Digest of every episode recorded this session, by index."""
@@ -212,7 +219,7 @@ class EnvWorkers:
 
         p.shard, self._shards = f"{SHARDS_DIR}/w{self._shards:03d}", self._shards + 1
         where = str((self.manifest.run_dir / p.shard).resolve())
-        p.send(
+        p.try_send(  # a worker that died after its "ready": its death is found next (its sentinel)
             {
                 "record": {
                     "shard_dir": where,
@@ -241,19 +248,16 @@ class EnvWorkers:
             while True:
                 yield from self._gather()
                 ready = [[self.procs[i] for i in grp] for grp in self.groups if self._ready(grp)]
-                if not ready:  # every worker idle (or starting): the run is over, or a worker has work again
-                    if not self._more():
-                        waiting = [p for p in self.procs if p.pending and p.state == "idle"]
-                        for p in waiting:  # episodes finished, their records still being written
-                            p.state = "launching"
-                            p.try_send({"flush": 1})
-                        if waiting or any(p.pending for p in self.procs):
-                            continue
-                        return
-                    for p in self.procs:
-                        if p.state == "idle":
-                            self._give(p)
-                    continue
+                if not ready:  # every worker idle (or starting): one has work again, or the run is over
+                    if any([self._give(p) for p in self.procs if p.state == "idle"]):
+                        continue
+                    waiting = [p for p in self.procs if p.pending and p.state == "idle"]
+                    for p in waiting:  # episodes finished, their records still being written
+                        p.state = "launching"
+                        p.try_send({"flush": 1})
+                    if waiting or any(p.pending for p in self.procs) or self._more():  # _more: workers still starting
+                        continue
+                    return
                 for procs in ready:  # a group's round: its rows replayed, its workers told to go on
                     launched = [s for p in procs if p.state == "launched" for s in p.launched]
                     t0 = time.perf_counter()
@@ -280,23 +284,40 @@ class EnvWorkers:
                 self._again.append(self._item(item))
         return bool(self._again)
 
+    def _next_for(self, p: Proc) -> tuple[int, int] | None:
+        """The episode a free slot of ``p`` takes: the first that waits, except that a worker runs one lost episode at a
+        time (one lost with its worker before), so an episode that kills every worker it runs on takes no other
+        episode with it twice, and only it is given up."""
+        suspect = any(self._tries.get(index) for index, _ in [*p.running.values(), *p.pending.values()])
+        for k, (index, seed) in enumerate(self._again):
+            if not (suspect and self._tries.get(index)):
+                del self._again[k]
+                return index, seed
+        if self._closing or self._todo is None:
+            return None
+        item = next(self._todo, None)
+        return None if item is None else self._item(item)
+
     def _item(self, item) -> tuple[int, int]:
         if isinstance(item, tuple):
             return int(item[0]), int(item[1])
         return int(item), episode_seed(self.config.seed, int(item))
 
-    def _give(self, p: Proc, free: Sequence[int] | None = None) -> None:
-        """Start the next episodes in ``p``'s free slots (all of them if None) and launch its running slots."""
+    def _give(self, p: Proc, free: Sequence[int] | None = None) -> bool:
+        """Start the next episodes in ``p``'s free slots (all of them if None) and launch its running slots; False: ``p``
+        was told nothing (no episode for it, none running)."""
         items = []
         for slot in p.free if free is None else free:
-            if not self._more():
+            item = self._next_for(p)
+            if item is None:
                 break
-            index, seed = self._again.popleft()
-            p.running[slot] = (index, seed)
-            items.append([slot, index, seed])
+            p.running[slot] = item
+            items.append([slot, *item])
         if items or free is not None or p.running:
             p.state = "launching"
             p.try_send({"start": items})
+            return True
+        return False
 
     def _ready(self, group: list[int]) -> bool:
         """Whether a group's round can run: one of its workers has launched rows, none is still mid-chunk."""
@@ -308,10 +329,11 @@ class EnvWorkers:
         mid-round or starting); yield the ends."""
         while True:
             busy = [p for p in self.procs if p.state in ("launching", "starting", "recording")]
-            if not until_idle:
-                busy = [p for p in busy if p.state == "launching" or not self._others_busy(p)]
-            if not busy or (not until_idle and any(self._ready(g) for g in self.groups)):
+            holding = busy if until_idle else [p for p in busy if p.state == "launching" or not self._others_busy(p)]
+            if not holding or (not until_idle and any(self._ready(g) for g in self.groups)):
                 return
+            # A worker still starting (a replacement) does not hold a round up, but its messages are taken as they come,
+            # so it joins the run as soon as it is ready.
             t0 = time.perf_counter()
             ready = wait_any([p.conn for p in busy] + [p.proc.sentinel for p in busy], timeout=1.0)
             self.timing["wait_workers_s"] += time.perf_counter() - t0
@@ -342,6 +364,8 @@ class EnvWorkers:
                 what = "could not start" if p.state == "starting" else "failed"
                 self._stop(p)
                 raise RecordingFailed(f"env worker {p.number} {what}: {msg['error']}")
+            if "ready" in msg:
+                p.start_failures = 0
             if "ready" in msg and self.manifest is not None:
                 self._record(p)
             elif "ready" in msg or "recording" in msg:
@@ -386,36 +410,62 @@ class EnvWorkers:
         return end
 
     def _died(self, p: Proc) -> None:
-        """``p`` is gone: its episodes end (``worker_lost``) and go back to the queue; a replacement starts."""
+        """``p`` is gone, at whatever moment: the episodes it had end (``worker_lost``) and go back to the queue; a
+        replacement starts (with a new shard).
+
+        A worker that dies before it is ready (spawn, imports, envs, its recorder) is a restart like any other; one that
+        does so :data:`MAX_TRIES` times in a row, or more restarts than :data:`MAX_TRIES` a worker, ends the run
+        (:class:`RecordingFailed`). A worker that *says* why it cannot start ends the run at once (``_take``)."""
         p.proc.join(timeout=5)
+        if p.proc.is_alive():  # its pipe broke first: it must be gone before its shard is read
+            p.proc.kill()
+            p.proc.join()
         code = p.proc.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        if p.state == "starting" and not p.running:
-            self._stop(p)
-            raise RecordingFailed(f"env worker {p.number} could not start ({how})")
-        for index, seed in sorted([*p.running.values(), *p.pending.values()]):
-            why = f"env worker {p.number} (pid {p.pid}) died mid-episode ({how})"
-            self.lost.append(EpisodeEnd(index, seed, "worker_lost", False, 0, 0, error=why, dropped=True))
-            self._tries[index] = self._tries.get(index, 0) + 1
-            if self._tries[index] >= MAX_TRIES:
-                self.failed[index] = why
-            else:
-                self._again.appendleft((index, seed))
+        starting, stopping = p.state in ("starting", "recording"), p.state == "stopping"
+        running, written = sorted(p.running.values()), sorted(p.pending.values())
         p.running, p.pending, p.launched = {}, {}, []
         p.conn.close()
-        stopping, p.state = p.state == "stopping", "down"
-        if self._closing or stopping:
+        p.state = "down"
+        if stopping:
             return
+        when = "while starting" if starting else "mid-episode" if running else "between episodes"
+        self.deaths.append({"worker": p.number, "pid": p.pid, "how": how, "when": when})
+        lost = [(item, "died mid-episode") for item in running]
+        lost += [(item, "died before it wrote it") for item in written]
+        self._lose(p, how, sorted(lost))
+        if self._closing:
+            return
+        p.start_failures += starting
+        if p.start_failures >= MAX_TRIES:
+            raise RecordingFailed(
+                f"env worker {p.number} could not start: it died {p.start_failures} times before it was ready (the last: {how})"
+            )
         self.restarts += 1
         if self.restarts > MAX_TRIES * len(self.procs):
             raise RecordingFailed(f"env workers died {self.restarts} times; the last: worker {p.number} ({how})")
         p.spawn(self._ctx, self._spec(p))
 
+    def _lose(self, p: Proc, how: str, lost: list[tuple[tuple[int, int], str]]) -> None:
+        """Episodes dead ``p`` had (``((index, seed), what happened)``) end ``worker_lost``; each goes back to the front of
+        the queue, in index order, unless lost :data:`MAX_TRIES` times (given up: :attr:`failed`)."""
+        again = []
+        for (index, seed), what in lost:
+            why = f"env worker {p.number} (pid {p.pid}) {what} ({how})"
+            self.lost.append(EpisodeEnd(index, seed, "worker_lost", False, 0, 0, error=why, dropped=True))
+            self._tries[index] = self._tries.get(index, 0) + 1
+            if self._tries[index] >= MAX_TRIES:
+                self.failed[index] = why
+            else:
+                again.append((index, seed))
+        self._again.extendleft(reversed(again))
+
     # -- ending ------------------------------------------------------------------
     def summary(self) -> dict:
         """What the run's summary says of the workers."""
         lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
-        return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "lost_and_rerun": lost,
+        return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "workers_lost": list(self.deaths),
+                "lost_and_rerun": lost,
                 "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing)}  # fmt: skip
 
     def abort(self) -> None:

@@ -26,6 +26,7 @@ class Proc:
         self.launched: list[int] = []
         self.shard: str | None = None
         self.t_start = 0.0
+        self.start_failures = 0  # deaths in a row before it was ready
 
     @property
     def free(self) -> list[int]:
