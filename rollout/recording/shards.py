@@ -31,7 +31,10 @@ has at most one line. A shard may hold episodes the manifest does not name
 (an actor killed after writing one, before the driver heard of it): readers
 ignore them, a resume adopts one whose index the manifest lacks (after
 repairing its shard: a hot HDF5 journal rolled back, a missing format
-copied in), :func:`merge` leaves them out.
+copied in; an npz-only copy of an episode the manifest names in another
+shard is removed, not copied in), :func:`merge` leaves them out. Env workers
+adopt a dead worker's orphans at once (:meth:`ManifestWriter.orphans`), so they
+never run again elsewhere.
 
 Readers see a sharded run as one run in index order
 (:mod:`~rollcap.rollout.recording.runs`), each episode read from its shard
@@ -71,9 +74,9 @@ from rollcap.kernels.files import (
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import corrupt, episode_digest
-from rollcap.rollout.recording.h5 import read_h5_episode
+from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
 from rollcap.rollout.recording.journal import _signals_deferred
-from rollcap.rollout.recording.npz import read_npz
+from rollcap.rollout.recording.npz import npz_name_index, read_npz
 from rollcap.rollout.recording.recorder import (
     EPISODES_DIR,
     FORMATS,
@@ -295,18 +298,45 @@ class ManifestWriter:
 
     def _adopt(self) -> None:
         """Name in the manifest the whole episodes of the shards (and of the run directory's own layout) it lacks."""
-        roots = [(str(Path(SHARDS_DIR) / name), self.run_dir / SHARDS_DIR / name) for name in self.shard_names()]
+        shards = [str(Path(SHARDS_DIR) / name) for name in self.shard_names()]
         if (self.run_dir / EPISODES_DIR).is_dir() or (self.run_dir / H5_NAME).exists():
-            roots.insert(0, (".", self.run_dir))
-        for shard, root in roots:
-            remove_stale_temps(root)
-            with EpisodeRecorder(
-                root, self.formats, self.env_meta, resume=True
-            ) as rec:  # rolls a hot journal back, copies a missing format in
-                for i in rec.indices:
-                    if i not in self.entries:
-                        record = _read_shard_episode(root, i, self.formats)
-                        self.add(i, episode_digest(record), shard)
+            shards.insert(0, ".")
+        for shard in shards:
+            for record in self.orphans(shard):
+                self.add(record.index, episode_digest(record), shard)
+
+    def orphans(self, shard: str) -> list[EpisodeRecord]:
+        """The whole episodes of ``shard`` (relative to the run directory) that the manifest does not name, by index, once
+        the shard is repaired as a resume repairs it: stale temp files removed, a hot HDF5 journal rolled back, a format
+        missing copied in from the other. Call it only on a shard no one writes any more (its writer dead or done).
+
+        An npz copy of an episode the manifest names in another shard, which the shard's HDF5 file lacks, is removed first
+        (its writer was killed after writing it and before the manifest named it, and it ran again elsewhere): the
+        repair would otherwise copy it into this shard's HDF5 file too, and a reader of the shards would see it twice.
+        """
+        root = self.run_dir / shard
+        if not root.is_dir():
+            return []
+        remove_stale_temps(root)
+        self._drop_strays(shard, root)
+        with EpisodeRecorder(root, self.formats, self.env_meta, resume=True) as rec:
+            return [_read_shard_episode(root, i, self.formats) for i in rec.indices if i not in self.entries]
+
+    def _drop_strays(self, shard: str, root: Path) -> None:
+        """Remove the npz files of ``root`` whose episode the manifest names in another shard (see :meth:`orphans`)."""
+        strays = {
+            i: path
+            for path in (root / EPISODES_DIR).glob("episode_*.npz")
+            if (i := npz_name_index(path)) is not None and i in self.entries and self.entries[i].shard != shard
+        }
+        if not strays:
+            return
+        h5 = root / H5_NAME
+        kept = set(h5_indices(h5)) if h5.exists() else set()  # as committed (a killed writer's journal: rolled back)
+        for i, path in strays.items():
+            if i not in kept:
+                path.unlink()
+        fsync_dir(root / EPISODES_DIR)
 
     def abandon(self) -> None:
         """Nothing queues here (the actors wrote their episodes already)."""

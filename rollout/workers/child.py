@@ -39,13 +39,12 @@ import threading
 import time
 from collections import deque
 
-import numpy as np
 
 from rollcap.policies.observation import ObsSpec
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
-from rollcap.rollout.protocols import EpisodeEnd
+from rollcap.rollout.workers.procs import outcome
 from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 
@@ -189,29 +188,13 @@ class Worker:
             if h.state is HostState.STOP_INFER:
                 end = h.finish()
                 finished.append([slot, end.index])
-                out = self.outcome(end)
+                out = outcome(end)
                 if self.writer is not None and end.record is not None and not end.dropped:
                     self.writer.put(out, end.record)
                 elif self.writer is not None:
                     self.writer.done.append(out)
                 else:
                     self.unrecorded.append(out)
-
-    def outcome(self, end: EpisodeEnd) -> dict:
-        """What the parent gets of an episode: its outcome, where it is recorded, and per chunk what the metrics read."""
-        out = {
-            "index": end.index, "seed": end.seed, "stop_reason": end.stop_reason, "success": bool(end.success),
-            "steps": end.num_steps, "chunks": end.num_chunks, "error": end.error, "dropped": end.dropped,
-        }  # fmt: skip
-        rec = end.record
-        if rec is not None:
-            c = rec.chunks
-            cols = ("chunk_start", "critic_value", "latency_policy_s", "latency_critic_s", "latency_boundary_s")
-            out["instruction"] = rec.instruction
-            out["chunk_rows"] = (
-                np.stack([np.asarray(c[k], np.float64) for k in cols], 1).tolist() if rec.num_chunks else []
-            )
-        return out
 
     def close(self) -> None:
         for h in self.hosts.values():

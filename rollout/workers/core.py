@@ -32,7 +32,9 @@ the same graphs in process). Otherwise every round waits for every worker.
 
 Faults: a worker that dies at any moment (killed, crashed; mid-chunk, between
 episodes, while it starts) is replaced by a worker with a new shard, and ends its
-slots' episodes: each is listed in
+slots' episodes. One it had written whole to its shard before this process heard
+of it is named from there (:attr:`EnvWorkers.kept`; the shard repaired first, as a
+resume repairs one), so no episode is in two shards; every other is listed in
 :attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error naming the
 worker, and runs again (from its start, the same bytes) on another worker. A
 worker runs one lost episode at a time, so an episode that kills its worker
@@ -69,7 +71,8 @@ from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import jsonable
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.seeding import episode_seed
-from rollcap.rollout.workers.procs import Proc, emit, replay_rows
+from rollcap.rollout.recording import episode_digest
+from rollcap.rollout.workers.procs import Proc, emit, outcome, replay_rows
 from rollcap.rollout.workers.shm import SharedRows, layout_for
 
 MAX_TRIES = 3
@@ -152,6 +155,8 @@ class EnvWorkers:
         """Episodes a dying worker ended (stop reason ``worker_lost``; each ran again unless in :attr:`failed`)."""
         self.failed: dict[int, str] = {}
         """Episodes given up after :data:`MAX_TRIES` losses: index -> why."""
+        self.kept: list[dict] = []
+        """Episodes a dying worker had written whole, not yet named in the manifest: named from its shard, not run again."""
         self.deaths: list[dict] = []
         """Every worker death (not a stop we asked for): worker, pid, how (signal or exit code), when (while starting,
         mid-episode, between episodes)."""
@@ -357,7 +362,7 @@ class EnvWorkers:
                     raise EOFError
                 msg = json.loads(p.conn.recv_bytes())
             except (EOFError, OSError):
-                self._died(p)
+                yield from self._died(p)
                 return
             t0 = time.perf_counter()
             if "error" in msg:
@@ -409,9 +414,9 @@ class EnvWorkers:
         self.timing["commit_s"] += time.perf_counter() - t0  # the manifest's fsynced line, the subscribers
         return end
 
-    def _died(self, p: Proc) -> None:
-        """``p`` is gone, at whatever moment: the episodes it had end (``worker_lost``) and go back to the queue; a
-        replacement starts (with a new shard).
+    def _died(self, p: Proc) -> Iterator[EpisodeEnd]:
+        """``p`` is gone, at whatever moment: an episode it wrote whole is kept (named in the manifest now, and yielded),
+        the others it had end (``worker_lost``) and go back to the queue; a replacement starts (with a new shard).
 
         A worker that dies before it is ready (spawn, imports, envs, its recorder) is a restart like any other; one that
         does so :data:`MAX_TRIES` times in a row, or more restarts than :data:`MAX_TRIES` a worker, ends the run
@@ -431,9 +436,13 @@ class EnvWorkers:
             return
         when = "while starting" if starting else "mid-episode" if running else "between episodes"
         self.deaths.append({"worker": p.number, "pid": p.pid, "how": how, "when": when})
+        kept = set()
+        for e in self._salvage(p, how):
+            kept.add(e.index)
+            yield e
         lost = [(item, "died mid-episode") for item in running]
         lost += [(item, "died before it wrote it") for item in written]
-        self._lose(p, how, sorted(lost))
+        self._lose(p, how, sorted(x for x in lost if x[0][0] not in kept))
         if self._closing:
             return
         p.start_failures += starting
@@ -460,12 +469,34 @@ class EnvWorkers:
                 again.append((index, seed))
         self._again.extendleft(reversed(again))
 
+    def _salvage(self, p: Proc, how: str) -> list[EpisodeEnd]:
+        """The episodes dead ``p`` wrote whole to its shard before the manifest named them, now named (its shard repaired
+        as a resume repairs one: a hot journal rolled back, a format it had not reached copied in from the other); they
+        are not run again, so no episode is in two shards."""
+        if self.manifest is None or p.shard is None:
+            return []
+        ends = []
+        for record in self.manifest.orphans(p.shard):
+            end = EpisodeEnd(
+                record.index, record.seed, record.stop_reason, bool(record.success), record.num_steps,
+                record.num_chunks, error=record.error, record=record,
+            )  # fmt: skip
+            self.kept.append(
+                {
+                    "index": record.index,
+                    "shard": p.shard,
+                    "note": f"written whole by env worker {p.number} (pid {p.pid}) before it died ({how}); kept",
+                }
+            )
+            ends.append(self._end(p, {**outcome(end), "digest": episode_digest(record), "shard": p.shard}))
+        return ends
+
     # -- ending ------------------------------------------------------------------
     def summary(self) -> dict:
         """What the run's summary says of the workers."""
         lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
         return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "workers_lost": list(self.deaths),
-                "lost_and_rerun": lost,
+                "lost_and_rerun": lost, "kept_from_lost_workers": list(self.kept),
                 "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing)}  # fmt: skip
 
     def abort(self) -> None:

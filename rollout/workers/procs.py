@@ -105,6 +105,21 @@ def replay_rows(arrays: dict, batch: int, policies: list, critics: list, launche
     return busy
 
 
+def outcome(end: EpisodeEnd) -> dict:
+    """What the parent gets of an episode: its outcome and, when it has a record, per chunk what the metrics read."""
+    out = {
+        "index": end.index, "seed": end.seed, "stop_reason": end.stop_reason, "success": bool(end.success),
+        "steps": end.num_steps, "chunks": end.num_chunks, "error": end.error, "dropped": end.dropped,
+    }  # fmt: skip
+    rec = end.record
+    if rec is not None:
+        c = rec.chunks
+        cols = ("chunk_start", "critic_value", "latency_policy_s", "latency_critic_s", "latency_boundary_s")
+        out["instruction"] = rec.instruction
+        out["chunk_rows"] = np.stack([np.asarray(c[k], np.float64) for k in cols], 1).tolist() if rec.num_chunks else []
+    return out
+
+
 def emit(subscribers, end: EpisodeEnd, e: dict, fields: tuple) -> None:
     """Show ``subscribers`` an episode a worker ran: its start (no observation), its chunks (step, value, timings), its end."""
     start = EpisodeStart(end.index, end.seed, e.get("instruction", ""), None, {}, *fields)

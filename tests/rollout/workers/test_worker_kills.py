@@ -7,20 +7,25 @@ workers that kill themselves (``tests/rollout/workers/_faulty.py``); the tiny mo
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from rollcap.rollout.batch import BatchedCore
+from rollcap.rollout.build import make_env
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import RecordingFailed
-from rollcap.rollout.recording import load_any
-from rollcap.rollout.recording.shards import read_manifest
+from rollcap.rollout.recording import episode_digest, load_any
+from rollcap.rollout.recording.h5 import h5_indices
+from rollcap.rollout.recording.shards import ManifestWriter, read_manifest
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.workers import EnvWorkers
 from tests.rollout._tiny import ENV_KW
@@ -74,11 +79,30 @@ def _wait(proc: subprocess.Popen, until, what: str, timeout: float = 120.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _copies(run: Path) -> tuple[collections.Counter, collections.Counter]:
+    """How many times each episode index is in the shards: npz files, HDF5 demos (as committed)."""
+    npz, h5 = collections.Counter(), collections.Counter()
+    for shard in sorted((run / "shards").iterdir()):
+        npz.update(int(p.stem.split("_")[1]) for p in (shard / "episodes").glob("episode_*.npz"))
+        if (shard / "episodes.hdf5").exists():
+            h5.update(h5_indices(shard / "episodes.hdf5"))
+    return npz, h5
+
+
+def _assert_once(run: Path, episodes: int) -> None:
+    """Every episode once in the manifest, once among the shards' npz files and once among their HDF5 demos."""
+    npz, h5 = _copies(run)
+    want = collections.Counter(range(episodes))
+    assert npz == want and h5 == want, (npz - want, h5 - want)
+    assert sorted(read_manifest(run)[1]) == list(range(episodes))
+
+
 @pytest.mark.slow(seconds=45)
 def test_workers_killed_at_any_moment_are_replaced_and_the_run_finishes_with_every_episode_once(ckpt, tmp_path):
     """``kill -9`` of an original worker, of its replacement while it starts, of the next replacement after it recorded
     an episode, and of the last original worker: 4 restarts, the run exits 0 and prints its summary, summary.json names
-    the 4 deaths and when each came, and the manifest names each of the 40 episodes once, its digest the shard's."""
+    the 4 deaths and when each came, and each of the 40 episodes is in exactly one shard (npz and HDF5), its digest the
+    manifest's."""
     n = 40
     flags = _flags(ckpt, step_s=0.02)  # an episode of 24 steps: half a second, so 40 outlast 4 kills and restarts
     out = tmp_path / "run"
@@ -109,7 +133,7 @@ def test_workers_killed_at_any_moment_are_replaced_and_the_run_finishes_with_eve
     assert sorted(deaths) == sorted([*first, starting, started])
     assert deaths[starting]["when"] == "while starting" and deaths[started]["when"] != "while starting"
     assert all(d["how"] == "killed by SIGKILL" for d in deaths.values())
-    assert sorted(read_manifest(out)[1]) == list(range(n))
+    _assert_once(out, n)
     assert [r.index for r in load_any(out)] == list(range(n))  # each read from its shard, digest checked
 
 
@@ -129,7 +153,8 @@ def test_a_run_that_cannot_finish_says_so_in_one_line_and_exits_1(ckpt, tmp_path
     assert "episodes         9" in stdout and "env workers      2, 3 restarted" in stdout, stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert list(summary["failed"]) == ["2"] and summary["episodes"] == 9
-    assert sorted(read_manifest(tmp_path / "run")[1]) == [i for i in range(10) if i != doomed]
+    npz, h5 = _copies(tmp_path / "run")
+    assert npz == h5 == collections.Counter(i for i in range(10) if i != doomed)
 
 
 @pytest.mark.slow(seconds=15)
@@ -142,3 +167,59 @@ def test_workers_that_die_before_they_are_ready_every_time_end_the_run_in_one_li
     ) as err:
         EnvWorkers(FAULTY, {**ENV_KW, "die_at_start": True}, policy, critic, HostConfig(seed=7), 2)
     assert "(the last: killed by SIGKILL)" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.slow(seconds=20)
+def test_an_episode_a_dying_worker_wrote_whole_is_kept_not_run_again(tmp_path):
+    """A worker killed after its writer put finished episodes on disk, before it told this process: they are named from
+    its shard (not run again), summary says they were kept, and no episode is in two shards; the bytes are an in-process
+    run's."""
+    n, config = 8, HostConfig(seed=7, max_chunks=4)
+    kw = {**ENV_KW, "stall_seeds": [episode_seed(7, i) for i in range(4, n)], "stall_s": 2.0}
+    policy, critic = _batched(4)
+    core = BatchedCore([make_env(FAULTY, kw) for _ in range(4)], policy, critic, config)
+    try:
+        want = {e.index: episode_digest(e.record) for e in core.episodes(range(n))}
+    finally:
+        core.close()
+    meta = {"env_name": FAULTY, "type": 2, "env_kwargs": kw}
+    pool = EnvWorkers(FAULTY, kw, policy, critic, config, 2)
+    manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), meta)
+    killed: list[tuple[int, list[int]]] = []
+
+    def kill_once_written() -> None:
+        """Kill the first worker whose finished episodes are all on disk (npz and HDF5) while it stalls in a reset."""
+        deadline = time.monotonic() + 60
+        while not killed and time.monotonic() < deadline:
+            for p in list(pool.procs):
+                pending, shard = sorted(p.pending), p.shard
+                if pending and shard and p.state == "launching":
+                    root = tmp_path / "run" / shard
+                    npz = all((root / "episodes" / f"episode_{i:05d}.npz").exists() for i in pending)
+                    if (
+                        npz
+                        and (root / "episodes.hdf5").exists()
+                        and set(pending) <= set(h5_indices(root / "episodes.hdf5"))
+                    ):
+                        killed.append((p.pid, pending))
+                        os.kill(p.pid, signal.SIGKILL)
+                        return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=kill_once_written)
+    try:
+        pool.record_to(manifest, meta)
+        watcher.start()
+        ends = list(pool.episodes(range(n)))
+    finally:
+        watcher.join()
+        pool.close()
+        manifest.close()
+    assert killed, "no worker was caught with written, unreported episodes"
+    pid, written = killed[0]
+    assert sorted(e.index for e in ends) == list(range(n)) and pool.restarts == 1
+    assert [k["index"] for k in pool.kept] == written and all(f"(pid {pid})" in k["note"] for k in pool.kept)
+    assert not set(written) & {e.index for e in pool.lost}
+    assert pool.summary()["kept_from_lost_workers"] == pool.kept
+    _assert_once(tmp_path / "run", n)
+    assert {r.index: episode_digest(r) for r in load_any(tmp_path / "run")} == want == pool.digests
