@@ -30,7 +30,7 @@ def add_parsers(command, parts_options) -> None:
         "replay",
         cmd_replay,
         "replay recordings and check they are byte-identical",
-        "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; the summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.",
+        "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; a run directory that recorded both formats is read from its npz files and each episode checked against its copy in episodes.hdf5 (a damaged, short or different HDF5 file fails, named). The summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.",
         "rollcap replay runs/eval/episodes.hdf5 --mode policy,env",
     )
     p.add_argument("files", nargs="+", type=Path, help="npz files, HDF5 files or run directories")
@@ -67,8 +67,9 @@ def add_parsers(command, parts_options) -> None:
     p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
     p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions; what a critic threshold would do",
-                "Print a table of the episodes in an npz file, an HDF5 file or a run directory; --early-stop replays the critic's stop "
-                "predicate on their recorded values for each threshold.", "rollcap inspect runs/eval --plot runs/eval/plots --early-stop -0.9 -0.8")  # fmt: skip
+                "Print a table of the episodes in an npz file, an HDF5 file or a run directory (both formats of a run directory: an "
+                "unreadable file or episode is a BAD row and exit 1); --early-stop replays the critic's stop predicate on their recorded "
+                "values for each threshold.", "rollcap inspect runs/eval --plot runs/eval/plots --early-stop -0.9 -0.8")  # fmt: skip
     p.add_argument("file", type=Path, nargs="+", help="npz file, HDF5 file or run directory (several: one table each)")
     p.add_argument(
         "--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)"
@@ -152,8 +153,8 @@ def cmd_replay(args) -> int:
     if args.address is not None and not args.actors:
         raise UserError(f"--address {args.address}: joining a Ray cluster needs --actors >= 1")
 
-    def episodes():  # streamed: one episode in memory at a time, however large the run
-        return (item for f in args.files for item in iter_episodes(f))
+    def episodes():  # streamed: one episode in memory at a time, however large the run; every format a run wrote
+        return (item for f in args.files for item in iter_episodes(f, every_format=True))
 
     firsts = [
         next(iter_episodes(f), None) for f in args.files
@@ -221,7 +222,7 @@ def cmd_inspect(args) -> int:
         raise UserError(f"--patience: expected an integer >= 1, got {args.patience}")
     bad: list = []
     for path in args.file:  # streamed: memory is one episode's, whatever the run's size; a bad episode is a row
-        print(episode_table(iter_episodes(path), unreadable=bad))
+        print(episode_table(iter_episodes(path, every_format=True), unreadable=bad))
     if thresholds is not None:
         try:
             eps = [boundaries_of(rec, str(path)) for path in args.file for rec in readable_episodes(path)]

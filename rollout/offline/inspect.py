@@ -19,7 +19,7 @@ import numpy as np
 from rollcap.kernels.files import atomic_write
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
 from rollcap.rollout.recording import iter_episodes
-from rollcap.rollout.recording.npz import npz_name_index
+from rollcap.rollout.recording.runs import source_index
 
 
 def _fmt(x: float) -> str:
@@ -46,9 +46,7 @@ def episode_table(records: Iterable, instruction_width: int = 40, unreadable: li
             bad.append(f"  BAD {source}: {_error(source, r)}")
             if unreadable is not None:
                 unreadable.append((source, r))
-            index = npz_name_index(source) if source and source.endswith(".npz") else None
-            if index is None and source and ":demo_" in source:
-                index = source.rsplit(":demo_", 1)[1]
+            index = source_index(source)
             rows.append(
                 ("?" if index is None else str(index), "-", "-", "-", "-", "BAD", "-", "-", "-", "(unreadable)")
             )
@@ -85,7 +83,9 @@ def episode_table(records: Iterable, instruction_width: int = 40, unreadable: li
     out += [line(row) for row in rows]
     out += bad
     counts = [f"{n} episode(s), {ok} successful ({ok / n:.0%}), {steps} steps"] if n else []
-    counts += [f"{len(bad)} episode(s) unreadable (BAD above)"] if bad else []
+    whole = sum(row[0] == "?" and row[5] == "BAD" for row in rows)  # a file unreadable as a whole
+    unread = [f"{len(bad) - whole} episode(s)"] * (len(bad) > whole) + [f"{whole} file(s)"] * bool(whole)
+    counts += [f"{' and '.join(unread)} unreadable (BAD above)"] if bad else []
     if counts:
         out.append("; ".join(counts))
     return "\n".join(out)

@@ -201,8 +201,9 @@ def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False, sear
     return copies[0][1]
 
 
-def iter_sharded(run_dir, search=()) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
-    """``(source, record or its CorruptEpisode)`` of every episode the manifest names, in index order (``search``: :func:`read_entry`'s)."""
+def iter_sharded(run_dir, search=(), every: bool = False) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
+    """``(source, record or its CorruptEpisode)`` of every episode the manifest names, in index order (``search``,
+    ``every``: :func:`read_entry`'s)."""
     header, entries, _ = read_manifest(run_dir)
     for i in sorted(entries):
         entry = entries[i]
@@ -210,7 +211,7 @@ def iter_sharded(run_dir, search=()) -> Iterator[tuple[str, EpisodeRecord | Exce
         formats = header.get("formats", FORMATS)
         source = str(root / EPISODES_DIR / f"episode_{i:05d}.npz") if "npz" in formats else f"{root / H5_NAME}:demo_{i}"
         try:
-            yield source, read_entry(run_dir, entry, formats, search=search)
+            yield source, read_entry(run_dir, entry, formats, every=every, search=search)
         except CorruptEpisode as err:
             yield source, err
 
