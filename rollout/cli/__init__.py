@@ -103,9 +103,9 @@ _SHOW = warnings.showwarning
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """rollcap's own warnings as one line (``rollcap: warning: ...``); others as Python shows them."""
     from rollcap.envs.errors import MujocoWarning
-    from rollcap.rollout.errors import NotExactWarning
+    from rollcap.rollout.errors import ExportWarning, NotExactWarning
 
-    if issubclass(category, (NotExactWarning, MujocoWarning)):
+    if issubclass(category, (NotExactWarning, MujocoWarning, ExportWarning)):
         print(f"rollcap: warning: {message}", file=file or sys.stderr)
     else:
         _SHOW(message, category, filename, lineno, file, line)

@@ -135,6 +135,13 @@ def add_parsers(command, parts_options) -> None:
         help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time",
     )
     p.add_argument("--dataset-id", default=None, help="minari: the dataset id (default rollcap/<run name>-v0)")
+    p.add_argument("--author", default=None, help="minari: who made the dataset (Minari recommends it)")
+    p.add_argument("--author-email", default=None, help="minari: how to reach them (Minari recommends it)")
+    p.add_argument(
+        "--code-permalink",
+        default=None,
+        help="minari: a link to the versioned code that made it (Minari recommends it)",
+    )
     p.add_argument(
         "--labels",
         choices=("recorded", "expert"),
@@ -257,6 +264,10 @@ def cmd_export(args) -> int:
     options = {"extras": tuple(x for x in args.extras.split(",") if x)} if args.extras is not None else {}
     options["labels"] = args.labels
     if args.to == "lerobot":
+        minari_only = [f for f, on in (("--author", args.author), ("--author-email", args.author_email),
+                                       ("--code-permalink", args.code_permalink), ("--dataset-id", args.dataset_id)) if on]  # fmt: skip
+        if minari_only:
+            raise UserError(f"{minari_only[0]}: an option of --to minari, not --to lerobot")
         options.update(fps=args.fps, videos=args.videos, instruction_dims=args.instruction_dims)
         if args.repo_id:
             options["repo_id"] = args.repo_id
@@ -275,7 +286,12 @@ def cmd_export(args) -> int:
         ]
         if lerobot_only:
             raise UserError(f"{lerobot_only[0]}: an option of --to lerobot, not --to minari")
-        options["dataset_id"] = args.dataset_id
+        options.update(
+            dataset_id=args.dataset_id,
+            author=args.author,
+            author_email=args.author_email,
+            code_permalink=args.code_permalink,
+        )
     try:
         out = export(args.run, args.to, args.root, **options)
     except ImportError as err:  # the target's library lives in LeRobot's venv
