@@ -23,9 +23,12 @@ import gymnasium as gym
 import torch
 
 from rollcap import envs
+from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
+from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
 from rollcap.critics import CriticRunner, load_critic
 from rollcap.envs import probe_exactness
 from rollcap.envs.errors import mujoco_warnings
+from rollcap.envs.metaworld import ID_PREFIX
 from rollcap.kernels.compiled import cxx_compiler
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import make_lane
@@ -196,15 +199,57 @@ NO_SHIPPED_POLICY = (
     "record it with a policy of your own, rollcap.run(env=..., policy=...) (examples/custom_policy.py; for Fetch, examples/fetch_reach.py)"
 )
 """What a run of a shipped checkpoint on an env it cannot read adds to :func:`check_fits`' line."""
+NO_SHIPPED_EXPERT = "--policy expert runs the task's scripted expert (every MetaWorld task has one); or "
+"""What that line says first on a MetaWorld task (outside MT10, which the shipped MT10 policy reads)."""
+NO_SHIPPED_CRITIC = (
+    "no shipped critic reads this env's observations: --critic none runs without one, or name a critic of your own"
+)
+"""What a run of the shipped critic on an env it cannot read adds."""
 
 
 def _shipped_policies() -> set[Path]:
     return {DEFAULT_POLICY, MT10_CHECKPOINT}
 
 
-def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
-    """The field a model that cannot read the env names: the env's, or (the env read from ``source``) the model's."""
-    return label if source else "env_kwargs" if parts.env_kwargs else "env_id"
+def check_model_fits(env, spec, label: str, parts: Parts, source: str | None = None) -> None:
+    """:func:`check_fits` for ``parts``' ``label`` model (its observation spec ``spec``), naming the flag to change: the
+    env kwargs when they are what the model cannot read (the env with its own defaults fits), else the model's own
+    (``policy`` / ``critic``; a shipped one says what runs here instead).
+
+    Raises:
+        ConfigError: as :func:`check_fits`.
+    """
+    try:
+        check_fits(env, spec, label, label, source)
+    except ConfigError as err:
+        if source is None and parts.env_kwargs and _fits_by_default(parts.env_id, spec, label):
+            raise ConfigError("env_kwargs", err.problem) from None
+        shipped = Path(str(getattr(parts, label))) in (_shipped_policies() if label == "policy" else _shipped_critics())
+        if not shipped:
+            raise
+        hint = NO_SHIPPED_POLICY if label == "policy" else NO_SHIPPED_CRITIC
+        if label == "policy" and parts.env_id.startswith(ID_PREFIX):
+            hint = hint.replace("record it with", NO_SHIPPED_EXPERT + "record it with", 1)
+        raise ConfigError(label, f"{err.problem}; {hint}") from None
+
+
+def _shipped_critics() -> set[Path]:
+    return {DEFAULT_CRITIC, MT10_CRITIC}
+
+
+def _fits_by_default(env_id: str, spec, label: str) -> bool:
+    """Whether ``env_id`` made with its default kwargs gives observations a model of ``spec`` reads."""
+    try:
+        env = make_env(env_id)
+    except ConfigError:
+        return False
+    try:
+        check_fits(env, spec, label)
+        return True
+    except ConfigError:
+        return False
+    finally:
+        env.close()
 
 
 # ----------------------------------------------------------------- build
@@ -384,14 +429,9 @@ def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool
     model = load_policy(parts.policy)
     critic_model = load_critic(parts.critic) if parts.critic is not None and envs > 1 else None
     if env is not None:
-        try:
-            check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
-        except ConfigError as err:
-            if Path(parts.policy) not in _shipped_policies() or envs > 1:
-                raise
-            raise ConfigError(err.field, f"{err.problem}; {NO_SHIPPED_POLICY}") from None
+        check_model_fits(env, model.cfg.obs_spec, "policy", parts, source)
         if critic_model is not None:
-            check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
+            check_model_fits(env, critic_model.cfg.obs_spec, "critic", parts, source)
     model = policy_model(parts, model)
     if envs > 1:
         policy = policy_runner(model, parts, envs=envs)
@@ -411,7 +451,7 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
     """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`runners`)."""
     model = load_critic(parts.critic)
     if env is not None:
-        check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
+        check_model_fits(env, model.cfg.obs_spec, "critic", parts, source)
     return critic_runner(model, parts)
 
 
