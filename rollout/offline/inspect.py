@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rollcap.kernels.files import atomic_write
+from rollcap.kernels.files import atomic_write, cannot_create_dir
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
 from rollcap.rollout.recording import iter_episodes
 from rollcap.rollout.recording.runs import source_index
@@ -177,10 +177,13 @@ def check_plot_dir(out_dir) -> Path:
     out_dir = Path(out_dir)
     for p in (out_dir, *out_dir.parents):
         if p.is_dir():
-            return out_dir
+            break
         if p.exists():
             what = "is a file" if p == out_dir else f"cannot be made: {p} is a file"
             raise ValueError(f"plot directory {out_dir} {what}; name a directory (it is created if missing)")
+    why = cannot_create_dir(out_dir)  # made and removed at once: /proc/plots passed the checks above, then failed
+    if why is not None:
+        raise ValueError(f"plot directory {why}; name a directory you can write")
     return out_dir
 
 

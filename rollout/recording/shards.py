@@ -72,7 +72,7 @@ from rollcap.kernels.files import (
     remove_stale_temps,
 )
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.errors import CorruptEpisode
+from rollcap.rollout.errors import ConfigError, CorruptEpisode
 from rollcap.rollout.recording.codec import corrupt, episode_digest
 from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
 from rollcap.rollout.recording.journal import _signals_deferred
@@ -238,14 +238,7 @@ class ManifestWriter:
             if not resume:
                 raise FileExistsError(f"{self.run_dir} already holds a sharded run; pass resume=True to continue it")
             header, self.entries, size = read_manifest(self.run_dir)
-            if tuple(header.get("formats", ())) != self.formats:
-                raise ValueError(
-                    f"{self.path}: the run records {','.join(header.get('formats', ()))}; resume needs the same formats, got {','.join(self.formats)}"
-                )
-            if env_meta is not None and canonical_json(header.get("env_meta")) != canonical_json(env_meta):
-                raise ValueError(
-                    f"{self.path}: the run was recorded in {canonical_json(header.get('env_meta'))}; resume needs the same env, got {canonical_json(env_meta)}"
-                )
+            _same_recording(self.run_dir, header, self.formats, env_meta)
             self.env_meta = header.get("env_meta")
             if size != self.path.stat().st_size:
                 os.truncate(self.path, size)  # a torn append: the episode it named is adopted from its shard below
@@ -352,6 +345,29 @@ class ManifestWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _same_recording(run_dir: Path, header: dict, formats: tuple, env_meta: dict | None) -> None:
+    """Refuse to resume a sharded run in other formats or another env, naming the option (as a resumed run's checks do).
+
+    Raises:
+        ConfigError: ``formats``, ``env_id`` or ``env_kwargs``, with the run's value and this one's.
+    """
+    was = tuple(header.get("formats", ()))
+    if was != formats:
+        raise ConfigError(
+            "formats",
+            f"{run_dir} records {','.join(was)}; `resume=True` needs the same formats, got {','.join(formats)}",
+        )
+    stored = header.get("env_meta") or {}
+    if env_meta is None or canonical_json(stored) == canonical_json(env_meta):
+        return
+    for key, option in (("env_name", "env_id"), ("type", "env_id"), ("env_kwargs", "env_kwargs")):
+        if canonical_json(stored.get(key)) != canonical_json(env_meta.get(key)):
+            shown = (canonical_json(d.get(key)) if key != "env_name" else d.get(key) for d in (stored, env_meta))
+            raise ConfigError(option, "{} was recorded with {} {}; `resume=True` needs the same, got {}".format(
+                run_dir, "env" if option == "env_id" else option, *shown))  # fmt: skip
+    raise ConfigError("env_id", f"{run_dir}: recorded in {canonical_json(stored)}; `resume=True` needs the same env")
 
 
 def _read_shard_episode(root: Path, index: int, formats) -> EpisodeRecord:

@@ -205,3 +205,12 @@ def test_auto_is_a_core_each_less_two_a_multiple_of_graphs_and_none_where_worker
     assert RunConfig(envs=8, env_workers="auto").env_workers == auto_env_workers(8, 1, usable_cores())
     for other in (dict(writers=2), dict(actors=2), dict(teleop="terminal", envs=1)):
         assert RunConfig(**{"envs": 8, **other, "env_workers": "auto"}).env_workers == 0
+
+
+def test_a_run_where_auto_chose_no_worker_names_the_count_in_its_summary(tmp_path):
+    """env_workers="auto" that chooses none (envs 1: on any machine) leaves env_workers 0 in summary.json, as README
+    says the summary names the worker count (the key was missing)."""
+    p, c = _models(1)
+    kw = dict(env_kwargs=ENV_KW, policy=save_policy(p, tmp_path / "p"), critic=save_critic(c, tmp_path / "c"))
+    result = rollcap.run(1, out=tmp_path / "r", envs=1, env_workers="auto", max_chunks=2, progress=False, **kw)
+    assert result.summary["env_workers"] == 0
