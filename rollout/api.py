@@ -185,7 +185,9 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         subs.append(Progress(len(todo)))
     source = None
     try:
-        if len(before) > cfg.episodes:  # resumed with a smaller total: nothing would run, and the summary would say done
+        if (
+            len(before) > cfg.episodes
+        ):  # resumed with a smaller total: nothing would run, and the summary would say done
             raise ConfigError(
                 "episodes",
                 f"{out} holds {len(before)} episodes already; with `resume=True` it is the run's total: give at least {len(before)}",
