@@ -143,8 +143,11 @@ def _summary_table(s: dict) -> str:
         n, which = len(s["discarded_by_key"]), ", ".join(map(str, s["discarded_by_key"]))
         rows.append(("discarded by key", f"{n} (episode{'s' if n > 1 else ''} {which}; not recorded)"))
     if s.get("env_workers"):
-        r = s.get("worker_restarts", 0)
-        rows.append(("env workers", f"{s['env_workers']}" + (f", {r} restarted" if r else "")))
+        r, again, kept = s.get("worker_restarts", 0), s.get("lost_and_rerun", []), s.get("kept_from_lost_workers", [])
+        lost = (
+            f"; episodes of lost workers: {len(again)} run again, {len(kept)} kept as written" if again or kept else ""
+        )
+        rows.append(("env workers", f"{s['env_workers']}" + (f", {r} restarted" if r else "") + lost))
     if "actors" in s:
         rows.append(
             (

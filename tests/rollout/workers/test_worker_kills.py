@@ -133,6 +133,8 @@ def test_workers_killed_at_any_moment_are_replaced_and_the_run_finishes_with_eve
     assert sorted(deaths) == sorted([*first, starting, started])
     assert deaths[starting]["when"] == "while starting" and deaths[started]["when"] != "while starting"
     assert all(d["how"] == "killed by SIGKILL" for d in deaths.values())
+    again, kept = len(summary["lost_and_rerun"]), len(summary["kept_from_lost_workers"])
+    assert again + kept and f"episodes of lost workers: {again} run again, {kept} kept as written" in stdout, stdout
     _assert_once(out, n)
     assert [r.index for r in load_any(out)] == list(range(n))  # each read from its shard, digest checked
 
