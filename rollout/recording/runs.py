@@ -165,7 +165,7 @@ def source_index(source: str | None) -> int | None:
         return None
     if source.endswith(".npz"):
         return npz_name_index(source)
-    head, sep, tail = source.rpartition(":demo_")
+    _, sep, tail = source.rpartition(":demo_")
     return int(tail) if sep and tail.isdigit() else None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -119,16 +120,27 @@ def test_a_killed_worker_ends_only_its_episodes_which_run_again(tmp_path):
     pool = EnvWorkers(FAULTY, slow, policy, critic, CONFIG, 2)
     manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), _meta(FAULTY, slow))
     killed = None
-    try:
-        pool.record_to(manifest, _meta(FAULTY, slow))
-        ends = []
-        for end in pool.episodes(range(10)):
-            ends.append(end)
+
+    def kill_mid_chunk() -> None:
+        """Kill worker 0 while it steps a chunk: told to go on, its reply not back (a thread: the ends alone came too
+        seldom on a busy machine to catch it between them)."""
+        nonlocal killed
+        while killed is None and not done.is_set():
             victim = pool.procs[0]
-            if killed is None and victim.state == "launching" and victim.running:  # it is stepping its chunk
+            if victim.state == "launching" and victim.running and not victim.conn.poll():
                 killed = (victim.pid, sorted(i for i, _ in victim.running.values()))
                 os.kill(victim.pid, signal.SIGKILL)
+            time.sleep(0.001)
+
+    done, watcher = threading.Event(), threading.Thread(target=kill_mid_chunk)
+    try:
+        pool.record_to(manifest, _meta(FAULTY, slow))
+        watcher.start()
+        ends = list(pool.episodes(range(10)))
     finally:
+        done.set()
+        if watcher.is_alive():
+            watcher.join()
         pool.close()
         manifest.close()
     assert killed is not None, "the worker was never caught mid-chunk"
