@@ -23,23 +23,19 @@ import gymnasium as gym
 import torch
 
 from rollcap import envs
-from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
-from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
 from rollcap.critics import CriticRunner, load_critic
 from rollcap.envs import probe_exactness
 from rollcap.envs.errors import mujoco_warnings
-from rollcap.envs.metaworld import ID_PREFIX
 from rollcap.kernels.compiled import cxx_compiler
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.lanes import make_lane
 from rollcap.kernels.precision import check_precision
-from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
-from rollcap.policies import MT10_CHECKPOINT
 from rollcap.policies import PolicyRunner, load_policy
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.rtc import RTCPolicyRunner
 from rollcap.rollout.errors import ConfigError, NotExactWarning
+from rollcap.rollout.fits import check_model_fits
 from rollcap.rollout.named import ExpertPolicy, expert_policy, named_runner  # noqa: F401 - re-exported (replay, tests)
 from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
     DEFAULT_ENV,
@@ -168,90 +164,6 @@ def named_env(recorded: str, named: str | None, source) -> bool:
     )
 
 
-def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: str | None = None) -> None:
-    """Refuse an env whose observations a model with observation spec ``spec`` cannot read.
-
-    ``source``: the recording the env was read from (it cannot change): the message names it.
-
-    Raises:
-        ConfigError: naming ``field`` (the env id, the kwargs that made it, or the model), what the env gives and what the model reads.
-    """
-    space = env.observation_space
-    name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
-    name = f"{source}: {name}" if source else name
-    want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
-    if not isinstance(space, gym.spaces.Dict):
-        raise ConfigError(
-            field,
-            f"{name} observations are a {type(space).__name__} space; the {label} reads a dict {want} plus 'instruction'",
-        )
-    have = {k: tuple(s.shape) for k, s in space.spaces.items() if k != "instruction"}
-    wrong = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
-    if wrong or "instruction" not in space.spaces:
-        what = ", ".join(f"{k} {h or 'missing'} (needs {w})" for k, (h, w) in wrong.items())
-        if "instruction" not in space.spaces:
-            what = ", ".join(filter(None, [what, "'instruction' missing"]))
-        raise ConfigError(field, f"{name} does not fit the {label}: {what}")
-
-
-NO_SHIPPED_POLICY = (
-    "no shipped policy reads this env's observations (they read rollcap/PushBlock-v0's and the MetaWorld MT10 tasks'): "
-    "record it with a policy of your own, rollcap.run(env=..., policy=...) (examples/custom_policy.py; for Fetch, examples/fetch_reach.py)"
-)
-"""What a run of a shipped checkpoint on an env it cannot read adds to :func:`check_fits`' line."""
-NO_SHIPPED_EXPERT = "--policy expert runs the task's scripted expert (every MetaWorld task has one); or "
-"""What that line says first on a MetaWorld task (outside MT10, which the shipped MT10 policy reads)."""
-NO_SHIPPED_CRITIC = (
-    "no shipped critic reads this env's observations: --critic none runs without one, or name a critic of your own"
-)
-"""What a run of the shipped critic on an env it cannot read adds."""
-
-
-def _shipped_policies() -> set[Path]:
-    return {DEFAULT_POLICY, MT10_CHECKPOINT}
-
-
-def check_model_fits(env, spec, label: str, parts: Parts, source: str | None = None) -> None:
-    """:func:`check_fits` for ``parts``' ``label`` model (its observation spec ``spec``), naming the flag to change: the
-    env kwargs when they are what the model cannot read (the env with its own defaults fits), else the model's own
-    (``policy`` / ``critic``; a shipped one says what runs here instead).
-
-    Raises:
-        ConfigError: as :func:`check_fits`.
-    """
-    try:
-        check_fits(env, spec, label, label, source)
-    except ConfigError as err:
-        if source is None and parts.env_kwargs and _fits_by_default(parts.env_id, spec, label):
-            raise ConfigError("env_kwargs", err.problem) from None
-        shipped = Path(str(getattr(parts, label))) in (_shipped_policies() if label == "policy" else _shipped_critics())
-        if not shipped:
-            raise
-        hint = NO_SHIPPED_POLICY if label == "policy" else NO_SHIPPED_CRITIC
-        if label == "policy" and parts.env_id.startswith(ID_PREFIX):
-            hint = hint.replace("record it with", NO_SHIPPED_EXPERT + "record it with", 1)
-        raise ConfigError(label, f"{err.problem}; {hint}") from None
-
-
-def _shipped_critics() -> set[Path]:
-    return {DEFAULT_CRITIC, MT10_CRITIC}
-
-
-def _fits_by_default(env_id: str, spec, label: str) -> bool:
-    """Whether ``env_id`` made with its default kwargs gives observations a model of ``spec`` reads."""
-    try:
-        env = make_env(env_id)
-    except ConfigError:
-        return False
-    try:
-        check_fits(env, spec, label)
-        return True
-    except ConfigError:
-        return False
-    finally:
-        env.close()
-
-
 # ----------------------------------------------------------------- build
 @dataclass
 class Built:
@@ -341,6 +253,11 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
     return out
 
 
+def _plain_env(parts: Parts):
+    """``parts``' env made with its default kwargs, when asked (:func:`~rollcap.rollout.fits.check_model_fits`)."""
+    return lambda: make_env(parts.env_id)
+
+
 def _flat(part) -> list:
     return list(part) if isinstance(part, list) else [part]
 
@@ -413,7 +330,7 @@ def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool
     ``expert[:STD]`` an :class:`ExpertPolicy`; neither has a batched graph nor carries a prefix (``rtc`` is
     refused by the host).
 
-    With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
+    With ``env``, both models are checked against its observations (:func:`~rollcap.rollout.fits.check_model_fits`) before anything is captured.
     ``rtc``: the policy is an :class:`~rollcap.policies.rtc.RTCPolicyRunner` (real-time chunking, ``HostConfig.chunking`` naive / rtc).
     ``source``: the recording ``env`` was read from: a model that cannot read it is the one to change (the error names ``policy`` / ``critic`` and the file).
     """
@@ -429,9 +346,9 @@ def runners(parts: Parts, env=None, *, envs: int = 1, graphs: int = 1, rtc: bool
     model = load_policy(parts.policy)
     critic_model = load_critic(parts.critic) if parts.critic is not None and envs > 1 else None
     if env is not None:
-        check_model_fits(env, model.cfg.obs_spec, "policy", parts, source)
+        check_model_fits(env, model.cfg.obs_spec, "policy", parts, source, _plain_env(parts))
         if critic_model is not None:
-            check_model_fits(env, critic_model.cfg.obs_spec, "critic", parts, source)
+            check_model_fits(env, critic_model.cfg.obs_spec, "critic", parts, source, _plain_env(parts))
     model = policy_model(parts, model)
     if envs > 1:
         policy = policy_runner(model, parts, envs=envs)
@@ -451,7 +368,7 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
     """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`runners`)."""
     model = load_critic(parts.critic)
     if env is not None:
-        check_model_fits(env, model.cfg.obs_spec, "critic", parts, source)
+        check_model_fits(env, model.cfg.obs_spec, "critic", parts, source, _plain_env(parts))
     return critic_runner(model, parts)
 
 

@@ -39,12 +39,13 @@ import threading
 import time
 from collections import deque
 
+import numpy as np
 
 from rollcap.policies.observation import ObsSpec
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.lifecycle import HostState
-from rollcap.rollout.workers.procs import outcome
+from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 
@@ -206,6 +207,21 @@ class Worker:
         for env in self.envs:
             env.close()
         self.shared.close()
+
+
+def outcome(end: EpisodeEnd) -> dict:
+    """What the parent gets of an episode: its outcome and, when it has a record, per chunk what the metrics read."""
+    out = {
+        "index": end.index, "seed": end.seed, "stop_reason": end.stop_reason, "success": bool(end.success),
+        "steps": end.num_steps, "chunks": end.num_chunks, "error": end.error, "dropped": end.dropped,
+    }  # fmt: skip
+    rec = end.record
+    if rec is not None:
+        c = rec.chunks
+        cols = ("chunk_start", "critic_value", "latency_policy_s", "latency_critic_s", "latency_boundary_s")
+        out["instruction"] = rec.instruction
+        out["chunk_rows"] = np.stack([np.asarray(c[k], np.float64) for k in cols], 1).tolist() if rec.num_chunks else []
+    return out
 
 
 class ShardWriter:

@@ -30,19 +30,8 @@ With G graphs and W a multiple of G, each graph's slots live on W/G workers of t
 soon as its workers have launched: one graph replays while the others' envs step (a pipeline; the bytes are those of
 the same graphs in process). Otherwise every round waits for every worker.
 
-Faults: a worker that dies at any moment (killed, crashed; mid-chunk, between
-episodes, while it starts) is replaced by a worker with a new shard, and ends its
-slots' episodes. One it had written whole to its shard before this process heard
-of it is named from there (:attr:`EnvWorkers.kept`; the shard repaired first, as a
-resume repairs one), so no episode is in two shards; every other is listed in
-:attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error naming the
-worker, and runs again (from its start, the same bytes) on another worker. A
-worker runs one lost episode at a time, so an episode that kills its worker
-takes no other with it twice; one lost :data:`MAX_TRIES` times is given up
-(:attr:`EnvWorkers.failed`). A worker that dies :data:`MAX_TRIES` times in a row
-before it is ready, or more deaths than :data:`MAX_TRIES` a worker, end the run
-(:class:`RecordingFailed`). An env exception ends one episode (stop reason
-``error``), as in process.
+Faults: a worker that dies at any moment is replaced, its written episodes kept and the others run again
+(:mod:`~rollcap.rollout.workers.losses`). An env exception ends one episode (stop reason ``error``), as in process.
 
 The caller's subscribers see each episode's start (no observation), each
 chunk's step, critic value and timings (no observation, noise or chunk: those
@@ -57,13 +46,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
-import signal
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import wait as wait_any
-
-import numpy as np
 
 from rollcap.rollout.spec import check_batched_host
 from rollcap.rollout.config import HostConfig
@@ -72,11 +58,11 @@ from rollcap.rollout.lifecycle import jsonable
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.recording import episode_digest
-from rollcap.rollout.workers.procs import Proc, emit, outcome, replay_rows
+from rollcap.rollout.workers.losses import Losses
+from rollcap.rollout.workers.child import outcome
+from rollcap.rollout.workers.procs import Proc, emit, end_from, end_of, replay_rows, split_slots
 from rollcap.rollout.workers.shm import SharedRows, layout_for
 
-MAX_TRIES = 3
-"""Times an episode may be lost with its worker before it is given up."""
 START_TIMEOUT_S = 300.0
 """A worker that is not ready after this long (spawn, imports, envs) is a failed start."""
 
@@ -140,27 +126,12 @@ class EnvWorkers:
         )
         self.shared = SharedRows(layout_for(self.policies, self.critics or None))
         self.arrays = self.shared.arrays
-        g, b = len(self.policies), self.batch
-        if (
-            g > 1 and workers % g == 0
-        ):  # each graph's slots on workers of their own: a graph's round runs beside the others'
-            slots = [part for k in range(g) for part in np.array_split(np.arange(k * b, (k + 1) * b), workers // g)]
-            self.groups = [list(range(k * (workers // g), (k + 1) * (workers // g))) for k in range(g)]
-        else:
-            slots, self.groups = np.array_split(np.arange(self.n), workers), [list(range(workers))]
-        self.procs = [Proc(k, [int(s) for s in part]) for k, part in enumerate(slots)]
+        slots, self.groups = split_slots(self.n, self.batch, len(self.policies), workers)
+        self.procs = [Proc(k, part) for k, part in enumerate(slots)]
         self.manifest = self.env_meta = None
         self._shards = 0
-        self.lost: list[EpisodeEnd] = []
-        """Episodes a dying worker ended (stop reason ``worker_lost``; each ran again unless in :attr:`failed`)."""
-        self.failed: dict[int, str] = {}
-        """Episodes given up after :data:`MAX_TRIES` losses: index -> why."""
-        self.kept: list[dict] = []
-        """Episodes a dying worker had written whole, not yet named in the manifest: named from its shard, not run again."""
-        self.deaths: list[dict] = []
-        """Every worker death (not a stop we asked for): worker, pid, how (signal or exit code), when (while starting,
-        mid-episode, between episodes)."""
-        self.restarts = 0
+        self.losses = Losses(len(self.procs))
+        """Worker deaths and what became of their episodes (lost and run again, kept, given up)."""
         self.digests: dict[int, str] = {}
         """Digest of every episode recorded this session, by index."""
         self.timing = {
@@ -174,7 +145,6 @@ class EnvWorkers:
         """Where this process's time goes: waiting for the workers' rows and ends, the replays (and the policy's own share),
         its own work on the messages (``host_s``, the episodes' commits and subscribers included: ``commit_s``)."""
         self._again: deque[tuple[int, int]] = deque()
-        self._tries: dict[int, int] = {}
         self._todo: Iterator | None = None
         self._closing = False
         self.worker_timing: dict[str, float] = {}
@@ -293,11 +263,9 @@ class EnvWorkers:
         """The episode a free slot of ``p`` takes: the first that waits, except that a worker runs one lost episode at a
         time (one lost with its worker before), so an episode that kills every worker it runs on takes no other
         episode with it twice, and only it is given up."""
-        suspect = any(self._tries.get(index) for index, _ in [*p.running.values(), *p.pending.values()])
-        for k, (index, seed) in enumerate(self._again):
-            if not (suspect and self._tries.get(index)):
-                del self._again[k]
-                return index, seed
+        item = self.losses.pick(self._again, [i for i, _ in [*p.running.values(), *p.pending.values()]])
+        if item is not None:
+            return item
         if self._closing or self._todo is None:
             return None
         item = next(self._todo, None)
@@ -399,16 +367,7 @@ class EnvWorkers:
             self.digests[index] = e["digest"]
             if self.manifest is not None:
                 self.manifest.add(index, e["digest"], e["shard"])
-        end = EpisodeEnd(
-            index,
-            e["seed"],
-            e["stop_reason"],
-            e["success"],
-            e["steps"],
-            e["chunks"],
-            error=e["error"],
-            dropped=e["dropped"],
-        )
+        end = end_from(e)
         if self.subscribers:
             emit(self.subscribers, end, e, self._start_fields)
         self.timing["commit_s"] += time.perf_counter() - t0  # the manifest's fsynced line, the subscribers
@@ -416,58 +375,23 @@ class EnvWorkers:
 
     def _died(self, p: Proc) -> Iterator[EpisodeEnd]:
         """``p`` is gone, at whatever moment: an episode it wrote whole is kept (named in the manifest now, and yielded),
-        the others it had end (``worker_lost``) and go back to the queue; a replacement starts (with a new shard).
-
-        A worker that dies before it is ready (spawn, imports, envs, its recorder) is a restart like any other; one that
-        does so :data:`MAX_TRIES` times in a row, or more restarts than :data:`MAX_TRIES` a worker, ends the run
-        (:class:`RecordingFailed`). A worker that *says* why it cannot start ends the run at once (``_take``)."""
-        p.proc.join(timeout=5)
-        if p.proc.is_alive():  # its pipe broke first: it must be gone before its shard is read
-            p.proc.kill()
-            p.proc.join()
-        code = p.proc.exitcode
-        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        starting, stopping = p.state in ("starting", "recording"), p.state == "stopping"
-        running, written = sorted(p.running.values()), sorted(p.pending.values())
-        p.running, p.pending, p.launched = {}, {}, []
-        p.conn.close()
-        p.state = "down"
+        the others it had end (``worker_lost``) and go back to the front of the queue; a replacement starts (a new
+        shard), or the run ends (:meth:`Losses.restart`). A worker that *says* why it cannot start ends the run at once
+        (``_take``)."""
+        stopping = p.state == "stopping"
+        how, starting, running, written = p.reap()  # it must be gone before its shard is read
         if stopping:
             return
-        when = "while starting" if starting else "mid-episode" if running else "between episodes"
-        self.deaths.append({"worker": p.number, "pid": p.pid, "how": how, "when": when})
-        kept = set()
-        for e in self._salvage(p, how):
-            kept.add(e.index)
-            yield e
-        lost = [(item, "died mid-episode") for item in running]
-        lost += [(item, "died before it wrote it") for item in written]
-        self._lose(p, how, sorted(x for x in lost if x[0][0] not in kept))
-        if self._closing:
-            return
-        p.start_failures += starting
-        if p.start_failures >= MAX_TRIES:
-            raise RecordingFailed(
-                f"env worker {p.number} could not start: it died {p.start_failures} times before it was ready (the last: {how})"
-            )
-        self.restarts += 1
-        if self.restarts > MAX_TRIES * len(self.procs):
-            raise RecordingFailed(f"env workers died {self.restarts} times; the last: worker {p.number} ({how})")
-        p.spawn(self._ctx, self._spec(p))
-
-    def _lose(self, p: Proc, how: str, lost: list[tuple[tuple[int, int], str]]) -> None:
-        """Episodes dead ``p`` had (``((index, seed), what happened)``) end ``worker_lost``; each goes back to the front of
-        the queue, in index order, unless lost :data:`MAX_TRIES` times (given up: :attr:`failed`)."""
-        again = []
-        for (index, seed), what in lost:
-            why = f"env worker {p.number} (pid {p.pid}) {what} ({how})"
-            self.lost.append(EpisodeEnd(index, seed, "worker_lost", False, 0, 0, error=why, dropped=True))
-            self._tries[index] = self._tries.get(index, 0) + 1
-            if self._tries[index] >= MAX_TRIES:
-                self.failed[index] = why
-            else:
-                again.append((index, seed))
-        self._again.extendleft(reversed(again))
+        self.losses.died(p.number, p.pid, how, "while starting" if starting else "mid-episode" if running else "idle")
+        ends = self._salvage(p, how)
+        yield from ends
+        kept = {e.index for e in ends}
+        lost = [(item, "died mid-episode") for item in running if item[0] not in kept]
+        lost += [(item, "died before it wrote it") for item in written if item[0] not in kept]
+        self._again.extendleft(reversed(self.losses.lose(p.number, p.pid, how, sorted(lost))))
+        if not self._closing:
+            self.losses.restart(p, how, starting)
+            p.spawn(self._ctx, self._spec(p))
 
     def _salvage(self, p: Proc, how: str) -> list[EpisodeEnd]:
         """The episodes dead ``p`` wrote whole to its shard before the manifest named them, now named (its shard repaired
@@ -477,27 +401,15 @@ class EnvWorkers:
             return []
         ends = []
         for record in self.manifest.orphans(p.shard):
-            end = EpisodeEnd(
-                record.index, record.seed, record.stop_reason, bool(record.success), record.num_steps,
-                record.num_chunks, error=record.error, record=record,
-            )  # fmt: skip
-            self.kept.append(
-                {
-                    "index": record.index,
-                    "shard": p.shard,
-                    "note": f"written whole by env worker {p.number} (pid {p.pid}) before it died ({how}); kept",
-                }
-            )
-            ends.append(self._end(p, {**outcome(end), "digest": episode_digest(record), "shard": p.shard}))
+            self.losses.keep(p.number, p.pid, how, record.index, p.shard)
+            ends.append(self._end(p, {**outcome(end_of(record)), "digest": episode_digest(record), "shard": p.shard}))
         return ends
 
     # -- ending ------------------------------------------------------------------
     def summary(self) -> dict:
         """What the run's summary says of the workers."""
-        lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
-        return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "workers_lost": list(self.deaths),
-                "lost_and_rerun": lost, "kept_from_lost_workers": list(self.kept),
-                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing)}  # fmt: skip
+        return {"env_workers": len(self.procs), **self.losses.summary(), "host_timing": dict(self.timing),
+                "worker_timing": dict(self.worker_timing)}  # fmt: skip
 
     def abort(self) -> None:
         """Abandon every running episode: the ends already on their way are taken (named in the manifest), the workers stop

@@ -220,9 +220,11 @@ def test_an_episode_a_dying_worker_wrote_whole_is_kept_not_run_again(tmp_path):
         manifest.close()
     assert killed, "no worker was caught with written, unreported episodes"
     pid, written = killed[0]
-    assert sorted(e.index for e in ends) == list(range(n)) and pool.restarts == 1
-    assert [k["index"] for k in pool.kept] == written and all(f"(pid {pid})" in k["note"] for k in pool.kept)
-    assert not set(written) & {e.index for e in pool.lost}
-    assert pool.summary()["kept_from_lost_workers"] == pool.kept
+    assert sorted(e.index for e in ends) == list(range(n)) and pool.losses.restarts == 1
+    assert [k["index"] for k in pool.losses.kept] == written and all(
+        f"(pid {pid})" in k["note"] for k in pool.losses.kept
+    )
+    assert not set(written) & {e.index for e in pool.losses.lost}
+    assert pool.summary()["kept_from_lost_workers"] == pool.losses.kept
     _assert_once(tmp_path / "run", n)
     assert {r.index: episode_digest(r) for r in load_any(tmp_path / "run")} == want == pool.digests

@@ -146,11 +146,16 @@ def test_a_killed_worker_ends_only_its_episodes_which_run_again(tmp_path):
     assert killed is not None, "the worker was never caught mid-chunk"
     pid, running = killed
     assert sorted(e.index for e in ends) == list(range(10))  # each once: nothing lost, nothing twice
-    lost = [e.index for e in pool.lost]  # what it ran, and what was handed to it before its death was seen
-    assert set(running) <= set(lost) and len(set(lost)) == len(lost) and pool.restarts == 1 and not pool.failed
+    lost = [e.index for e in pool.losses.lost]  # what it ran, and what was handed to it before its death was seen
+    assert (
+        set(running) <= set(lost)
+        and len(set(lost)) == len(lost)
+        and pool.losses.restarts == 1
+        and not pool.losses.failed
+    )
     assert all(
         e.stop_reason == "worker_lost" and f"env worker 0 (pid {pid})" in e.error and "SIGKILL" in e.error
-        for e in pool.lost
+        for e in pool.losses.lost
     )
     faulty = next(e for e in ends if e.index == 1)
     assert faulty.stop_reason == "error" and "motor driver fault" in faulty.error
