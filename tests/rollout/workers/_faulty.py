@@ -13,7 +13,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import gymnasium as gym
 
@@ -60,6 +63,21 @@ class FaultyPushBlock(gym.Wrapper):
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(self._step_s)
         return self.env.step(action)
+
+
+@contextmanager
+def watching(fn: Callable[[threading.Event], None]) -> Iterator[None]:
+    """Run ``fn(done)`` on a thread of its own for the block's duration (a watcher that kills a worker at the right
+    moment, which the parent's thread cannot see from between its episodes' ends); ``done`` is set when the block
+    ends, and ``fn`` must return then."""
+    done = threading.Event()
+    thread = threading.Thread(target=fn, args=(done,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 if "FaultyPushBlock-v0" not in gym.registry:

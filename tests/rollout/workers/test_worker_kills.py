@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from rollcap.rollout.workers import EnvWorkers
 from tests.rollout._tiny import ENV_KW
 from tests.rollout.test_batch import _batched
 from tests.rollout.workers._faulty import ENV_ID as FAULTY
+from tests.rollout.workers._faulty import watching
 
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
 
@@ -189,33 +189,26 @@ def test_an_episode_a_dying_worker_wrote_whole_is_kept_not_run_again(tmp_path):
     manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), meta)
     killed: list[tuple[int, list[int]]] = []
 
-    def kill_once_written() -> None:
+    def kill_once_written(done) -> None:
         """Kill the first worker whose finished episodes are all on disk (npz and HDF5) while it stalls in a reset."""
         while not killed and not done.is_set():
             for p in list(pool.procs):
                 pending, shard = sorted(p.pending), p.shard
                 if pending and shard and p.state == "launching":
                     root = tmp_path / "run" / shard
+                    h5 = root / "episodes.hdf5"
                     npz = all((root / "episodes" / f"episode_{i:05d}.npz").exists() for i in pending)
-                    if (
-                        npz
-                        and (root / "episodes.hdf5").exists()
-                        and set(pending) <= set(h5_indices(root / "episodes.hdf5"))
-                    ):
+                    if npz and h5.exists() and set(pending) <= set(h5_indices(h5)):
                         killed.append((p.pid, pending))
                         os.kill(p.pid, signal.SIGKILL)
                         return
             time.sleep(0.005)
 
-    done, watcher = threading.Event(), threading.Thread(target=kill_once_written)
     try:
         pool.record_to(manifest, meta)
-        watcher.start()
-        ends = list(pool.episodes(range(n)))
+        with watching(kill_once_written):
+            ends = list(pool.episodes(range(n)))
     finally:
-        done.set()
-        if watcher.is_alive():
-            watcher.join()
         pool.close()
         manifest.close()
     assert killed, "no worker was caught with written, unreported episodes"

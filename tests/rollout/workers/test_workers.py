@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -29,6 +28,7 @@ from rollcap.rollout.workers import EnvWorkers
 from tests.rollout._tiny import ENV_KW
 from tests.rollout.test_batch import _batched, _models
 from tests.rollout.workers._faulty import ENV_ID as FAULTY
+from tests.rollout.workers._faulty import watching
 
 PUSH = "rollcap/PushBlock-v0"
 CONFIG = HostConfig(seed=7, max_chunks=6)
@@ -121,9 +121,9 @@ def test_a_killed_worker_ends_only_its_episodes_which_run_again(tmp_path):
     manifest = ManifestWriter(tmp_path / "run", ("npz", "h5"), _meta(FAULTY, slow))
     killed = None
 
-    def kill_mid_chunk() -> None:
-        """Kill worker 0 while it steps a chunk: told to go on, its reply not back (a thread: the ends alone came too
-        seldom on a busy machine to catch it between them)."""
+    def kill_mid_chunk(done) -> None:
+        """Kill worker 0 while it steps a chunk: told to go on, its reply not back (the ends alone came too seldom on a
+        busy machine to catch it between them)."""
         nonlocal killed
         while killed is None and not done.is_set():
             victim = pool.procs[0]
@@ -132,15 +132,11 @@ def test_a_killed_worker_ends_only_its_episodes_which_run_again(tmp_path):
                 os.kill(victim.pid, signal.SIGKILL)
             time.sleep(0.001)
 
-    done, watcher = threading.Event(), threading.Thread(target=kill_mid_chunk)
     try:
         pool.record_to(manifest, _meta(FAULTY, slow))
-        watcher.start()
-        ends = list(pool.episodes(range(10)))
+        with watching(kill_mid_chunk):
+            ends = list(pool.episodes(range(10)))
     finally:
-        done.set()
-        if watcher.is_alive():
-            watcher.join()
         pool.close()
         manifest.close()
     assert killed is not None, "the worker was never caught mid-chunk"
