@@ -193,6 +193,13 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         subs.append(Progress(len(todo)))
     source = None
     try:
+        if (
+            len(before) > cfg.episodes
+        ):  # resumed with a smaller total: nothing would run, and the summary would say done
+            raise ConfigError(
+                "episodes",
+                f"{out} holds {len(before)} episodes already; with `resume=True` it is the run's total: give at least {len(before)}",
+            )
         spare = max(before | set(range(cfg.episodes)), default=-1) + 1
         here = dataclasses.replace(spec, run=dataclasses.replace(cfg, out=out))  # Ray's own messages: a file there
         source = open_source(here, built, sink, subs, env_meta, spare, poll_stop)
@@ -240,6 +247,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
             "wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None,
             "discarded_by_key": [e.index for e in ends if e.dropped and e.error is None],  # teleop's r: not recorded, re-run
             "unwritten_at_interrupt": sink.discarded,  # finished, still queued at a second Ctrl-C: not written
+            "env_workers": cfg.env_workers,  # 0 too (`env_workers="auto"` may choose none); the workers' source says more
         })  # fmt: skip
         summary.update(source.summary())
         summary.update(sink.summary())

@@ -37,3 +37,8 @@ class NotExactWarning(UserWarning):
 
     ``rollcap run --require-exact`` (``require_exact=True``) refuses such an env instead.
     """
+
+
+class ExportWarning(UserWarning):
+    """An export wrote its dataset, and it lacks something its format recommends (who made it), or holds data its
+    declared spaces do not contain (actions the env clipped): the one line says which and what to do."""
