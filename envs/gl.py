@@ -13,6 +13,13 @@ Processes started later (Ray workers, writer processes) inherit it.
 :func:`check_renderer` refuses, in one line naming ``MUJOCO_GL`` and before
 anything renders, a backend that cannot work here (GLFW without a display, or
 off the main thread).
+
+A ``MUJOCO_GL`` that MuJoCo cannot even start with (a value it does not know,
+``osmesa`` without libOSMesa, ``egl`` without libEGL) makes ``import mujoco``
+itself raise, which would take every command down, ``--help`` and the built-in
+task (rendered in numpy) included. So importing this module imports ``mujoco``
+without GL in that case (:func:`vet`): physics works, and :func:`check_renderer`
+refuses the backend in one line naming ``MUJOCO_GL`` when something would render.
 """
 
 from __future__ import annotations
@@ -56,12 +63,54 @@ def choose() -> str | None:
     return os.environ.get("MUJOCO_GL")
 
 
+_OFF = ("disable", "disabled", "off", "false", "0")
+_KNOWN = ("enable", "enabled", "on", "true", "1", "glfw", "", "glx", "egl", "osmesa", *_OFF)
+"""The values MuJoCo accepts on Linux (``mujoco/rendering/classic/gl_context.py``); any other makes its import raise."""
+
+REFUSED: str | None = None
+"""Why this process's ``MUJOCO_GL`` cannot render (set by :func:`vet`); None when it may."""
+
+
+def unusable(gl: str) -> str | None:
+    """Why ``import mujoco`` would fail with ``MUJOCO_GL=gl`` on this machine (a value MuJoCo does not know, a backend
+    whose library is not installed); None when it can import (GLFW's display is :func:`check_renderer`'s job)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    value = gl.lower().strip()
+    if value not in _KNOWN:
+        return "MuJoCo knows egl, osmesa, glfw (or disabled), not this value"
+    if value == "osmesa" and not ctypes.util.find_library("OSMesa"):
+        return "libOSMesa is not installed (Debian: libosmesa6)"
+    if value == "egl" and not ctypes.util.find_library("EGL"):
+        return "libEGL is not installed (Debian: libegl1 libegl-mesa0)"
+    return None
+
+
+def vet() -> str | None:
+    """Import ``mujoco`` without GL when ``MUJOCO_GL`` would make its import raise (see the module docstring); the
+    environment keeps the user's value (processes started later vet it again). Returns :data:`REFUSED`."""
+    global REFUSED
+    gl = os.environ.get("MUJOCO_GL")
+    if gl is None or "mujoco" in sys.modules or (why := unusable(gl)) is None:
+        return REFUSED
+    REFUSED = f"MUJOCO_GL={gl} cannot render here: {why}"
+    os.environ["MUJOCO_GL"] = "disabled"
+    try:
+        import mujoco  # noqa: F401 - MuJoCo reads MUJOCO_GL once, as it is imported: physics only
+    finally:
+        os.environ["MUJOCO_GL"] = gl
+    return REFUSED
+
+
 def check_renderer() -> None:
-    """Refuse a GL backend that cannot render here, before anything renders (GLFW without a display or off the main thread).
+    """Refuse a GL backend that cannot render here, before anything renders (a ``MUJOCO_GL`` MuJoCo could not start
+    with, GLFW without a display or off the main thread).
 
     Raises:
         RenderUnavailable: naming ``MUJOCO_GL`` and how to set it.
     """
+    if REFUSED is not None:
+        raise RenderUnavailable(f"{REFUSED}; {HOW}")
     import mujoco
 
     context = getattr(mujoco, "GLContext", None)
@@ -77,3 +126,4 @@ def check_renderer() -> None:
 
 
 choose()
+vet()

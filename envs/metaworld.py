@@ -168,7 +168,7 @@ def _require_metaworld():
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS
     except ImportError as err:
         raise gym.error.DependencyNotInstalled(
-            f"rollcap/MetaWorld-* envs need metaworld ({err}): pip install scipy imageio && pip install --no-deps "
+            f"rollcap/MetaWorld-* envs need metaworld ({err}): pip install scipy imageio (rollcap's [metaworld] extra) && pip install --no-deps "
             "metaworld==3.1.1 (its metadata pins mujoco==3.3.0; rollcap runs it on the MuJoCo installed)"
         ) from err
     return ALL_V3_ENVIRONMENTS

@@ -55,6 +55,11 @@ MAX_IMAGE_SIZE = 1024
 """Largest camera side a PushBlock env renders (a 1024x1024 frame is 3 MiB; larger is a mistake, not a task)."""
 
 
+def _is_int(x) -> bool:
+    """An int that is not a bool (JSON's ``true`` would otherwise pass as 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 @dataclass(frozen=True)
 class PushBlockConfig:
     """Options of :class:`PushBlockEnv` (also accepted as ``gym.make`` keyword arguments)."""
@@ -91,7 +96,7 @@ class PushBlockConfig:
             or not 8 <= self.image_size <= MAX_IMAGE_SIZE
         ):
             raise ValueError(f"image_size must be an int in 8..{MAX_IMAGE_SIZE}, got {self.image_size!r}")
-        if not isinstance(self.render_size, int) or self.render_size < 8:
+        if not _is_int(self.render_size) or self.render_size < 8:
             raise ValueError(f"render_size must be an int >= 8, got {self.render_size!r}")
         object.__setattr__(self, "cameras", tuple(self.cameras))
         bad = [c for c in self.cameras if c not in CAMERAS]
@@ -99,12 +104,14 @@ class PushBlockConfig:
             raise ValueError(f"cameras must be distinct names from {CAMERAS}, got {self.cameras!r}")
         if self.renderer not in RENDERERS:
             raise ValueError(f"renderer must be one of {RENDERERS}, got {self.renderer!r}")
-        if not isinstance(self.max_steps, int) or self.max_steps < 1:
+        if not _is_int(self.max_steps) or self.max_steps < 1:  # True is an int to Python: it was taken as 1 step
             raise ValueError(f"max_steps must be an int >= 1, got {self.max_steps!r}")
-        if not isinstance(self.frame_skip, int) or self.frame_skip < 1:
+        if not _is_int(self.frame_skip) or self.frame_skip < 1:
             raise ValueError(f"frame_skip must be an int >= 1, got {self.frame_skip!r}")
-        if not self.max_speed > 0 or not self.success_radius > 0:
-            raise ValueError("max_speed and success_radius must be > 0")
+        for name in ("max_speed", "success_radius"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
         if not isinstance(self.block_velocity, bool):
             raise ValueError(f"block_velocity must be True or False, got {self.block_velocity!r}")
 

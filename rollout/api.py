@@ -218,6 +218,13 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     here = dataclasses.replace(spec, run=dataclasses.replace(cfg, out=out))  # Ray's own messages: a file there
     placement = placement_for(here, built, spare)
     try:
+        if (
+            len(before) > cfg.episodes
+        ):  # resumed with a smaller total: nothing would run, and the summary would say done
+            raise ConfigError(
+                "episodes",
+                f"{out} holds {len(before)} episodes already; with `resume=True` it is the run's total: give at least {len(before)}",
+            )
         if earlier:
             _same_run(earlier[0], placement, built.env, env_meta, cfg.graphs)
         placement.start(subs, sink.shards, poll_stop or (lambda: None))
@@ -258,6 +265,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
             "wall_s": time.perf_counter() - t0, "run_dir": str(out), "interrupted": interrupted is not None,
             "discarded_by_key": [e.index for e in ends if e.dropped and e.error is None],  # teleop's r: not recorded, re-run
             "unwritten_at_interrupt": sink.discarded,  # finished, still queued at a second Ctrl-C: not written
+            "env_workers": cfg.env_workers,  # 0 too (`env_workers="auto"` may choose none); the workers' placement says more
         })  # fmt: skip
         summary.update(placement.summary())
         summary.update(sink.summary())

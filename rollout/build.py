@@ -18,7 +18,6 @@ import importlib
 import sys
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import gymnasium as gym
 
@@ -27,6 +26,7 @@ from rollcap.envs import probe_exactness
 from rollcap.envs.errors import mujoco_warnings
 from rollcap.rollout.config import check_batched_host
 from rollcap.rollout.errors import ConfigError, NotExactWarning, cause_of
+from rollcap.rollout.fits import check_model_fits
 from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
     DEFAULT_ENV,
     EXPERT,
@@ -138,48 +138,6 @@ def named_env(recorded: str, named: str | None, source) -> bool:
     )
 
 
-def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: str | None = None) -> None:
-    """Refuse an env whose observations a model with observation spec ``spec`` cannot read.
-
-    ``source``: the recording the env was read from (it cannot change): the message names it.
-
-    Raises:
-        ConfigError: naming ``field`` (the env id, the kwargs that made it, or the model), what the env gives and what the model reads.
-    """
-    space = env.observation_space
-    name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
-    name = f"{source}: {name}" if source else name
-    want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
-    if not isinstance(space, gym.spaces.Dict):
-        raise ConfigError(
-            field,
-            f"{name} observations are a {type(space).__name__} space; the {label} reads a dict {want} plus 'instruction'",
-        )
-    have = {k: tuple(s.shape) for k, s in space.spaces.items() if k != "instruction"}
-    wrong = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
-    if wrong or "instruction" not in space.spaces:
-        what = ", ".join(f"{k} {h or 'missing'} (needs {w})" for k, (h, w) in wrong.items())
-        if "instruction" not in space.spaces:
-            what = ", ".join(filter(None, [what, "'instruction' missing"]))
-        raise ConfigError(field, f"{name} does not fit the {label}: {what}")
-
-
-NO_SHIPPED_POLICY = (
-    "no shipped policy reads this env's observations (they read rollcap/PushBlock-v0's and the MetaWorld MT10 tasks'): "
-    "record it with a policy of your own, rollcap.run(env=..., policy=...) (examples/custom_policy.py; for Fetch, examples/fetch_reach.py)"
-)
-"""What a run of a shipped checkpoint on an env it cannot read adds to :func:`check_fits`' line."""
-
-
-def _shipped_policies() -> set[Path]:
-    return {policies.DEFAULT_CHECKPOINT, policies.MT10_CHECKPOINT}
-
-
-def _misfit_field(parts: Parts, label: str, source: str | None) -> str:
-    """The field a model that cannot read the env names: the env's, or (the env read from ``source``) the model's."""
-    return label if source else "env_kwargs" if parts.env_kwargs else "env_id"
-
-
 # ----------------------------------------------------------------- build
 @dataclass
 class Built:
@@ -279,6 +237,12 @@ def for_this_machine(spec: Spec) -> Spec:
     return dataclasses.replace(spec, run=dataclasses.replace(run, env_workers=count))
 
 
+def _plain_env(parts: Parts):
+    """``parts``' env made with its default kwargs, when asked (:func:`~rollcap.rollout.fits.check_model_fits`);
+    None for an env object of yours (nothing to make again)."""
+    return (lambda: make_env(parts.env_id)) if is_name(parts.env_id) else None
+
+
 def check_repeatable(env, require: bool = False) -> None:
     """Warn (:class:`NotExactWarning`) about an env that is not repeatable; with ``require``, refuse it, or one without exact state.
 
@@ -358,7 +322,7 @@ def runners(
     ``expert[:STD]`` an :class:`ExpertPolicy`; neither has a batched graph nor carries a prefix (``rtc`` is
     refused by the host).
 
-    With ``env``, both models are checked against its observations (:func:`check_fits`) before anything is captured.
+    With ``env``, both models are checked against its observations (:func:`~rollcap.rollout.fits.check_model_fits`) before anything is captured.
     ``rtc``: the policy is an :class:`~rollcap.policies.rtc.RTCPolicyRunner` (real-time chunking, ``HostConfig.chunking`` naive / rtc).
     ``source``: the recording ``env`` was read from: a model that cannot read it is the one to change (the error names ``policy`` / ``critic`` and the file).
     """
@@ -379,14 +343,9 @@ def _pair(parts: Parts, env, envs: int, rtc: bool, source: str | None):
     model = policies.load_policy(parts.policy)
     critic_model = critics.load_critic(parts.critic) if parts.critic is not None and envs > 1 else None
     if env is not None:
-        try:
-            check_fits(env, model.cfg.obs_spec, "policy", _misfit_field(parts, "policy", source), source)
-        except ConfigError as err:
-            if Path(parts.policy) not in _shipped_policies() or envs > 1:
-                raise
-            raise ConfigError(err.field, f"{err.problem}; {NO_SHIPPED_POLICY}") from None
+        check_model_fits(env, model.cfg.obs_spec, "policy", parts, source, _plain_env(parts))
         if critic_model is not None:
-            check_fits(env, critic_model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
+            check_model_fits(env, critic_model.cfg.obs_spec, "critic", parts, source, _plain_env(parts))
     model = policy_model(parts, model)
     if envs > 1:
         policy = policy_runner(model, parts, envs=envs)
@@ -407,7 +366,7 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> critics.Cr
     """Load ``parts.critic`` and capture it on its own lane (checked against ``env``'s observations first; ``source`` as for :func:`runners`)."""
     model = critics.load_critic(parts.critic)
     if env is not None:
-        check_fits(env, model.cfg.obs_spec, "critic", _misfit_field(parts, "critic", source), source)
+        check_model_fits(env, model.cfg.obs_spec, "critic", parts, source, _plain_env(parts))
     return critic_runner(model, parts)
 
 

@@ -41,6 +41,11 @@ class NotExactWarning(UserWarning):
     """
 
 
+class ExportWarning(UserWarning):
+    """An export wrote its dataset, and it lacks something its format recommends (who made it), or holds data its
+    declared spaces do not contain (actions the env clipped): the one line says which and what to do."""
+
+
 def cause_of(err: BaseException) -> str:
     """``Type: message`` of an exception, and where it was raised when the message is empty (a bare ``assert``)."""
     text = str(err).strip().splitlines()

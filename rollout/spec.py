@@ -85,7 +85,7 @@ class Parts:
     policy: Path | ChunkPolicy = field(default=DEFAULT_POLICY, metadata=BYTES)
     """Policy checkpoint (.json or .safetensors; default: the shipped one for the env, the MT10 policy on a MetaWorld MT10 task); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
     critic: Path | ChunkCritic | None = field(default=DEFAULT_CRITIC, metadata=BYTES)
-    """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task); 'none' runs without a critic."""
+    """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task, none on another MetaWorld task, which no shipped critic reads); 'none' runs without a critic."""
     device: str = field(default="cpu", metadata=BYTES)
     """cpu or cuda[:i]."""
     backend: Literal["eager", "jit", "aoti", "compile", "cuda", "compile-cuda"] | None = field(
@@ -180,12 +180,14 @@ def check_graph_settings(backend: str | None, precision: str, device: str) -> to
     return dev
 
 
-def shipped_models(env_id: str) -> tuple[Path, Path]:
-    """The shipped policy and critic for ``env_id``: the MT10 pair on a MetaWorld MT10 task, else the built-in task's."""
+def shipped_models(env_id: str) -> tuple[Path, Path | None]:
+    """The shipped policy and critic for ``env_id``: the MT10 pair on a MetaWorld MT10 task; on another MetaWorld task
+    no critic (no shipped critic reads its observations, so ``--policy expert`` runs there as it is) and the built-in
+    task's policy (which refuses the task, naming ``--policy expert``); else the built-in task's pair."""
     from rollcap.envs.metaworld import ID_PREFIX, MT10  # (rollcap.envs imports MuJoCo: not for building the parser)
 
-    if env_id.startswith(ID_PREFIX) and env_id.removeprefix(ID_PREFIX) in MT10:
-        return MT10_POLICY, MT10_CRITIC
+    if env_id.startswith(ID_PREFIX):
+        return (MT10_POLICY, MT10_CRITIC) if env_id.removeprefix(ID_PREFIX) in MT10 else (DEFAULT_POLICY, None)
     return DEFAULT_POLICY, DEFAULT_CRITIC
 
 

@@ -46,6 +46,7 @@ CORE = (
     "host",
     "subscribers",
     "named",
+    "fits",
     "build",
     "batch",
     "placement",

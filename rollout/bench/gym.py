@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from rollcap.rollout.bench.timing import step_times
+from rollcap.rollout.bench.timing import load_note, step_times
 from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.gym.envs import ChunkEnv, make_noise_steering_env
@@ -124,5 +124,5 @@ def format_gym(g: dict, row) -> None:
         return
     row(
         "chunks/s: 1 env / AsyncVectorEnv(2 workers)",
-        f"{g['single_env_chunks_per_s']:.1f} / {g['async_2_workers_chunks_per_s']:.1f} ({g['async_2_over_single']:.2f}x)",
+        f"{g['single_env_chunks_per_s']:.1f} / {g['async_2_workers_chunks_per_s']:.1f} ({g['async_2_over_single']:.2f}x{load_note(g.get('load'))})",
     )

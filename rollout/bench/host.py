@@ -1,52 +1,37 @@
-"""Bench section ``host``: host overhead per chunk (with the shipped policy, and at GPU speed with a stand-in 2 ms policy and critic), recording overhead (background and synchronous), capsule reset vs env.reset + runner rebuild, episode start."""
+"""Bench section ``host``: host overhead per chunk (with the shipped policy, and at GPU speed with a stand-in 2 ms policy and critic), capsule reset vs env.reset + runner rebuild, episode start (recording overhead: the ``recording`` section)."""
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-from rollcap.rollout.bench.timing import stats, time_calls
+from rollcap.rollout.bench.timing import load_note, stats, time_calls
 from rollcap.rollout.build import Parts, make_env, make_runners
 
 
 def bench_host(parts: Parts, n: int) -> dict:
+    """Host overhead per chunk, capsule reset against env.reset + runner rebuild, episode start, and the host at GPU
+    speed. What recording costs is the ``recording`` section's (:mod:`rollcap.rollout.bench.recording`: the writer's
+    stages and its overhead over interleaved rounds), not measured here a second time from fewer episodes."""
     from rollcap.capsule.verbs import restore
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
-    from rollcap.rollout.recording import EpisodeRecorder
-    from rollcap.rollout.subscribers import InBackground, Metrics
+    from rollcap.rollout.subscribers import Metrics
 
-    episodes = max(2, n // 20)
+    episodes = max(6, n // 20)  # the host overhead is a median over their chunks: some dozens even with --quick
     env = make_env(parts.env_id, parts.env_kwargs)
     policy, critic = make_runners(
         parts, env
     )  # checked against the env's observations (--env with a policy that cannot read it is refused)
     out: dict = {"episodes": episodes}
-
-    walls: dict[str, list[float]] = {}
     metrics = Metrics()
-    env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(parts.env_kwargs or {})}
-    with tempfile.TemporaryDirectory() as tmp:
-        # interleave plain / synchronous / background-recorded runs of the same episodes
-        for rep in range(2):
-            for mode in ("plain", "recorded_sync", "recorded_background"):
-                rec = EpisodeRecorder(Path(tmp) / f"{mode}{rep}", formats=("npz", "h5"), env_meta=env_meta)
-                subs = {"plain": [metrics], "recorded_sync": [rec], "recorded_background": [InBackground(rec)]}[mode]
-                host = RolloutHost(env, policy, critic, HostConfig(seed=7), subs, records=mode != "plain")
-                t0 = time.perf_counter()
-                host.run(episodes)  # on_run_end drains the background writer
-                walls.setdefault(mode, []).append(time.perf_counter() - t0)
-                rec.close()
-    plain = min(walls["plain"])
-    out["rollout_wall_s"] = plain
-    for mode in ("recorded_sync", "recorded_background"):
-        out[f"{mode}_wall_s"] = min(walls[mode])
-        out[f"{mode}_overhead"] = (min(walls[mode]) - plain) / plain
-    out["recording_overhead"] = out["recorded_background_overhead"]
+    host = RolloutHost(env, policy, critic, HostConfig(seed=7), [metrics], records=False)
+    t0 = time.perf_counter()
+    host.run(episodes)
+    out["rollout_wall_s"] = time.perf_counter() - t0
     over = [b - max(p, c) for b, p, c in zip(metrics.boundary_s, metrics.policy_s, metrics.critic_s)]
+    out["chunks"] = len(over)
     out["boundary_ms_median"] = float(np.median(metrics.boundary_s) * 1e3)
     out["host_overhead_ms_median"] = float(np.median(over) * 1e3)
     out["host_overhead_fraction"] = float(np.median(np.asarray(over) / np.asarray(metrics.boundary_s)))
@@ -168,13 +153,12 @@ def bench_gpu_speed(parts: Parts, episodes: int, chunk_s: float = 2e-3) -> dict:
 
 def format_host(h: dict, row) -> None:
     """The section's rows of the human table."""
-    row("chunk boundary (median)", f"{h['boundary_ms_median']:.2f} ms")
+    row("chunk boundary (median)", f"{h['boundary_ms_median']:.2f} ms ({h['chunks']} chunks{load_note(h.get('load'))})")
     row(
         "host overhead per chunk (median)",
         f"{h['host_overhead_ms_median']:.3f} ms ({h['host_overhead_fraction']:.1%} of boundary)",
     )
-    row("recording overhead, background writer", f"{h['recorded_background_overhead']:.1%} of rollout wall (npz + h5)")
-    row("recording overhead, synchronous writes", f"{h['recorded_sync_overhead']:.1%} of rollout wall")
+    row("recording overhead", "the recording section's (below)")
     row(
         "capsule reset / env.reset + runner rebuild",
         f"{h['capsule_reset_ms']:.3f} / {h['env_reset_plus_rebuild_ms']:.1f} ms ({h['capsule_reset_speedup']:.0f}x)",

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from rollcap.rollout.bench.timing import ratio_text, spread
 from rollcap.rollout.build import Parts, make_env, make_runners
 from rollcap.rollout.seeding import chunk_noise, episode_seed
 
@@ -81,7 +82,7 @@ def bench_peer(parts: Parts, n: int) -> dict:
     from rollcap.rollout.subscribers import InBackground, Metrics
 
     quick = n < 100
-    episodes, rounds, seed = (1, 2, 7) if quick else (10, 3, 7)
+    episodes, rounds, seed = (1, 3, 7) if quick else (10, 3, 7)  # three rounds: a ratio with a range
     env = make_env(parts.env_id, parts.env_kwargs)
     policy, critic = make_runners(parts)
     env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(parts.env_kwargs or {})}
@@ -127,7 +128,6 @@ def bench_peer(parts: Parts, n: int) -> dict:
     policy.close()
     critic.close()
     env.close()
-    spread = lambda xs: {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}  # noqa: E731
     return {
         "episodes_per_round": episodes,
         "rounds": rounds,
@@ -175,6 +175,5 @@ def format_peer(p: dict, row) -> None:
     for key in ("rollcap_over_peer_1_thread", "rollcap_over_peer_default_threads"):
         if key not in p:
             continue
-        r = p[key]
-        row(key.replace("_", " "), f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f} over {p['rounds']} rounds)")
+        row(key.replace("_", " "), ratio_text(p[key], p.get("load")))
     row("same episodes in every loop", str(p["same_episodes"]))

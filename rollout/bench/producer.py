@@ -170,7 +170,7 @@ def compare(
     for name in writers:
         costs = [(x["work_s"] + x["handoff_s"] - b) / rollout_s for x, b in zip(runs[name], base)]
         row = {
-            "cost": {"median": statistics.median(costs), "min": min(costs), "max": max(costs)},
+            "cost": {"median": statistics.median(costs), "min": min(costs), "max": max(costs), "n": len(costs)},
             "drain_ms": max(x["drain_s"] for x in runs[name]) * 1e3,
             "handoff_max_ms": max(x["handoff_max_s"] for x in runs[name]) * 1e3,
             "late_ms": max(x["late_s"] for x in runs[name]) * 1e3,

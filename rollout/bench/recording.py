@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rollcap.rollout.bench.timing import cost_text, spread
 from rollcap.rollout.build import Parts, make_env, make_runners
 
 
@@ -48,7 +49,7 @@ def bench_recording(parts: Parts, n: int) -> dict:
     from rollcap.rollout.subscribers import InBackground
 
     quick = n < 100
-    episodes, rounds = (2, 2) if quick else (10, 3)
+    episodes, rounds = (3, 3) if quick else (10, 3)  # a range over rounds needs three; an episode is ~0.1-0.3 s here
     env = make_env(parts.env_id, parts.env_kwargs)
     policy, critic = make_runners(parts, env)
     env_meta = {"env_name": parts.env_id, "type": 2, "env_kwargs": dict(parts.env_kwargs or {})}
@@ -97,7 +98,6 @@ def bench_recording(parts: Parts, n: int) -> dict:
         if part is not None:  # --critic none
             part.close()
     plain = statistics.median(walls["plain"]) / episodes
-    spread = lambda xs: {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}  # noqa: E731
     stages = {}
     for name, samples in stage_s.items():
         wall = statistics.mean(w for w, _ in samples)
@@ -171,7 +171,7 @@ def _producer(records, tmp: Path, env_meta: dict, quick: bool) -> dict:
     def pool(r: int):
         return WriterPool(tmp / f"producer-pool{r}", writers=2, formats=("npz", "h5"), env_meta=env_meta), None
 
-    episodes, rounds = (20, 1) if quick else (100, 3)
+    episodes, rounds = (20, 2) if quick else (100, 3)
     return compare(
         records, {"thread": thread, "process": process, "2 processes": pool}, episodes, RATE, WORK_MS, rounds
     )
@@ -187,8 +187,7 @@ def format_recording(r: dict, row) -> None:
         row(f"  {name}", f"wall {s['wall_ms']:.2f} ms, CPU {s['cpu_ms']:.2f} ms ({s['cpu_share']:.1%} of rollout wall)")
     row("writer CPU (checks + npz + h5) / rollout wall", f"{r['writer_cpu_share']:.1%}")
     for key in ("background_overhead", "sync_overhead"):
-        o = r[key]
-        row(key.replace("_", " "), f"{o['median']:.1%} ({o['min']:.1%} to {o['max']:.1%} over {r['rounds']} rounds)")
+        row(f"{key.replace('_', ' ')} ({r['episodes']} episodes a round)", cost_text(r[key], r.get("load")))
     w = r.get("writer")
     if w is not None:
         row("writer CPU per episode (write_many: checks, digests, compression, containers, commit):")
@@ -208,5 +207,5 @@ def format_recording(r: dict, row) -> None:
             )
             row(
                 f"  writer: {name}",
-                f"cost {c['median']:.1%} of rollout wall ({c['min']:.1%} to {c['max']:.1%}); behind {w['late_ms']:.0f} ms at the end, drain {w['drain_ms']:.0f} ms, longest hand-off {w['handoff_max_ms']:.1f} ms{cpu}",
+                f"cost of rollout wall {cost_text(c, r.get('load'))}; behind {w['late_ms']:.0f} ms at the end, drain {w['drain_ms']:.0f} ms, longest hand-off {w['handoff_max_ms']:.1f} ms{cpu}",
             )

@@ -27,6 +27,7 @@ import time
 
 import torch
 
+from rollcap.rollout.bench.timing import load_note, load_now
 from rollcap.rollout.build import Parts
 
 SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording", "startup")
@@ -114,11 +115,15 @@ def run_bench(
     fns = {
         s: getattr(importlib.import_module(f"rollcap.rollout.bench.{_MODULE.get(s, s)}"), f"bench_{s}") for s in only
     }
-    report["section_s"] = {}
+    report["section_s"], report["load"] = {}, {}
+    start = time.perf_counter()
     for s in only:
-        t0 = time.perf_counter()
+        before, t0 = load_now(), time.perf_counter()
         report[s] = fns[s](parts, n, **extra.get(s, {}))
         report["section_s"][s] = time.perf_counter() - t0
+        after = load_now()  # the busier of the two: a wall-clock figure of a section is as noisy as its worst minute
+        report["load"][s] = {"load": max(before["load"], after["load"]), "cpus": after["cpus"]}
+    report["wall_s"] = time.perf_counter() - start
     return report
 
 
@@ -137,8 +142,8 @@ _FORMAT = {
     ),
     "backends": ("backends", "CPU plans side by side (jit, aoti, compile; interleaved rounds):"),
     "batch": ("batch", "batch (envs {envs} on one policy graph, in this process and in env workers; recorded runs):"),
-    "section_s": None,
     "branch": ("branch", "branch (restore + continuation vs the prefix from scratch):"),
+    "section_s": None,
 }
 """Section -> (its module under ``rollcap.rollout.bench``, its title; fields of the section's report fill the title), in report order."""
 
@@ -157,9 +162,25 @@ def format_report(r: dict) -> str:
         if name not in r:
             continue
         if spec is None:
-            lines.append("seconds per section: " + ", ".join(f"{k} {v:.1f}" for k, v in r["section_s"].items()))
+            lines.append(_seconds_line(r))
             continue
         module, title = spec
-        lines.append(title.format(**r[name]))
-        getattr(importlib.import_module(f"rollcap.rollout.bench.{module}"), f"format_{name}")(r[name], row)
+        load = r.get("load", {}).get(name)
+        note = load_note(load)  # every wall-clock figure of a section that ran on a busy machine is noisy
+        lines.append(title.format(**r[name]) + (f" [{note.removeprefix('; ')}]" if note else ""))
+        section = {**r[name], "load": load}  # its figures say how busy the machine was
+        getattr(importlib.import_module(f"rollcap.rollout.bench.{module}"), f"format_{name}")(section, row)
     return "\n".join(lines)
+
+
+def _seconds_line(r: dict) -> str:
+    """The sections' seconds, the whole run's wall and the load they ran under (last: every section has run)."""
+    line = "seconds per section: " + ", ".join(f"{k} {v:.1f}" for k, v in r["section_s"].items())
+    loads = [x["load"] for x in r.get("load", {}).values()]
+    if "wall_s" in r:
+        line += f"; {r['wall_s']:.0f} s in all"
+    if loads:
+        cpus = next(iter(r["load"].values()))["cpus"]
+        line += f" at a 1-minute load of {min(loads):.1f} to {max(loads):.1f} on {cpus} cpus"
+        line += " (busy: wall-clock figures marked noisy)" if max(loads) > cpus / 2 else ""
+    return line

@@ -9,6 +9,7 @@ dataclasses through :mod:`~rollcap.rollout.options`.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import warnings
@@ -64,8 +65,13 @@ def _main(argv: list[str] | None) -> int:
     except (RecordingFailed, ClusterFailure) as err:  # the disk or the machines, not the user: exit 1
         print(f"rollcap {args.command}: error: {err}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # e.g. `rollcap inspect ... | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except BrokenPipeError as err:
+        if not _stdout_closed():  # another pipe (a process that died): a failure like any other
+            print(f"rollcap {args.command}: error: {err}", file=sys.stderr)
+            return 1
+        os.dup2(
+            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+        )  # e.g. `rollcap inspect ... | head`: stop quietly
         return 0
     except (
         UserError,
@@ -81,15 +87,25 @@ def _main(argv: list[str] | None) -> int:
         return 2
 
 
+def _stdout_closed() -> bool:
+    """Whether this process's stdout is a pipe whose reader has gone (``| head`` that has read enough)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no stdout, or a file object without a descriptor
+        return False
+
+
 _SHOW = warnings.showwarning
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     """rollcap's own warnings as one line (``rollcap: warning: ...``); others as Python shows them."""
     from rollcap.envs.errors import MujocoWarning
-    from rollcap.rollout.errors import NotExactWarning
+    from rollcap.rollout.errors import ExportWarning, NotExactWarning
 
-    if issubclass(category, (NotExactWarning, MujocoWarning)):
+    if issubclass(category, (NotExactWarning, MujocoWarning, ExportWarning)):
         print(f"rollcap: warning: {message}", file=file or sys.stderr)
     else:
         _SHOW(message, category, filename, lineno, file, line)

@@ -113,9 +113,10 @@ def cmd_run(args) -> int:
         return 143 if isinstance(stop.cause, _Terminated) else 130
     print(_summary_table(result.summary))
     failed = result.summary.get("failed")
-    if failed:  # episodes whose every try killed its actor (or raised there): not recorded
+    if failed:  # episodes whose every try killed its actor or env worker (or raised there): not recorded
+        where = "env workers" if result.summary.get("env_workers") else "actors"
         print(
-            f"rollcap run: error: {len(failed)} episode(s) failed on the actors ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again",
+            f"rollcap run: error: {len(failed)} episode(s) failed on the {where} ({', '.join(failed)}): {next(iter(failed.values()))}; --resume runs them again",
             file=sys.stderr,
         )
         return 1
@@ -141,8 +142,11 @@ def _summary_table(s: dict) -> str:
         n, which = len(s["discarded_by_key"]), ", ".join(map(str, s["discarded_by_key"]))
         rows.append(("discarded by key", f"{n} (episode{'s' if n > 1 else ''} {which}; not recorded)"))
     if s.get("env_workers"):
-        r = s.get("worker_restarts", 0)
-        rows.append(("env workers", f"{s['env_workers']}" + (f", {r} restarted" if r else "")))
+        r, again, kept = s.get("worker_restarts", 0), s.get("lost_and_rerun", []), s.get("kept_from_lost_workers", [])
+        lost = (
+            f"; episodes of lost workers: {len(again)} run again, {len(kept)} kept as written" if again or kept else ""
+        )
+        rows.append(("env workers", f"{s['env_workers']}" + (f", {r} restarted" if r else "") + lost))
     if "actors" in s:
         rows.append(
             (

@@ -24,7 +24,7 @@ def add_parsers(command, parts_options) -> None:
         "replay",
         cmd_replay,
         "replay recordings and check they are byte-identical",
-        "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; the summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.",
+        "Replay recorded episodes in three modes: policy (recorded obs + noise through the policy and critic), env (recorded actions from the initial sim state), closed (re-run from the seed). Each episode is checked separately; a run directory that recorded both formats is read from its npz files and each episode checked against its copy in episodes.hdf5 (a damaged, short or different HDF5 file fails, named). The summary counts exact, diverged, not comparable and failed. Exit 0 only when every episode was checked and exact.",
         "rollcap replay runs/eval/episodes.hdf5 --mode policy,env",
     )
     p.add_argument("files", nargs="+", type=Path, help="npz files, HDF5 files or run directories")
@@ -61,8 +61,9 @@ def add_parsers(command, parts_options) -> None:
     p.set_defaults(options=parts_options(p, skip=("env_id", "env_kwargs"), as_recorded=True))
 
     p = command("inspect", cmd_inspect, "print an episode table; plot critic value and actions; what a critic threshold would do",
-                "Print a table of the episodes in an npz file, an HDF5 file or a run directory; --early-stop replays the critic's stop "
-                "predicate on their recorded values for each threshold.", "rollcap inspect runs/eval --plot runs/eval/plots --early-stop -0.9 -0.8")  # fmt: skip
+                "Print a table of the episodes in an npz file, an HDF5 file or a run directory (both formats of a run directory: an "
+                "unreadable file or episode is a BAD row and exit 1); --early-stop replays the critic's stop predicate on their recorded "
+                "values for each threshold.", "rollcap inspect runs/eval --plot runs/eval/plots --early-stop -0.9 -0.8")  # fmt: skip
     p.add_argument("file", type=Path, nargs="+", help="npz file, HDF5 file or run directory (several: one table each)")
     p.add_argument(
         "--plot", type=Path, default=None, metavar="DIR", help="write one PNG per episode into DIR (needs matplotlib)"
@@ -128,6 +129,13 @@ def add_parsers(command, parts_options) -> None:
         help="lerobot: also write the instruction as observation.environment_state, an N-dim hashed bag of words, for policies with no language input (ACT, Diffusion Policy); --policy lerobot:DIR computes the same at run time",
     )
     p.add_argument("--dataset-id", default=None, help="minari: the dataset id (default rollcap/<run name>-v0)")
+    p.add_argument("--author", default=None, help="minari: who made the dataset (Minari recommends it)")
+    p.add_argument("--author-email", default=None, help="minari: how to reach them (Minari recommends it)")
+    p.add_argument(
+        "--code-permalink",
+        default=None,
+        help="minari: a link to the versioned code that made it (Minari recommends it)",
+    )
     p.add_argument(
         "--gamma",
         type=float,
@@ -158,8 +166,8 @@ def cmd_replay(args) -> int:
     if args.address is not None and not args.actors:
         raise UserError(f"--address {args.address}: joining a Ray cluster needs --actors >= 1")
 
-    def episodes():  # streamed: one episode in memory at a time, however large the run
-        return (item for f in args.files for item in iter_episodes(f))
+    def episodes():  # streamed: one episode in memory at a time, however large the run; every format a run wrote
+        return (item for f in args.files for item in iter_episodes(f, every_format=True))
 
     firsts = [
         next(iter_episodes(f), None) for f in args.files
@@ -232,7 +240,7 @@ def cmd_inspect(args) -> int:
         raise UserError(f"--patience: expected an integer >= 1, got {args.patience}")
     bad: list = []
     for path in args.file:  # streamed: memory is one episode's, whatever the run's size; a bad episode is a row
-        print(episode_table(iter_episodes(path), unreadable=bad))
+        print(episode_table(iter_episodes(path, every_format=True), unreadable=bad))
     if thresholds is not None:
         try:
             eps = [boundaries_of(rec, str(path)) for path in args.file for rec in readable_episodes(path)]
@@ -271,6 +279,10 @@ def cmd_export(args) -> int:
     options = {"extras": tuple(x for x in args.extras.split(",") if x)} if args.extras is not None else {}
     options["labels"] = args.labels
     if args.to == "lerobot":
+        minari_only = [f for f, on in (("--author", args.author), ("--author-email", args.author_email),
+                                       ("--code-permalink", args.code_permalink), ("--dataset-id", args.dataset_id)) if on]  # fmt: skip
+        if minari_only:
+            raise UserError(f"{minari_only[0]}: an option of --to minari, not --to lerobot")
         options.update(fps=args.fps, videos=args.videos, instruction_dims=args.instruction_dims)
         if args.repo_id:
             options["repo_id"] = args.repo_id
@@ -289,7 +301,12 @@ def cmd_export(args) -> int:
         ]
         if lerobot_only:
             raise UserError(f"{lerobot_only[0]}: an option of --to lerobot, not --to minari")
-        options["dataset_id"] = args.dataset_id
+        options.update(
+            dataset_id=args.dataset_id,
+            author=args.author,
+            author_email=args.author_email,
+            code_permalink=args.code_permalink,
+        )
     try:
         out = export(args.run, args.to, args.root, **options)
     except ImportError as err:  # the target's library lives in LeRobot's venv

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from rollcap.kernels.files import atomic_write
+from rollcap.kernels.files import atomic_write, cannot_create_dir
 from rollcap.rollout.episode import ACTOR_HUMAN, EpisodeRecord
 from rollcap.rollout.recording import iter_episodes
-from rollcap.rollout.recording.npz import npz_name_index
+from rollcap.rollout.recording.runs import source_index
 
 
 def _fmt(x: float) -> str:
@@ -46,9 +46,7 @@ def episode_table(records: Iterable, instruction_width: int = 40, unreadable: li
             bad.append(f"  BAD {source}: {_error(source, r)}")
             if unreadable is not None:
                 unreadable.append((source, r))
-            index = npz_name_index(source) if source and source.endswith(".npz") else None
-            if index is None and source and ":demo_" in source:
-                index = source.rsplit(":demo_", 1)[1]
+            index = source_index(source)
             rows.append(
                 ("?" if index is None else str(index), "-", "-", "-", "-", "BAD", "-", "-", "-", "(unreadable)")
             )
@@ -85,7 +83,9 @@ def episode_table(records: Iterable, instruction_width: int = 40, unreadable: li
     out += [line(row) for row in rows]
     out += bad
     counts = [f"{n} episode(s), {ok} successful ({ok / n:.0%}), {steps} steps"] if n else []
-    counts += [f"{len(bad)} episode(s) unreadable (BAD above)"] if bad else []
+    whole = sum(row[0] == "?" and row[5] == "BAD" for row in rows)  # a file unreadable as a whole
+    unread = [f"{len(bad) - whole} episode(s)"] * (len(bad) > whole) + [f"{whole} file(s)"] * bool(whole)
+    counts += [f"{' and '.join(unread)} unreadable (BAD above)"] if bad else []
     if counts:
         out.append("; ".join(counts))
     return "\n".join(out)
@@ -177,10 +177,13 @@ def check_plot_dir(out_dir) -> Path:
     out_dir = Path(out_dir)
     for p in (out_dir, *out_dir.parents):
         if p.is_dir():
-            return out_dir
+            break
         if p.exists():
             what = "is a file" if p == out_dir else f"cannot be made: {p} is a file"
             raise ValueError(f"plot directory {out_dir} {what}; name a directory (it is created if missing)")
+    why = cannot_create_dir(out_dir)  # made and removed at once: /proc/plots passed the checks above, then failed
+    if why is not None:
+        raise ValueError(f"plot directory {why}; name a directory you can write")
     return out_dir
 
 

@@ -23,6 +23,7 @@ from rollcap.envs import exact_state_of, physics_row
 from rollcap.rollout.episode import ACTOR_AGENT, EpisodeRecord
 from rollcap.rollout.protocols import observation_at, recorded_obs
 from rollcap.rollout.offline.deployment import fingerprint_diff
+from rollcap.rollout.recording.runs import source_index
 from rollcap.rollout.seeding import chunk_noise
 
 MODES = ("policy", "env", "closed")
@@ -121,9 +122,8 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     """
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
     inapplicable = sum(bool(r.not_applicable) for r in results)
-    episodes = len(
-        {(r.source, r.episode) if r.episode is not None else (r.source, id(r)) for r in results}
-    )  # an unreadable one has no index
+    episodes = len({(r.source, r.episode) for r in results if r.episode is not None})
+    files = sum(r.episode is None for r in results)  # unreadable as a whole (no episode to name)
     modes = sorted({r.mode for r in results if r.mode != "all"})
     ok = (
         bool(results)
@@ -134,7 +134,8 @@ def summary_line(results: list[ReplayResult], accept_not_comparable: bool = Fals
     text = ", ".join(f"{n} {s}" for s, n in counts.items())
     if inapplicable:
         text += f" ({inapplicable} of them: a mode that does not apply, actions came from the caller)"
-    return f"{episodes} episode(s), {len(modes)} mode(s): {text}" + (
+    unread = f" and {files} unreadable file(s)" if files else ""
+    return f"{episodes} episode(s){unread}, {len(modes)} mode(s): {text}" + (
         " -- all exact" if counts["exact"] == len(results) and results else ""
     ), ok
 
@@ -368,7 +369,7 @@ class Replayer:
         ``rec`` may be the error an unreadable episode came back as (:func:`iter_episodes`): one failed result.
         """
         if isinstance(rec, Exception):
-            return [ReplayResult.could_not(source, "all", rec)]
+            return [ReplayResult.could_not(source, "all", rec, source_index(source))]
         out = []
         for mode in modes:
             try:

@@ -147,16 +147,24 @@ def check_target(target: Path, arg: str) -> None:
 def staged(target: Path, arg: str) -> Iterator[Path]:
     """A fresh path beside ``target`` (not yet created) to write into; renamed to ``target`` on success, removed on failure."""
     check_target(target, arg)
+    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]  # deepest first
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".partial", dir=target.parent))
+    done = False
     try:
         yield tmp / "out"
         check_target(target, arg)  # nobody took it meanwhile
         if target.is_dir():
             target.rmdir()
         os.replace(tmp / "out", target)
+        done = True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        for d in made if not done else ():  # a failure leaves no directory it made either
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def without_empty(records: Iterator[EpisodeRecord], skipped: list[int]) -> Iterator[EpisodeRecord]:

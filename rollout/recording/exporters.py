@@ -25,7 +25,7 @@ def export(run_dir, to: str, root, **options):
     directory; options ``repo_id``, ``fps``, ``videos``, ``extras``, ``instruction_dims``, ``obs_keys``, ``labels``).
     ``to="minari"``: :func:`~rollcap.rollout.recording.to_minari.export_minari` (``root`` is Minari's datasets
     root, the dataset goes to ``root/<dataset_id>``; options ``dataset_id`` (default :func:`default_dataset_id`),
-    ``extras``, ``description``, ``labels``). ``labels="expert"``: the clean scripted expert's action on each
+    ``extras``, ``description``, ``author``, ``author_email``, ``code_permalink``, ``labels``). ``labels="expert"``: the clean scripted expert's action on each
     recorded observation instead of the executed one (:mod:`~rollcap.rollout.recording.labels`).
     ``to="chunks"``: :func:`~rollcap.rollout.recording.to_chunks.export_chunks`, the chunk-level transitions for
     offline RL (``root`` is the new ``.npz``; options ``gamma``, ``obs_keys``; numpy only).

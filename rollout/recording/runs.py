@@ -15,11 +15,11 @@ from pathlib import Path
 
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
-from rollcap.rollout.recording.codec import corrupt
+from rollcap.rollout.recording.codec import corrupt, episode_digest
 from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
 from rollcap.rollout.recording.npz import npz_name_index, read_npz
 from rollcap.rollout.recording.recorder import EPISODES_DIR, H5_NAME
-from rollcap.rollout.recording.shards import is_sharded, iter_sharded
+from rollcap.rollout.recording.shards import SHARDS_DIR, is_sharded, iter_sharded
 
 _ZIP_MAGIC, _HDF5_MAGIC = b"PK\x03\x04", b"\x89HDF\r\n\x1a\n"
 
@@ -65,6 +65,11 @@ def iter_any(path) -> Iterator[EpisodeRecord]:
             return
         raise FileNotFoundError(f"{path}: no {EPISODES_DIR}/episode_*.npz and no {H5_NAME}; is it a run directory?")
     if not path.is_file():
+        if is_sharded(path.parent) and path.name in (H5_NAME, EPISODES_DIR):
+            raise FileNotFoundError(
+                f"{path}: no such file; {path.parent} is a sharded run (its episodes are in {path.parent / SHARDS_DIR}/*/): "
+                f"name the run directory itself, or `rollcap merge {path.parent}` first for one {EPISODES_DIR}/ and {H5_NAME}"
+            )
         raise FileNotFoundError(f"{path}: no such file or run directory")
     with open(path, "rb") as fh:
         head = fh.read(8)
@@ -112,29 +117,36 @@ def episodes_of(path) -> list[tuple[str, EpisodeRecord | Exception]]:
     return list(iter_episodes(path))
 
 
-def iter_episodes(path) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
+def iter_episodes(path, every_format: bool = False) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
     """:func:`episodes_of`, one ``(source, record or error)`` at a time: memory is one episode's, however large the run.
+
+    ``every_format`` (a run check: ``rollcap replay``, ``rollcap inspect``): a run directory that recorded both formats
+    is checked in both. Each episode is read from its npz file and from the HDF5 file, and they must agree (an
+    episode whose HDF5 copy is missing, damaged or different comes back as that error); an HDF5 file that cannot be
+    read at all is one error of its own (source: the file), and a demo with no npz beside it another. A sharded run
+    reads every format of each episode from its shard. Without it, the npz files are read when there are any.
+    An HDF5 file with a ``data`` group and no demo is one error (nothing in it to check).
 
     A path that cannot be read at all raises on the first ``next()``.
     """
     path = Path(path)
     if path.is_dir() and is_sharded(path):
-        yield from iter_sharded(path)
+        yield from iter_sharded(path, every=every_format)
         return
     npz = _npz_files(path) if path.is_dir() else []
     h5 = path / H5_NAME if path.is_dir() and not npz else path
     if npz:
-        for p in npz:
-            try:
-                yield str(p), read_npz(p, expect_index=npz_name_index(p))
-            except CorruptEpisode as err:
-                yield str(p), err
+        beside = path / H5_NAME if every_format and npz[0].parent == path / EPISODES_DIR else None
+        yield from _npz_episodes(npz, beside if beside is not None and beside.is_file() else None)
         return
     if h5.is_file() and h5.suffix in (".hdf5", ".h5"):
         try:
             indices = h5_indices(h5)
         except CorruptEpisode:
             indices = None
+        if indices == []:
+            yield str(h5), corrupt(h5, "its 'data' group holds no demo: no episode to read")
+            return
         if indices is not None:
             for i in indices:
                 try:
@@ -144,3 +156,47 @@ def iter_episodes(path) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
             return
     for r in iter_any(path):  # raises the one-line error for what cannot be read
         yield str(path), r
+
+
+def source_index(source: str | None) -> int | None:
+    """The episode a source of :func:`iter_episodes` names (``.../episode_00003.npz``, ``...hdf5:demo_3``); None for a
+    whole file."""
+    if not source:
+        return None
+    if source.endswith(".npz"):
+        return npz_name_index(source)
+    _, sep, tail = source.rpartition(":demo_")
+    return int(tail) if sep and tail.isdigit() else None
+
+
+def _npz_episodes(npz: list[Path], h5: Path | None) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
+    """The episodes of a run's npz files, each checked against its copy in ``h5`` (the run's HDF5 file) when given."""
+    indices: set[int] = set()
+    if h5 is not None:
+        try:
+            indices = set(h5_indices(h5))
+        except CorruptEpisode as err:  # the whole file: one failure; the npz episodes are still checked
+            yield str(h5), err
+            h5 = None
+    named = set()
+    for p in npz:
+        i = npz_name_index(p)
+        named.add(i)
+        try:
+            rec = read_npz(p, expect_index=i)
+            if h5 is not None:
+                _check_h5_copy(h5, indices, rec, p)
+        except CorruptEpisode as err:
+            yield str(p), err
+            continue
+        yield str(p), rec
+    for i in sorted(indices - named) if h5 is not None else ():
+        yield f"{h5}:demo_{i}", corrupt(h5, f"demo_{i} has no {EPISODES_DIR}/episode_{i:05d}.npz beside it")
+
+
+def _check_h5_copy(h5: Path, indices: set[int], rec: EpisodeRecord, npz: Path) -> None:
+    """Raise CorruptEpisode unless ``h5`` holds ``rec`` (read from ``npz``) whole and the same."""
+    if rec.index not in indices:
+        raise corrupt(h5, f"no demo_{rec.index}, though {npz.name} holds that episode; the run's formats disagree")
+    if episode_digest(read_h5_episode(h5, rec.index)) != episode_digest(rec):
+        raise corrupt(h5, f"demo_{rec.index} is not the episode {npz.name} holds; the run's formats disagree")

@@ -31,7 +31,10 @@ has at most one line. A shard may hold episodes the manifest does not name
 (an actor killed after writing one, before the driver heard of it): readers
 ignore them, a resume adopts one whose index the manifest lacks (after
 repairing its shard: a hot HDF5 journal rolled back, a missing format
-copied in), :func:`merge` leaves them out.
+copied in; an npz-only copy of an episode the manifest names in another
+shard is removed, not copied in), :func:`merge` leaves them out. Env workers
+adopt a dead worker's orphans at once (:meth:`ManifestWriter.orphans`), so they
+never run again elsewhere.
 
 Readers see a sharded run as one run in index order
 (:mod:`~rollcap.rollout.recording.runs`), each episode read from its shard
@@ -69,11 +72,11 @@ from rollcap.kernels.files import (
     remove_stale_temps,
 )
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.errors import CorruptEpisode
+from rollcap.rollout.errors import ConfigError, CorruptEpisode
 from rollcap.rollout.recording.codec import corrupt, episode_digest
-from rollcap.rollout.recording.h5 import read_h5_episode
+from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
 from rollcap.rollout.recording.journal import _signals_deferred
-from rollcap.rollout.recording.npz import read_npz
+from rollcap.rollout.recording.npz import npz_name_index, read_npz
 from rollcap.rollout.recording.recorder import (
     EPISODES_DIR,
     FORMATS,
@@ -198,8 +201,9 @@ def read_entry(run_dir, entry: Entry, formats=FORMATS, every: bool = False, sear
     return copies[0][1]
 
 
-def iter_sharded(run_dir, search=()) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
-    """``(source, record or its CorruptEpisode)`` of every episode the manifest names, in index order (``search``: :func:`read_entry`'s)."""
+def iter_sharded(run_dir, search=(), every: bool = False) -> Iterator[tuple[str, EpisodeRecord | Exception]]:
+    """``(source, record or its CorruptEpisode)`` of every episode the manifest names, in index order (``search``,
+    ``every``: :func:`read_entry`'s)."""
     header, entries, _ = read_manifest(run_dir)
     for i in sorted(entries):
         entry = entries[i]
@@ -207,7 +211,7 @@ def iter_sharded(run_dir, search=()) -> Iterator[tuple[str, EpisodeRecord | Exce
         formats = header.get("formats", FORMATS)
         source = str(root / EPISODES_DIR / f"episode_{i:05d}.npz") if "npz" in formats else f"{root / H5_NAME}:demo_{i}"
         try:
-            yield source, read_entry(run_dir, entry, formats, search=search)
+            yield source, read_entry(run_dir, entry, formats, every=every, search=search)
         except CorruptEpisode as err:
             yield source, err
 
@@ -234,14 +238,7 @@ class ManifestWriter:
             if not resume:
                 raise FileExistsError(f"{self.run_dir} already holds a sharded run; pass resume=True to continue it")
             header, self.entries, size = read_manifest(self.run_dir)
-            if tuple(header.get("formats", ())) != self.formats:
-                raise ValueError(
-                    f"{self.path}: the run records {','.join(header.get('formats', ()))}; resume needs the same formats, got {','.join(self.formats)}"
-                )
-            if env_meta is not None and canonical_json(header.get("env_meta")) != canonical_json(env_meta):
-                raise ValueError(
-                    f"{self.path}: the run was recorded in {canonical_json(header.get('env_meta'))}; resume needs the same env, got {canonical_json(env_meta)}"
-                )
+            _same_recording(self.run_dir, header, self.formats, env_meta)
             self.env_meta = header.get("env_meta")
             if size != self.path.stat().st_size:
                 os.truncate(self.path, size)  # a torn append: the episode it named is adopted from its shard below
@@ -295,18 +292,45 @@ class ManifestWriter:
 
     def _adopt(self) -> None:
         """Name in the manifest the whole episodes of the shards (and of the run directory's own layout) it lacks."""
-        roots = [(str(Path(SHARDS_DIR) / name), self.run_dir / SHARDS_DIR / name) for name in self.shard_names()]
+        shards = [str(Path(SHARDS_DIR) / name) for name in self.shard_names()]
         if (self.run_dir / EPISODES_DIR).is_dir() or (self.run_dir / H5_NAME).exists():
-            roots.insert(0, (".", self.run_dir))
-        for shard, root in roots:
-            remove_stale_temps(root)
-            with EpisodeRecorder(
-                root, self.formats, self.env_meta, resume=True
-            ) as rec:  # rolls a hot journal back, copies a missing format in
-                for i in rec.indices:
-                    if i not in self.entries:
-                        record = _read_shard_episode(root, i, self.formats)
-                        self.add(i, episode_digest(record), shard)
+            shards.insert(0, ".")
+        for shard in shards:
+            for record in self.orphans(shard):
+                self.add(record.index, episode_digest(record), shard)
+
+    def orphans(self, shard: str) -> list[EpisodeRecord]:
+        """The whole episodes of ``shard`` (relative to the run directory) that the manifest does not name, by index, once
+        the shard is repaired as a resume repairs it: stale temp files removed, a hot HDF5 journal rolled back, a format
+        missing copied in from the other. Call it only on a shard no one writes any more (its writer dead or done).
+
+        An npz copy of an episode the manifest names in another shard, which the shard's HDF5 file lacks, is removed first
+        (its writer was killed after writing it and before the manifest named it, and it ran again elsewhere): the
+        repair would otherwise copy it into this shard's HDF5 file too, and a reader of the shards would see it twice.
+        """
+        root = self.run_dir / shard
+        if not root.is_dir():
+            return []
+        remove_stale_temps(root)
+        self._drop_strays(shard, root)
+        with EpisodeRecorder(root, self.formats, self.env_meta, resume=True) as rec:
+            return [_read_shard_episode(root, i, self.formats) for i in rec.indices if i not in self.entries]
+
+    def _drop_strays(self, shard: str, root: Path) -> None:
+        """Remove the npz files of ``root`` whose episode the manifest names in another shard (see :meth:`orphans`)."""
+        strays = {
+            i: path
+            for path in (root / EPISODES_DIR).glob("episode_*.npz")
+            if (i := npz_name_index(path)) is not None and i in self.entries and self.entries[i].shard != shard
+        }
+        if not strays:
+            return
+        h5 = root / H5_NAME
+        kept = set(h5_indices(h5)) if h5.exists() else set()  # as committed (a killed writer's journal: rolled back)
+        for i, path in strays.items():
+            if i not in kept:
+                path.unlink()
+        fsync_dir(root / EPISODES_DIR)
 
     def abandon(self) -> None:
         """Nothing queues here (the actors wrote their episodes already)."""
@@ -321,6 +345,29 @@ class ManifestWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _same_recording(run_dir: Path, header: dict, formats: tuple, env_meta: dict | None) -> None:
+    """Refuse to resume a sharded run in other formats or another env, naming the option (as a resumed run's checks do).
+
+    Raises:
+        ConfigError: ``formats``, ``env_id`` or ``env_kwargs``, with the run's value and this one's.
+    """
+    was = tuple(header.get("formats", ()))
+    if was != formats:
+        raise ConfigError(
+            "formats",
+            f"{run_dir} records {','.join(was)}; `resume=True` needs the same formats, got {','.join(formats)}",
+        )
+    stored = header.get("env_meta") or {}
+    if env_meta is None or canonical_json(stored) == canonical_json(env_meta):
+        return
+    for key, option in (("env_name", "env_id"), ("type", "env_id"), ("env_kwargs", "env_kwargs")):
+        if canonical_json(stored.get(key)) != canonical_json(env_meta.get(key)):
+            shown = (canonical_json(d.get(key)) if key != "env_name" else d.get(key) for d in (stored, env_meta))
+            raise ConfigError(option, "{} was recorded with {} {}; `resume=True` needs the same, got {}".format(
+                run_dir, "env" if option == "env_id" else option, *shown))  # fmt: skip
+    raise ConfigError("env_id", f"{run_dir}: recorded in {canonical_json(stored)}; `resume=True` needs the same env")
 
 
 def _read_shard_episode(root: Path, index: int, formats) -> EpisodeRecord:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording.process import WriterPool
-from rollcap.rollout.recording.recorder import EpisodeRecorder
+from rollcap.rollout.recording.recorder import EPISODES_DIR, H5_NAME, EpisodeRecorder
 from rollcap.rollout.recording.shards import MANIFEST, ManifestWriter, is_sharded
 from rollcap.rollout.spec import RunConfig
 from rollcap.rollout.subscribers import InBackground
@@ -99,5 +99,20 @@ def open_sink(run: RunConfig, out: Path, env_meta: dict) -> Sink:
     if run.writers:  # child processes, each recording a shard: their CPU and GIL leave this process
         pool = WriterPool(out, run.writers, run.formats, env_meta, resume=run.resume)
         return Sink("processes", pool.manifest, pool)
+    if run.resume:
+        _keeps_formats(out, run.formats)
     recorder = EpisodeRecorder(out, formats=run.formats, env_meta=env_meta, resume=run.resume)
     return Sink("thread", recorder, InBackground(recorder))  # written on a writer thread, off the hot path
+
+
+def _keeps_formats(out: Path, formats: tuple[str, ...]) -> None:
+    """Refuse to resume a run without a format it recorded (its later episodes would be missing from that format's files).
+
+    Raises:
+        ConfigError: naming ``formats``: what the run records, what was asked.
+    """
+    had = [f for f, there in (("npz", any((out / EPISODES_DIR).glob("episode_*.npz"))), ("h5", (out / H5_NAME).exists())) if there]  # fmt: skip
+    if set(had) - set(formats):
+        raise ConfigError(
+            "formats", f"{out} records {','.join(had)}; `resume=True` needs the same formats, got {','.join(formats)}"
+        )

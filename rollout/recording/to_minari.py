@@ -11,10 +11,20 @@ False / NaN). Images are stored raw (``jpeg_encoding=False``): lossless.
 observation instead of the executed one (:mod:`.labels`) and says so in the
 dataset's description.
 
+The dataset's spaces are the env's own, as Minari's ``DataCollector`` records
+them (the bounds of its action and observation boxes, the instruction's
+``Text`` space), where the env is registered here and its space describes the
+recorded arrays; an env that cannot be made here leaves the spaces the arrays
+imply (unbounded boxes). Recorded data outside a declared space (actions the
+env clipped) is kept as recorded and counted in one :class:`ExportWarning`, as
+is a dataset that names no author, author email or code permalink (Minari's own
+three warnings for those, replaced by that one line naming the arguments).
+
 Minari keeps datasets under a root directory (``MINARI_DATASETS_PATH``,
 default ``~/.minari/datasets``) at ``<root>/<dataset_id>``. The dataset is
 written under a temporary root beside that path and renamed into place when
-finished: a failure leaves nothing. Minari is imported lazily.
+finished: a failure leaves nothing, not even a directory it made. A relative
+root is taken from the working directory. Minari is imported lazily.
 
 Imports point downward: the recording readers (:mod:`.export`), the labels (:mod:`.labels`).
 """
@@ -22,12 +32,14 @@ Imports point downward: the recording readers (:mod:`.export`), the labels (:mod
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from rollcap.rollout.episode import EpisodeRecord
+from rollcap.rollout.errors import ExportWarning
 from rollcap.rollout.recording.export import (
     EXTRAS,
     check_extras,
@@ -43,6 +55,8 @@ from rollcap.rollout.recording.labels import EXPERT_LABELS_NOTE, actions_of, che
 INSTALL = "pip install minari==0.5.4 (it is in LeRobot's venv: `bash scripts/lerobot_env.sh`)"
 MAX_INSTRUCTION = 1024
 _INFO_EXTRAS = ("success", "intervention", "critic_value")
+ATTRIBUTION = ("author", "author_email", "code_permalink")
+"""The metadata Minari warns about when missing (one warning each); :func:`export_minari` says it in one line."""
 
 
 @dataclass
@@ -58,6 +72,8 @@ class MinariExport:
     steps: int
     skipped: list[int] = field(default_factory=list)
     """Indices of recorded episodes with no step (nothing to export)."""
+    outside: dict[str, int] = field(default_factory=dict)
+    """Steps whose recorded data lies outside the declared space, by key (``actions``, an observation key)."""
 
 
 def datasets_root(root=None) -> Path:
@@ -90,6 +106,72 @@ def _charset() -> str:
     return "".join(map(chr, range(32, 127)))
 
 
+def declared_spaces(rec: EpisodeRecord, env) -> tuple:
+    """The dataset's spaces for episodes shaped like ``rec``: ``env``'s own where one describes the recorded arrays (the
+    same kind, shape and dtype; for the instruction, a ``Text`` space that holds it), else :func:`spaces_of`'s."""
+    from gymnasium import spaces
+
+    obs, act = spaces_of(rec)
+    if env is None:
+        return obs, act
+
+    def fits(mine, inferred) -> bool:
+        if isinstance(inferred, spaces.Text):
+            return isinstance(mine, spaces.Text) and mine.contains(rec.instruction)
+        return isinstance(mine, spaces.Box) and mine.shape == inferred.shape and mine.dtype == inferred.dtype
+
+    theirs = env.observation_space.spaces if isinstance(env.observation_space, spaces.Dict) else {}
+    obs = spaces.Dict({k: theirs[k] if k in theirs and fits(theirs[k], v) else v for k, v in obs.spaces.items()})
+    return obs, env.action_space if fits(env.action_space, act) else act
+
+
+def _outside(obs_space, act_space, rec: EpisodeRecord, actions: np.ndarray, counts: dict[str, int]) -> None:
+    """Add to ``counts`` the steps of ``rec`` whose actions or observations lie outside the declared boxes."""
+    arrays = {"actions": (act_space, actions), **{k: (obs_space[k], v) for k, v in rec.obs.items()}}
+    for key, (space, a) in arrays.items():
+        if np.isfinite(space.low).any() or np.isfinite(space.high).any():
+            flat = a.reshape(len(a), -1)
+            out = int(np.count_nonzero(((flat < space.low.ravel()) | (flat > space.high.ravel())).any(axis=1)))
+            if out:
+                counts[key] = counts.get(key, 0) + out
+
+
+def _made_env(rec: EpisodeRecord, run_dir):
+    """The recorded env, made here as Minari makes it (its spec and spaces go into the dataset); None if unregistered."""
+    import gymnasium
+
+    spec = _env_spec(rec)
+    if spec is None:
+        return None
+    try:
+        return gymnasium.make(spec)
+    except Exception as err:  # noqa: BLE001 - any env's error: Minari would meet it making the env itself
+        raise ValueError(
+            f"run_dir: {run_dir} was recorded in {rec.env_id}, which cannot be made here ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}); Minari records the env a dataset came from"
+        ) from err
+
+
+def _say(outside: dict[str, int], act_space, steps: int, given: dict) -> None:
+    """One :class:`ExportWarning` for data outside the declared spaces, one for the attribution Minari misses."""
+    if outside:
+        where = ", ".join(f"{k} {n}" for k, n in outside.items())
+        warnings.warn(
+            f"Minari export: steps with data outside the env's space (of {steps}): {where}; kept as recorded, as "
+            f"Minari's DataCollector records them (actions: what the env received; it clips them to {act_space})",
+            ExportWarning,
+            stacklevel=3,
+        )
+    missing = [name for name in ATTRIBUTION if not given.get(name)]
+    if missing:
+        warnings.warn(
+            f"Minari export: the dataset names no {', '.join(missing)} (Minari recommends them: who made it, with what "
+            f"code); rollcap export: {', '.join('--' + m.replace('_', '-') for m in missing)}",
+            ExportWarning,
+            stacklevel=3,
+        )
+
+
 def export_minari(
     run_dir,
     dataset_id: str,
@@ -110,8 +192,8 @@ def export_minari(
         root: the datasets root (default: :func:`datasets_root`); ``<root>/<dataset_id>`` must be absent or empty.
         extras: which of :data:`EXTRAS` to add (success, intervention, critic_value go to ``infos``;
             reward and done are Minari's own fields and always present).
-        author, author_email, code_permalink: the dataset's metadata, passed to Minari (which
-            warns when they are missing: a dataset should say who made it and with what code).
+        author, author_email, code_permalink: the dataset's metadata, passed to Minari (a dataset should say who
+            made it and with what code: one :class:`ExportWarning` names those missing).
         labels: ``"recorded"`` (the executed actions) or ``"expert"`` (the clean scripted expert's
             action on each recorded observation; the description says so), as for the LeRobot export.
 
@@ -123,7 +205,7 @@ def export_minari(
     extras = check_extras(extras)
     if not isinstance(dataset_id, str) or not dataset_id or os.path.isabs(dataset_id) or ".." in Path(dataset_id).parts:
         raise ValueError(f"dataset_id: expected a Minari id such as 'rollcap/pushblock-v0', got {dataset_id!r}")
-    root = datasets_root(root)
+    root = datasets_root(root).absolute()  # Minari joins a relative root onto its own paths (it was doubled)
     target = root / dataset_id
     check_target(target, "dataset_id")
     check_labels(labels)
@@ -131,22 +213,42 @@ def export_minari(
     if labels == "expert":
         expert_for(first)
     minari = lazy_import("minari", INSTALL)
+    from gymnasium import spaces
     from minari.data_collector import EpisodeBuffer
 
-    obs_space, act_space = spaces_of(first)
-    buffers, skipped, steps = [], [], 0
-    for rec in without_empty(records, skipped):
-        if spaces_of(rec) != (obs_space, act_space):
-            raise ValueError(
-                f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately"
-            )
-        buffers.append(_buffer(EpisodeBuffer, rec, extras, actions_of(rec, labels)))
-        steps += rec.num_steps
-    if not buffers:
-        raise ValueError(f"run_dir: {run_dir} holds no episode with a step")
-    description = description or f"rollcap recording {Path(run_dir).resolve()}"
-    if labels == "expert":
-        description = f"{description}; {EXPERT_LABELS_NOTE}"
+    env = _made_env(first, run_dir)
+    try:
+        shapes = spaces_of(first)
+        obs_space, act_space = declared_spaces(first, env)
+        buffers, skipped, steps, outside = [], [], 0, {}
+        for rec in without_empty(records, skipped):
+            if spaces_of(rec) != shapes:
+                raise ValueError(
+                    f"run_dir: episode {rec.index} has other observation or action shapes than episode {first.index}; export them separately"
+                )
+            if rec.instruction and not obs_space["instruction"].contains(rec.instruction):
+                obs_space = spaces.Dict({**obs_space.spaces, "instruction": shapes[0]["instruction"]})
+            actions = actions_of(rec, labels)
+            _outside(obs_space, act_space, rec, actions, outside)
+            buffers.append(_buffer(EpisodeBuffer, rec, extras, actions))
+            steps += rec.num_steps
+        if not buffers:
+            raise ValueError(f"run_dir: {run_dir} holds no episode with a step")
+        description = description or f"rollcap recording {Path(run_dir).resolve()}"
+        if labels == "expert":
+            description = f"{description}; {EXPERT_LABELS_NOTE}"
+        given = {"author": author, "author_email": author_email, "code_permalink": code_permalink}
+        kw = dict(observation_space=obs_space, action_space=act_space, description=description, **given)
+        _write(minari, target, dataset_id, buffers, env if env is not None else _env_spec(first), _env_spec(first), kw)
+    finally:
+        if env is not None:
+            env.close()
+    _say(outside, act_space, steps, given)
+    return MinariExport(target, dataset_id, root, len(buffers), steps, skipped, outside)
+
+
+def _write(minari, target: Path, dataset_id: str, buffers: list, env, eval_env, kw: dict) -> None:
+    """Minari writes the dataset under a scratch root beside ``target``; it is renamed into place when whole."""
     with staged(target, "dataset_id") as out:
         scratch = out.with_name("minari")  # a datasets root beside ``out``, inside the staging directory
         previous = os.environ.get("MINARI_DATASETS_PATH")
@@ -154,21 +256,19 @@ def export_minari(
             scratch
         )  # Minari reads its root from here only (process-wide: one export at a time)
         try:
-            minari.create_dataset_from_buffers(
-                dataset_id,
-                buffers,
-                env=_env_spec(first),
-                observation_space=obs_space,
-                action_space=act_space,
-                algorithm_name="rollcap",
-                description=description,
-                eval_env=_env_spec(first),  # episodes are evaluated in the env that recorded them
-                author=author,
-                author_email=author_email,
-                code_permalink=code_permalink,
-                data_format="hdf5",
-                jpeg_encoding=False,
-            )
+            with warnings.catch_warnings():  # these three only: export_minari says them in one line
+                for name in ATTRIBUTION:
+                    warnings.filterwarnings("ignore", f"`{name}` is set to None", UserWarning, "minari")
+                minari.create_dataset_from_buffers(
+                    dataset_id,
+                    buffers,
+                    env=env,
+                    algorithm_name="rollcap",
+                    eval_env=eval_env,  # episodes are evaluated in the env that recorded them
+                    data_format="hdf5",
+                    jpeg_encoding=False,
+                    **kw,
+                )
         except (ValueError, AssertionError) as err:  # Minari's own checks of the id and the data
             raise ValueError(
                 f"dataset_id: Minari refused {dataset_id!r}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
@@ -179,7 +279,6 @@ def export_minari(
             else:
                 os.environ["MINARI_DATASETS_PATH"] = previous
         os.replace(scratch / dataset_id, out)  # the dataset directory itself is what is published
-    return MinariExport(target, dataset_id, root, len(buffers), steps, skipped)
 
 
 def _env_spec(rec: EpisodeRecord):

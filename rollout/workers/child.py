@@ -184,29 +184,13 @@ class Worker:
         """Finish every ended episode (its slot is free) and hand its record to the writer."""
         for slot, end in self.round.finish():
             finished.append([slot, end.index])
-            out = self.outcome(end)
+            out = outcome(end)
             if self.writer is not None and end.record is not None and not end.dropped:
                 self.writer.put(out, end.record)
             elif self.writer is not None:
                 self.writer.done.append(out)
             else:
                 self.unrecorded.append(out)
-
-    def outcome(self, end: EpisodeEnd) -> dict:
-        """What the parent gets of an episode: its outcome, where it is recorded, and per chunk what the metrics read."""
-        out = {
-            "index": end.index, "seed": end.seed, "stop_reason": end.stop_reason, "success": bool(end.success),
-            "steps": end.num_steps, "chunks": end.num_chunks, "error": end.error, "dropped": end.dropped,
-        }  # fmt: skip
-        rec = end.record
-        if rec is not None:
-            c = rec.chunks
-            cols = ("chunk_start", "critic_value", "latency_policy_s", "latency_critic_s", "latency_boundary_s")
-            out["instruction"] = rec.instruction
-            out["chunk_rows"] = (
-                np.stack([np.asarray(c[k], np.float64) for k in cols], 1).tolist() if rec.num_chunks else []
-            )
-        return out
 
     def close(self) -> None:
         self.round.abort()
@@ -217,6 +201,21 @@ class Worker:
         for env in self.envs:
             env.close()
         self.shared.close()
+
+
+def outcome(end: EpisodeEnd) -> dict:
+    """What the parent gets of an episode: its outcome and, when it has a record, per chunk what the metrics read."""
+    out = {
+        "index": end.index, "seed": end.seed, "stop_reason": end.stop_reason, "success": bool(end.success),
+        "steps": end.num_steps, "chunks": end.num_chunks, "error": end.error, "dropped": end.dropped,
+    }  # fmt: skip
+    rec = end.record
+    if rec is not None:
+        c = rec.chunks
+        cols = ("chunk_start", "critic_value", "latency_policy_s", "latency_critic_s", "latency_boundary_s")
+        out["instruction"] = rec.instruction
+        out["chunk_rows"] = np.stack([np.asarray(c[k], np.float64) for k in cols], 1).tolist() if rec.num_chunks else []
+    return out
 
 
 class ShardWriter:

@@ -30,13 +30,8 @@ With G graphs and W a multiple of G, each graph's slots live on W/G workers of t
 soon as its workers have launched: one graph replays while the others' envs step (a pipeline; the bytes are those of
 the same graphs in process). Otherwise every round waits for every worker.
 
-Faults: a worker that dies (killed, crashed) ends its slots' episodes: each is
-listed in :attr:`EnvWorkers.lost` with stop reason ``worker_lost`` and an error
-naming the worker, and runs again (from its start, the same bytes) on a
-replacement worker with a new shard; an episode lost :data:`MAX_TRIES` times is
-given up (:attr:`EnvWorkers.failed`). An episode it had written but not yet
-reported is an orphan of its shard (readers ignore it; a resume adopts it).
-An env exception ends one episode (stop reason ``error``), as in process.
+Faults: a worker that dies at any moment is replaced, its written episodes kept and the others run again
+(:mod:`~rollcap.rollout.workers.losses`). An env exception ends one episode (stop reason ``error``), as in process.
 
 The caller's subscribers see each episode's start (no observation), each
 chunk's step, critic value and timings (no observation, noise or chunk: those
@@ -51,13 +46,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
-import signal
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from multiprocessing.connection import wait as wait_any
-
-import numpy as np
 
 from rollcap.rollout.batch import graphs_of
 from rollcap.rollout.config import HostConfig, check_batched_host
@@ -65,11 +57,12 @@ from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import jsonable
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
 from rollcap.rollout.seeding import episode_seed
-from rollcap.rollout.workers.procs import Proc, emit, replay_rows
+from rollcap.rollout.recording import episode_digest
+from rollcap.rollout.workers.losses import Losses
+from rollcap.rollout.workers.child import outcome
+from rollcap.rollout.workers.procs import Proc, emit, end_from, end_of, replay_rows, split_slots
 from rollcap.rollout.workers.shm import SharedRows, layout_for
 
-MAX_TRIES = 3
-"""Times an episode may be lost with its worker before it is given up."""
 START_TIMEOUT_S = 300.0
 """A worker that is not ready after this long (spawn, imports, envs) is a failed start."""
 
@@ -129,22 +122,12 @@ class EnvWorkers:
         )
         self.shared = SharedRows(layout_for(self.policies, self.critics or None))
         self.arrays = self.shared.arrays
-        g, b = len(self.policies), self.batch
-        if (
-            g > 1 and workers % g == 0
-        ):  # each graph's slots on workers of their own: a graph's round runs beside the others'
-            slots = [part for k in range(g) for part in np.array_split(np.arange(k * b, (k + 1) * b), workers // g)]
-            self.groups = [list(range(k * (workers // g), (k + 1) * (workers // g))) for k in range(g)]
-        else:
-            slots, self.groups = np.array_split(np.arange(self.n), workers), [list(range(workers))]
-        self.procs = [Proc(k, [int(s) for s in part]) for k, part in enumerate(slots)]
+        slots, self.groups = split_slots(self.n, self.batch, len(self.policies), workers)
+        self.procs = [Proc(k, part) for k, part in enumerate(slots)]
         self.manifest = self.env_meta = None
         self._shards = 0
-        self.lost: list[EpisodeEnd] = []
-        """Episodes a dying worker ended (stop reason ``worker_lost``; each ran again unless in :attr:`failed`)."""
-        self.failed: dict[int, str] = {}
-        """Episodes given up after :data:`MAX_TRIES` losses: index -> why."""
-        self.restarts = 0
+        self.losses = Losses(len(self.procs))
+        """Worker deaths and what became of their episodes (lost and run again, kept, given up)."""
         self.digests: dict[int, str] = {}
         """Digest of every episode recorded this session, by index."""
         self.timing = {
@@ -158,7 +141,6 @@ class EnvWorkers:
         """Where this process's time goes: waiting for the workers' rows and ends, the replays (and the policy's own share),
         its own work on the messages (``host_s``, the episodes' commits and subscribers included: ``commit_s``)."""
         self._again: deque[tuple[int, int]] = deque()
-        self._tries: dict[int, int] = {}
         self._todo: Iterator | None = None
         self._closing = False
         self.worker_timing: dict[str, float] = {}
@@ -208,7 +190,7 @@ class EnvWorkers:
 
         p.shard, self._shards = f"{SHARDS_DIR}/w{self._shards:03d}", self._shards + 1
         where = str((self.manifest.run_dir / p.shard).resolve())
-        p.send(
+        p.try_send(  # a worker that died after its "ready": its death is found next (its sentinel)
             {
                 "record": {
                     "shard_dir": where,
@@ -237,19 +219,16 @@ class EnvWorkers:
             while True:
                 yield from self._gather()
                 ready = [[self.procs[i] for i in grp] for grp in self.groups if self._ready(grp)]
-                if not ready:  # every worker idle (or starting): the run is over, or a worker has work again
-                    if not self._more():
-                        waiting = [p for p in self.procs if p.pending and p.state == "idle"]
-                        for p in waiting:  # episodes finished, their records still being written
-                            p.state = "launching"
-                            p.try_send({"flush": 1})
-                        if waiting or any(p.pending for p in self.procs):
-                            continue
-                        return
-                    for p in self.procs:
-                        if p.state == "idle":
-                            self._give(p)
-                    continue
+                if not ready:  # every worker idle (or starting): one has work again, or the run is over
+                    if any([self._give(p) for p in self.procs if p.state == "idle"]):
+                        continue
+                    waiting = [p for p in self.procs if p.pending and p.state == "idle"]
+                    for p in waiting:  # episodes finished, their records still being written
+                        p.state = "launching"
+                        p.try_send({"flush": 1})
+                    if waiting or any(p.pending for p in self.procs) or self._more():  # _more: workers still starting
+                        continue
+                    return
                 for procs in ready:  # a group's round: its rows replayed, its workers told to go on
                     launched = [s for p in procs if p.state == "launched" for s in p.launched]
                     t0 = time.perf_counter()
@@ -276,23 +255,38 @@ class EnvWorkers:
                 self._again.append(self._item(item))
         return bool(self._again)
 
+    def _next_for(self, p: Proc) -> tuple[int, int] | None:
+        """The episode a free slot of ``p`` takes: the first that waits, except that a worker runs one lost episode at a
+        time (one lost with its worker before), so an episode that kills every worker it runs on takes no other
+        episode with it twice, and only it is given up."""
+        item = self.losses.pick(self._again, [i for i, _ in [*p.running.values(), *p.pending.values()]])
+        if item is not None:
+            return item
+        if self._closing or self._todo is None:
+            return None
+        item = next(self._todo, None)
+        return None if item is None else self._item(item)
+
     def _item(self, item) -> tuple[int, int]:
         if isinstance(item, tuple):
             return int(item[0]), int(item[1])
         return int(item), episode_seed(self.config.seed, int(item))
 
-    def _give(self, p: Proc, free: Sequence[int] | None = None) -> None:
-        """Start the next episodes in ``p``'s free slots (all of them if None) and launch its running slots."""
+    def _give(self, p: Proc, free: Sequence[int] | None = None) -> bool:
+        """Start the next episodes in ``p``'s free slots (all of them if None) and launch its running slots; False: ``p``
+        was told nothing (no episode for it, none running)."""
         items = []
         for slot in p.free if free is None else free:
-            if not self._more():
+            item = self._next_for(p)
+            if item is None:
                 break
-            index, seed = self._again.popleft()
-            p.running[slot] = (index, seed)
-            items.append([slot, index, seed])
+            p.running[slot] = item
+            items.append([slot, *item])
         if items or free is not None or p.running:
             p.state = "launching"
             p.try_send({"start": items})
+            return True
+        return False
 
     def _ready(self, group: list[int]) -> bool:
         """Whether a group's round can run: one of its workers has launched rows, none is still mid-chunk."""
@@ -304,10 +298,11 @@ class EnvWorkers:
         mid-round or starting); yield the ends."""
         while True:
             busy = [p for p in self.procs if p.state in ("launching", "starting", "recording")]
-            if not until_idle:
-                busy = [p for p in busy if p.state == "launching" or not self._others_busy(p)]
-            if not busy or (not until_idle and any(self._ready(g) for g in self.groups)):
+            holding = busy if until_idle else [p for p in busy if p.state == "launching" or not self._others_busy(p)]
+            if not holding or (not until_idle and any(self._ready(g) for g in self.groups)):
                 return
+            # A worker still starting (a replacement) does not hold a round up, but its messages are taken as they come,
+            # so it joins the run as soon as it is ready.
             t0 = time.perf_counter()
             ready = wait_any([p.conn for p in busy] + [p.proc.sentinel for p in busy], timeout=1.0)
             self.timing["wait_workers_s"] += time.perf_counter() - t0
@@ -331,13 +326,15 @@ class EnvWorkers:
                     raise EOFError
                 msg = p.receive()
             except (EOFError, OSError):
-                self._died(p)
+                yield from self._died(p)
                 return
             t0 = time.perf_counter()
             if "error" in msg:
                 what = "could not start" if p.state == "starting" else "failed"
                 self._stop(p)
                 raise RecordingFailed(f"env worker {p.number} {what}: {msg['error']}")
+            if "ready" in msg:
+                p.start_failures = 0
             if "ready" in msg and self.manifest is not None:
                 self._record(p)
             elif "ready" in msg or "recording" in msg:
@@ -366,53 +363,49 @@ class EnvWorkers:
             self.digests[index] = e["digest"]
             if self.manifest is not None:
                 self.manifest.add(index, e["digest"], e["shard"])
-        end = EpisodeEnd(
-            index,
-            e["seed"],
-            e["stop_reason"],
-            e["success"],
-            e["steps"],
-            e["chunks"],
-            error=e["error"],
-            dropped=e["dropped"],
-        )
+        end = end_from(e)
         if self.subscribers:
             emit(self.subscribers, end, e, self._start_fields)
         self.timing["commit_s"] += time.perf_counter() - t0  # the manifest's fsynced line, the subscribers
         return end
 
-    def _died(self, p: Proc) -> None:
-        """``p`` is gone: its episodes end (``worker_lost``) and go back to the queue; a replacement starts."""
-        p.proc.join(timeout=5)
-        code = p.proc.exitcode
-        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        if p.state == "starting" and not p.running:
-            self._stop(p)
-            raise RecordingFailed(f"env worker {p.number} could not start ({how})")
-        for index, seed in sorted([*p.running.values(), *p.pending.values()]):
-            why = f"env worker {p.number} (pid {p.pid}) died mid-episode ({how})"
-            self.lost.append(EpisodeEnd(index, seed, "worker_lost", False, 0, 0, error=why, dropped=True))
-            self._tries[index] = self._tries.get(index, 0) + 1
-            if self._tries[index] >= MAX_TRIES:
-                self.failed[index] = why
-            else:
-                self._again.appendleft((index, seed))
-        p.running, p.pending, p.launched = {}, {}, []
-        p.conn.close()
-        stopping, p.state = p.state == "stopping", "down"
-        if self._closing or stopping:
+    def _died(self, p: Proc) -> Iterator[EpisodeEnd]:
+        """``p`` is gone, at whatever moment: an episode it wrote whole is kept (named in the manifest now, and yielded),
+        the others it had end (``worker_lost``) and go back to the front of the queue; a replacement starts (a new
+        shard), or the run ends (:meth:`Losses.restart`). A worker that *says* why it cannot start ends the run at once
+        (``_take``)."""
+        stopping = p.state == "stopping"
+        how, starting, running, written = p.reap()  # it must be gone before its shard is read
+        if stopping:
             return
-        self.restarts += 1
-        if self.restarts > MAX_TRIES * len(self.procs):
-            raise RecordingFailed(f"env workers died {self.restarts} times; the last: worker {p.number} ({how})")
-        p.spawn(self._ctx, self._spec(p))
+        self.losses.died(p.number, p.pid, how, "while starting" if starting else "mid-episode" if running else "idle")
+        ends = self._salvage(p, how)
+        yield from ends
+        kept = {e.index for e in ends}
+        lost = [(item, "died mid-episode") for item in running if item[0] not in kept]
+        lost += [(item, "died before it wrote it") for item in written if item[0] not in kept]
+        self._again.extendleft(reversed(self.losses.lose(p.number, p.pid, how, sorted(lost))))
+        if not self._closing:
+            self.losses.restart(p, how, starting)
+            p.spawn(self._ctx, self._spec(p))
+
+    def _salvage(self, p: Proc, how: str) -> list[EpisodeEnd]:
+        """The episodes dead ``p`` wrote whole to its shard before the manifest named them, now named (its shard repaired
+        as a resume repairs one: a hot journal rolled back, a format it had not reached copied in from the other); they
+        are not run again, so no episode is in two shards."""
+        if self.manifest is None or p.shard is None:
+            return []
+        ends = []
+        for record in self.manifest.orphans(p.shard):
+            self.losses.keep(p.number, p.pid, how, record.index, p.shard)
+            ends.append(self._end(p, {**outcome(end_of(record)), "digest": episode_digest(record), "shard": p.shard}))
+        return ends
 
     # -- ending ------------------------------------------------------------------
     def summary(self) -> dict:
         """What the run's summary says of the workers."""
-        lost = [{"index": e.index, "stop_reason": e.stop_reason, "error": e.error} for e in self.lost]
-        return {"env_workers": len(self.procs), "worker_restarts": self.restarts, "lost_and_rerun": lost,
-                "failed": {str(k): v for k, v in sorted(self.failed.items())}, "host_timing": dict(self.timing), "worker_timing": dict(self.worker_timing), "worker_start": [p.start for p in self.procs]}  # fmt: skip
+        return {"env_workers": len(self.procs), **self.losses.summary(), "host_timing": dict(self.timing),
+                "worker_timing": dict(self.worker_timing), "worker_start": [p.start for p in self.procs]}  # fmt: skip
 
     def abort(self) -> None:
         """Abandon every running episode: the ends already on their way are taken (named in the manifest), the workers stop

@@ -6,6 +6,7 @@ Imports point downward: ``protocols``; the worker's module by name (the spawn ta
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import numpy as np
@@ -28,6 +29,7 @@ class Proc:
         self.t_start = 0.0
         self.start: dict = {}
         """What its last start cost: ``start_s`` (spawn to ready), and the worker's own ``rss_mb``, ``modules``, ``torch``."""
+        self.start_failures = 0  # deaths in a row before it was ready
 
     @property
     def free(self) -> list[int]:
@@ -81,12 +83,55 @@ class Proc:
         self.state, self.running, self.pending, self.launched = "down", {}, {}, []
         return ends
 
+    def reap(self) -> tuple[str, bool, list, list]:
+        """The process is gone (its pipe closed): wait for it (kill it if it lingers, so nothing writes its shard any
+        more) and forget its episodes. Returns how it died, whether it was still starting, and the ``(index, seed)`` of
+        the episodes it was running and of those it had finished, not yet written (its state is then ``down``)."""
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        code = self.proc.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        out = how, self.state in ("starting", "recording"), sorted(self.running.values()), sorted(self.pending.values())
+        self.running, self.pending, self.launched = {}, {}, []
+        self.conn.close()
+        self.state = "down"
+        return out
+
     def try_send(self, msg: dict) -> None:
         """:meth:`send`, unless the worker is gone (the caller finds its end)."""
         try:
             self.send(msg)
         except OSError:
             pass
+
+
+def split_slots(n: int, batch: int, graphs: int, workers: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The slots of each of ``workers`` (contiguous) and the groups of workers whose rounds run together: with G graphs
+    and W a multiple of G, each graph's slots on W/G workers of their own (a graph's round runs beside the others');
+    else one group."""
+    g, b = graphs, batch
+    if g > 1 and workers % g == 0:
+        parts = [part for k in range(g) for part in np.array_split(np.arange(k * b, (k + 1) * b), workers // g)]
+        groups = [list(range(k * (workers // g), (k + 1) * (workers // g))) for k in range(g)]
+    else:
+        parts, groups = np.array_split(np.arange(n), workers), [list(range(workers))]
+    return [[int(s) for s in part] for part in parts], groups
+
+
+def end_from(e: dict) -> EpisodeEnd:
+    """The end an :func:`outcome` describes (no record: it is in the worker's shard)."""
+    fields = ("index", "seed", "stop_reason", "success", "steps", "chunks")
+    return EpisodeEnd(*(e[k] for k in fields), error=e["error"], dropped=e["dropped"])
+
+
+def end_of(record) -> EpisodeEnd:
+    """The end of an episode read back from its record (one a dead worker had written)."""
+    return EpisodeEnd(
+        record.index, record.seed, record.stop_reason, bool(record.success), record.num_steps, record.num_chunks,
+        error=record.error, record=record,
+    )  # fmt: skip
 
 
 def replay_rows(arrays: dict, batch: int, policies: list, critics: list, launched: list[int]) -> float:

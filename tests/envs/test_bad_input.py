@@ -104,3 +104,14 @@ def test_adapter_refuses_non_finite_action():
     with pytest.raises(BadAction, match="non-finite"):
         env.step(action)
     assert canonical_bytes(env.get_state()) == canonical_bytes(before)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"max_steps": True}, {"frame_skip": True}, {"render_size": True}, {"max_speed": True}, {"success_radius": "x"}],
+)
+def test_a_json_true_or_a_string_is_not_a_number(kw):
+    """`--env-kwargs '{"max_steps": true}'` is refused naming the option (True was taken as 1 step); so are the others."""
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"^{name} must be "):
+        gym.make("rollcap/PushBlock-v0", **kw)

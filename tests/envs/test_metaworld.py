@@ -293,3 +293,50 @@ def test_a_gl_backend_that_cannot_render_is_one_line_naming_mujoco_gl(tmp_path):
     assert rec.returncode == 0, rec.stderr[-2000:]
     out = _rollcap("replay", tmp_path / "ok", "--mode", "env", MUJOCO_GL="glfw")
     assert out.returncode == 1 and "MUJOCO_GL" in out.stdout and "no exact state" not in out.stdout, out.stdout
+
+
+_HAMMER = ["--env", "rollcap/MetaWorld-hammer-v3", "--episodes", 1, "--no-progress"]  # outside MT10
+
+
+def test_a_task_outside_mt10_runs_its_expert_and_a_misfit_names_policy_expert(tmp_path, capsys):
+    """`--policy expert` on hammer (not MT10) runs, with no critic (none of the shipped ones reads the task; it used to
+    be refused as "does not fit the critic"); without --policy the one line names --policy and says --policy expert,
+    with --env-kwargs that do not matter too (they used to be blamed)."""
+    from rollcap.rollout.cli import main
+
+    kw = json.dumps({"render_images": False, "max_steps": 12})
+    assert (
+        main(["run", *map(str, _HAMMER), "--policy", "expert", "--env-kwargs", kw, "--out", str(tmp_path / "x")]) == 0
+    )
+    from rollcap.rollout.recording import load_any
+
+    (rec,) = load_any(tmp_path / "x")
+    assert rec.fingerprints["policy"]["kind"] == "rollcap.expert" and "critic" not in rec.fingerprints
+    capsys.readouterr()
+    for extra in ([], ["--env-kwargs", kw]):
+        assert main(["run", *map(str, _HAMMER), *extra, "--out", str(tmp_path / "y")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and not (tmp_path / "y").exists(), err
+        assert err.startswith("rollcap run: error: --policy: rollcap/MetaWorld-hammer-v3 does not fit the policy: ")
+        assert "--policy expert runs the task's scripted expert" in err, err
+
+
+def test_the_install_line_brings_what_metaworld_imports():
+    """README's MetaWorld install (rollcap's [metaworld] extra, then metaworld with --no-deps) gives metaworld every
+    requirement of its own but the MuJoCo pin (scipy was missing: `import metaworld` failed), and [all] (CI) has them."""
+    import importlib.metadata
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+
+    def names(reqs) -> set[str]:
+        return {re.split(r"[<>=!~;\[ ]", r, maxsplit=1)[0].lower() for r in reqs}
+
+    given = names(project["dependencies"]) | names(project["optional-dependencies"]["metaworld"])
+    wanted = names(r for r in importlib.metadata.requires("metaworld") if "extra ==" not in r) - {"mujoco"}
+    assert wanted <= given, wanted - given
+    assert names(project["optional-dependencies"]["metaworld"]) <= names(project["optional-dependencies"]["all"])
+    assert "pip install -e '.[metaworld]' && pip install --no-deps metaworld==3.1.1" in (root / "README.md").read_text()

@@ -188,7 +188,9 @@ def test_cli_fetch_builds_and_says_no_shipped_policy_reads_it(tmp_path):
     )
     lines = _errors(res.stderr)
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
-    assert lines[0].startswith("rollcap run: error: --env: gymnasium_robotics:FetchReach-v4 does not fit the policy: ")
+    assert lines[0].startswith(
+        "rollcap run: error: --policy: gymnasium_robotics:FetchReach-v4 does not fit the policy: "
+    )
     assert "no shipped policy reads this env's observations" in lines[0] and "examples/fetch_reach.py" in lines[0]
     assert not out.exists()
 

@@ -56,3 +56,10 @@ def test_bench_quick_runs_every_section(tmp_path):
         "ChunkEnv.step vs host execute+boundary",
     ):
         assert line in proc.stdout
+    # Nothing but the report: no profiler chatter ("USDT:" lines) before it; the seconds and the load last; one
+    # figure for what recording costs (the host section measured it again from two episodes, contradicting it)
+    assert proc.stdout.startswith("machine: ") and "USDT" not in proc.stdout + proc.stderr
+    table = [ln for ln in proc.stdout.splitlines() if not ln.startswith("wrote ")]  # --json's own line comes after
+    assert table[-1].startswith("seconds per section: ") and " at a 1-minute load of " in table[-1]
+    assert set(report["load"]) == set(SECTIONS) and "recorded_background_overhead" not in report["host"]
+    assert proc.stdout.count("background overhead") == 1 and "-0.0%" not in proc.stdout

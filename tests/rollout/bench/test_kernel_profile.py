@@ -72,3 +72,21 @@ def test_a_phase_split_tells_the_prefix_from_the_steps_and_leaves_the_model_as_i
     # the marks are gone: the same class methods, the same chunk
     assert "guided_prefix" not in model.__dict__ and "step" not in model.__dict__
     assert torch.equal(call(), before)
+
+
+def test_profiling_prints_nothing_on_stderr():
+    """A profile of a few replays leaves stderr alone (Kineto printed a 'USDT:' line at each profiler start and stop,
+    on top of `rollcap bench`'s report); a process of its own, as Kineto reads its log level once."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from rollcap.rollout.bench.kernel_profile import profile_replays\n"
+        "x = torch.randn(64, 64)\n"
+        "profile_replays(lambda: x @ x, torch.device('cpu'), 2)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0 and "USDT" not in res.stderr and res.stderr.strip() == "", res.stderr[-2000:]

@@ -186,3 +186,10 @@ def test_a_run_refused_at_set_up_leaves_no_directory_and_no_progress_bar(tmp_pat
     proc = _cli("run", "--episodes", "2", "--execute-steps", "9", "--out", str(tmp_path / "empty"))
     _assert_one_line_exit_2(proc, "--execute-steps")
     assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_a_plot_dir_that_cannot_be_made_is_refused_before_the_table(run_dir):
+    """`rollcap inspect RUN --plot /proc/plots`: one line, exit 2, and no table first (it was printed, then refused)."""
+    res = _cli("inspect", str(run_dir), "--plot", "/proc/plots")
+    _assert_one_line_exit_2(res, "/proc/plots cannot be created")
+    assert res.stdout == ""

@@ -193,7 +193,7 @@ def test_replay_refuses_a_different_env_override(run_dir, ckpt):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--env", "HalfCheetah-v5"], "--env: HalfCheetah-v5 observations are a Box space"),
+        (["--env", "HalfCheetah-v5"], "--policy: HalfCheetah-v5 observations are a Box space"),
         (["--env-kwargs", '{"image_size": 48}'], "--env-kwargs: rollcap/PushBlock-v0 does not fit the policy"),
         (["--env", "nosuchmodule:Foo-v0"], "--env"),
         (

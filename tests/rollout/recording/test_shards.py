@@ -123,6 +123,24 @@ def test_a_half_written_shard_is_ignored_by_readers_and_repaired_on_resume(tmp_p
     assert _digests(run) == {i: WANT[i] for i in range(3)}
 
 
+def test_a_copy_of_an_episode_that_ran_again_elsewhere_is_removed_on_resume_not_copied_in(tmp_path):
+    """A worker killed inside episode 2's HDF5 append (its npz written, a hot journal), episode 2 then run again and named
+    in another shard: resume removes the npz copy instead of copying it into the first shard's HDF5, so every episode is
+    in exactly one shard, in both formats."""
+    run = tmp_path / "run"
+    _sharded(run, {"s000": [0, 1], "s001": [2, 3]}).close()
+    shard = run / "shards" / "s000"
+    from rollcap.rollout.recording import write_npz
+
+    write_npz(_rec(2), shard / "episodes" / "episode_00002.npz")
+    _kill_inside_h5_append(shard / "episodes.hdf5")
+    with ManifestWriter(run, env_meta=ENV_META, resume=True) as m:
+        assert m.indices == [0, 1, 2, 3] and m.entries[2].shard == "shards/s001"
+    assert sorted(p.name for p in (shard / "episodes").iterdir()) == ["episode_00000.npz", "episode_00001.npz"]
+    assert h5_indices(shard / "episodes.hdf5") == [0, 1] and not journal_path(shard / "episodes.hdf5").exists()
+    assert _digests(run) == {i: WANT[i] for i in range(4)}
+
+
 def test_a_stray_file_in_a_shard_is_refused_on_resume_not_adopted(tmp_path):
     """An npz named for episode 2 that holds episode 1: resume raises CorruptEpisode naming it, and names nothing."""
     run = tmp_path / "run"
