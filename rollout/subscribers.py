@@ -164,6 +164,9 @@ class InBackground(Subscriber):
         self._q: queue.Queue = queue.Queue(maxsize=max_pending)
         self._max = max_pending
         self._error: BaseException | None = None
+        self._failed = (
+            False  # once a write failed, nothing after it is written (the files end at the last whole episode)
+        )
         self._closed = False
         self._abandon = False
         self.discarded: list[int] = []
@@ -180,14 +183,14 @@ class InBackground(Subscriber):
             try:
                 if not ends:
                     pass
-                elif dropping:
+                elif dropping or self._failed:  # after a failed write: not written, as after a second Ctrl-C
                     self.discarded.extend(e.index for e in ends)
-                elif self._error is None and len(ends) > 1:
+                elif len(ends) > 1:
                     many(ends)
-                elif self._error is None:
+                else:
                     self.inner.on_episode_end(ends[0])
             except BaseException as err:  # handed to the host thread
-                self._error = err
+                self._error, self._failed = err, True
             finally:
                 for _ in batch:
                     self._q.task_done()

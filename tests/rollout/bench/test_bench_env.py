@@ -39,4 +39,4 @@ def test_sections_refuse_what_they_cannot_measure():
     check_parts(Parts(env_id="Pendulum-v1"), ("env",))
     with pytest.raises(ConfigError, match="Pendulum-v1 observations are a Box space; the policy reads") as err:
         check_parts(Parts(env_id="Pendulum-v1"), ("env", "host"))
-    assert err.value.field == "env_id"
+    assert err.value.field == "policy"  # the env has no kwargs to blame: the model that cannot read it is named

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-import rollcap.rollout.cli.commands as commands
+import rollcap.rollout.api as api
 from rollcap.rollout.cli import _stdout_closed, main
 
 ROLLCAP = [sys.executable, "-m", "rollcap.rollout.cli"]
@@ -35,7 +35,7 @@ def test_a_broken_pipe_that_is_not_stdout_is_a_failure(monkeypatch, tmp_path, ca
     def dead_peer(*args, **kwargs):
         os.write(write, b"go")  # the peer is gone: EPIPE
 
-    monkeypatch.setattr(commands, "run", dead_peer)
+    monkeypatch.setattr(api, "run", dead_peer)  # cmd_run imports it when it runs
     try:
         code = main(["run", "--episodes", "1", "--no-progress", "--out", str(tmp_path / "r")])
     finally:
