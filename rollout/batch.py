@@ -116,6 +116,11 @@ class RowPolicy(_RowView):
         self.runner.load_row(self.row, obs, noise)
         self.rows.written()
 
+    def __init__(self, rows: Rows, row: int):
+        super().__init__(rows, row)
+        if hasattr(self.runner, "row_flow"):  # a stochastic sampler: the host records each chunk's flow
+            self.chunk_flow = lambda: self.runner.row_flow(self.row, self.rows.host)
+
     def result(self) -> np.ndarray:
         self.rows.wait()
         return self.rows.host["actions"][self.row].copy()

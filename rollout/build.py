@@ -33,6 +33,7 @@ from rollcap.kernels.precision import check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import MT10_CHECKPOINT
 from rollcap.policies import PolicyRunner, load_policy
+from rollcap.policies.flow_sde import FlowSDERunner
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.rtc import RTCPolicyRunner
@@ -255,6 +256,10 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
     env = parts.env_id if env is None else env
     out = Built([], policy, critic, batch=n)
     try:
+        if run.env_workers and parts.sampler == "sde":
+            raise ConfigError(
+                "sampler", "sde records each chunk's log-probabilities beside it; run it without env workers"
+            )
         if run.env_workers and not (isinstance(env, str) and is_path(policy) and is_path(critic)):
             raise ConfigError(
                 "env_workers",
@@ -417,8 +422,17 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
 
 def policy_runner(model, parts: Parts | None = None, *, envs: int = 1, rtc: bool = False, **options):
     """The one place a policy runner is made: ``model`` captured where and how ``parts`` says (its own lane), at
-    batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`. Without ``parts``: the runner's
-    defaults. ``options``: the runner's own arguments (``backend``, ``lane``, ``sampler``, ...)."""
+    batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`; ``parts.sampler`` sde (or
+    ``sde=True`` without parts): a :class:`~rollcap.policies.flow_sde.FlowSDERunner` at ``parts.noise_level``.
+    Without ``parts``: the runner's defaults. ``options``: the runner's own arguments (``backend``, ``lane``,
+    ``noise_level``, ...)."""
+    sde = options.pop("sde", False) or (parts is not None and parts.sampler == "sde")
+    if sde and rtc:
+        raise ConfigError("sampler", "sde samples whole chunks; real-time chunking (chunking naive / rtc) needs plain")
+    if sde:
+        if parts is not None:
+            options.setdefault("noise_level", parts.noise_level)
+        return _runner(FlowSDERunner, "policy", model, parts, envs, options)
     return _runner(RTCPolicyRunner if rtc else PolicyRunner, "policy", model, parts, envs, options)
 
 

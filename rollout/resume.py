@@ -145,7 +145,8 @@ def deployment(config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: 
         "device": pol.get("device_kind", "cpu"),  # the GPU's name is the machine's (the fingerprint check below)
         "backend": pol.get("backend"),
         "precision": pol.get("precision", "fp32"),
-        "sampler": variant,
+        "sampler": pol.get("sampler") or variant,  # sde: its own sampler, the checkpoint's weights
+        "noise_level": pol.get("noise_level"),
         "policy": _weights(pol, pcfg.get("fused_from") if fused else None),
         "critic": None if crit is None else _weights(crit),
         "batch": pol.get("batch", 1),

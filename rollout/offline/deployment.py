@@ -25,7 +25,7 @@ from rollcap.rollout.build import named_policy
 from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS
 from rollcap.rollout.errors import ConfigError
 
-AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
+AS_RECORDED = ("device", "backend", "precision", "sampler", "noise_level", "policy", "critic")
 """The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
 
 
@@ -137,6 +137,10 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
             given.get("policy") is not None and named_policy(given["policy"]) is not None
         )  # --policy lerobot:DIR / expert: no fused variant
         sampler = config.get("variant") if config.get("variant") in ("fused", "lean") and not named else "plain"
+        if pol.get("sampler") == "sde" and not named:
+            sampler = "sde"
+            if given.get("noise_level") is None:
+                out["noise_level"] = pol.get("noise_level")
         if sampler != "plain":
             said.append(f"{source}: recorded with the {sampler} sampler: replaying with it")
         out["sampler"] = sampler
