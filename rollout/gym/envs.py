@@ -25,7 +25,9 @@ Conventions:
     truncated: the episode was cut (env time limit, chunk or time limit,
         critic stop, an outside stop event).
     info: ``stop_reason`` and ``is_success`` (at the end), ``value`` (the
-        critic's; absent without one), ``steps``, ``policy_chunk``. Everything in
+        critic's; absent without one), ``steps``, ``policy_chunk`` (with the sde sampler also
+        ``flow_logp`` ``[K]``, ``flow_trace`` ``[K+1, H, A]``, ``flow_step_noise``: what the chunk's
+        log-probability needs, :mod:`rollcap.policies.flow_sde`). Everything in
         ``info`` is a pure function of the seed and the actions (gymnasium's
         checker asks that); the last step's latencies are in ``env.timings``.
         ``reset`` gives ``rollcap_episode``, ``rollcap_seed`` and
@@ -227,6 +229,8 @@ class _CoreEnv(gym.Env):
         info = {"steps": len(steps)}
         if event is not None:
             info["policy_chunk"] = event.actions
+            if event.flow is not None:  # sampler sde: the chunk's log-probabilities, trace and step noise
+                info.update({f"flow_{k}": v for k, v in event.flow.items()})
             if host.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's determinism check)
                 info["value"] = event.value
             self.timings = {

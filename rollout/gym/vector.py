@@ -40,6 +40,12 @@ chunks from one state (DSRL's branch data); needs an env with exact state.
 the envs, the runners and lanes the ``make_*`` functions made, and calls every
 subscriber's ``on_run_end``.
 
+With the sde sampler (``Parts(sampler="sde")``) each sub-env's info also holds its
+chunk's ``flow_logp`` / ``flow_trace`` / ``flow_step_noise`` (what a learner's
+log-probability ratio needs), and :meth:`load_weights` puts a learner's new
+weights into the batched graph in place (no rebuild, no recapture; ends the
+running episodes, so ``reset()`` next): ``examples/flow_rl_gym.py``.
+
 Single-threaded, like the host.
 """
 
@@ -201,6 +207,8 @@ class _CoreVectorEnv(VectorEnv):
             if event is not None:
                 self._values[i].append(float(event.value))
                 info["policy_chunk"] = event.actions
+                if event.flow is not None:  # sampler sde: the chunk's log-probabilities, trace and step noise
+                    info.update({f"flow_{k}": v for k, v in event.flow.items()})
                 if self.core.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's checks)
                     info["value"] = event.value
             self._last_obs[i] = h.obs
@@ -216,6 +224,22 @@ class _CoreVectorEnv(VectorEnv):
             infos = self._add_info(infos, info, i)
         self._autoreset = (terminated | truncated) & (self.autoreset_mode is AutoresetMode.NEXT_STEP)
         return self._batch(obs), rewards, terminated, truncated, infos
+
+    # -- new weights, in place ---------------------------------------------------------
+    def load_weights(self, weights, digest: str | None = None) -> str:
+        """New policy weights (a state dict of the policy's model) into the batched graph(s) in place: nothing is
+        rebuilt or recaptured (:meth:`~rollcap.kernels.runner.GraphRunner.load_weights`). An episode runs with one
+        set of weights, the one its record names, so every running episode is ended first (stop reason
+        ``caller_reset``): call :meth:`reset` next. Returns the weights' digest."""
+        if self.closed:
+            raise closed_error("load_weights()")
+        for h in self.core.hosts:
+            if h.state is not HostState.RESET:
+                h.finish(CALLER_RESET)
+        self._autoreset[:] = False
+        for runner in {id(r.runner): r.runner for r in self.core.policy_rows}.values():
+            digest = runner.load_weights(weights, digest)
+        return digest
 
     # -- branching: start a sub-env's episode at another's boundary ---------------
     def boundary(self, i: int) -> Resume:

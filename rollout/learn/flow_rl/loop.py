@@ -120,7 +120,8 @@ class Trainer:
         self._last = (
             {n: {k: v.detach().clone() for k, v in m.state_dict().items()} for n, m in mods.items()},
             {n: copy.deepcopy(o.state_dict()) for n, o in opts.items()},
-            self._meta(),
+            copy.deepcopy(self._meta()),  # the curve and budget go on growing in place
+            self.kept_state,  # replaced, never changed in place
         )
 
     def _meta(self) -> dict:
@@ -132,13 +133,14 @@ class Trainer:
     def save(self, last: bool = True) -> None:
         """Write the training state (``last``: the snapshot of the last finished iteration, else the live one)."""
         mods, opts = self._modules()
+        kept = self.kept_state
         if last and getattr(self, "_last", None) is not None:
-            weights, opt_states, meta = self._last
+            weights, opt_states, meta, kept = self._last
             mods = {n: _Holder(w) for n, w in weights.items()}
-            opts = {n: _OptHolder(s) for n, s in opt_states.items()}
+            opts = {n: _Holder(s) for n, s in opt_states.items()}
         else:
             meta = self._meta()
-        extra = {"kept": self.kept_state} if self.kept_state is not None else {}
+        extra = {"kept": kept} if kept is not None else {}
         save_state(self.out, mods, opts, extra, meta)
 
     def _load(self) -> None:
@@ -293,16 +295,8 @@ class Trainer:
 
 
 class _Holder:
-    """A state dict standing in for a module (what :func:`save_state` reads)."""
+    """A state dict standing in for a module or an optimiser (what :func:`save_state` reads of them)."""
 
-    def __init__(self, sd):
-        self.sd = sd
-
-    def state_dict(self):
-        return self.sd
-
-
-class _OptHolder:
     def __init__(self, sd):
         self.sd = sd
 
