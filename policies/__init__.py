@@ -6,6 +6,7 @@ it knows nothing of episodes, envs or recordings.
 
 from __future__ import annotations
 
+from rollcap.policies.flow_sde import FlowSDERunner
 from rollcap.policies.flow_vla import ADV_DROPPED, ADV_NEGATIVE, ADV_POSITIVE, FlowVLA, FlowVLAConfig
 from rollcap.policies.observation import ObsSpec, tokenize
 from rollcap.policies.runner import DEFAULT_CHECKPOINT, MT10_CHECKPOINT, PolicyRunner, load_policy, save_policy
@@ -16,6 +17,7 @@ __all__ = [
     "ADV_POSITIVE",
     "DEFAULT_CHECKPOINT",
     "MT10_CHECKPOINT",
+    "FlowSDERunner",
     "FlowVLA",
     "FlowVLAConfig",
     "ObsSpec",

@@ -42,6 +42,7 @@ import torch
 
 from rollcap.kernels.buffers import BufferSpec
 from rollcap.policies.flow_vla import FlowVLA, guidance_inputs
+from rollcap.policies.layers import timestep_embedding
 from rollcap.policies.observation import ObsRunner
 from rollcap.policies.runner import PolicyRunner
 
@@ -152,38 +153,41 @@ def sde_sample(model: FlowVLA, images, state, tokens, noise, step_noise, level: 
     return x, torch.stack(lps, 1), torch.stack(xs, 1)
 
 
-def _rows_per_step(kv, valid, k_steps: int, blocks: int):
-    """Each row's keys/values (and mask) repeated ``k_steps`` times in place (row ``b`` becomes rows ``b*K .. b*K+K-1``),
-    within each of ``blocks`` guidance blocks."""
-
-    def rep(t):
-        return torch.cat([part.repeat_interleave(k_steps, 0) for part in t.chunk(blocks, 0)], 0)
-
-    return [(rep(k), rep(v)) for k, v in kv], rep(valid)
+def expert_steps(model: FlowVLA, kv, valid, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The guided velocity at every step of a chunk in one call: ``x [B, K, H, A]`` (each step's input), ``t [K]`` ->
+    ``v [B, K, H, A]``. The ``K`` steps' action tokens form one sequence over the prefix's keys/values (computed once,
+    not repeated per step); a block mask lets each step's tokens attend to the prefix and to their own step only, so
+    each step is what the action expert computes for it alone (the same arithmetic, other GEMM shapes)."""
+    expert, (b, k_steps, h, a) = model.expert, x.shape
+    beta = model.cfg.cfg_beta
+    rows = x.reshape(b, k_steps * h, a) if beta == 1.0 else x.reshape(b, k_steps * h, a).repeat(2, 1, 1)
+    z = expert.in_proj(rows) + expert.pos.repeat(k_steps, 1)
+    z = z + expert.time_mlp(timestep_embedding(t, expert.width)).repeat_interleave(h, 0)
+    own = torch.block_diag(*[torch.ones(h, h, dtype=torch.bool, device=x.device)] * k_steps)
+    mask = torch.cat([valid[:, None, :].expand(-1, k_steps * h, -1), own.expand(valid.shape[0], -1, -1)], 2)
+    for blk, pkv in zip(expert.blocks, kv):
+        z = blk(z, mask, pkv)
+    v = expert.out(expert.ln_out(z)).view(-1, k_steps, h, a)
+    return v if beta == 1.0 else v[b:] + beta * (v[:b] - v[b:])
 
 
 def step_logp(model: FlowVLA, images, state, tokens, trace: torch.Tensor, level: float, kv=None) -> torch.Tensor:
     """Each step's log-probability ``[B, K]`` of the recorded denoising ``trace`` ``[B, K+1, H, A]`` under ``model``
-    (differentiable; all ``K`` steps in one expert call at batch ``B*K``). ``kv``: :func:`prefix`'s output for these
-    observations, when the caller computed it already (a frozen prefix: once per chunk, without gradients)."""
+    (differentiable; all ``K`` steps in one expert call, :func:`expert_steps`). ``kv``: :func:`prefix`'s output for
+    these observations, when the caller computed it already (a frozen prefix: once per chunk, without gradients)."""
     b, k_steps = trace.shape[0], trace.shape[1] - 1
     sched = schedule(k_steps, level)
     if kv is None:
         kv = prefix(model, images, state, tokens, b)
-    blocks = 1 if model.cfg.cfg_beta == 1.0 else 2
-    kv_rows, valid_rows = _rows_per_step(kv[0], kv[1], k_steps, blocks)
-    dev, h, a = trace.device, trace.shape[2], trace.shape[3]
-    x = trace[:, :k_steps].reshape(b * k_steps, h, a)
-    t = torch.tensor(sched.t, device=dev).repeat(b)
-    v = velocity(model, kv_rows, valid_rows, x, t)
-    drift = torch.tensor(sched.drift, device=dev).repeat(b)[:, None, None]
-    mean = step_mean(x, v, t[:, None, None], sched.dt, drift)
-    std = torch.tensor(sched.std, device=dev).repeat(b)
-    log_std = torch.tensor(sched.log_std, device=dev).repeat(b)
-    nxt = trace[:, 1:].reshape(b * k_steps, h, a)
-    z = (nxt - mean) / std[:, None, None]
-    lp = -0.5 * z.square().flatten(1).sum(1) - (h * a) * (log_std + 0.5 * math.log(2.0 * math.pi))
-    return lp.view(b, k_steps)
+    dev, shape = trace.device, (1, k_steps, 1, 1)
+    t = torch.tensor(sched.t, device=dev)
+    x, nxt = trace[:, :k_steps], trace[:, 1:]
+    v = expert_steps(model, kv[0], kv[1], x, t)
+    drift = torch.tensor(sched.drift, device=dev).view(shape)
+    mean = step_mean(x, v, t.view(shape), sched.dt, drift)
+    z = (nxt - mean) / torch.tensor(sched.std, device=dev).view(shape)
+    log_std = torch.tensor(sched.log_std, device=dev)
+    return -0.5 * z.square().flatten(2).sum(2) - x[0, 0].numel() * (log_std + 0.5 * math.log(2.0 * math.pi))
 
 
 class FlowSDERunner(PolicyRunner):

@@ -32,8 +32,7 @@ from rollcap.kernels.lanes import make_lane
 from rollcap.kernels.precision import check_precision
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import MT10_CHECKPOINT
-from rollcap.policies import PolicyRunner, load_policy
-from rollcap.policies.flow_sde import FlowSDERunner
+from rollcap.policies import FlowSDERunner, PolicyRunner, load_policy
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.rtc import RTCPolicyRunner
@@ -256,10 +255,6 @@ def build(spec: Spec, env=None, policy=None, critic=None, poll=None, check_env: 
     env = parts.env_id if env is None else env
     out = Built([], policy, critic, batch=n)
     try:
-        if run.env_workers and parts.sampler == "sde":
-            raise ConfigError(
-                "sampler", "sde records each chunk's log-probabilities beside it; run it without env workers"
-            )
         if run.env_workers and not (isinstance(env, str) and is_path(policy) and is_path(critic)):
             raise ConfigError(
                 "env_workers",
@@ -421,19 +416,11 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> CriticRunn
 
 
 def policy_runner(model, parts: Parts | None = None, *, envs: int = 1, rtc: bool = False, **options):
-    """The one place a policy runner is made: ``model`` captured where and how ``parts`` says (its own lane), at
-    batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`; ``parts.sampler`` sde (or
-    ``sde=True`` without parts): a :class:`~rollcap.policies.flow_sde.FlowSDERunner` at ``parts.noise_level``.
-    Without ``parts``: the runner's defaults. ``options``: the runner's own arguments (``backend``, ``lane``,
-    ``noise_level``, ...)."""
-    sde = options.pop("sde", False) or (parts is not None and parts.sampler == "sde")
-    if sde and rtc:
-        raise ConfigError("sampler", "sde samples whole chunks; real-time chunking (chunking naive / rtc) needs plain")
-    if sde:
-        if parts is not None:
-            options.setdefault("noise_level", parts.noise_level)
-        return _runner(FlowSDERunner, "policy", model, parts, envs, options)
-    return _runner(RTCPolicyRunner if rtc else PolicyRunner, "policy", model, parts, envs, options)
+    """The one place a policy runner is made: ``model`` captured as ``parts`` says (its own lane; none: defaults) at batch
+    ``envs``; ``rtc``: an ``RTCPolicyRunner``; sampler sde: a ``FlowSDERunner``. ``options``: the runner's own arguments."""
+    sde = {"noise_level": parts.noise_level} if parts is not None and parts.sampler == "sde" else None  # rtc: refused
+    cls = FlowSDERunner if sde is not None else RTCPolicyRunner if rtc else PolicyRunner
+    return _runner(cls, "policy", model, parts, envs, {**(sde or {}), **options})
 
 
 def critic_runner(model, parts: Parts | None = None, *, envs: int = 1, **options):

@@ -352,6 +352,16 @@ class Spec:
     host: HostConfig = field(default_factory=HostConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def __post_init__(self):
+        if self.deployment.sampler == "sde" and self.host.chunking != "sync":
+            raise ConfigError(
+                "sampler", "sde samples whole chunks; real-time chunking (chunking naive / rtc) needs plain"
+            )
+        if self.deployment.sampler == "sde" and self.run.env_workers:
+            raise ConfigError(
+                "sampler", "sde records each chunk's log-probabilities beside it; run it without env workers"
+            )
+
     @classmethod
     def of(cls, episodes: int = 10, out=None, env=DEFAULT_ENV, policy=None, critic=None, **options) -> Spec:
         """The spec ``rollcap.run(episodes, out=..., env=..., policy=..., critic=..., **options)`` describes.

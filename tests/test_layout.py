@@ -48,6 +48,7 @@ CORE = (
     "named",
     "build",
     "batch",
+    "groups",
 )
 RANK = {
     "rollcap.kernels": 0,

@@ -122,26 +122,43 @@ class FlowLearner:
         images = [torch.from_numpy(b.images[k]) for k in self.model.cfg.image_keys]
         return images, torch.from_numpy(b.state), torch.from_numpy(b.tokens)
 
-    def logp(self, b: Batch, grad: bool = False) -> torch.Tensor:
-        """Each step's log-probability ``[N, K]`` of ``b``'s traces under the current weights."""
+    def logp(self, b: Batch, grad: bool = False, kv=None) -> torch.Tensor:
+        """Each step's log-probability ``[N, K]`` of ``b``'s traces under the current weights (``kv``: the frozen
+        prefix's keys/values for ``b``, :meth:`frozen_prefix`)."""
         images, state, tokens = self._inputs(b)
         with torch.set_grad_enabled(grad):
-            kv = None
-            if self.train == "expert":
-                with torch.no_grad():
-                    kv = prefix(self.model, images, state, tokens, len(b))
+            if kv is None and self.train == "expert":
+                kv = self.frozen_prefix(b)
             return step_logp(self.model, images, state, tokens, torch.from_numpy(b.trace), self.noise_level, kv)
+
+    @torch.no_grad()
+    def frozen_prefix(self, b: Batch, rows: int = 256):
+        """The prefix's keys/values and key mask for ``b`` (``train="expert"``: they do not change within an update, so
+        an update computes them once for all its epochs), in blocks of ``rows``."""
+        parts = []
+        for lo in range(0, len(b), rows):
+            images, state, tokens = self._inputs(b.rows(np.arange(lo, min(lo + rows, len(b)))))
+            parts.append(prefix(self.model, images, state, tokens, len(state)))
+        kv = [tuple(torch.cat([p[0][i][j] for p in parts]) for j in (0, 1)) for i in range(len(parts[0][0]))]
+        return kv, torch.cat([p[1] for p in parts])
 
     def update(self, batch: Batch) -> dict:
         """``epochs`` passes over ``batch`` in shuffled minibatches; returns the update's statistics."""
         rng = np.random.default_rng([self.seed, 0xF10E, self.updates])
         stats = {"loss": [], "clip_fraction": [], "approx_kl": [], "ratio_dev": [], "grad_norm": []}
         n = len(batch)
+        # the frozen prefix once for every epoch (rows are chunks: with guidance the rows are two blocks, computed per minibatch)
+        frozen = self.frozen_prefix(batch) if self.train == "expert" and self.model.cfg.cfg_beta == 1.0 else None
         for _ in range(self.epochs):
             order = rng.permutation(n)
             for lo in range(0, n, self.minibatch):
-                mb = batch.rows(order[lo : lo + self.minibatch])
-                new = self.logp(mb, grad=True)
+                idx = order[lo : lo + self.minibatch]
+                mb = batch.rows(idx)
+                kv = None
+                if frozen is not None:
+                    t = torch.from_numpy(idx)
+                    kv = ([(k[t], v[t]) for k, v in frozen[0]], frozen[1][t])
+                new = self.logp(mb, grad=True, kv=kv)
                 old = torch.from_numpy(mb.logp)
                 adv = torch.from_numpy(mb.adv)[:, None]
                 log_ratio = new - old
