@@ -104,13 +104,13 @@ class Advantages:
                 "chunks": int(sum(len(e.obs) for e in episodes))}  # fmt: skip
         if cfg.algorithm == "ppo":
             per_chunk = self._gae(episodes)
+        elif branch:
+            per_chunk = branch_advantages([len(e.obs) for e in episodes], returns, groups, branch, cfg.normalize)
+            info["branch_episodes"] = getattr(self, "branch_episodes", 0)
+            info["branch_points"] = len(branch)
         else:
             ep_adv = group_advantages(returns, groups, cfg.normalize)
             per_chunk = [np.full(len(e.obs), a, np.float32) for e, a in zip(episodes, ep_adv)]
-            if branch:
-                per_chunk = self._branched(episodes, returns, groups, per_chunk, branch)
-                info["branch_episodes"] = getattr(self, "branch_episodes", 0)
-                info["branch_points"] = len(branch)
         rows = [(e, k, a[k]) for e, a in zip(episodes, per_chunk) for k in range(len(e.obs)) if a[k] != 0.0]
         info["trained_chunks"] = len(rows)
         info["informative_groups"] = int(len({int(groups[i]) for i, a in enumerate(per_chunk) if np.any(a != 0)}))
@@ -130,22 +130,6 @@ class Advantages:
         batch = Batch({k: np.stack(v) for k, v in images.items()}, np.stack(state), np.stack(tokens), np.stack(trace),
                       np.stack(logp), np.asarray(adv, np.float32))  # fmt: skip
         return batch, info
-
-    def _branched(self, episodes, returns, groups, per_chunk, branch) -> list[np.ndarray]:
-        out = []
-        for i, (e, a) in enumerate(zip(episodes, per_chunk)):
-            if i not in branch:
-                out.append(a)
-                continue
-            j, v_j = branch[i]
-            r = returns[groups == groups[i]]
-            scale = (r.std() + 1e-6) if self.cfg.normalize else 1.0
-            v0 = float(r.mean())
-            seg = np.empty(len(e.obs), np.float32)
-            seg[:j] = (v_j - v0) / scale
-            seg[j:] = (returns[i] - v_j) / scale
-            out.append(seg)
-        return out
 
     # -- ppo: GAE with a value head ----------------------------------------------------------
     def _features(self, e) -> np.ndarray:
@@ -194,3 +178,25 @@ class Advantages:
                 self.value_opt.step()
                 losses.append(float(loss))
         return {"value_loss": float(np.mean(losses))}
+
+
+def branch_advantages(lengths, returns, groups, branch: dict, normalize: bool = True) -> list[np.ndarray]:
+    """Per-chunk advantages with Monte-Carlo values in mid-episode (see the module docstring): episode ``i`` of
+    ``lengths[i]`` chunks, return ``returns[i]``, group ``groups[i]`` (``V_0``: the group's mean return); ``branch[i]``
+    = ``(j, V_j)`` where its continuations measured a value (others: ``R - V_0`` for every chunk). With ``normalize``
+    all of them are divided by their std over the batch (a group's own std is 0 when it ended alike, while its
+    segments need not be)."""
+    out = []
+    for i, n in enumerate(lengths):
+        v0 = float(returns[groups == groups[i]].mean())
+        seg = np.full(n, returns[i] - v0, np.float64)
+        if i in branch:
+            j, v_j = branch[i]
+            seg[:j] = v_j - v0
+            seg[j:] = returns[i] - v_j
+        out.append(seg)
+    if normalize:
+        flat = np.concatenate(out)
+        sd = float(flat[flat != 0].std()) if np.any(flat != 0) else 1.0
+        out = [a / (sd + 1e-6) for a in out]
+    return [a.astype(np.float32) for a in out]

@@ -38,6 +38,9 @@ class TrainConfig:
     """Initial states per iteration (capsules), each played by a group."""
     group_size: int = 8
     """Episodes per group (G): they start from one capsule and differ only in their noise."""
+    max_start: int = 0
+    """0: a group starts at its reset capsule; N: at the boundary of chunk j (drawn in 0..N) of a scout episode the
+    current policy plays from it, so a member's chunks are credited with the outcome of a shorter horizon."""
     noise_level: float = DEFAULT_NOISE_LEVEL
     """The Flow-SDE's noise level a."""
     lr: float = 3e-5
@@ -86,7 +89,9 @@ class TrainConfig:
         _one_of("train", self.train, TRAINED)
         if self.advantage == "branch" and self.algorithm != "grpo":
             raise ValueError("advantage: branch is grpo's (ppo's chunks take GAE's advantages)")
-        for name, lo, hi in (("seed", 0, 999), ("max_iterations", 1, None), ("groups", 1, 256), ("group_size", 1, 256),
+        if self.advantage == "branch" and self.max_start:
+            raise ValueError("advantage: branch splits episodes that start at their reset capsule (max_start 0)")
+        for name, lo, hi in (("seed", 0, 999), ("max_iterations", 1, None), ("groups", 1, 256), ("group_size", 1, 256), ("max_start", 0, 64),
                              ("epochs", 1, 100), ("minibatch", 1, 1 << 16), ("branch_k", 1, 64), ("heldin_every", 0, None),
                              ("heldin_episodes", 0, 1000), ("heldin_envs", 1, 256), ("record_every", 0, None),
                              ("threads", 1, 256)):  # fmt: skip

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rollcap.kernels.graph import capture_count
@@ -95,7 +96,7 @@ class Trainer:
         cfg = self.cfg
         self.captures0 = capture_count()
         self.rollouts = GroupRollouts(
-            self.task, self.start, cfg.groups, cfg.group_size, cfg.noise_level, cfg.seed, cfg.threads
+            self.task, self.start, cfg.groups, cfg.group_size, cfg.noise_level, cfg.seed, cfg.threads, cfg.max_start
         )
         if cfg.heldin_every:
             self.heldin = HeldInScore(
@@ -224,6 +225,10 @@ class Trainer:
         if cfg.record_every and it % cfg.record_every == 0:
             self._record(it, ends, digest)
         batch, info = self.advantages.batch(episodes, branch)
+        if cfg.max_start:
+            info["start_chunk"] = round(float(np.mean(self.rollouts.start_chunks)), 2)
+            info["scout_chunks"], scout_steps = self.rollouts.scout_cost
+            b["env_steps"] += scout_steps
         stats = self.learner.update(batch) if batch is not None else {}
         stats.update(self.advantages.update_value(episodes))
         self._load_weights()
@@ -231,7 +236,7 @@ class Trainer:
         p.iteration = it + 1
         b["iterations"] = p.iteration
         b["episodes"] += len(episodes)
-        b["transitions"] += info["chunks"]
+        b["transitions"] += info["chunks"] + info.get("scout_chunks", 0)
         b["env_steps"] += int(sum(e.steps for e in episodes))
         b["branch_episodes"] += info.get("branch_episodes", 0)
         b["updates"] += batch is not None

@@ -6,7 +6,8 @@ Streams (run seeds; disjoint from each other and from every held-out stream: :da
 - training starts: iteration ``i``'s group ``m`` starts from the capsule of ``reset(seed=episode_seed(S, i * M + m))``
   with ``S = TRAIN_SEED_BASE + 100 * seed``;
 - training noise: episode ``j`` of the run (unique index) has seed ``episode_seed(S + 50, j)``, so the G members of
-  a group differ only in their noise;
+  a group differ only in their noise; with ``max_start`` a group starts instead at chunk ``j`` of a scout episode
+  from that capsule (the boundary captured exactly), ``j`` drawn from the seed and the iteration;
 - held-in: episode 0 of run seed ``HELDIN_SEED_BASE + 1000 * seed + j`` (as DSRL's), the plain sampler on its own noise.
 """
 
@@ -19,13 +20,16 @@ import numpy as np
 from rollcap.rollout.batch import BatchedCore
 from rollcap.rollout.build import build, make_env
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.groups import Collector, run_slots, start_state
+from rollcap.rollout.groups import Collector, boundary_of, run_slots, start_state
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, RESERVED, TRAIN_SEED_BASE, heldin_seeds
 from rollcap.rollout.learn.dsrl_eval import Task
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.spec import Parts, RunConfig, Spec
 
 __all__ = ["GroupRollouts", "HeldInScore", "RESERVED", "streams"]
+SCOUT_BASE = 2 * 10**9
+"""Scout episodes' indices (``max_start``): apart from the groups' and the continuations'."""
 
 
 def train_run_seed(seed: int) -> int:
@@ -59,10 +63,12 @@ class GroupRollouts:
     :attr:`runner` takes new weights in place (:meth:`~rollcap.policies.flow_sde.FlowSDERunner.load_weights`).
     """
 
-    def __init__(
-        self, task: Task, policy, groups: int, group_size: int, noise_level: float, seed: int, threads: int = 1
-    ):
+    def __init__(self, task: Task, policy, groups: int, group_size: int, noise_level: float, seed: int, threads: int = 1,
+                 max_start: int = 0):  # fmt: skip
         self.task, self.groups, self.group_size, self.seed = task, groups, group_size, int(seed)
+        self.max_start, self.start_chunks = int(max_start), [0] * groups
+        self.scout_cost = (0, 0)
+        """The last iteration's scouts' chunks and env steps (``max_start``)."""
         parts = task_parts(task, policy, threads, sampler="sde", noise_level=noise_level)
         self.host_config = HostConfig(execute_steps=task.execute_steps, seed=train_run_seed(seed) + 50)
         self.built = build(Spec(parts, self.host_config, RunConfig(envs=groups * group_size)), check_env=False)
@@ -76,10 +82,33 @@ class GroupRollouts:
         return self.groups * self.group_size
 
     def starts(self, iteration: int) -> list:
-        """Iteration ``iteration``'s capsules, one per group."""
+        """Iteration ``iteration``'s capsules, one per group: each reset capsule, or (``max_start`` > 0) the boundary
+        at chunk ``j`` (drawn in ``0..max_start``) of a scout episode the current policy plays from it."""
         s = train_run_seed(self.seed)
-        return [start_state(self.scratch, episode_seed(s, iteration * self.groups + m), f"group {iteration}.{m}")
+        caps = [start_state(self.scratch, episode_seed(s, iteration * self.groups + m), f"group {iteration}.{m}")
                 for m in range(self.groups)]  # fmt: skip
+        if not self.max_start:
+            return caps
+        js = np.random.default_rng([self.seed, 0x5C07, iteration]).integers(0, self.max_start + 1, self.groups)
+        need = [m for m in range(self.groups) if js[m] > 0]
+        hosts, got = self.core.hosts, {}
+
+        def capture() -> None:  # each scout's boundary j: captured, and the scout stopped there
+            for slot, m in enumerate(need):
+                h = hosts[slot]
+                if slot not in got and h.state is HostState.RUNNING and int(h.book.counters[1]) == js[m]:
+                    got[slot] = boundary_of(h, [float("nan")] * int(js[m]), f"scout {iteration}.{m}")
+                    h.events.request_stop("scouted")
+
+        base = SCOUT_BASE + iteration * self.groups
+        scouts, _ = self.run(
+            [(base + m, episode_seed(self.host_config.seed, base + m), caps[m]) for m in need], capture
+        )
+        self.scout_cost = (sum(len(e.obs) for e in scouts), sum(e.steps for e in scouts))
+        for slot, m in enumerate(need):
+            caps[m] = got.get(slot, caps[m])  # a scout that ended before chunk j: its group starts at the reset
+        self.start_chunks = [int(c.chunk) for c in caps]
+        return caps
 
     def items(self, iteration: int) -> list[tuple[int, int, object]]:
         """``(index, seed, capsule)`` of every episode of iteration ``iteration``, slot order (group-major)."""

@@ -152,3 +152,16 @@ def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, message):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_branch_advantages_split_an_episode_at_its_measured_value():
+    """VinePPO's split: chunks before the branch point get V_j - V_0, the rest R - V_j; a group that ended alike
+    still credits its segments (no division by its zero std); without a branch point an episode gets R - V_0."""
+    from rollcap.rollout.learn.flow_rl.advantages import branch_advantages
+
+    returns, groups = np.array([1.0, 1.0, 0.0, 1.0]), np.array([0, 0, 1, 1])
+    out = branch_advantages([3, 2, 4, 2], returns, groups, {0: (1, 0.25), 2: (2, 0.75)}, normalize=False)
+    assert np.allclose(out[0], [0.25 - 1, 1 - 0.25, 1 - 0.25]) and np.allclose(out[1], [0, 0])
+    assert np.allclose(out[2], [0.75 - 0.5, 0.75 - 0.5, -0.75, -0.75]) and np.allclose(out[3], [0.5, 0.5])
+    norm = branch_advantages([3, 2, 4, 2], returns, groups, {0: (1, 0.25), 2: (2, 0.75)})
+    assert max(np.abs(np.concatenate(norm))) < 3
