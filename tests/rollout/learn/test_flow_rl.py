@@ -1,10 +1,9 @@
 """Flow RL: the advantages' arithmetic, a tiny training run (one capture per graph, weights in place, recorded
 episodes that replay exactly in a fresh process with the weights they name), resume after Ctrl-C is the run that
-did not stop, and the example's door (a smoke run, one-line refusals)."""
+did not stop (the example's door: tests/examples/test_flow_rl.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -111,47 +110,6 @@ def test_resume_after_ctrl_c_is_the_run_that_did_not_stop(straight, tmp_path):
             assert ra.chunks["flow_logp"].tobytes() == rb.chunks["flow_logp"].tobytes()
     with pytest.raises(ValueError, match="saved by a run with other settings \\(lr\\)"):
         train(TrainConfig(**{**TINY, "lr": 1e-4}), out, progress=lambda s: None, resume=True)
-
-
-def _example(*flags, timeout=600):
-    cmd = [sys.executable, str(ROOT / "examples" / "flow_rl.py"), *map(str, flags)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.mark.slow(seconds=40)
-def test_the_example_trains_keeps_and_scores_held_out(tmp_path):
-    """The door: 2 iterations with held-in checkpoints, then 3 held-out episodes paired against the starting policy;
-    policy.json is the kept weights, result.json names the streams, the budget and the held-out table."""
-    out = tmp_path / "run"
-    res = _example("--max-iterations", 2, "--groups", 2, "--group-size", 2, "--heldin-every", 1, "--heldin-episodes", 2,
-                   "--heldin-envs", 2, "--eval-episodes", 3, "--eval-seed", 77, "--out", out, "--log-every-s", 0)  # fmt: skip
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert res.stdout.startswith("streams (named before training): ") and "held-out, own noise: " in res.stdout
-    r = json.loads((out / "result.json").read_text())
-    assert r["streams"]["held_out"]["run_seed"] == 77 and r["budget"]["iterations"] == 2
-    assert r["eval"]["own"]["episodes"] == 3 and len(r["held_in"]) == 3 and r["kept"] is not None
-    assert (out / "policy.json").is_file() and (tmp_path / "baseline-pushblock-77-3.json").is_file()
-
-
-@pytest.mark.slow(seconds=15)
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--lr", "2"], "--lr: expected a number in (0, 1), got 2.0"),
-        (["--algorithm", "sac"], "--algorithm: expected one of grpo, ppo, got 'sac'"),
-        (["--advantage", "branch", "--algorithm", "ppo"], "--advantage: branch is grpo's"),
-        (["--eval-seed", "500001"], "--eval-seed: eval_seed 500001 is a training run seed or a held-in one"),
-        (["--resume"], "--resume: "),
-        (["--noise-level", "9"], "--noise-level: expected a number in (0, 4], got 9.0"),
-    ],
-)
-def test_bad_flags_are_one_line_and_exit_2(tmp_path, flags, message):
-    """A bad flag: one line naming it on stderr, exit 2, nothing written."""
-    res = _example(*flags, "--out", tmp_path / "run", timeout=120)
-    assert res.returncode == 2 and res.stdout == "", res.stderr
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], res.stderr
-    assert not (tmp_path / "run").exists()
 
 
 def test_branch_advantages_split_an_episode_at_its_measured_value():
