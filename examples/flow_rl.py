@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -38,7 +36,7 @@ from rollcap.rollout.learn.flow_rl import Interrupted, TrainConfig, compare, pla
 from rollcap.rollout.learn.flow_rl.evaluate import line
 from rollcap.rollout.learn.flow_rl.loop import BUDGET, start_checkpoint
 from rollcap.rollout.learn.flow_rl.rollouts import streams
-from rollcap.rollout.options import Options
+from rollcap.rollout.options import BadFlag, Options, writable_dir
 
 OUTPUTS = ("result.json", "policy.json", "state")
 
@@ -62,23 +60,6 @@ class Args:
     """Replace a run already in --out (default: refuse it)."""
 
 
-class BadFlag(Exception):
-    def __init__(self, flag: str, what: str):
-        super().__init__(f"{flag}: {what}")
-
-
-def _writable_dir(path: Path, flag: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise BadFlag(flag, f"{path} exists and is not a directory")
-    anc = path
-    while not anc.exists():
-        anc = anc.parent
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".flow-probe-", dir=anc))
-    except OSError as err:
-        raise BadFlag(flag, f"cannot create a directory in {anc} ({err.strerror or err})") from None
-
-
 def base_path(args: Args, cfg: TrainConfig, eval_seed: int) -> Path:
     return args.baseline or args.out.parent / f"baseline-{cfg.task}-{eval_seed}-{args.eval_episodes}.json"
 
@@ -97,7 +78,7 @@ def check(args: Args, cfg: TrainConfig) -> int:
         raise BadFlag("--eval-seed", str(err)) from None
     if args.policy is not None and not Path(args.policy).with_suffix(".json").is_file():
         raise BadFlag("--policy", f"{args.policy}: no such checkpoint (.json beside its .safetensors)")
-    _writable_dir(args.out, "--out")
+    writable_dir(args.out, "--out")
     if args.resume:
         if not (args.out / "state" / "state.json").is_file():
             raise BadFlag("--resume", f"{args.out} holds no saved training state (state/state.json)")
@@ -123,7 +104,7 @@ def check(args: Args, cfg: TrainConfig) -> int:
             )
             raise BadFlag("--baseline", f"{path}: holds (task, run seed, episodes) {got}, need {cfg.task!r}, {eval_seed} x {args.eval_episodes}")  # fmt: skip
     elif args.eval_episodes:
-        _writable_dir(path.parent, "--baseline" if args.baseline else "--out")
+        writable_dir(path.parent, "--baseline" if args.baseline else "--out")
     return eval_seed
 
 
