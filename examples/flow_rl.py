@@ -14,7 +14,7 @@ the best weights are kept. The held-out stream (--eval-seed) is named in the log
 training; after it, the kept policy plays its episodes exactly as `rollcap run --seed EVAL_SEED` does, paired
 against the starting policy on the same episodes (--baseline caches the starting side).
 
-Writes to --out: policy.json/.safetensors (the kept weights; policy-last.* when the last differ), result.json
+Writes to --out: policy.json/.safetensors (the kept weights; policy-last.* when the last differ, scored too), result.json
 (config, streams, budget in iterations, episodes, transitions, updates and minutes, the curve, held-in points,
 the held-out table), curve.png (with matplotlib), episodes/ and weights/ (every --record-every iterations: the
 episodes and the weights each ran with, so `rollcap replay EPISODE --policy WEIGHTS` replays it exactly), and
@@ -160,8 +160,15 @@ def main(args: Args, cfg: TrainConfig, eval_seed: int) -> int:
     except Interrupted as err:
         print(f"{sys.argv[0]}: {err}", file=sys.stderr)
         return 130
-    model = res.pop("model")
+    model, last = res.pop("model"), res.pop("last")
     save_policy(model, args.out / "policy.json")
+    if (
+        last is not None
+    ):  # keep-best kept an earlier one: the last weights too, scored beside it (what keeping was worth)
+        kept_weights = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(last)
+        save_policy(model, args.out / "policy-last.json")
+        model.load_state_dict(kept_weights)
     report.update({k: res[k] for k in ("budget", "curve", "held_in", "kept", "recorded", "kept_is_last")})
     write_report(args.out / "result.json", report)
     say(json.dumps(res["budget"]))
@@ -183,10 +190,17 @@ def main(args: Args, cfg: TrainConfig, eval_seed: int) -> int:
             "tuned_own_vs_start_zero": compare(tuned["own"], base["zero_noise"][:n]),
             "outcomes": {"tuned_own": tuned["own"], "tuned_zero": tuned["zero_noise"]},
         }  # fmt: skip
+        if last is not None:
+            got = play(held_out(cfg.task, eval_seed), args.out / "policy-last.json", eval_seed, n, progress=say)
+            report["eval"]["last"] = {"own": compare(got["own"], base["frozen"][:n]),
+                                      "zero_noise": compare(got["zero_noise"], base["zero_noise"][:n]), "weights": got["weights"],
+                                      "kept_vs_last_own": compare(tuned["own"], got["own"])}  # fmt: skip
         write_report(args.out / "result.json", report)
         say(line("held-out, own noise", report["eval"]["own"]))
         say(line("held-out, zero noise", report["eval"]["zero_noise"]))
         say(line("held-out, tuned own noise vs start zero noise", report["eval"]["tuned_own_vs_start_zero"]))
+        if last is not None:
+            say(line("held-out, the last weights (not kept), own noise", report["eval"]["last"]["own"]))
     plot(report, args.out / "curve.png", f"flow RL ({cfg.algorithm}, {cfg.advantage}) on {cfg.task}, seed {cfg.seed}")
     kept = res["kept"]
     if kept is not None:

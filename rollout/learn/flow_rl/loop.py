@@ -291,12 +291,13 @@ class Trainer:
             "graphs": self.graphs,
             "captures_during_training": capture_count() - self.captures0 - self.graphs,
         }
-        kept = self.kept_state is not None
-        if kept:
+        kept_is_last = self.kept_state is None or p.kept["iteration"] == p.iteration
+        last = None if kept_is_last else {k: v.detach().clone() for k, v in self.learner.model.state_dict().items()}
+        if self.kept_state is not None:
             self.learner.model.load_state_dict(self.kept_state)
         return {"config": self.cfg.to_json(), "start": str(self.start), "budget": budget, "curve": p.curve,
                 "held_in": p.held_in, "kept": p.kept, "recorded": p.recorded, "model": self.learner.model,
-                "kept_is_last": not kept or p.kept["iteration"] == p.iteration}  # fmt: skip
+                "kept_is_last": kept_is_last, "last": last}  # fmt: skip
 
 
 class _Holder:
@@ -312,5 +313,6 @@ class _Holder:
 def train(cfg: TrainConfig, out, policy=None, progress=print, resume: bool = False) -> dict:
     """Train ``cfg`` into ``out`` (see the module docstring); returns the result: the config, the budget (iterations,
     episodes, transitions, updates, seconds; the capture count), the learning curve, the held-in points, the kept
-    point and ``model`` (the kept weights, or the last). Raises :class:`Interrupted` on Ctrl-C (state saved)."""
+    point, ``model`` (the kept weights, or the last) and ``last`` (the last weights when another was kept, else None).
+    Raises :class:`Interrupted` on Ctrl-C (state saved)."""
     return Trainer(cfg, out, policy, progress, resume).run()
