@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors.torch import save
 
-from rollcap.rollout.cli.options import Options
+from rollcap.rollout.options import BadFlag, Options, writable_dir
 from rollcap.rollout.learn.dsrl_heldin import kept_line, streams, weights
 from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
 from rollcap.rollout.learn.logs import add_scalars, summary_writer, tensorboard_missing
@@ -58,28 +56,6 @@ class Args:
     """Evaluate this saved agent instead of training one: an agent*.safetensors this script wrote, its run's result.json beside it (task, view, agent); the result goes to --out."""
     tensorboard: Path | None = None
     """Also write the training curve and the held-in checkpoints as TensorBoard event files here."""
-
-
-class BadFlag(Exception):
-    """A flag's value is wrong: ``flag`` and what."""
-
-    def __init__(self, flag: str, what: str):
-        super().__init__(f"{flag}: {what}")
-
-
-def _writable_dir(path: Path, flag: str) -> None:
-    """``path`` is (or can be made as) a directory: its nearest existing ancestor takes a new directory. Leaves nothing."""
-    if path.exists() and not path.is_dir():
-        raise BadFlag(flag, f"{path} exists and is not a directory")
-    anc = path
-    while not anc.exists():
-        anc = anc.parent
-    if not anc.is_dir():
-        raise BadFlag(flag, f"{anc} is not a directory")
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".dsrl-probe-", dir=anc))
-    except OSError as err:
-        raise BadFlag(flag, f"cannot create a directory in {anc} ({err.strerror or err})") from None
 
 
 def base_path(args: Args, cfg: TrainConfig) -> Path:
@@ -119,7 +95,7 @@ def check(args: Args, cfg: TrainConfig) -> None:
         eval_seed = held_out(cfg.task, args.eval_seed).eval_seed
     except ValueError as err:
         raise BadFlag("--eval-seed", str(err)) from None
-    _writable_dir(args.out, "--out")
+    writable_dir(args.out, "--out")
     old = [name for name in OUTPUTS if (args.out / name).exists()]
     if old and not args.overwrite:
         raise BadFlag("--out", f"{args.out} already holds {', '.join(old)} (pass --overwrite to replace it)")
@@ -133,7 +109,7 @@ def check(args: Args, cfg: TrainConfig) -> None:
             got = (base.get("task"), base.get("episodes"), base.get("eval_seed")) if isinstance(base, dict) else base
             raise BadFlag("--baseline", f"{path}: holds (task, episodes, run seed) {got}, need {cfg.task!r} x {args.eval_episodes} of run seed {eval_seed}")  # fmt: skip
     else:
-        _writable_dir(path.parent, "--baseline" if args.baseline else "--out")
+        writable_dir(path.parent, "--baseline" if args.baseline else "--out")
 
 
 def write(path: Path, data: bytes) -> None:

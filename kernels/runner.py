@@ -219,6 +219,56 @@ class GraphRunner:
                 for k, v in self.fn({k: torch.as_tensor(v).to(self.device) for k, v in values.items()}).items()
             }
 
+    # -- new weights, in place -----------------------------------------------
+    def load_weights(self, weights: Mapping[str, torch.Tensor], digest: str | None = None) -> str:
+        """Copy ``weights`` (a state dict of the one module the graph reads) into its parameters and buffers, in place.
+
+        The captured graph reads those tensors where they are (a CPU jit plan and a CUDA graph alike), so the next
+        replay computes with the new weights: nothing is recaptured, the capture count does not move. Every name,
+        shape and dtype is checked before anything is copied (a wrong one is one :class:`BadInput` line and the live
+        weights are untouched). ``digest`` names the new weights (default: :func:`tensor_digest` of ``weights``, as a
+        checkpoint of them names them); it becomes the fingerprint's ``weights_digest``, so every episode started
+        from now on names the weights it runs with. Returns it.
+
+        Raises:
+            BadInput: a name, shape or dtype that is not the module's; a backend whose plan holds its own copy of the
+                weights (aoti, compile, compile-cuda); more than one module; a replay in flight (ReplayInFlight).
+        """
+        from rollcap.kernels.fingerprint import tensor_digest
+
+        self._require_idle("weights loaded")
+        if self._in_flight is not None:
+            raise ReplayInFlight(
+                f"{self.label}: weights loaded while a replay waits to be read; wait() or drain() first"
+            )
+        if self.backend not in ("eager", "jit", "cuda"):
+            raise BadInput(
+                f"{self.label}: backend {self.backend} compiled the weights into its plan; new weights need eager, jit or cuda"
+            )
+        if len(self.graph.modules) != 1:
+            raise BadInput(f"{self.label}: the graph reads {len(self.graph.modules)} modules; load_weights needs one")
+        live = self.graph.modules[0].state_dict(keep_vars=True)
+        missing, extra = sorted(set(live) - set(weights)), sorted(set(weights) - set(live))
+        if missing or extra:
+            raise BadInput(f"{self.label}: new weights lack {missing[:3]} and have unknown {extra[:3]}")
+        for name, t in live.items():
+            v = weights[name]
+            if (
+                not isinstance(v, torch.Tensor)
+                or v.shape != t.shape
+                or v.dtype.is_floating_point != t.dtype.is_floating_point
+            ):
+                what = f"{v.dtype} {tuple(v.shape)}" if isinstance(v, torch.Tensor) else type(v).__name__
+                raise BadInput(
+                    f"{self.label}: new weights[{name!r}] is {what}, the live one {t.dtype} {tuple(t.shape)}"
+                )
+        digest = digest or tensor_digest({k: v for k, v in weights.items()})
+        with torch.no_grad():
+            torch._foreach_copy_([live[k].data for k in live], [weights[k].detach() for k in live])
+        self.weights_digest = digest
+        self._fingerprint = None  # made again, with the new digest, when asked
+        return digest
+
     # -- capsule protocol ----------------------------------------------------
     def live_state(self) -> dict[str, torch.Tensor]:
         self._require_idle("state read")

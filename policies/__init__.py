@@ -16,6 +16,7 @@ _NAMES = {
     "ADV_POSITIVE": "flow_vla",
     "DEFAULT_CHECKPOINT": "shipped",
     "MT10_CHECKPOINT": "shipped",
+    "FlowSDERunner": "flow_sde",
     "FlowVLA": "flow_vla",
     "FlowVLAConfig": "flow_vla",
     "ObsSpec": "observation",

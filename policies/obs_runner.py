@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from rollcap.kernels.buffers import BufferSpec
+from rollcap.kernels.errors import BadInput
 from rollcap.kernels.fingerprint import tensor_digest
 from rollcap.kernels.fp8 import fp8_facts, to_fp8
 from rollcap.kernels.precision import cast_linears, check_precision
@@ -99,6 +100,17 @@ class ObsRunner(GraphRunner):
         self._require_idle("inputs written")
         for name, v in values.items():
             self.inputs.write_row(name, row, v[0])
+
+    def load_weights(self, weights, digest: str | None = None) -> str:
+        """:meth:`GraphRunner.load_weights`: a checkpoint's weights (the state dict of a model of this config) copied
+        into the captured graph's in place; refused where the graph's weights are not the checkpoint's tensors (the
+        fused and lean samplers re-parameterise them, fp8 stores them scaled)."""
+        variant = self.cfg.to_json().get("variant")
+        if variant is not None or self.precision == "fp8":
+            raise BadInput(
+                f"{self.label}: the {variant or 'fp8'} graph holds re-parameterised weights; new weights need the plain or sde sampler at fp32, tf32 or bf16"
+            )
+        return super().load_weights(weights, digest)
 
     def _make_fingerprint(self) -> dict:
         fp = super()._make_fingerprint()

@@ -277,6 +277,11 @@ class RowPolicy(_RowView):
     def execute_steps(self) -> int:
         return self.runner.execute_steps
 
+    def __init__(self, rows: Rows, row: int, handoff: ObsHandoff | None = None):
+        super().__init__(rows, row, handoff)
+        if hasattr(self.runner, "row_flow"):  # a stochastic sampler: the host records each chunk's flow
+            self.chunk_flow = lambda: self.runner.row_flow(self.row, self.rows.host)
+
     def start(self, obs: Observation, noise: np.ndarray) -> None:
         """Validate and write this row, as the runner's ``load_row`` does (the batch is launched by the core, or by
         :meth:`result`); the checked observation waits in the handoff for this slot's critic."""

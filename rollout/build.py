@@ -233,7 +233,8 @@ def for_this_machine(spec: Spec) -> Spec:
     run = spec.run
     if run.env_workers != "auto":
         return spec
-    count = 0 if run.no_env_workers_with else auto_env_workers(run.envs, run.graphs)
+    sde = spec.deployment.sampler == "sde"  # its chunks' log-probabilities are recorded in this process
+    count = 0 if run.no_env_workers_with or sde else auto_env_workers(run.envs, run.graphs)
     return dataclasses.replace(spec, run=dataclasses.replace(run, env_workers=count))
 
 
@@ -372,8 +373,13 @@ def make_critic(parts: Parts, env=None, source: str | None = None) -> critics.Cr
 
 def policy_runner(model, parts: Parts | None = None, *, envs: int = 1, rtc: bool = False, **options):
     """The one place a policy runner is made: ``model`` captured where and how ``parts`` says (its own lane), at
-    batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`. Without ``parts``: the runner's
-    defaults. ``options``: the runner's own arguments (``backend``, ``lane``, ``sampler``, ...)."""
+    batch ``envs``; ``rtc``: an :class:`~rollcap.policies.rtc.RTCPolicyRunner`; sampler sde: a
+    :class:`~rollcap.policies.flow_sde.FlowSDERunner` (rtc with it is refused by the spec). Without ``parts``: the
+    runner's defaults. ``options``: the runner's own arguments (``backend``, ``lane``, ``sampler``, ...)."""
+    if parts is not None and parts.sampler == "sde":
+        return _runner(
+            policies.FlowSDERunner, "policy", model, parts, envs, {"noise_level": parts.noise_level, **options}
+        )
     from rollcap.policies.rtc import RTCPolicyRunner
 
     return _runner(RTCPolicyRunner if rtc else policies.PolicyRunner, "policy", model, parts, envs, options)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from rollcap.envs import physics_row
-from rollcap.rollout.episode import CHUNK_DTYPES, RTC_CHUNK_DTYPES, STEP_DTYPES, EpisodeRecord
+from rollcap.rollout.episode import CHUNK_DTYPES, FLOW_CHUNK_DTYPES, RTC_CHUNK_DTYPES, STEP_DTYPES, EpisodeRecord
 from rollcap.rollout.protocols import (
     RAW_OBS_KEY,
     ChunkEvent,
@@ -54,6 +54,9 @@ class RecordBuilder(Subscriber):
         if e.carried is not None:  # real-time chunking: what the chunk was guided by
             c.setdefault("rtc_carried", []).append(e.carried["carried"])
             c.setdefault("rtc_weights", []).append(e.carried["carried_w"])
+        if e.flow is not None:  # a stochastic sampler: what the chunk's log-probability needs
+            for k, v in e.flow.items():
+                c.setdefault(f"flow_{k}", []).append(v)
 
     def on_step(self, e: StepEvent) -> None:
         obs, kept = e.obs, self._obs
@@ -109,6 +112,10 @@ class RecordBuilder(Subscriber):
             chunks["rtc_weights"] = np.asarray(self._chunks["rtc_weights"], RTC_CHUNK_DTYPES["rtc_weights"]).reshape(
                 n, horizon_shape[0]
             )
+        for k, dt in FLOW_CHUNK_DTYPES.items():
+            if k in self._chunks:
+                rows = self._chunks[k]
+                chunks[k] = np.asarray(rows, dt).reshape(len(rows), *np.shape(rows[0]))
         record = EpisodeRecord(
             index=start.index,
             seed=start.seed,

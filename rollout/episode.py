@@ -54,6 +54,15 @@ RTC_CHUNK_DTYPES = {
 }
 
 
+# per-chunk arrays of a stochastic sampler's episode only (``sampler="sde"``, rollcap.policies.flow_sde): each chunk's
+# per-step log-probabilities, its step noise and its denoising trace (absent otherwise)
+FLOW_CHUNK_DTYPES = {
+    "flow_logp": np.float32,  # [C, K] log N(x_{k+1}; mu_k, std_k^2) of each Euler step (sum: the chunk's)
+    "flow_step_noise": np.float32,  # [C, K, H, A] the noise each step added (derived from the chunk's noise)
+    "flow_trace": np.float32,  # [C, K+1, H, A] x_0 (the noise) .. x_K (the chunk)
+}
+
+
 NATURAL_ENDS = ("success", "terminated", "truncated")
 """Stop reasons of an episode that ran to its natural end; any other (a critic stop, a key, a limit, an error) cut it short."""
 
@@ -129,7 +138,11 @@ class EpisodeRecord:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first field of the wrong name, dtype or length."""
         t, c = self.num_steps, self.num_chunks
-        chunk_dtypes = {**CHUNK_DTYPES, **(RTC_CHUNK_DTYPES if "rtc_carried" in self.chunks else {})}
+        chunk_dtypes = {
+            **CHUNK_DTYPES,
+            **(RTC_CHUNK_DTYPES if "rtc_carried" in self.chunks else {}),
+            **(FLOW_CHUNK_DTYPES if "flow_logp" in self.chunks else {}),
+        }
         for table, dtypes, n in (("steps", STEP_DTYPES, t), ("chunks", chunk_dtypes, c)):
             arrays = getattr(self, table)
             if set(arrays) != set(dtypes):

@@ -132,6 +132,7 @@ class RolloutHost(Stepping):
         if wanting and not records:
             raise ValueError(f"records=False, but subscribers {wanting} need episode records")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
+        self._chunk_flow = getattr(policy, "chunk_flow", None)  # a stochastic sampler's per-chunk record
         configure_policy(policy, config)  # real-time chunking: the policy carries the schedule's prefix
         self.clock = ControlClock(config.control_period_s) if config.control_period_s is not None else None
         self.noise_shape = (horizon, self.action_dim)
@@ -349,6 +350,7 @@ class RolloutHost(Stepping):
             t0 += time.perf_counter() - t_queue  # the boundary's latency is what the loop waited, not the queue's steps
             actions = self.policy.result()
             t_policy = time.perf_counter() - t0
+            flow = self._chunk_flow() if self._chunk_flow is not None else None
             value = self.critic.result() if self.critic is not None else float("nan")
             t_critic = time.perf_counter() - t0
             k0, t0_steps = (0, 0) if ep.at is None else (ep.at.chunk, ep.at.step)
@@ -359,7 +361,7 @@ class RolloutHost(Stepping):
                 ep.index, ep.chunk, step, obs, noise, actions, value,
                 getattr(self.policy, "last_latency_s", t_policy),
                 getattr(self.critic, "last_latency_s", t_critic) if self.critic is not None else float("nan"),
-                boundary_s, reason, carried,
+                boundary_s, reason, carried, flow,
             )  # fmt: skip
             self.book.counters[1] += 1
             ep.chunks += 1

@@ -34,6 +34,32 @@ class UserError(Exception):
     """A mistake in arguments or input files: printed as one line, exit code 2."""
 
 
+class BadFlag(UserError):
+    """A flag's value is wrong: ``flag`` and what (a script prints it as its one line)."""
+
+    def __init__(self, flag: str, what: str):
+        super().__init__(f"{flag}: {what}")
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """BadFlag naming ``flag`` unless ``path`` is, or can be made as, a directory: its nearest existing ancestor takes
+    a new directory (probed with a temporary one, removed). Leaves nothing."""
+    import os
+    import tempfile
+
+    if path.exists() and not path.is_dir():
+        raise BadFlag(flag, f"{path} exists and is not a directory")
+    anc = path
+    while not anc.exists():
+        anc = anc.parent
+    if not anc.is_dir():
+        raise BadFlag(flag, f"{anc} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=anc))
+    except OSError as err:
+        raise BadFlag(flag, f"cannot create a directory in {anc} ({err.strerror or err})") from None
+
+
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass (its first line), by field name."""
     try:

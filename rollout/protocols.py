@@ -72,7 +72,8 @@ class ChunkPolicy(Protocol):
     chunking (``HostConfig.chunking`` naive / rtc) needs a policy that carries
     a prefix: ``configure(delay, execute_steps, guidance, mask)`` (when the
     host is built), ``carried_state()`` and ``queue()`` (before each launch),
-    ``load_carried()`` (replay); see :class:`~rollcap.policies.rtc.RTCPolicyRunner`.
+    ``load_carried()`` (replay); see :class:`~rollcap.policies.rtc.RTCPolicyRunner`. ``chunk_flow()`` (after
+    :meth:`result`): a stochastic sampler's record of the chunk, recorded with it (:attr:`ChunkEvent.flow`).
 
     Single caller: the host's thread. One inference in flight at a time.
     """
@@ -191,6 +192,9 @@ class ChunkEvent:
     carried: dict | None = None
     """Real-time chunking: the policy's carried state this chunk was guided by (``carried`` ``[H, A]``,
     ``carried_w`` ``[H]``, ``carried_n``), taken at launch; None for synchronous chunking."""
+    flow: dict | None = None
+    """A stochastic sampler's record of the chunk (the policy's ``chunk_flow()``: ``logp [K]``, ``step_noise
+    [K, H, A]``, ``trace [K+1, H, A]``; :mod:`rollcap.policies.flow_sde`); None for the other samplers."""
 
 
 @dataclass(frozen=True)

@@ -96,8 +96,10 @@ class Parts:
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
     precision: Literal["fp32", "tf32", "bf16", "fp8"] = field(default="fp32", metadata=BYTES)
     """Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU); fp8 (bf16, and the policy's action-expert GEMMs in float8 e4m3 with per-channel weight scales; CUDA compute capability 8.9+, refused elsewhere). Recorded in the fingerprint; replay takes it back."""
-    sampler: Literal["plain", "fused", "lean"] = field(default="plain", metadata=BYTES)
-    """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back); lean (fused, and fewer bytes between GEMMs: residual adds fused into the norms, bias+GELU in the GEMM epilogue, bf16 weights stored once; byte-equal to fused on CPU, within a stated bound on CUDA; "variant": "lean"). The critic stays plain."""
+    sampler: Literal["plain", "fused", "lean", "sde"] = field(default="plain", metadata=BYTES)
+    """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back); lean (fused, and fewer bytes between GEMMs: residual adds fused into the norms, bias+GELU in the GEMM epilogue, bf16 weights stored once; byte-equal to fused on CPU, within a stated bound on CUDA; "variant": "lean"); sde (Flow-SDE: Gaussian noise at every Euler step, drawn on the host from the chunk's noise and recorded, so each chunk has an exact log-probability, recorded beside it: flow RL's sampler, rollcap.policies.flow_sde). The critic stays plain."""
+    noise_level: float = field(default=0.5, metadata=BYTES)
+    """With sampler sde: the SDE's noise level a (each step's scale is a sqrt(t / (1 - t)); in the fingerprint)."""
 
     def __post_init__(self):
         if is_name(self.critic) and str(self.critic).lower() == "none":
@@ -116,8 +118,15 @@ class Parts:
                     raise ConfigError(
                         name, f"{getattr(self, name)!r} applies to rollcap's checkpoints; a policy object runs as it is"
                     )
-        if self.sampler not in ("plain", "fused", "lean"):
-            raise ConfigError("sampler", f"expected plain, fused or lean, got {self.sampler!r}")
+        if self.sampler not in ("plain", "fused", "lean", "sde"):
+            raise ConfigError("sampler", f"expected plain, fused, lean or sde, got {self.sampler!r}")
+        if self.sampler == "sde":
+            from rollcap.policies.flow_sde import check_noise_level  # torch: only an sde run's spec needs it
+
+            try:
+                check_noise_level(self.noise_level)
+            except ValueError as err:
+                raise ConfigError("noise_level", str(err).partition(": ")[2]) from None
         if self.sampler != "plain" and named_policy(self.policy) is not None:
             raise ConfigError(
                 "sampler",
@@ -359,6 +368,16 @@ class Spec:
     deployment: Parts = field(default_factory=Parts)
     host: HostConfig = field(default_factory=HostConfig)
     run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self):
+        if self.deployment.sampler == "sde" and self.host.chunking != "sync":
+            raise ConfigError(
+                "sampler", "sde samples whole chunks; real-time chunking (chunking naive / rtc) needs plain"
+            )
+        if self.deployment.sampler == "sde" and self.run.env_workers not in (0, "auto"):
+            raise ConfigError(
+                "sampler", "sde records each chunk's log-probabilities beside it; run it without env workers"
+            )
 
     @classmethod
     def of(cls, episodes: int = 10, out=None, env=DEFAULT_ENV, policy=None, critic=None, **options) -> Spec:

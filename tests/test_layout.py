@@ -50,6 +50,7 @@ CORE = (
     "build",
     "batch",
     "placement",
+    "groups",
 )
 RANK = {
     "rollcap.kernels": 0,

@@ -183,6 +183,8 @@ class CoreEnv(gym.Env):
         self._event = event
         if event is None:
             return
+        if event.flow is not None:  # sampler sde: the chunk's log-probabilities, trace and step noise
+            info.update({f"flow_{k}": v for k, v in event.flow.items()})
         if self.host.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's determinism check)
             info["value"] = event.value
         self.timings = {

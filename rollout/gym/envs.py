@@ -31,7 +31,10 @@ Conventions:
         count every episode), ``stop_reason`` at the end (also when a gymnasium
         ``TimeLimit`` cuts the episode: the env ends it in that step, stop reason
         ``time_limit``), ``value`` (the critic's; absent without one), ``steps``,
-        and NoiseSteeringEnv's ``policy_chunk`` (the chunk executed). Everything in
+        NoiseSteeringEnv's ``policy_chunk`` (the chunk executed), and with the sde
+        sampler ``flow_logp`` ``[K]``, ``flow_trace`` ``[K+1, H, A]`` and
+        ``flow_step_noise`` (what the chunk's log-probability needs,
+        :mod:`rollcap.policies.flow_sde`). Everything in
         ``info`` is a pure function of the seed and the actions (gymnasium's
         checker asks that); the last step's latencies are in ``env.timings``.
         ``reset`` gives ``rollcap_episode``, ``rollcap_seed`` and

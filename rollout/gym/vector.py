@@ -50,6 +50,12 @@ the envs, the runners and lanes the ``make_*`` functions made, and calls every
 subscriber's ``on_run_end`` (a recorder stays open: whoever opened it closes it).
 
 Single-threaded, like the host.
+
+With the sde sampler (``Parts(sampler="sde")``) each sub-env's info also holds its
+chunk's ``flow_logp`` / ``flow_trace`` / ``flow_step_noise`` (what a learner's
+log-probability ratio needs), and ``load_weights`` puts a learner's new
+weights into the batched graph in place (no rebuild, no recapture; ends the
+running episodes, so ``reset()`` next): ``examples/flow_rl_gym.py``.
 """
 
 from __future__ import annotations

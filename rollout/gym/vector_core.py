@@ -167,9 +167,27 @@ class CoreVectorEnv(VectorEnv):
             return {}
         self._values[i].append(float(event.value))
         info: dict[str, Any] = {}
+        if event.flow is not None:  # sampler sde: the chunk's log-probabilities, trace and step noise
+            info.update({f"flow_{k}": v for k, v in event.flow.items()})
         if self.core.critic is not None:  # NaN without one: absent (NaN != NaN fails gymnasium's checks)
             info["value"] = event.value
         return info
+
+    # -- new weights, in place ---------------------------------------------------------
+    def load_weights(self, weights, digest: str | None = None) -> str:
+        """New policy weights (a state dict of the policy's model) into the batched graph(s) in place: nothing is
+        rebuilt or recaptured (:meth:`~rollcap.kernels.runner.GraphRunner.load_weights`). An episode runs with one
+        set of weights, the one its record names, so every running episode is ended first (stop reason
+        ``caller_reset``): call :meth:`reset` next. Returns the weights' digest."""
+        if self.closed:
+            raise closed_error("load_weights()")
+        for h in self.core.hosts:
+            if h.state is not HostState.RESET:
+                h.finish(CALLER_RESET)
+        self._ended[:] = False  # nothing to autoreset: reset() starts every sub-env again
+        for runner in {id(r.runner): r.runner for r in self.core.policy_rows}.values():
+            digest = runner.load_weights(weights, digest)
+        return digest
 
     # -- gymnasium -------------------------------------------------------------
     def reset(self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None):

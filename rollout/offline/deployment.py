@@ -35,7 +35,7 @@ from rollcap.rollout.spec import named_policy
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.spec import byte_fields
 
-AS_RECORDED = ("device", "backend", "precision", "sampler", "policy", "critic")
+AS_RECORDED = ("device", "backend", "precision", "sampler", "noise_level", "policy", "critic")
 """The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
 
 
@@ -151,6 +151,10 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
             given.get("policy") is not None and named_policy(given["policy"]) is not None
         )  # --policy lerobot:DIR / expert: no fused variant
         sampler = config.get("variant") if config.get("variant") in ("fused", "lean") and not named else "plain"
+        if pol.get("sampler") == "sde" and not named:
+            sampler = "sde"
+            if given.get("noise_level") is None:
+                out["noise_level"] = pol.get("noise_level")
         if sampler != "plain":
             said.append(f"{source}: recorded with the {sampler} sampler: replaying with it")
         out["sampler"] = sampler
@@ -193,7 +197,8 @@ def deployment(config: Mapping, fingerprints: Mapping, env_id: str, env_kwargs: 
         "device": pol.get("device_kind", "cpu"),  # the GPU's name is the machine's (the fingerprint check below)
         "backend": pol.get("backend"),
         "precision": pol.get("precision", "fp32"),
-        "sampler": variant,
+        "sampler": pol.get("sampler") or variant,  # sde: its own sampler, the checkpoint's weights
+        "noise_level": pol.get("noise_level"),
         "policy": _weights(pol, pcfg.get("fused_from") if fused else None),
         "critic": None if crit is None else _weights(crit),
         "batch": pol.get("batch", 1),

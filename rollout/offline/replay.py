@@ -27,6 +27,8 @@ from rollcap.rollout.recording.runs import source_index
 from rollcap.rollout.seeding import chunk_noise
 
 MODES = ("policy", "env", "closed")
+FLOW_NAMES = ("step_noise", "trace", "logp")
+"""What a stochastic sampler's chunk records beside it (``chunks/flow_<name>``), compared in policy mode."""
 _TIMING = ("latency_policy_s", "latency_critic_s", "latency_boundary_s")
 
 
@@ -155,7 +157,8 @@ def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
 
     ``policy`` / ``critic`` follow :class:`~rollcap.rollout.protocols.ChunkPolicy` /
     :class:`~rollcap.rollout.protocols.ChunkCritic`. A real-time-chunking
-    episode's chunks are each fed the carried prefix recorded with them.
+    episode's chunks are each fed the carried prefix recorded with them; a stochastic sampler's (``flow_*`` chunk
+    arrays) has each chunk's step noise, trace and log-probabilities compared too.
     """
     policy, carried = _policy_for(rec, policy), rec.chunks.get("rtc_carried")
     fp = fingerprint_diff(rec.fingerprints.get("policy", {}), policy.state_fingerprint())
@@ -163,6 +166,7 @@ def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
     if critic is not None:
         fp += [f"critic.{k}" for k in fingerprint_diff(rec.fingerprints["critic"], critic.state_fingerprint())]
     first, worst = None, 0.0
+    flow = getattr(policy, "chunk_flow", None) if "flow_logp" in rec.chunks else None
     policy.reset()
     for k in range(rec.num_chunks):
         obs = observation_at(rec, int(rec.chunks["chunk_start"][k]))
@@ -170,6 +174,9 @@ def replay_policy(rec: EpisodeRecord, policy, critic=None) -> ReplayResult:
             policy.load_carried(carried[k], rec.chunks["rtc_weights"][k], 0)
         policy.start(obs, rec.chunks["noise"][k])
         checks = [("policy_chunk", policy.result(), rec.chunks["policy_chunk"][k])]
+        if flow is not None:  # a stochastic sampler's episode: each step's noise, the trace and the log-probabilities
+            got = flow()
+            checks += [(f"flow_{name}", got[name], rec.chunks[f"flow_{name}"][k]) for name in FLOW_NAMES]
         if critic is not None:
             critic.start(obs)
             checks.append(("critic_value", np.float32(critic.result()), rec.chunks["critic_value"][k]))
@@ -296,7 +303,7 @@ def replay_closed(rec: EpisodeRecord, host) -> ReplayResult:
         )
     ]
     pairs += [(f"steps/{k}", new.steps[k], rec.steps[k]) for k in rec.steps]
-    pairs += [(f"chunks/{k}", new.chunks[k], rec.chunks[k]) for k in rec.chunks if k not in _TIMING]
+    pairs += [(f"chunks/{k}", new.chunks.get(k, np.zeros(0)), rec.chunks[k]) for k in rec.chunks if k not in _TIMING]
     pairs += [(f"obs/{k}", new.obs.get(k, np.zeros(0)), v) for k, v in rec.obs.items()]
     pairs += [(f"initial_state/{k}", new.initial_state.get(k, np.zeros(0)), v) for k, v in rec.initial_state.items()]
     for key, got, want in pairs:

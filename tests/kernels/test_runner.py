@@ -319,3 +319,49 @@ def test_policy_and_critic_launched_together_equal_eager():
         actions, value = policy.result(), critic.result()
         assert (actions == policy.act_eager(obs, noise)).all()
         assert value == critic.value_eager(obs)
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((4,), 2.0), requires_grad=False)
+
+    def forward(self, x):
+        return x * self.w
+
+
+@pytest.mark.parametrize("backend", ["eager", "jit"])
+def test_load_weights_reach_the_captured_plan_in_place(backend):
+    """New weights copied into the module the plan reads change the next replay, with no recapture; the digest is
+    the new weights'; one in flight is refused; a name the module lacks is refused and the weights stay."""
+    from rollcap.kernels.graph import capture_count
+
+    lane = CpuLane("t", threads=1)
+    m = _Scale()
+    r = GraphRunner(lambda b: {"y": m(b["x"])}, [X], [Y], backend=backend, modules=[m], lane=lane, label="t")
+    before, x = capture_count(), torch.arange(4.0).reshape(1, 4)
+    digest = r.load_weights({"w": torch.full((4,), 3.0)})
+    assert digest.startswith("sha256:") and r.state_fingerprint()["weights_digest"] == digest
+    r.write({"x": x})
+    r.launch()
+    assert torch.equal(r.wait()["y"], x * 3) and capture_count() == before
+    gate = _blocked(lane)
+    r.launch()
+    with pytest.raises(ReplayInFlight):
+        r.load_weights({"w": torch.zeros(4)})
+    gate.set()
+    r.wait()
+    with pytest.raises(BadInput, match=r"t: new weights lack \['w'\] and have unknown \['v'\]"):
+        r.load_weights({"v": torch.zeros(4)})
+    assert torch.equal(m.w, torch.full((4,), 3.0))
+    r.close()
+
+
+def test_load_weights_refuses_a_plan_with_its_own_copy():
+    """A compiled plan (aoti, compile) holds the weights it was built with: new weights are refused, in one line."""
+    r = _runner(_double)
+    r.backend = (
+        "aoti"  # what the refusal reads; building a real one needs a C++ compiler (tests/kernels/test_compiled.py)
+    )
+    with pytest.raises(BadInput, match="backend aoti compiled the weights into its plan"):
+        r.load_weights({})

@@ -14,7 +14,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.spec import RunConfig, Spec, byte_fields, flag_of
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNERS = {"PolicyRunner", "CriticRunner", "RTCPolicyRunner"}
+RUNNERS = {"PolicyRunner", "CriticRunner", "RTCPolicyRunner", "FlowSDERunner"}
 
 
 def _runner_calls(path: Path) -> list[str]:

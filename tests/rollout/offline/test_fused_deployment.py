@@ -78,7 +78,7 @@ def test_fused_is_refused_for_named_policies():
         ConfigError, match=r"^sampler: fused is a FlowVLA checkpoint's sampler; expert:0.1 has no fused variant"
     ):
         Parts(policy="expert:0.1", sampler="fused")
-    with pytest.raises(ConfigError, match=r"^sampler: expected plain, fused or lean, got 'fast'"):
+    with pytest.raises(ConfigError, match=r"^sampler: expected plain, fused, lean or sde, got 'fast'"):
         Parts(sampler="fast")
     res = rollcap(
         "run", "--policy", "expert", "--sampler", "fused", "--episodes", 1, "--no-progress", "--out", "/nonexistent/x"
