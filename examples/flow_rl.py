@@ -156,7 +156,8 @@ def main(args: Args, cfg: TrainConfig, eval_seed: int) -> int:
     say(f"streams (named before training): {json.dumps(report['streams'])}")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.resume:  # what --resume holds the run to: its held-out stream stays the one named here
-        write_report(args.out / "streams.json", report["streams"])
+        named = {**report["streams"], "baseline": str(base_path(args, cfg, eval_seed)) if args.eval_episodes else None}
+        write_report(args.out / "streams.json", named)
     try:
         res = train(cfg, args.out, args.policy, say, resume=args.resume)
     except Interrupted as err:
@@ -234,6 +235,8 @@ def resumed(args: Args, cfg: TrainConfig, opts: Options) -> tuple[TrainConfig, P
             if given != default and given != held[key]:
                 raise BadFlag(flag, f"the run in {args.out} named {held[key]} before training; a resumed run keeps it")
             setattr(args, name, held[key])
+        if args.baseline is None and held.get("baseline"):  # the starting side the run was to be paired with
+            args.baseline = Path(held["baseline"])
     policy = Path(meta["start"]) if args.policy is None else args.policy
     if str(start_checkpoint(saved, policy)) != meta["start"]:
         raise BadFlag("--policy", f"the run in {args.out} started from {meta['start']}")
@@ -241,19 +244,18 @@ def resumed(args: Args, cfg: TrainConfig, opts: Options) -> tuple[TrainConfig, P
 
 
 def _saved_held_out(out: Path) -> dict | None:
-    """The held-out stream ``out``'s run named before training (``streams.json``); None for a run without one."""
+    """The held-out stream (and baseline) ``out``'s run named before training (``streams.json``); None without one."""
     path = out / "streams.json"
     if not path.is_file():
         return None
     try:
-        held = json.loads(path.read_text()).get("held_out")
+        saved = json.loads(path.read_text())
+        held = saved.get("held_out")
     except (OSError, ValueError, AttributeError) as err:
         raise BadFlag("--resume", f"{path}: not a readable JSON file ({err})") from None
-    return (
-        held
-        if isinstance(held, dict) and "run_seed" in held and "episodes" in held
-        else {"run_seed": None, "episodes": 0}
-    )
+    if not (isinstance(held, dict) and "run_seed" in held and "episodes" in held):
+        held = {"run_seed": None, "episodes": 0}
+    return {**held, "baseline": saved.get("baseline")}
 
 
 def parse(argv=None) -> tuple[Args, TrainConfig, int]:

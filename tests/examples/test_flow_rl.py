@@ -83,8 +83,8 @@ def test_the_minimal_gym_loop_example_runs():
 
 
 def test_a_resumed_run_keeps_the_held_out_stream_it_named(tmp_path, capsys):
-    """--resume takes the held-out run seed and size from the run's streams.json (named before training), not this
-    call's defaults; another --eval-seed is one line naming it."""
+    """--resume takes the held-out run seed, size and baseline from the run's streams.json (named before training), not
+    this call's defaults; another --eval-seed is one line naming it."""
     _parse(["--out", str(tmp_path / "probe")])  # loads the example module
     mod = sys.modules["flow_rl_example"]
     out = tmp_path / "run"
@@ -92,9 +92,12 @@ def test_a_resumed_run_keeps_the_held_out_stream_it_named(tmp_path, capsys):
     cfg = mod.TrainConfig()
     meta = {"config": cfg.to_json(), "start": str(mod.start_checkpoint(cfg, None))}
     (out / "state" / "state.json").write_text(json.dumps({"meta": meta}))
-    (out / "streams.json").write_text(json.dumps({"held_out": {"run_seed": 9002, "episodes": 50}}))
+    base = tmp_path / "base.json"  # the starting side it was to be paired with (checked: task, run seed, size)
+    base.write_text(json.dumps({"task": "pushblock", "eval_seed": 9002, "frozen": [True] * 50}))
+    streams = {"held_out": {"run_seed": 9002, "episodes": 50}, "baseline": str(base)}
+    (out / "streams.json").write_text(json.dumps(streams))
     args, _, eval_seed = _parse(["--out", str(out), "--resume"])
-    assert (eval_seed, args.eval_episodes) == (9002, 50)
+    assert (eval_seed, args.eval_episodes, args.baseline) == (9002, 50, base)
     with pytest.raises(SystemExit) as err:
         _parse(["--out", str(out), "--resume", "--eval-seed", "9003"])
     assert err.value.code == 2 and "--eval-seed: the run in" in capsys.readouterr().err
