@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import json
 import re
-import textwrap
 import types
 import typing
 from pathlib import Path
@@ -62,17 +62,41 @@ def writable_dir(path: Path, flag: str) -> None:
 
 def field_docs(cls: type) -> dict[str, str]:
     """The docstring under each field of a dataclass (its first line), by field name."""
+    return dict(_field_docs(cls))
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    except (OSError, TypeError):  # no source (e.g. a frozen app): no help text
+        path = inspect.getsourcefile(cls)
+    except TypeError:
+        path = None
+    node = _class_node(path, cls.__qualname__) if path else None
+    if node is None:  # no source (e.g. a frozen app): no help text
         return {}
-    body = tree.body[0].body
     docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+    for field_node, nxt in zip(node.body, node.body[1:]):
+        if isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+                docs[field_node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+@functools.cache
+def _module_tree(path: str) -> ast.Module | None:
+    """A source file parsed once (the parser reads the docs of several classes from one module)."""
+    try:
+        return ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _class_node(path: str, qualname: str) -> ast.ClassDef | None:
+    scope = _module_tree(path)
+    for name in qualname.split("."):
+        body = getattr(scope, "body", [])
+        scope = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    return scope if isinstance(scope, ast.ClassDef) else None
 
 
 def _parse_json_object(text: str) -> dict:

@@ -10,8 +10,10 @@ reported with the same reason names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy on first use: the command line's --help reads these classes' module only
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -90,4 +92,6 @@ class NonFiniteAction(StopPredicate):
     """Stop if the policy produced NaN or Inf (nothing non-finite reaches the env)."""
 
     def check(self, view: BoundaryView) -> str | None:
+        import numpy as np
+
         return None if np.isfinite(view.actions).all() else "nonfinite_action"
