@@ -25,15 +25,15 @@ from pathlib import Path
 
 from rollcap.envs import exact_state_of
 from rollcap.kernels.files import cannot_create_dir, plain_json, write_report
-from rollcap.rollout.build import Built, build, check_repeatable, for_this_machine  # noqa: F401 - check_repeatable: this module's API before
+from rollcap.rollout.build import Built, build, for_this_machine
 from rollcap.rollout.errors import ClusterFailure, ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import fingerprints_of
 from rollcap.rollout.offline.deployment import check_same_run
 from rollcap.rollout.offline.branching import branch_recorded
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.ray.actors import ActorPool, identity
+from rollcap.rollout.ray.actors import ActorPool
+from rollcap.rollout.ray.episodes import identity, check_actor_run
 from rollcap.rollout.ray.branch import BranchActor
-from rollcap.rollout.ray.episodes import check_actor_run
 from rollcap.rollout.recording import EPISODES_DIR, H5_NAME, load_any
 from rollcap.rollout.recording.shards import MANIFEST, SHARDS_DIR
 from rollcap.rollout.recording.sinks import open_sink
@@ -42,7 +42,7 @@ from rollcap.rollout.placement import InProcess, Placement
 from rollcap.rollout.ray.placement import ActorsPlacement
 from rollcap.rollout.teleop.placement import TeleopPlacement
 from rollcap.rollout.workers.placement import EnvWorkersPlacement
-from rollcap.rollout.spec import DEFAULT_ENV, FORMATS, HostConfig, Parts, RunConfig, Spec  # noqa: F401 - the API's names
+from rollcap.rollout.spec import Spec
 from rollcap.rollout.subscribers import Metrics, OneInterrupt, Progress
 
 

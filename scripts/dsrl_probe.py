@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode
 from safetensors.torch import load_file
 
 from rollcap.rollout.gym.vector import make_noise_steering_vector_env
-from rollcap.rollout.learn.dsrl_na import TASKS, VIEWS, _task_code, features, viewed
+from rollcap.rollout.learn.dsrl_eval import TASKS, VIEWS, _task_code, features, viewed
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
 from rollcap.rollout.stats import pairwise_agreement
 

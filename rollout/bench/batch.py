@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.rollout.bench.standin_rows import FixedLatencyRows, Timed
-from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
+from rollcap.rollout.spec import DEFAULT_ENV, Parts, named_policy
+from rollcap.rollout.build import make_env, make_runners
 from rollcap.rollout.protocols import Subscriber
 
 ENVS = {"cpu": (1, 8), "cuda": (1, 32)}

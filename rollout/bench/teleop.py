@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hz", type=float, default=50.0, help="env steps per second")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 

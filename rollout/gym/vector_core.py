@@ -33,7 +33,7 @@ from rollcap.rollout.gym.checks import (
     render_metadata,
 )
 from rollcap.rollout.gym.core import MAX_TOKENS, TERMINAL, gym_obs, gym_obs_space
-from rollcap.rollout.host import HostState
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.resume import Resume
 from rollcap.rollout.seeding import episode_seed

@@ -24,17 +24,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from rollcap.rollout.learn.dsrl_eval import (  # noqa: F401 (re-exported: the example, the probe and the tests read them here)
+from rollcap.rollout.learn.dsrl_eval import (
     TASKS,
-    VIEWS,
     Task,
     _task_code,
-    baseline,
-    evaluate,
     features,
-    held_out,
     obs_keys,
-    summary_lines,
     viewed,
 )
 from rollcap.rollout.learn.dsrl_branch import Branches
@@ -45,8 +40,11 @@ from rollcap.rollout.learn.dsrl_heldin import (
     TRAIN_SEED_BASE,
     HeldIn,
     KeepBest,
+    heldin_seeds,
+    kept_line,
+    line,
+    weights,
 )
-from rollcap.rollout.learn.dsrl_heldin import heldin_seeds, kept_line, line, weights
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 
 

@@ -31,12 +31,11 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from rollcap.rollout.spec import named_policy
+from rollcap.rollout.spec import named_policy, byte_fields
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.spec import byte_fields
 
 AS_RECORDED = ("device", "backend", "precision", "sampler", "noise_level", "policy", "critic")
-"""The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
+"""The :class:`~rollcap.rollout.spec.Parts` fields that default to the recording's (None on the command line: not given)."""
 
 
 @functools.lru_cache(maxsize=1)

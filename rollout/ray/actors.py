@@ -41,20 +41,17 @@ from pathlib import Path
 from rollcap.rollout.ray import batched, episodes  # names looked up at use: a test may put a dying actor in place
 from rollcap.rollout.ray.schedule import MAX_TRIES, Scheduling
 
-from rollcap.rollout.build import LEROBOT_PREFIX, Parts, named_policy
+from rollcap.rollout.spec import LEROBOT_PREFIX, Parts, named_policy
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.placement import Identity
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.ray.connect import EXTRA, connect, import_ray  # noqa: F401 - EXTRA and connect are part of this module's API
-from rollcap.rollout.ray.connect import log_ray_to, lost_to_cluster, lost_while_starting
-from rollcap.rollout.ray.episodes import (  # noqa: F401 - the actor side, re-exported: part of this module's API
+from rollcap.rollout.ray.connect import connect, import_ray, log_ray_to, lost_to_cluster, lost_while_starting
+from rollcap.rollout.ray.episodes import (
     _SHIPPED,
     EpisodeSpec,
-    RolloutActor,
     _one_line,
     _same_parts,
-    check_actor_run,
     emit,
     episode_specs,
     identity,

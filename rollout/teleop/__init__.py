@@ -38,15 +38,9 @@ from __future__ import annotations
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys
 from rollcap.rollout.teleop.replay import ReplayInputs
 from rollcap.rollout.teleop.session import TeleopConfig, TeleopSession, open_teleop
-from rollcap.rollout.teleop.sources import (
-    KeyboardSource,
-    KeySource,
-    PynputSource,
-    ScriptedSource,
-    SourceUnavailable,
-    TerminalSource,
-    open_source,
-)
+from rollcap.rollout.teleop.sources import KeyboardSource, PynputSource, TerminalSource, open_source
+from rollcap.rollout.teleop.keysource import KeySource, SourceUnavailable
+from rollcap.rollout.teleop.scripted import ScriptedSource
 from rollcap.rollout.teleop.status import TeleopStatus
 from rollcap.rollout.teleop.view import LiveView, ViewConfig
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys
-from rollcap.rollout.teleop.sources import KeySource, open_source
+from rollcap.rollout.teleop.keysource import KeySource
+from rollcap.rollout.teleop.sources import open_source
 from rollcap.rollout.teleop.status import TeleopStatus
 from rollcap.rollout.teleop.view import LiveView, ViewConfig
 

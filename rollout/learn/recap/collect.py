@@ -293,7 +293,7 @@ def demonstrations(env_ids: set[str], demos: int, seed: int, policy_cfg=None) ->
     Raises:
         ConfigError: (field ``demos``) the runs' envs have no scripted demonstrations here, or mix two families.
     """
-    from rollcap.rollout.build import DEFAULT_ENV
+    from rollcap.rollout.spec import DEFAULT_ENV
     from rollcap.rollout.errors import ConfigError
 
     if not demos:

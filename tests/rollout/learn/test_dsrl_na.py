@@ -20,17 +20,9 @@ import torch
 from safetensors.torch import load_file
 
 from rollcap.rollout.learn.dsrl_branch import Branches
-from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest
-from rollcap.rollout.learn.dsrl_na import (
-    TASKS,
-    TRAIN_SEED_BASE,
-    TrainConfig,
-    baseline,
-    evaluate,
-    held_out,
-    n_step_rows,
-    train,
-)
+from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest, TRAIN_SEED_BASE
+from rollcap.rollout.learn.dsrl_eval import TASKS, baseline, evaluate, held_out
+from rollcap.rollout.learn.dsrl_na import TrainConfig, n_step_rows, train
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -553,7 +545,7 @@ def test_vector_env_over_a_metaworld_task_and_the_agents_view_of_it():
     pytest.importorskip("metaworld")
     from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.gym.vector import make_noise_steering_vector_env
-    from rollcap.rollout.learn.dsrl_na import _task_code, features
+    from rollcap.rollout.learn.dsrl_eval import _task_code, features
 
     task = TASKS["peg-insert-side"]
     with pytest.raises(ConfigError, match="env_kwargs"):

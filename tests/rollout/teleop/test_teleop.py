@@ -15,7 +15,9 @@ from rollcap.rollout.events import EventBus
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys
-from rollcap.rollout.teleop.sources import ScriptedSource, SourceUnavailable, open_source, parse_script, parse_terminal
+from rollcap.rollout.teleop.scripted import ScriptedSource, parse_script
+from rollcap.rollout.teleop.keysource import SourceUnavailable
+from rollcap.rollout.teleop.sources import open_source, parse_terminal
 from tests.rollout._tiny import make_env
 
 
