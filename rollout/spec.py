@@ -274,6 +274,25 @@ class RunConfig:
     """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process (your subscribers then see observations). auto (the default): one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 (a machine under 4 cores), with envs 1, or with actors, writers or teleop. The same bytes either way."""
 
     def __post_init__(self):
+        self._check_counts()
+        self._check_placement()
+        formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
+        if not formats or set(formats) - set(FORMATS) or len(set(formats)) != len(formats):
+            raise ConfigError(
+                "formats",
+                f"expected a list of {','.join(FORMATS)} without repeats, got {','.join(map(str, formats)) or 'nothing'}",
+            )
+        object.__setattr__(self, "formats", formats)
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
+        if self.shard_dir is not None and not (self.actors and self.shards):
+            raise ConfigError(
+                "shard_dir",
+                "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
+            )
+
+    def _check_counts(self) -> None:
+        """Episodes, envs, graphs, writers, env workers and actors: each in range, and the ones that exclude another."""
         if not _is_int(self.episodes) or self.episodes < 1:
             raise ConfigError("episodes", f"expected an integer >= 1, got {self.episodes!r}")
         if not _is_int(self.envs) or not 1 <= self.envs <= MAX_ENVS:
@@ -298,6 +317,9 @@ class RunConfig:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not _is_int(self.actors) or self.actors < 0:
             raise ConfigError("actors", f"expected an integer >= 0, got {self.actors!r}")
+
+    def _check_placement(self) -> None:
+        """Teleop, a cluster's address and the actors' resources: each valid, and only where it can apply."""
         if self.teleop is not None and self.actors:
             raise ConfigError("teleop", "a person drives one episode at a time in this process; drop `actors`")
         if self.teleop is not None and not (
@@ -310,20 +332,6 @@ class RunConfig:
             raise ConfigError("actor_cpus", f"expected a finite number > 0, got {self.actor_cpus!r}")
         if self.actor_gpus is not None and not (_is_number(self.actor_gpus) and 0 <= self.actor_gpus < float("inf")):
             raise ConfigError("actor_gpus", f"expected a finite number >= 0, got {self.actor_gpus!r}")
-        formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
-        if not formats or set(formats) - set(FORMATS) or len(set(formats)) != len(formats):
-            raise ConfigError(
-                "formats",
-                f"expected a list of {','.join(FORMATS)} without repeats, got {','.join(map(str, formats)) or 'nothing'}",
-            )
-        object.__setattr__(self, "formats", formats)
-        if self.out is not None:
-            object.__setattr__(self, "out", Path(self.out))
-        if self.shard_dir is not None and not (self.actors and self.shards):
-            raise ConfigError(
-                "shard_dir",
-                "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
-            )
 
     @property
     def no_env_workers_with(self) -> str | None:

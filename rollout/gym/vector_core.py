@@ -80,7 +80,7 @@ class CoreVectorEnv(VectorEnv):
     LOOKAHEAD = False
     """True when a step ends with the next boundary (ChunkVectorEnv): each sub-env holds the plan for its observation."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - gymnasium's vector-env keyword options
         self,
         envs: Sequence[gym.Env],
         policy,

@@ -106,6 +106,11 @@ class TrainConfig:
         if self.task not in TASKS:
             raise ValueError(f"task: expected one of {sorted(TASKS)}, got {self.task!r}")
         viewed(TASKS[self.task], self.view)
+        self._check_counts()
+        self._check_numbers()
+
+    def _check_counts(self) -> None:
+        """The integer fields: each in range (the seed streams stay apart), held-in episodes where they are asked for."""
         for name in ("num_envs", "critic_steps", "threads", "buffer", "max_transitions"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -136,6 +141,9 @@ class TrainConfig:
                 )
         if self.heldin_every and not (self.heldin_episodes and self.heldin_envs):
             raise ValueError("heldin_episodes: expected >= 1 with heldin_every > 0 (and heldin_envs >= 1)")
+
+    def _check_numbers(self) -> None:
+        """The flags, durations, rewards and fractions: each of its type and range."""
         for name in ("keep_best", "branch_greedy"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
@@ -190,7 +198,23 @@ def train(cfg: TrainConfig, progress=print, scalars=None) -> tuple[NoiseAgent, d
         torch.set_num_threads(threads)
 
 
-def _train(
+def _update(cfg: TrainConfig, agent: NoiseAgent, buf: Replay, rng: np.random.Generator, branches) -> dict:
+    """One vector step's updates, in order: the critic's, the distillation's (NA), the ranking's (branches), the
+    actor's; returns their latest statistics."""
+    stats: dict = {}
+    for _ in range(cfg.critic_steps):
+        stats.update(agent.critic_step(buf.sample(rng, cfg.agent.batch)))
+    for _ in range(cfg.distill_steps if cfg.agent.algorithm == "na" else 0):
+        stats.update(agent.distill_step(buf.sample(rng, cfg.agent.batch)))
+    for _ in range(cfg.rank_steps if branches is not None else 0):
+        if (pairs := branches.pairs(rng, 32)) is not None:
+            stats.update(agent.rank_step(pairs))
+    for _ in range(cfg.actor_steps):
+        stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
+    return stats
+
+
+def _train(  # noqa: C901, PLR0912, PLR0915 - the DSRL loop read top to bottom: act, step, store, update, check, log
     cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | None, scalars
 ) -> tuple[NoiseAgent, dict]:
     n, (h, a) = cfg.num_envs, venv.chunk_shape
@@ -290,15 +314,7 @@ def _train(
         transitions += n
         if transitions >= cfg.init_steps:
             t1 = time.perf_counter()
-            for _ in range(cfg.critic_steps):
-                stats.update(agent.critic_step(buf.sample(rng, cfg.agent.batch)))
-            for _ in range(cfg.distill_steps if cfg.agent.algorithm == "na" else 0):
-                stats.update(agent.distill_step(buf.sample(rng, cfg.agent.batch)))
-            for _ in range(cfg.rank_steps if branches is not None else 0):
-                if (pairs := branches.pairs(rng, 32)) is not None:
-                    stats.update(agent.rank_step(pairs))
-            for _ in range(cfg.actor_steps):
-                stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
+            stats.update(_update(cfg, agent, buf, rng, branches))
             updates += 1
             timing["update"] += time.perf_counter() - t1
         if heldin is not None and transitions >= next_check:

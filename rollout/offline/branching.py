@@ -41,7 +41,7 @@ def parent_episode(path: Path, episode: int | None):
     raise ConfigError("episode", f"{path}: no episode {episode} (it holds {have})")
 
 
-def branch_recorded(
+def branch_recorded(  # noqa: PLR0913 - the branch door's documented options
     file,
     episode: int | None = None,
     chunk: int = 0,

@@ -22,8 +22,7 @@ from rollcap.rollout.spec import Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.ray.episodes import _SHIPPED
-from rollcap.rollout.ray.schedule import MAX_TRIES
-from rollcap.rollout.ray.actors import ActorPool, ActorResources
+from rollcap.rollout.ray.actors import MAX_TRIES, ActorPool, ActorResources
 from rollcap.rollout.offline.replay import Replayer, ReplayResult
 
 

@@ -39,8 +39,7 @@ from pathlib import Path
 from rollcap.rollout.ray.batched import stream_batches
 
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.ray.schedule import MAX_TRIES
-from rollcap.rollout.ray.actors import ActorPool
+from rollcap.rollout.ray.actors import MAX_TRIES, ActorPool
 from rollcap.rollout.ray.episodes import emit, episode_specs
 from rollcap.rollout.recording.shards import SHARDS_DIR, ManifestWriter
 
