@@ -61,7 +61,8 @@ def writable_dir(path: Path, flag: str) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (its first line), by field name."""
+    """The docstring under each field of a dataclass, by field name: its first paragraph (the field's one-line help in
+    ``--help``; the paragraphs after a blank line are the longer doc, read in the source)."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):  # no source (e.g. a frozen app): no help text
@@ -71,7 +72,7 @@ def field_docs(cls: type) -> dict[str, str]:
     for node, nxt in zip(body, body[1:]):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+                docs[node.target.id] = " ".join(nxt.value.value.strip().split("\n\n")[0].split())
     return docs
 
 
