@@ -26,7 +26,12 @@ class FixedLatencyRows:
 
     def __init__(self, runner, seconds: float = 4e-3):
         self.runner, self.seconds = runner, float(seconds)
-        self.batch, self.inputs, self.outputs, self.spec = runner.batch, runner.inputs, runner.outputs, runner.spec
+        self.batch, self.inputs, self.outputs, self.obs_spec = (
+            runner.batch,
+            runner.inputs,
+            runner.outputs,
+            runner.obs_spec,
+        )
         self.last_latency_s = self.seconds
         self._ready: float | None = None
         if "actions" in runner.outputs:

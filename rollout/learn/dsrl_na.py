@@ -45,7 +45,7 @@ from rollcap.rollout.learn.dsrl_heldin import (
     line,
     weights,
 )
-from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
+from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, ReplayBuffer
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ def train(cfg: TrainConfig, progress=print, scalars=None) -> tuple[NoiseAgent, d
         torch.set_num_threads(threads)
 
 
-def _update(cfg: TrainConfig, agent: NoiseAgent, buf: Replay, rng: np.random.Generator, branches) -> dict:
+def _update(cfg: TrainConfig, agent: NoiseAgent, buf: ReplayBuffer, rng: np.random.Generator, branches) -> dict:
     """One vector step's updates, in order: the critic's, the distillation's (NA), the ranking's (branches), the
     actor's; returns their latest statistics."""
     stats: dict = {}
@@ -222,7 +222,7 @@ def _train(  # noqa: C901, PLR0912, PLR0915 - the DSRL loop read top to bottom: 
     obs, _ = venv.reset(seed=[TRAIN_SEED_BASE + 100 * cfg.seed + i for i in range(n)])
     feat = features(obs, code, task.extra)
     agent = NoiseAgent(feat.shape[1], h * a, e * a, cfg.agent, seed=cfg.seed)
-    buf = Replay(cfg.buffer, feat.shape[1], h * a, e * a)
+    buf = ReplayBuffer(cfg.buffer, feat.shape[1], h * a, e * a)
     rng = np.random.default_rng([cfg.seed, 0xD5])
     pending = [-1] * n
     nstep = cfg.agent.n_step
@@ -345,7 +345,7 @@ def _train(  # noqa: C901, PLR0912, PLR0915 - the DSRL loop read top to bottom: 
     return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
 
 
-def n_step_rows(buf: Replay, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:
+def n_step_rows(buf: ReplayBuffer, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:
     """Move the transitions of one sub-env's window ``win`` (its latest ``(obs, noise, chunk, reward)`` last) whose
     n-step targets are now known into ``buf``: the oldest once ``nstep`` chunks follow it (its next state and chunk
     are the last row's), all of them when the episode ended (``done``: no bootstrap; ``final_obs`` stands in)."""

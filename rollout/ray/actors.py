@@ -286,8 +286,8 @@ class ActorPool:
         if self.envs > 1:  # a call runs several episodes; each comes back as it ends
             records = (r for _, r in batched.stream_batches(self, specs, max_tries))
         else:
-            call = lambda handle, spec: handle.run.remote(spec.index, spec.seed, spec.config)  # noqa: E731
-            records = (r for _, r in self.map(call, specs, lambda spec: spec.index, max_tries))
+            call = lambda handle, ep: handle.run.remote(ep.index, ep.seed, ep.config)  # noqa: E731
+            records = (r for _, r in self.map(call, specs, lambda ep: ep.index, max_tries))
         for record in records:
             yield emit(record, subscribers)
 

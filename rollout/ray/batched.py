@@ -81,4 +81,4 @@ def stream_batches(
         call = handle.stream.options(num_returns="streaming")
         return call.remote([(s.index, s.seed) for s in batch], batch[0].config, recorded)
 
-    return pool.schedule(units, start, lambda spec: spec.index, max_tries, streaming=True, split=halves)
+    return pool.schedule(units, start, lambda ep: ep.index, max_tries, streaming=True, split=halves)

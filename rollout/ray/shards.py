@@ -98,8 +98,8 @@ class Shards:
         if pool.envs > 1:  # N envs per actor: a call runs several episodes, each recorded and answered as it ends
             answers = (a for _, a in stream_batches(pool, specs, max_tries, recorded=True))
         else:
-            call = lambda handle, spec: handle.run_recorded.remote(spec.index, spec.seed, spec.config)  # noqa: E731
-            answers = (a for _, a in pool.map(call, specs, lambda spec: spec.index, max_tries))
+            call = lambda handle, ep: handle.run_recorded.remote(ep.index, ep.seed, ep.config)  # noqa: E731
+            answers = (a for _, a in pool.map(call, specs, lambda ep: ep.index, max_tries))
         for light, receipt in answers:
             self.manifest.add(receipt["index"], receipt["digest"], receipt["shard"], receipt["node"])
             self._named.add(receipt["shard"])

@@ -153,9 +153,9 @@ class EnvWorkers:
             raise
 
     # -- processes -------------------------------------------------------------
-    def _spec(self, p: Proc) -> str:
+    def _setup(self, p: Proc) -> str:
         def obs(r):
-            return None if r is None else dataclasses.asdict(r.spec)
+            return None if r is None else dataclasses.asdict(r.obs_spec)
 
         return json.dumps({
             "layout": self.shared.layout.to_json(), "shm": self.shared.name, "slots": p.slots,
@@ -168,7 +168,7 @@ class EnvWorkers:
     def _start_all(self) -> None:
         for p in self.procs:
             if p.state == "down":
-                p.spawn(self._ctx, self._spec(p))
+                p.spawn(self._ctx, self._setup(p))
         while any(p.state in ("starting", "recording") for p in self.procs):
             self.poll_stop()
             for _ in self._gather(until_idle=True):
@@ -387,7 +387,7 @@ class EnvWorkers:
         self._again.extendleft(reversed(self.losses.lose(p.number, p.pid, how, sorted(lost))))
         if not self._closing:
             self.losses.restart(p, how, starting)
-            p.spawn(self._ctx, self._spec(p))
+            p.spawn(self._ctx, self._setup(p))
 
     def _salvage(self, p: Proc, how: str) -> list[EpisodeEnd]:
         """The episodes dead ``p`` wrote whole to its shard before the manifest named them, now named (its shard repaired

@@ -45,12 +45,12 @@ class Proc:
             self.start = {"start_s": time.perf_counter() - self.t_start, **msg.get("start", {})}
         return msg
 
-    def spawn(self, ctx, spec: str) -> None:
-        """Start the worker process (a spawn context: the parent has threads) with its JSON ``spec``."""
+    def spawn(self, ctx, setup: str) -> None:
+        """Start the worker process (a spawn context: the parent has threads) with its JSON ``setup``."""
         from rollcap.rollout.workers.child import serve
 
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=serve, args=(child, spec), name=f"rollcap-env-{self.number}", daemon=True)
+        self.proc = ctx.Process(target=serve, args=(child, setup), name=f"rollcap-env-{self.number}", daemon=True)
         self.proc.start()
         child.close()
         self.state, self.pid, self.t_start, self.launched = "starting", self.proc.pid, time.perf_counter(), []
