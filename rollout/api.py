@@ -41,7 +41,7 @@ from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.placement import InProcess, Placement
 from rollcap.rollout.ray.placement import ActorsPlacement
 from rollcap.rollout.teleop.placement import TeleopPlacement
-from rollcap.rollout.workers.placement import EnvWorkersPlacement
+from rollcap.rollout.workers.core import EnvWorkersPlacement
 from rollcap.rollout.spec import Spec
 from rollcap.rollout.subscribers import Metrics, OneInterrupt, Progress
 
@@ -120,7 +120,7 @@ def run(
             (:mod:`rollcap.rollout.ray.actors`), each building the env and
             runners from ``env`` and the checkpoint paths; this process checks
             them, then records what the actors return. With both, each actor drives
-            ``envs`` envs at that batch (:mod:`rollcap.rollout.ray.batched`).
+            ``envs`` envs at that batch (:func:`~rollcap.rollout.ray.actors.stream_batches`).
 
     Raises:
         ConfigError: a bad option (naming its field), before anything is created.

@@ -69,7 +69,7 @@ def rate(path: str, producers: int, steps: int, image_size: int, episodes: int, 
     from rollcap.rollout.spec import Parts
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.ray.actors import ActorPool, ActorResources
-    from rollcap.rollout.ray.shards import Shards
+    from rollcap.rollout.ray.placement import Shards
     from rollcap.rollout.recording import EpisodeRecorder
     from rollcap.rollout.recording.shards import ManifestWriter
     from rollcap.rollout.subscribers import InBackground

@@ -7,12 +7,12 @@
 - Where episodes are recorded is the caller's choice: the driver records what
   :meth:`ActorPool.run` returns (``InBackground(EpisodeRecorder)``, one writer,
   as a local run), or each actor records its own shard
-  (:mod:`rollcap.rollout.ray.shards`) and the driver writes only the manifest.
+  (:class:`~rollcap.rollout.ray.placement.Shards`) and the driver writes only the manifest.
 - Determinism: an episode's recorded bytes depend on its spec and the runners'
   fingerprint only; each actor runs one episode at a time, unbatched, so which
   actor ran it and how many there were change only the timings (not digested).
   With ``envs`` N each actor drives N envs on graphs at batch N
-  (:mod:`rollcap.rollout.ray.batched`): an episode's bytes are those of the
+  (:func:`~rollcap.rollout.ray.actors.stream_batches`): an episode's bytes are those of the
   in-process ``--envs N`` run, whichever actor and slot ran it.
 - Faults: only an actor whose ``ready()`` has answered gets work. An actor that
   dies (its process, or its node) is replaced and its item goes back to the
@@ -30,10 +30,20 @@
   one-item-per-call form.
 - Local by default, on 127.0.0.1 only: :func:`~rollcap.rollout.ray.connect.connect`.
 
+Actors that each drive N envs on batched graphs (``rollcap run --actors A --envs N``): each is a
+:class:`~rollcap.rollout.ray.episodes.RolloutActor` built at batch N (``graphs`` G: G pairs at batch N/G), running
+the round in its slots. One call (:meth:`~rollcap.rollout.ray.episodes.RolloutActor.stream`, a Ray streaming
+generator) takes a list of ``(index, seed)`` specs and runs them in the round's slots, a slot starting the next as
+soon as its episode ends, and sends each episode back as it ends (its record, or in a sharded run its receipt).
+:func:`stream_batches` cuts the run's specs into calls of :func:`call_size` episodes, one call per actor at a time;
+when an actor dies the episodes of its call that had not come back go back to the queue in two halves, so an episode
+that keeps killing its actor ends up alone and is the only one reported failed. A row of a batched replay depends on
+its own inputs and the batch only, so an episode's bytes are those of the in-process ``--envs N`` run.
+
 ``ray`` is imported lazily (``pip install 'rollcap[ray]'``). Imports point
 downward: this module knows ``build``, ``config``, ``host``, ``protocols``,
 ``episode`` and ``ray.episodes`` / ``ray.connect``; the entry points (``api``,
-``ray.replay``, ``ray.shards``, ``branch``, the CLI, the benches) import it.
+``ray.replay``, ``ray.placement``, ``branch``, the CLI, the benches) import it.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from rollcap.rollout.ray import batched, episodes  # names looked up at use: a test may put a dying actor in place
+from rollcap.rollout.ray import episodes  # names looked up at use: a test may put a dying actor in place
 
 from rollcap.rollout.spec import LEROBOT_PREFIX, Parts, named_policy
 from rollcap.rollout.config import HostConfig
@@ -132,7 +142,7 @@ class ActorPool:
             while actors build); raises to stop (the CLI acts there on a Ctrl-C
             it held), and the pool is closed.
         envs: envs per actor; > 1: each actor drives them on one graph captured at
-            that batch (:mod:`rollcap.rollout.ray.batched`),
+            that batch (:func:`~rollcap.rollout.ray.actors.stream_batches`),
             and :meth:`run` sends it a list of episodes per call.
         graphs: with ``envs``: that many graphs per actor, each at batch ``envs // graphs``.
         ray_log: where Ray's own messages to this driver go (a run's ``ray.log``; None: kept), not the terminal.
@@ -281,10 +291,10 @@ class ActorPool:
         Episodes finish in any order. A try that fails (its actor died, or
         ``run`` raised on it) runs again on a live or new actor; after
         ``max_tries`` the episode goes to :attr:`failed`. With ``envs`` > 1 a
-        call runs a list of episodes (:func:`~rollcap.rollout.ray.batched.stream_batches`).
+        call runs a list of episodes (:func:`stream_batches`).
         """
         if self.envs > 1:  # a call runs several episodes; each comes back as it ends
-            records = (r for _, r in batched.stream_batches(self, specs, max_tries))
+            records = (r for _, r in stream_batches(self, specs, max_tries))
         else:
             call = lambda handle, ep: handle.run.remote(ep.index, ep.seed, ep.config)  # noqa: E731
             records = (r for _, r in self.map(call, specs, lambda ep: ep.index, max_tries))
@@ -331,7 +341,7 @@ class ActorPool:
 
         ``start(actor_handle, unit)`` returns a Ray ref whose value is the unit's one item's answer, or with
         ``streaming`` a streaming generator that yields ``(key(item), answer)`` for each item of the unit as it
-        ends (:mod:`rollcap.rollout.ray.batched`). One call per actor at a time, and only on an actor whose
+        ends (:func:`~rollcap.rollout.ray.actors.stream_batches`). One call per actor at a time, and only on an actor whose
         ``ready()`` has answered. A call that fails (its actor or node died, or the method raised) sends the
         items it had not answered back to the front of the queue for any live actor (``split``: as these units;
         default one unit); a dead actor is replaced, and a replacement that is not ready within
@@ -564,3 +574,52 @@ def batch_rollout(  # noqa: PLR0913 - the plain call's documented options
             for e in pool.run(specs, subscribers, max_tries)
         ]
         return BatchResult(ends, pool.summary())
+
+
+# ---------------------------------------------------- the driver's side of actors that drive N envs each
+CALLS_PER_ENV = 2
+"""Episodes a call gives each of an actor's envs (at most): more fill the slots better at a call's tail, fewer lose less to a dead actor."""
+
+
+def call_size(episodes: int, actors: int, envs: int) -> int:
+    """Episodes per call: ``CALLS_PER_ENV * envs``, fewer when that would leave actors without work."""
+    return max(1, min(CALLS_PER_ENV * envs, math.ceil(episodes / max(actors, 1))))
+
+
+def spec_batches(specs: Sequence[EpisodeSpec], size: int) -> list[tuple[EpisodeSpec, ...]]:
+    """``specs`` cut into calls of at most ``size``, each of one config (a call runs on one batched core)."""
+    out: list[list[EpisodeSpec]] = []
+    for spec in specs:
+        if out and len(out[-1]) < size and out[-1][0].config == spec.config:
+            out[-1].append(spec)
+        else:
+            out.append([spec])
+    return [tuple(b) for b in out]
+
+
+def halves(batch: tuple) -> list[tuple]:
+    """A lost call's specs as two calls (one when it held one episode)."""
+    h = (len(batch) + 1) // 2
+    return [batch] if len(batch) < 2 else [batch[:h], batch[h:]]
+
+
+# ------------------------------------------------------------ the driver
+def stream_batches(
+    pool, specs: Iterable[EpisodeSpec], max_tries: int, recorded: bool = False
+) -> Iterator[tuple[EpisodeSpec, object]]:
+    """Run ``specs`` on ``pool``'s batched actors, :func:`call_size` episodes a call; yield ``(spec, answer)`` as each episode comes back.
+
+    ``answer``: the record, or with ``recorded`` the actor's ``(light record, receipt)``. On the pool's one
+    scheduling loop (:meth:`~rollcap.rollout.ray.actors.ActorPool.schedule`, as every Ray source): one call
+    per ready actor at a time; a dead actor is replaced; a call that fails sends the episodes it had not
+    answered back to the front of the queue (in :func:`halves`); an episode in ``max_tries`` failed calls
+    goes to ``pool.failed``; with no live actor left the rest do too.
+    """
+    specs = list(specs)
+    units = spec_batches(specs, call_size(len(specs), sum(s.live for s in pool.slots), pool.envs))
+
+    def start(handle, batch: tuple[EpisodeSpec, ...]):
+        call = handle.stream.options(num_returns="streaming")
+        return call.remote([(s.index, s.seed) for s in batch], batch[0].config, recorded)
+
+    return pool.schedule(units, start, lambda ep: ep.index, max_tries, streaming=True, split=halves)

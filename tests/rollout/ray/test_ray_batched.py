@@ -13,7 +13,7 @@ import rollcap
 from rollcap.rollout.spec import RunConfig, Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.ray.batched import call_size, halves, spec_batches
+from rollcap.rollout.ray.actors import call_size, halves, spec_batches
 from rollcap.rollout.ray.episodes import RolloutActor, episode_specs
 from rollcap.rollout.recording import episode_digest
 from rollcap.rollout.recording.shards import ManifestWriter, is_sharded, read_manifest
