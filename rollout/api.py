@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollcap.envs import exact_state_of
+from rollcap.envs.adapters import env_name
 from rollcap.kernels.files import cannot_create_dir, plain_json, write_report
 from rollcap.rollout.build import Built, build, for_this_machine
 from rollcap.rollout.errors import ClusterFailure, ConfigError, RecordingFailed
@@ -259,9 +260,8 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
 
 def _env_meta(env) -> dict:
     """The env metadata a run's recordings carry (robomimic's ``env_args``: name, type 2 = gym, kwargs)."""
-    env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
     return {
-        "env_name": env_id,
+        "env_name": env_name(env),
         "type": 2,
         "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
     }

@@ -49,6 +49,7 @@ import numpy as np
 
 from rollcap.capsule.verbs import restore, snapshot
 from rollcap.envs import exact_state_of, physics_row
+from rollcap.envs.adapters import env_name
 from rollcap.envs.control import control_period
 from rollcap.rollout.episode import ACTOR_AGENT, ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
@@ -160,7 +161,7 @@ class RolloutHost:
             None  # (seed, chunk, noise) drawn while the last chunk ran
         )
         self._draw_ahead = False
-        self.env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+        self.env_id = env_name(env)
         self.state_env = exact_state_of(env)
         self.components = {
             "host": self.book,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-_SPIN_S = 2e-4
+from rollcap.rollout.bench.standin import spin_until
 
 
 class FixedLatencyRows:
@@ -53,11 +53,7 @@ class FixedLatencyRows:
         self._ready = time.perf_counter() + self.seconds
 
     def wait(self) -> dict:
-        left = self._ready - time.perf_counter()
-        if left > _SPIN_S:
-            time.sleep(left - _SPIN_S)
-        while time.perf_counter() < self._ready:
-            pass
+        spin_until(self._ready)
         self._ready = None
         return self.runner.outputs.tensors()
 
