@@ -25,7 +25,8 @@ from rollcap.envs.adapters import (
     physics_row,
 )
 from rollcap.envs.bench import bench_env
-from rollcap.envs.checks import EnvExactness, ExactCheckReport, canonical_bytes, check_env_exact, probe_exactness
+from rollcap.envs.checks import EnvExactness, ExactCheckReport, check_env_exact, probe_exactness
+from rollcap.envs.compare import canonical_bytes
 from rollcap.envs.collect import Episode, collect_demos, episode_seeds
 from rollcap.envs.errors import BadAction, CheckFailed, NoExactState, RenderUnavailable, StateMismatch
 from rollcap.envs.expert import ExpertNoise, ScriptedExpert

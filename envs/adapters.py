@@ -93,6 +93,11 @@ def _layers(env: gym.Env) -> tuple[list[gym.Wrapper], gym.Env]:
     return layers, env
 
 
+def env_name(env) -> str:
+    """What to call ``env`` in a recording and a message: its registered id, else its innermost class's name."""
+    return getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
+
+
 def find_exact_state(env: gym.Env) -> Any:
     """Return the layer of ``env`` that implements ``get_state`` / ``set_state`` exactly.
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rollcap.envs.adapters import env_name
 from rollcap.envs.expert import ScriptedExpert
 from rollcap.envs.metaworld import ID_PREFIX, STATE_DIM, TASKS, MetaWorldObservation
 from rollcap.envs.push_block import ENV_ID as PUSH_BLOCK_ID
@@ -129,9 +130,7 @@ def scripted_expert(env: Any = None, env_id: str | None = None) -> Script:
     """
     task = expert_task(env, env_id)
     if task is None:
-        name = (
-            env_id or getattr(getattr(env, "spec", None), "id", None) or type(getattr(env, "unwrapped", env)).__name__
-        )
+        name = env_id or env_name(env)
         raise ValueError(f"{name} has no scripted expert (there is one for {PUSH_BLOCK_ID} and each {ID_PREFIX}<task>)")
     if task != "push-block":
         return MetaWorldScript(task)

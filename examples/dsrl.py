@@ -33,7 +33,8 @@ from safetensors.torch import save
 
 from rollcap.rollout.options import BadFlag, Options, writable_dir
 from rollcap.rollout.learn.dsrl_heldin import kept_line, streams, weights
-from rollcap.rollout.learn.dsrl_na import TASKS, TrainConfig, baseline, evaluate, held_out, summary_lines, train
+from rollcap.rollout.learn.dsrl_eval import TASKS, baseline, evaluate, held_out, summary_lines
+from rollcap.rollout.learn.dsrl_na import TrainConfig, train
 from rollcap.rollout.learn.logs import add_scalars, summary_writer, tensorboard_missing
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
 

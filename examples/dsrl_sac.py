@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.kernels.errors import CheckpointMismatch
 from rollcap.rollout.learn.logs import tensorboard_missing
 from rollcap.rollout.learn.dsrl import SteeringConfig, SteeringProbe, compare, make_steering_env, sac_entropy, train_sac

@@ -101,7 +101,7 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
         return t.to(dtype)
 
     @triton.jit
-    def _attend(q, k, v, bias, m_i, l_i, acc, scale, PT: tl.constexpr, WIDEN: tl.constexpr, PREC: tl.constexpr):
+    def _attend(q, k, v, bias, m_i, l_i, acc, scale, PT: tl.constexpr, WIDEN: tl.constexpr, PREC: tl.constexpr):  # noqa: PLR0913 - a Triton helper: the running softmax's state and the kernel's constexprs
         """One block of keys into the running softmax of a block of queries (fp32 state); the probabilities are
         rounded to ``PT`` (the values' dtype) before the second product."""
         if WIDEN:  # the interpreter's dot: fp32 operands (exact widenings; see _widen)
@@ -116,7 +116,7 @@ if _HAVE_TRITON:  # pragma: no cover - exercised by the cuda-marked tests and th
         return m_new, l_i, acc
 
     @triton.jit
-    def _expert_attn_kernel(
+    def _expert_attn_kernel(  # noqa: PLR0913 - a Triton kernel: its pointers, strides and constexprs
         qkv_ptr,
         kv_ptr,
         mask_ptr,

@@ -80,7 +80,7 @@ class GraphRunner:
     the host does this in synchronous chunking. The outputs are the same.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the runner's documented construction options
         self,
         fn: GraphFn,
         in_specs: list[BufferSpec],

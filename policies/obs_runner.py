@@ -55,9 +55,9 @@ class ObsRunner(GraphRunner):
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.cfg = model.cfg
-        self.spec = self.cfg.obs_spec
+        self.obs_spec = self.cfg.obs_spec
         self._tokens: dict[str, np.ndarray] = {}
-        ins = [BufferSpec(k, s, d) for k, (s, d) in self.spec.buffer_shapes(batch).items()] + extra_inputs
+        ins = [BufferSpec(k, s, d) for k, (s, d) in self.obs_spec.buffer_shapes(batch).items()] + extra_inputs
         digest = getattr(self.model, "weights_digest", None) or tensor_digest(dict(self.model.state_dict()))
         try:  # before any conversion: fp8 where there are no float8 tensor cores is refused here
             check_precision(precision, device)
@@ -93,7 +93,7 @@ class ObsRunner(GraphRunner):
 
     def obs_inputs(self, obs: Mapping[str, object]) -> dict[str, np.ndarray]:
         """Validate one observation into batch-1 arrays for the buffers."""
-        return self.spec.to_inputs(obs, self._tokens)
+        return self.obs_spec.to_inputs(obs, self._tokens)
 
     def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
         """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""

@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 _ELSEWHERE = {
-    "Parts": "rollcap.rollout.build",
+    "Parts": "rollcap.rollout.spec",
     "CaptureHazard": "rollcap.kernels.errors",
     "check_capturable": "rollcap.kernels.guard",
 }

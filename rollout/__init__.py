@@ -19,7 +19,7 @@ _NAMES = {
     "EpisodeRecord": "episode",
     "EventBus": "events",
     "HostConfig": "config",
-    "HostState": "host",
+    "HostState": "lifecycle",
     "RolloutHost": "host",
     "BoundaryView": "predicates",
     "CriticBelow": "predicates",
@@ -41,11 +41,11 @@ _NAMES = {
     "RunResult": "api",
     "Interrupted": "api",
     "make_env": "build",
-    "load_any": "recording",
+    "load_any": "recording.runs",
     "export": "recording.exporters",
     "branch_episode": "api",
-    "recap": "learn.recap",
-    "RecapConfig": "learn.recap",
+    "recap": "learn.recap.pipeline",
+    "RecapConfig": "learn.recap.config",
 }
 
 __all__ = sorted(_NAMES)

@@ -24,16 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollcap.envs import exact_state_of
+from rollcap.envs.adapters import env_name
 from rollcap.kernels.files import cannot_create_dir, plain_json, write_report
-from rollcap.rollout.build import Built, build, check_repeatable, for_this_machine  # noqa: F401 - check_repeatable: this module's API before
+from rollcap.rollout.build import Built, build, for_this_machine
 from rollcap.rollout.errors import ClusterFailure, ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import fingerprints_of
 from rollcap.rollout.offline.deployment import check_same_run
 from rollcap.rollout.offline.branching import branch_recorded
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber
-from rollcap.rollout.ray.actors import ActorPool, identity
+from rollcap.rollout.ray.actors import ActorPool
+from rollcap.rollout.ray.episodes import identity, check_actor_run
 from rollcap.rollout.ray.branch import BranchActor
-from rollcap.rollout.ray.episodes import check_actor_run
 from rollcap.rollout.recording import EPISODES_DIR, H5_NAME, load_any
 from rollcap.rollout.recording.shards import MANIFEST, SHARDS_DIR
 from rollcap.rollout.recording.sinks import open_sink
@@ -41,8 +42,8 @@ from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.placement import InProcess, Placement
 from rollcap.rollout.ray.placement import ActorsPlacement
 from rollcap.rollout.teleop.placement import TeleopPlacement
-from rollcap.rollout.workers.placement import EnvWorkersPlacement
-from rollcap.rollout.spec import DEFAULT_ENV, FORMATS, HostConfig, Parts, RunConfig, Spec  # noqa: F401 - the API's names
+from rollcap.rollout.workers.core import EnvWorkersPlacement
+from rollcap.rollout.spec import Spec
 from rollcap.rollout.subscribers import Metrics, OneInterrupt, Progress
 
 
@@ -120,7 +121,7 @@ def run(
             (:mod:`rollcap.rollout.ray.actors`), each building the env and
             runners from ``env`` and the checkpoint paths; this process checks
             them, then records what the actors return. With both, each actor drives
-            ``envs`` envs at that batch (:mod:`rollcap.rollout.ray.batched`).
+            ``envs`` envs at that batch (:func:`~rollcap.rollout.ray.actors.stream_batches`).
 
     Raises:
         ConfigError: a bad option (naming its field), before anything is created.
@@ -197,13 +198,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     cfg = spec.run
     out = cfg.out or new_run_dir(Path("runs"))
     _check_out(out, cfg.resume)
-    env = built.env
-    env_id = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
-    env_meta = {
-        "env_name": env_id,
-        "type": 2,
-        "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
-    }
+    env_meta = _env_meta(built.env)
     before_setup = set(out.iterdir()) if out.is_dir() else None  # None: this call creates the directory
     sink = open_sink(cfg, out, env_meta)
     recorder = sink.recorder
@@ -237,27 +232,9 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         if not recorder.indices and not lost:  # nothing recorded, ever: leave no trace of this call
             _remove_new(out, before_setup)  # (a bad option is found here)
         raise
-    ends: list[EpisodeEnd] = []
     t0 = time.perf_counter()
-    interrupted, failure = None, None
     with OneInterrupt(sink.writer) as guard:
-        try:
-            for end in placement.episodes(todo):
-                ends.append(dataclasses.replace(end, record=None))  # the writer owns the record; keep outcomes only
-        except KeyboardInterrupt as stop:
-            interrupted = stop
-        except RecordingFailed as err:
-            failure = err
-        finally:
-            guard.live = False  # first statement (no call): from here a signal is noted, never raised
-            placement.close()  # what runs is abandoned (not recorded): actors stop, the terminal is restored
-            try:
-                sink.close()  # every finished episode is written (after a second signal: only the one being written)
-            except RecordingFailed as err:
-                failure = failure or err
-            for s in subs:
-                if s is not sink.writer:  # closed above
-                    s.on_run_end()
+        ends, interrupted, failure = _drain(placement, sink, subs, todo, guard)
         kept = set(recorder.indices) - before
         interrupted = interrupted or guard.caught  # a signal during the drain: every episode is kept, still interrupted
         summary = metrics.summary(only=kept, earlier=[Metrics.row(r) for r in earlier])
@@ -269,12 +246,7 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
         })  # fmt: skip
         summary.update(placement.summary())
         summary.update(sink.summary())
-        if failure is not None:
-            summary["recording_failed"] = str(failure)
-        try:
-            write_report(out / "summary.json", summary)
-        except OSError as err:  # e.g. the disk that filled up: the episodes are what matters
-            failure = failure or RecordingFailed(f"{out / 'summary.json'}: not written ({err.strerror or err})")
+        failure = _write_summary(out, summary, failure)
         interrupted = interrupted or guard.caught
         if on_finished is not None:
             on_finished()
@@ -284,6 +256,53 @@ def _record(spec: Spec, built: Built, extra: list[Subscriber], on_started=None, 
     if interrupted is not None:
         raise Interrupted(result, interrupted)
     return result
+
+
+def _env_meta(env) -> dict:
+    """The env metadata a run's recordings carry (robomimic's ``env_args``: name, type 2 = gym, kwargs)."""
+    return {
+        "env_name": env_name(env),
+        "type": 2,
+        "env_kwargs": dict(env.spec.kwargs or {}) if getattr(env, "spec", None) else {},
+    }
+
+
+def _drain(placement: Placement, sink, subs: list[Subscriber], todo: list, guard: OneInterrupt):
+    """Run ``todo`` on the started placement until done, a Ctrl-C or a failed write; then close the placement (what
+    runs is abandoned), the sink (every finished episode written) and the subscribers.
+    Returns ``(ends, interrupted, failure)``: the episodes' outcomes (records dropped: the writer owns them), the
+    KeyboardInterrupt caught or None, the RecordingFailed or None."""
+    ends: list[EpisodeEnd] = []
+    interrupted, failure = None, None
+    try:
+        for end in placement.episodes(todo):
+            ends.append(dataclasses.replace(end, record=None))  # the writer owns the record; keep outcomes only
+    except KeyboardInterrupt as stop:
+        interrupted = stop
+    except RecordingFailed as err:
+        failure = err
+    finally:
+        guard.live = False  # first statement (no call): from here a signal is noted, never raised
+        placement.close()  # what runs is abandoned (not recorded): actors stop, the terminal is restored
+        try:
+            sink.close()  # every finished episode is written (after a second signal: only the one being written)
+        except RecordingFailed as err:
+            failure = failure or err
+        for s in subs:
+            if s is not sink.writer:  # closed above
+                s.on_run_end()
+    return ends, interrupted, failure
+
+
+def _write_summary(out: Path, summary: dict, failure: RecordingFailed | None) -> RecordingFailed | None:
+    """``summary.json`` written (a failed write noted in it); returns the run's failure, this write's if none before."""
+    if failure is not None:
+        summary["recording_failed"] = str(failure)
+    try:
+        write_report(out / "summary.json", summary)
+    except OSError as err:  # e.g. the disk that filled up: the episodes are what matters
+        failure = failure or RecordingFailed(f"{out / 'summary.json'}: not written ({err.strerror or err})")
+    return failure
 
 
 def _check_out(out: Path, resume: bool) -> None:

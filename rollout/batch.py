@@ -218,7 +218,7 @@ class Rows:
         self.runner = runner
         self._dirty = False
         self._inflight = False
-        self.host: dict[str, np.ndarray] = {}
+        self.outputs: dict[str, np.ndarray] = {}
         """The last replay's outputs on the host as numpy (one device-to-host copy a replay, not one a row; a row reads ~1 us)."""
 
     def written(self) -> None:
@@ -233,7 +233,7 @@ class Rows:
         self.launch()
         if self._inflight:
             self._inflight = False
-            self.host = {k: v.to("cpu").numpy() for k, v in self.runner.wait().items()}
+            self.outputs = {k: v.to("cpu").numpy() for k, v in self.runner.wait().items()}
 
     def settle(self) -> None:
         """Wait out (and discard) a replay in flight."""
@@ -280,19 +280,19 @@ class RowPolicy(_RowView):
     def __init__(self, rows: Rows, row: int, handoff: ObsHandoff | None = None):
         super().__init__(rows, row, handoff)
         if hasattr(self.runner, "row_flow"):  # a stochastic sampler: the host records each chunk's flow
-            self.chunk_flow = lambda: self.runner.row_flow(self.row, self.rows.host)
+            self.chunk_flow = lambda: self.runner.row_flow(self.row, self.rows.outputs)
 
     def start(self, obs: Observation, noise: np.ndarray) -> None:
         """Validate and write this row, as the runner's ``load_row`` does (the batch is launched by the core, or by
         :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
         values = self.runner.obs_inputs(obs)
-        self.handoff.put(obs, self.runner.spec, values)
+        self.handoff.put(obs, self.runner.obs_spec, values)
         self.runner.write_row(self.row, {**values, "noise": noise_input(noise, self.runner.chunk_shape)})
         self.rows.written()
 
     def result(self) -> np.ndarray:
         self.rows.wait()
-        return self.rows.host["actions"][self.row].copy()
+        return self.rows.outputs["actions"][self.row].copy()
 
 
 class RowCritic(_RowView):
@@ -300,13 +300,13 @@ class RowCritic(_RowView):
 
     def start(self, obs: Observation) -> None:
         """Write this row: the observation the slot's policy row just checked (same spec), else checked here."""
-        values = self.handoff.take(obs, self.runner.spec)
+        values = self.handoff.take(obs, self.runner.obs_spec)
         self.runner.write_row(self.row, self.runner.obs_inputs(obs) if values is None else values)
         self.rows.written()
 
     def result(self) -> float:
         self.rows.wait()
-        return float(self.rows.host["value"][self.row])
+        return float(self.rows.outputs["value"][self.row])
 
 
 def recorded_batch(fingerprints: dict) -> int:

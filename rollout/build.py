@@ -27,18 +27,13 @@ from rollcap.envs.errors import mujoco_warnings
 from rollcap.rollout.config import check_batched_host
 from rollcap.rollout.errors import ConfigError, NotExactWarning, cause_of
 from rollcap.rollout.fits import check_model_fits
-from rollcap.rollout.spec import (  # noqa: F401 - Parts and the policy names are re-exported: this module's old API
+from rollcap.rollout.spec import (
     DEFAULT_ENV,
-    EXPERT,
-    LEROBOT_PREFIX,
     Parts,
-    RunConfig,
     Spec,
     auto_env_workers,
-    expert_std,
     is_name,
     named_policy,
-    shipped_models,
 )
 
 OWN_PACKAGES = ("rollcap", "gymnasium")

@@ -38,15 +38,25 @@ class HostConfig:
     max_seconds: float | None = field(default=None, metadata=BYTES)
     """Wall-clock limit per episode in seconds (not replay-exact; None: off)."""
     execute_steps: int | None = field(default=None, metadata=BYTES)
-    """Actions of each chunk executed before re-planning (None: the policy's own setting); with real-time chunking, the execution horizon s."""
+    """Actions of each chunk executed before re-planning (None: the policy's own setting).
+
+    Actions of each chunk executed before re-planning (None: the policy's own setting); with real-time chunking, the execution horizon s."""
     chunking: Literal["sync", "naive", "rtc"] = field(default="sync", metadata=BYTES)
-    """sync: the env waits for each chunk; naive / rtc: the next chunk is inferred while inference_delay actions of the current one execute (naive: no constraint on the new chunk; rtc: its first actions are pinned to those, see docs/design-notes.md). naive / rtc need a policy that carries a prefix (RTCPolicyRunner)."""
+    """sync: the env waits for each chunk; naive / rtc: the next chunk is inferred while this one executes.
+
+    sync: the env waits for each chunk; naive / rtc: the next chunk is inferred while inference_delay actions of the current one execute (naive: no constraint on the new chunk; rtc: its first actions are pinned to those, see docs/design-notes.md). naive / rtc need a policy that carries a prefix (RTCPolicyRunner)."""
     inference_delay: int = field(default=0, metadata=BYTES)
-    """Real-time chunking's delay d in env steps: inference of the next chunk starts d steps before the current one's execute_steps run out (0 <= d <= execute_steps, d + execute_steps <= the chunk length; 0 with sync)."""
+    """Real-time chunking's delay d: the next chunk's inference starts d env steps before this one runs out.
+
+    Real-time chunking's delay d in env steps: inference of the next chunk starts d steps before the current one's execute_steps run out (0 <= d <= execute_steps, d + execute_steps <= the chunk length; 0 with sync)."""
     rtc_mask: Literal["hard", "soft"] = field(default="hard", metadata=BYTES)
-    """With chunking rtc, which actions of the new chunk are guided: hard pins the inference_delay actions that execute during inference; soft also pulls the rest of the overlap towards the previous plan with the RTC paper's decaying weights (measured worse here: docs/design-notes.md). A prefix-conditioned checkpoint (--policy policies/weights/pushblock_policy_prefix.json) pins them by hard inpainting instead of guidance, hard only."""
+    """With chunking rtc, which actions of the new chunk are guided: hard (those run during inference) or soft.
+
+    With chunking rtc, which actions of the new chunk are guided: hard pins the inference_delay actions that execute during inference; soft also pulls the rest of the overlap towards the previous plan with the RTC paper's decaying weights (measured worse here: docs/design-notes.md). A prefix-conditioned checkpoint (--policy policies/weights/pushblock_policy_prefix.json) pins them by hard inpainting instead of guidance, hard only."""
     control_period_s: float | None = field(default=None, metadata=BYTES)
-    """Simulated control clock: every env step waits for its tick of this period in seconds, and a late step counts as stall (not replay-relevant; None: step as fast as possible)."""
+    """Simulated control clock: each env step waits for its tick of this period in seconds (None: off).
+
+    Simulated control clock: every env step waits for its tick of this period in seconds, and a late step counts as stall (not replay-relevant; None: step as fast as possible)."""
 
     def __post_init__(self):
         def bad(name: str, why: str):

@@ -16,6 +16,7 @@ import gymnasium as gym
 
 from rollcap.critics import DEFAULT_CHECKPOINT as DEFAULT_CRITIC
 from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
+from rollcap.envs.adapters import env_name
 from rollcap.envs.metaworld import ID_PREFIX
 from rollcap.policies import DEFAULT_CHECKPOINT as DEFAULT_POLICY
 from rollcap.policies import MT10_CHECKPOINT
@@ -32,7 +33,7 @@ def check_fits(env, spec, label: str = "policy", field: str = "env_id", source: 
         ConfigError: naming ``field`` (the env id, the kwargs that made it, or the model), what the env gives and what the model reads.
     """
     space = env.observation_space
-    name = getattr(getattr(env, "spec", None), "id", None) or type(env.unwrapped).__name__
+    name = env_name(env)
     name = f"{source}: {name}" if source else name
     want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
     if not isinstance(space, gym.spaces.Dict):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rollcap.envs import exact_state_of
+from rollcap.envs.adapters import env_name
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, StepEvent, Subscriber
@@ -40,7 +41,7 @@ def start_state(env, seed: int, label: str = "group") -> Resume:
     """
     exact = exact_state_of(env)
     if exact is None:
-        name = getattr(getattr(env, "spec", None), "id", None) or type(env).__name__
+        name = env_name(env)
         raise ConfigError("env_id", f"{name} has no exact state; a group starts from a capsule of one")
     obs, _ = env.reset(seed=int(seed))
     state = {k: np.array(v, copy=True) for k, v in exact.get_state().items()}

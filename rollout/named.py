@@ -17,11 +17,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rollcap.envs.experts import PushBlockScript
-from rollcap.envs.experts import scripted_expert
+from rollcap.envs.experts import PushBlockScript, scripted_expert
 from rollcap.kernels.graph import default_backend
-from rollcap.policies.lerobot import BACKENDS as LEROBOT_BACKENDS
-from rollcap.policies.lerobot import LeRobotPolicy, map_features
+from rollcap.policies.lerobot_features import BACKENDS as LEROBOT_BACKENDS, map_features
+from rollcap.policies.lerobot import LeRobotPolicy
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.spec import LEROBOT_PREFIX, Parts, expert_std, named_policy
 

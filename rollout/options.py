@@ -61,7 +61,8 @@ def writable_dir(path: Path, flag: str) -> None:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (its first line), by field name."""
+    """The docstring under each field of a dataclass, by field name: its first paragraph (the field's one-line help in
+    ``--help``; the paragraphs after a blank line are the longer doc, read in the source)."""
     return dict(_field_docs(cls))
 
 
@@ -78,7 +79,7 @@ def _field_docs(cls: type) -> dict[str, str]:
     for field_node, nxt in zip(node.body, node.body[1:]):
         if isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name):
             if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
-                docs[field_node.target.id] = " ".join(nxt.value.value.split())
+                docs[field_node.target.id] = " ".join(nxt.value.value.strip().split("\n\n")[0].split())
     return docs
 
 

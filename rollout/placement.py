@@ -21,7 +21,7 @@ hands (teleop) runs the host's own driver, one episode at a time.
 
 The placements: :class:`InProcess` (here, at any batch), the teleop one
 (:mod:`rollcap.rollout.teleop.placement`), env workers
-(:mod:`rollcap.rollout.workers.placement`) and Ray actors
+(:class:`rollcap.rollout.workers.core.EnvWorkersPlacement`) and Ray actors
 (:mod:`rollcap.rollout.ray.placement`); :func:`rollcap.rollout.api.placement_for`
 picks one from the spec. ``tests/rollout/test_placement.py`` fails on a placement
 that drifts from this contract.

@@ -83,21 +83,31 @@ class Parts:
     env_kwargs: dict | None = field(default=None, metadata=BYTES)
     """Keyword arguments for gym.make, e.g. {"image_size": 64}."""
     policy: Path | ChunkPolicy = field(default=DEFAULT_POLICY, metadata=BYTES)
-    """Policy checkpoint (.json or .safetensors; default: the shipped one for the env, the MT10 policy on a MetaWorld MT10 task); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
+    """Policy checkpoint (.json or .safetensors), lerobot:DIR or expert[:STD]; default: the shipped one for the env.
+
+    Policy checkpoint (.json or .safetensors; default: the shipped one for the env, the MT10 policy on a MetaWorld MT10 task); lerobot:DIR, a LeRobot policy's save_pretrained directory (in LeRobot's venv: bash scripts/lerobot_env.sh); expert[:STD], the env's scripted expert (the built-in task's, or a MetaWorld task's from metaworld.policies; STD: Gaussian action noise from the host's noise)."""
     critic: Path | ChunkCritic | None = field(default=DEFAULT_CRITIC, metadata=BYTES)
-    """Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task, none on another MetaWorld task, which no shipped critic reads); 'none' runs without a critic."""
+    """Critic checkpoint, or 'none' to run without one; default: the shipped one for the env.
+
+    Critic checkpoint (default: the shipped one for the env, the MT10 critic on a MetaWorld MT10 task, none on another MetaWorld task, which no shipped critic reads); 'none' runs without a critic."""
     device: str = field(default="cpu", metadata=BYTES)
     """cpu or cuda[:i]."""
     backend: Literal["eager", "jit", "aoti", "compile", "cuda", "compile-cuda"] | None = field(
         default=None, metadata=BYTES
     )
-    """Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap); compile-cuda: inductor's kernels in rollcap's CUDA graph (GPU only)."""
+    """Graph backend; default: jit on CPU, cuda on GPU (lerobot:DIR: eager).
+
+    Graph backend (default: jit on CPU, cuda on GPU; lerobot:DIR: eager, and it takes jit on CPU, cuda on GPU); aoti and compile are CPU plans built with a C++ compiler (cached under ~/.cache/rollcap); compile-cuda: inductor's kernels in rollcap's CUDA graph (GPU only)."""
     threads: int = 1
     """Intra-op threads per lane (the policy and the critic each get one lane)."""
     precision: Literal["fp32", "tf32", "bf16", "fp8"] = field(default="fp32", metadata=BYTES)
-    """Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU); fp8 (bf16, and the policy's action-expert GEMMs in float8 e4m3 with per-channel weight scales; CUDA compute capability 8.9+, refused elsewhere). Recorded in the fingerprint; replay takes it back."""
+    """Numeric precision of the policy and critic graphs (tf32 and fp8: CUDA only); in the fingerprint.
+
+    Numeric precision of the policy and critic graphs: fp32; tf32 (CUDA tensor cores); bf16 (autocast, CUDA or CPU); fp8 (bf16, and the policy's action-expert GEMMs in float8 e4m3 with per-channel weight scales; CUDA compute capability 8.9+, refused elsewhere). Recorded in the fingerprint; replay takes it back."""
     sampler: Literal["plain", "fused", "lean", "sde"] = field(default="plain", metadata=BYTES)
-    """The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back); lean (fused, and fewer bytes between GEMMs: residual adds fused into the norms, bias+GELU in the GEMM epilogue, bf16 weights stored once; byte-equal to fused on CPU, within a stated bound on CUDA; "variant": "lean"); sde (Flow-SDE: Gaussian noise at every Euler step, drawn on the host from the chunk's noise and recorded, so each chunk has an exact log-probability, recorded beside it: flow RL's sampler, rollcap.policies.flow_sde). The critic stays plain."""
+    """The FlowVLA policy's sampler: plain, fused or lean (fewer kernels, not byte-equal to plain), sde (flow RL).
+
+    The FlowVLA policy's sampler: plain; fused (norms folded, QKV fused, flow-time inputs precomputed: fewer kernels; within 6e-7 of plain on the shipped checkpoints, not byte-equal; its fingerprint says "variant": "fused"; replay takes it back); lean (fused, and fewer bytes between GEMMs: residual adds fused into the norms, bias+GELU in the GEMM epilogue, bf16 weights stored once; byte-equal to fused on CPU, within a stated bound on CUDA; "variant": "lean"); sde (Flow-SDE: Gaussian noise at every Euler step, drawn on the host from the chunk's noise and recorded, so each chunk has an exact log-probability, recorded beside it: flow RL's sampler, rollcap.policies.flow_sde). The critic stays plain."""
     noise_level: float = field(default=0.5, metadata=BYTES)
     """With sampler sde: the SDE's noise level a (each step's scale is a sqrt(t / (1 - t)); in the fingerprint)."""
 
@@ -249,31 +259,70 @@ class RunConfig:
     progress: bool = True
     """Show a progress bar."""
     actors: int = 0
-    """Run the episodes on this many Ray actors (0: in this process, without Ray; with envs N, each actor drives N envs on one graph); needs pip install 'rollcap[ray]'."""
+    """Run the episodes on this many Ray actors (0: in this process); needs pip install 'rollcap[ray]'.
+
+    Run the episodes on this many Ray actors (0: in this process, without Ray; with envs N, each actor drives N envs on one graph); needs pip install 'rollcap[ray]'."""
     address: str | None = None
-    """With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only); a head with token auth takes the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
+    """With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray).
+
+    With actors: the Ray cluster to join (auto, host:port or ray://host:port; default: a new local Ray on 127.0.0.1 only); a head with token auth takes the token from RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token."""
     actor_cpus: float = 1.0
     """With actors: CPUs reserved per actor."""
     actor_gpus: float | None = None
     """With actors: GPU share per actor, e.g. 0.5 (default: 0 on cpu; with a cuda device 1/actors, all on one GPU)."""
     shards: bool = True
-    """With actors: each actor records its own shard of the run dir and this process writes only manifest.jsonl (every command reads it as one run; rollcap merge RUN makes one file); false: actors send episodes here to be recorded."""
+    """With actors: each actor records its own shard of the run (false: the actors' episodes are recorded here).
+
+    With actors: each actor records its own shard of the run dir and this process writes only manifest.jsonl (every command reads it as one run; rollcap merge RUN makes one file); false: actors send episodes here to be recorded."""
     shard_dir: Path | None = None
-    """With actors and shards, for a cluster without a shared filesystem: each actor writes its shard to PATH/<run name>/sNNN on its own node (a PATH every node has); the manifest names each shard's path and node; copy them back, then rollcap merge RUN [--from DIR]."""
+    """With actors and shards, on a cluster without a shared filesystem: each node's shard directory.
+
+    With actors and shards, for a cluster without a shared filesystem: each actor writes its shard to PATH/<run name>/sNNN on its own node (a PATH every node has); the manifest names each shard's path and node; copy them back, then rollcap merge RUN [--from DIR]."""
     teleop: str | None = None
-    """A person in the loop: keys from keyboard (X, else the terminal), terminal or scripted:FILE; a live view; the reset waits for the go key."""
+    """A person in the loop: keys from keyboard, terminal or scripted:FILE.
+
+    A person in the loop: keys from keyboard (X, else the terminal), terminal or scripted:FILE; a live view; the reset waits for the go key."""
     require_exact: bool = False
-    """Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
+    """Refuse an env whose episodes cannot replay byte for byte, instead of warning.
+
+    Refuse an env whose episodes cannot replay byte for byte (not repeatable, or no exact state) instead of warning and recording anyway."""
     envs: int = field(default=1, metadata=BYTES)
-    """Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch); with actors: the envs of each actor, which runs several episodes per call (the same bytes as in this process)."""
+    """Envs stepped in lockstep by one policy and one critic graph at this batch (with actors: each actor's).
+
+    Envs stepped in lockstep by one policy graph and one critic graph captured at this batch (each env its own episodes; the batch is in the fingerprint, so an episode replays at its batch); with actors: the envs of each actor, which runs several episodes per call (the same bytes as in this process)."""
     graphs: int = field(default=1, metadata=BYTES)
-    """With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
+    """With envs: split them over this many policy and critic graphs, each at batch envs/graphs.
+
+    With envs: split them over this many policy and critic graphs, each at batch envs/graphs on its own lanes (on CPU, one per core runs the batches side by side)."""
     writers: int = 0
-    """Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
+    """Recording processes: 0 writes on a thread of this process, N >= 1 in N child processes (a shard each).
+
+    Recording processes: 0 writes on a thread of this process; N >= 1 in N child processes, each a shard of the run (read as one run; rollcap merge RUN makes one file), for more episodes a second than one thread keeps up with (a GPU box: about 2 per 100 episodes/s)."""
     env_workers: int | Literal["auto"] = "auto"
-    """With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process (your subscribers then see observations). auto (the default): one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 (a machine under 4 cores), with envs 1, or with actors, writers or teleop. The same bytes either way."""
+    """With envs N: step them in this many worker processes, a shard each (0: here; auto: by this machine's cores).
+
+    With envs N: step the N envs in this many worker processes (each records its episodes in its own shard of the run) while this process runs only the batched graphs; for a machine whose cores idle while one process steps every env (a GPU box: about one per core). 0: every env in this process (your subscribers then see observations). auto (the default): one a core this process may use, less two, at most N (a multiple of graphs), and 0 where that is under 2 (a machine under 4 cores), with envs 1, or with actors, writers or teleop. The same bytes either way."""
 
     def __post_init__(self):
+        self._check_counts()
+        self._check_placement()
+        formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
+        if not formats or set(formats) - set(FORMATS) or len(set(formats)) != len(formats):
+            raise ConfigError(
+                "formats",
+                f"expected a list of {','.join(FORMATS)} without repeats, got {','.join(map(str, formats)) or 'nothing'}",
+            )
+        object.__setattr__(self, "formats", formats)
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
+        if self.shard_dir is not None and not (self.actors and self.shards):
+            raise ConfigError(
+                "shard_dir",
+                "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
+            )
+
+    def _check_counts(self) -> None:
+        """Episodes, envs, graphs, writers, env workers and actors: each in range, and the ones that exclude another."""
         if not _is_int(self.episodes) or self.episodes < 1:
             raise ConfigError("episodes", f"expected an integer >= 1, got {self.episodes!r}")
         if not _is_int(self.envs) or not 1 <= self.envs <= MAX_ENVS:
@@ -298,6 +347,9 @@ class RunConfig:
             raise ConfigError("envs", f"a batched run (envs={self.envs}) runs without a person; drop `teleop`")
         if not _is_int(self.actors) or self.actors < 0:
             raise ConfigError("actors", f"expected an integer >= 0, got {self.actors!r}")
+
+    def _check_placement(self) -> None:
+        """Teleop, a cluster's address and the actors' resources: each valid, and only where it can apply."""
         if self.teleop is not None and self.actors:
             raise ConfigError("teleop", "a person drives one episode at a time in this process; drop `actors`")
         if self.teleop is not None and not (
@@ -310,20 +362,6 @@ class RunConfig:
             raise ConfigError("actor_cpus", f"expected a finite number > 0, got {self.actor_cpus!r}")
         if self.actor_gpus is not None and not (_is_number(self.actor_gpus) and 0 <= self.actor_gpus < float("inf")):
             raise ConfigError("actor_gpus", f"expected a finite number >= 0, got {self.actor_gpus!r}")
-        formats = (self.formats,) if isinstance(self.formats, str) else tuple(self.formats)
-        if not formats or set(formats) - set(FORMATS) or len(set(formats)) != len(formats):
-            raise ConfigError(
-                "formats",
-                f"expected a list of {','.join(FORMATS)} without repeats, got {','.join(map(str, formats)) or 'nothing'}",
-            )
-        object.__setattr__(self, "formats", formats)
-        if self.out is not None:
-            object.__setattr__(self, "out", Path(self.out))
-        if self.shard_dir is not None and not (self.actors and self.shards):
-            raise ConfigError(
-                "shard_dir",
-                "per-node shard directories are for runs on actors that record shards (`actors=N`, not `shards=False`)",
-            )
 
     @property
     def no_env_workers_with(self) -> str | None:

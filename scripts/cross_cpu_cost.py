@@ -80,7 +80,8 @@ def cpu_ms(fn, n: int) -> float:
 
 def main(variant: str) -> None:
     import rollcap.policies.layers as layers
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
 
     policy, _ = make_runners(Parts(critic=None))
     obs, _ = make_env().reset(seed=0)

@@ -25,7 +25,7 @@ from gymnasium.vector import AutoresetMode
 from safetensors.torch import load_file
 
 from rollcap.rollout.gym.vector import make_noise_steering_vector_env
-from rollcap.rollout.learn.dsrl_na import TASKS, VIEWS, _task_code, features, viewed
+from rollcap.rollout.learn.dsrl_eval import TASKS, VIEWS, _task_code, features, viewed
 from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent
 from rollcap.rollout.stats import pairwise_agreement
 
@@ -45,7 +45,7 @@ def speeds(venv, i: int) -> tuple[float, float]:
     return float(np.hypot(v[2 + 3 * b], v[3 + 3 * b])), float(np.hypot(v[0], v[1]))
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="pushblock", choices=sorted(TASKS))
     ap.add_argument("--states", type=int, default=48)
@@ -62,6 +62,55 @@ def main(argv=None) -> int:
     ap.add_argument("--view", choices=VIEWS, help="what the agent sees (default: the run's, else state)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--dump", type=Path, help="also write each branch's features, noise, chunk and outcome (npz)")
+    return ap
+
+
+def _branch_outcomes(venv, w: np.ndarray, zero: np.ndarray, e: int) -> tuple[np.ndarray, list[bool]]:
+    """Step the K sub-envs (at one state) with noises ``w``, then zero noise until each ends: the chunks the
+    branches executed (their first ``e`` actions) and whether each succeeded."""
+    k, h, a = zero.shape
+    obs, _, term, trunc, info = venv.step(w.reshape(k, h, a))
+    done = term | trunc
+    src = [info["final_info"] if done[i] else info for i in range(k)]
+    chunks = np.stack([np.asarray(src[i]["policy_chunk"][i], np.float32)[:e].reshape(-1) for i in range(k)])
+    success = [bool(done[i] and src[i]["_is_success"][i] and src[i]["is_success"][i]) for i in range(k)]
+    live = ~done
+    while live.any():
+        obs, _, term, trunc, info = venv.step(zero)
+        for i in np.flatnonzero(live & (term | trunc)):
+            success[i] = bool(info["final_info"]["_is_success"][i] and info["final_info"]["is_success"][i])
+        live &= ~(term | trunc)
+    return chunks, success
+
+
+def _summary(rows: list[dict], k: int, view: str, args) -> dict:
+    """The probe's summary over its states' rows: how often the chunk decides the outcome, and the critics' agreement."""
+
+    def agreement(key):
+        if any(key not in r for r in rows):
+            return None
+        got = pairwise_agreement([r[key] for r in rows], [r["success"] for r in rows])
+        if got is None:
+            return {"pairs": 0, "states": 0, "agreement": None, "ci95_over_states": None}
+        return {"pairs": got["pairs"], "states": got["states"], "agreement": got["agreement"], "ci95_over_states": got["ci95"]}  # fmt: skip
+
+    differ = [r for r in rows if len(set(r["success"])) > 1]
+    spd = np.array([r["block_speed"] for r in rows if r["block_speed"] is not None])
+    summary = {
+        "states": len(rows), "branches": k, "view": view, "prefix": args.prefix, "dev_run_seeds": [args.seed, args.seed + args.states - 1],
+        "states_whose_outcome_turns_on_the_chunk": len(differ),
+        "mean_success": float(np.mean([np.mean(r["success"]) for r in rows])) if rows else None,
+        "zero_noise_success": float(np.mean([r["success"][0] for r in rows])) if rows else None,
+        "best_of_k_success": float(np.mean([max(r["success"]) for r in rows])) if rows else None,
+        "block_speed": {"mean": float(spd.mean()), "median": float(np.median(spd)), "over_0.02": float((spd > 0.02).mean())} if len(spd) else None,
+        "block_speed_where_outcomes_differ": float(np.mean([r["block_speed"] for r in differ])) if differ and spd.size else None,
+        "qa_pairwise": agreement("qa"), "qw_pairwise": agreement("qw"),
+    }  # fmt: skip
+    return summary
+
+
+def main(argv=None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.states < 1 or args.branches < 2 or args.prefix < 0:
         ap.error("--states >= 1, --branches >= 2, --prefix >= 0")
@@ -98,17 +147,7 @@ def main(argv=None) -> int:
             w = np.concatenate(
                 [np.zeros((1, h * a), np.float32), rng.standard_normal((k - 1, h * a)).astype(np.float32)]
             )
-            obs, _, term, trunc, info = venv.step(w.reshape(k, h, a))
-            done = term | trunc
-            src = [info["final_info"] if done[i] else info for i in range(k)]
-            chunks = np.stack([np.asarray(src[i]["policy_chunk"][i], np.float32)[:e].reshape(-1) for i in range(k)])
-            success = [bool(done[i] and src[i]["_is_success"][i] and src[i]["is_success"][i]) for i in range(k)]
-            live = ~done
-            while live.any():
-                obs, _, term, trunc, info = venv.step(zero)
-                for i in np.flatnonzero(live & (term | trunc)):
-                    success[i] = bool(info["final_info"]["_is_success"][i] and info["final_info"]["is_success"][i])
-                live &= ~(term | trunc)
+            chunks, success = _branch_outcomes(venv, w, zero, e)
             row = {"run_seed": args.seed + j, "success": success, "block_speed": block, "pusher_speed": pusher}
             if args.run is not None:
                 if agent is None:
@@ -126,26 +165,7 @@ def main(argv=None) -> int:
     finally:
         venv.close()
 
-    def agreement(key):
-        if any(key not in r for r in rows):
-            return None
-        got = pairwise_agreement([r[key] for r in rows], [r["success"] for r in rows])
-        if got is None:
-            return {"pairs": 0, "states": 0, "agreement": None, "ci95_over_states": None}
-        return {"pairs": got["pairs"], "states": got["states"], "agreement": got["agreement"], "ci95_over_states": got["ci95"]}  # fmt: skip
-
-    differ = [r for r in rows if len(set(r["success"])) > 1]
-    spd = np.array([r["block_speed"] for r in rows if r["block_speed"] is not None])
-    summary = {
-        "states": len(rows), "branches": k, "view": view, "prefix": args.prefix, "dev_run_seeds": [args.seed, args.seed + args.states - 1],
-        "states_whose_outcome_turns_on_the_chunk": len(differ),
-        "mean_success": float(np.mean([np.mean(r["success"]) for r in rows])) if rows else None,
-        "zero_noise_success": float(np.mean([r["success"][0] for r in rows])) if rows else None,
-        "best_of_k_success": float(np.mean([max(r["success"]) for r in rows])) if rows else None,
-        "block_speed": {"mean": float(spd.mean()), "median": float(np.median(spd)), "over_0.02": float((spd > 0.02).mean())} if len(spd) else None,
-        "block_speed_where_outcomes_differ": float(np.mean([r["block_speed"] for r in differ])) if differ and spd.size else None,
-        "qa_pairwise": agreement("qa"), "qw_pairwise": agreement("qw"),
-    }  # fmt: skip
+    summary = _summary(rows, k, view, args)
     args.out.write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
     if args.dump is not None and rows:
         np.savez(args.dump, **{key: np.stack(v) for key, v in dump.items()})  # [states, K, ...]

@@ -35,7 +35,8 @@ PARTS = ("kernels", "capsule", "policies", "critics", "envs", "rollout")
 
 WORKER = """
 import json, time
-from rollcap.rollout.build import Parts, make_env
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env
 from rollcap.rollout.bench.batch import _runners
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.workers import EnvWorkers
@@ -72,7 +73,7 @@ print(json.dumps(out))
 
 HOST = """
 import json
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.bench.batch import host_per_slot
 r = host_per_slot(Parts(), 32, 30)
 print(json.dumps({"host_us": r["host_us_per_slot_round"], "launch_us": r["launch_us"], "decide_us": r["decide_us"]}))
@@ -80,7 +81,8 @@ print(json.dumps({"host_us": r["host_us_per_slot_round"], "launch_us": r["launch
 
 ISOLATED = """
 import json, statistics, time
-from rollcap.rollout.build import Parts, make_env
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env
 from rollcap.rollout.bench.batch import _runners
 from rollcap.rollout.batch import BatchedCore
 from rollcap.rollout.config import HostConfig
@@ -116,7 +118,8 @@ print(json.dumps({k: statistics.median(v) for k, v in got.items()}))
 
 RECORD = """
 import sys
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.recording import EpisodeRecorder

@@ -16,7 +16,7 @@ import time
 
 from rollcap.rollout.bench.batch import _vector_rate as batched_rate
 from rollcap.rollout.bench.gym import _vector_rate as async_rate
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 
 
 def main() -> None:

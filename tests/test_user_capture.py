@@ -57,6 +57,6 @@ def test_a_chunk_policy_runs_eager_and_unchecked(tmp_path):
 def test_parts_imports_from_rollcap():
     """README's `Parts(env_id=..., policy=...)` is importable from rollcap itself."""
     from rollcap import Parts
-    from rollcap.rollout.build import Parts as Built
+    from rollcap.rollout.spec import Parts as Built
 
     assert Parts is Built and "Parts" in dir(rollcap)

@@ -30,7 +30,8 @@ import time
 
 import numpy as np
 
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 
 BACKENDS = ("jit", "aoti", "compile")
 

@@ -28,7 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.rollout.bench.standin_rows import FixedLatencyRows, Timed
-from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
+from rollcap.rollout.spec import DEFAULT_ENV, Parts, named_policy
+from rollcap.rollout.build import make_env, make_runners
 from rollcap.rollout.protocols import Subscriber
 
 ENVS = {"cpu": (1, 8), "cuda": (1, 32)}
@@ -45,6 +46,23 @@ def _runners(parts: Parts, n: int, env, standin: float | None):
         wrap = FixedLatency if n == 1 else FixedLatencyRows
         policy, critic = wrap(policy, standin), (None if critic is None else wrap(critic, standin))
     return policy, critic
+
+
+def _timed_rounds(core) -> list:
+    """``core.round`` wrapped to add its seconds and calls up in the returned ``[seconds, rounds]``."""
+    rounds_s = [0.0, 0]
+    inner = core.round
+
+    def timed_round(*a, **kw):
+        t1 = time.perf_counter()
+        try:
+            return inner(*a, **kw)
+        finally:
+            rounds_s[0] += time.perf_counter() - t1
+            rounds_s[1] += 1
+
+    core.round = timed_round
+    return rounds_s
 
 
 def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: int, out: Path, seed: int) -> dict:
@@ -93,18 +111,7 @@ def _drive(parts: Parts, n: int, workers: int, standin: float | None, episodes: 
                 envs = [env] + [make_env(parts.env_id, parts.env_kwargs) for _ in range(n - 1)]
                 owned += envs[1:]
                 core = BatchedCore(envs, tp, tc, cfg, [writer, count])
-                rounds_s = [0.0, 0]
-                inner = core.round
-
-                def timed_round(*a, **kw):
-                    t1 = time.perf_counter()
-                    try:
-                        return inner(*a, **kw)
-                    finally:
-                        rounds_s[0] += time.perf_counter() - t1
-                        rounds_s[1] += 1
-
-                core.round = timed_round
+                rounds_s = _timed_rounds(core)
                 t0 = time.perf_counter()
                 core.run(episodes)
             wall = time.perf_counter() - t0

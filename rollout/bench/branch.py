@@ -23,7 +23,8 @@ import time
 
 import numpy as np
 
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 
 
 def _prefix_from_scratch(host, rec, k: int) -> None:
@@ -37,7 +38,8 @@ def _prefix_from_scratch(host, rec, k: int) -> None:
 def _ray_branches(parts: Parts, host, rec, k: int, at, n: int, actors: int) -> dict:
     from rollcap.rollout.offline.branch import run_branches
     from rollcap.rollout.ray.branch import BranchActor
-    from rollcap.rollout.ray.actors import ActorPool, identity
+    from rollcap.rollout.ray.actors import ActorPool
+    from rollcap.rollout.ray.episodes import identity
 
     t0 = time.perf_counter()
     with ActorPool(parts, host.config, actors, expect=identity(host), actor_cls=BranchActor) as pool:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rollcap.kernels.graph import capture_count
 from rollcap.rollout.bench.timing import stats, time_calls
-from rollcap.rollout.build import Parts, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_runners
 
 
 def bench_capsule(parts: Parts, n: int) -> dict:

@@ -66,10 +66,10 @@ def _cpu_s() -> float:
 
 def rate(path: str, producers: int, steps: int, image_size: int, episodes: int, episode_s: float = 0.0) -> dict:
     """Episodes/s of ``episodes`` episodes through ``path`` ("driver" or "sharded") from ``producers`` producers; the first one each is warm-up."""
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.ray.actors import ActorPool, ActorResources
-    from rollcap.rollout.ray.shards import Shards
+    from rollcap.rollout.ray.placement import Shards
     from rollcap.rollout.recording import EpisodeRecorder
     from rollcap.rollout.recording.shards import ManifestWriter
     from rollcap.rollout.subscribers import InBackground

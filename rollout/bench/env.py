@@ -17,7 +17,8 @@ import numpy as np
 
 from rollcap.kernels.lanes import CpuLane
 from rollcap.rollout.bench.timing import step_times
-from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env
+from rollcap.rollout.spec import DEFAULT_ENV, Parts
+from rollcap.rollout.build import make_env
 from rollcap.rollout.errors import ConfigError
 
 

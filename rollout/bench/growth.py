@@ -85,8 +85,8 @@ def h5_append_growth(episodes: int, directory: Path, copies_at=(100, 1000)) -> d
 
 
 _READ = {
-    "load_any (whole run)": "from rollcap.rollout.offline.inspect import load_any as f; n = len(f(p))",
-    "iter_any (streamed)": "from rollcap.rollout.offline.inspect import iter_any as f; n = sum(1 for _ in f(p))",
+    "load_any (whole run)": "from rollcap.rollout.recording.runs import load_any as f; n = len(f(p))",
+    "iter_any (streamed)": "from rollcap.rollout.recording.runs import iter_any as f; n = sum(1 for _ in f(p))",
 }
 
 

@@ -16,10 +16,11 @@ import time
 import numpy as np
 
 from rollcap.rollout.bench.timing import load_note, step_times
-from rollcap.rollout.build import DEFAULT_ENV, Parts, make_env, make_runners, named_policy
+from rollcap.rollout.spec import DEFAULT_ENV, Parts, named_policy
+from rollcap.rollout.build import make_env, make_runners
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.gym.envs import ChunkEnv, make_noise_steering_env
-from rollcap.rollout.host import HostState
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.seeding import episode_seed
 
 

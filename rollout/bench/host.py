@@ -7,7 +7,8 @@ import time
 import numpy as np
 
 from rollcap.rollout.bench.timing import load_note, stats, time_calls
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 
 
 def bench_host(parts: Parts, n: int) -> dict:

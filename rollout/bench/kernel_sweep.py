@@ -100,10 +100,9 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps: int, profile: bool) -> dict:
-    """Every setting of one size (see the module docstring)."""
-    cfg = size_config(name)
-    out: dict = {"settings": {}, "gflop": {}}
+def _held_models(cfg, settings: tuple[str, ...], device: torch.device, out: dict) -> tuple[dict, dict]:
+    """Each setting's model as its runner would hold it (``out`` gets the sizes' GFLOP, rooflines and parameter
+    count); returns ``(held, errors)``: setting -> model, setting -> why it was not built."""
     # Each setting's model as its runner would hold it, made once (the eager reference and the graph share it), and
     # the fp32 masters dropped before anything is captured: at 3b each copy is 6-12 GB.
     held: dict[str, object] = {}
@@ -141,6 +140,52 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
             _free(device)
         del plain
         _free(device)
+    return held, errors
+
+
+def _time_replays(graphs: dict, device: torch.device, reps: int, out: dict) -> None:
+    """``reps`` timed replays of each captured setting (after two warm ones): its median, min and max chunk ms, and
+    the ratios to the weight floor and to today's setting, into ``out``."""
+    times: dict[str, list[float]] = {s: [] for s in graphs}
+    for _ in range(2):
+        for g, _e in graphs.values():
+            g.replay()
+    _sync(device)
+    for _ in range(reps):
+        for s, (g, _e) in graphs.items():
+            t0 = time.perf_counter()
+            g.replay()
+            _sync(device)
+            times[s].append((time.perf_counter() - t0) * 1e3)
+    for s, ts in times.items():
+        row = out["settings"][s]
+        row.update(chunk_ms=statistics.median(ts), chunk_ms_min=min(ts), chunk_ms_max=max(ts))
+        if "floor_ms" in out:
+            row["over_floor"] = row["chunk_ms"] / out["floor_ms"]["fp8" if row["precision"] == "fp8" else "bf16"]
+    if TODAY in times:
+        for s in times:
+            out["settings"][s]["over_today"] = out["settings"][s]["chunk_ms"] / out["settings"][TODAY]["chunk_ms"]
+
+
+def _profile_graphs(graphs: dict, held: dict, device: torch.device, out: dict) -> None:
+    """Each setting's replays profiled into ``out``: its kernels, the share between GEMMs, the eager call's phases."""
+    for s, (g, eager) in graphs.items():
+        p = profile_replays(g.replay, device, 3, eager=None if "compile" in s else eager.replay)
+        out["settings"][s]["profile"] = p
+        if "compile" not in s:  # the eager call's kernels, split between the prefix and the expert's steps
+            out["settings"][s]["phases"] = phase_split(eager.replay, held[s], device)
+        if "categories" in p:
+            out["settings"][s]["between_gemms_share"] = sum(
+                p["categories"].get(c, {}).get("share", 0.0) for c in BETWEEN_GEMMS
+            )
+            out["settings"][s]["kernels"] = round(p["kernels"])
+
+
+def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps: int, profile: bool) -> dict:
+    """Every setting of one size (see the module docstring)."""
+    cfg = size_config(name)
+    out: dict = {"settings": {}, "gflop": {}}
+    held, errors = _held_models(cfg, settings, device, out)
     ins, outs = _buffers(cfg, device)
     ins.write({k: torch.from_numpy(v) for k, v in _inputs(cfg).items()})
     graphs, chunks = {}, {}
@@ -173,36 +218,9 @@ def sweep_size(name: str, settings: tuple[str, ...], device: torch.device, reps:
     if TODAY in chunks:
         for s, a in chunks.items():
             out["settings"][s]["max_abs_diff_vs_today"] = float((a - chunks[TODAY]).abs().max())
-    times: dict[str, list[float]] = {s: [] for s in graphs}
-    for _ in range(2):
-        for g, _e in graphs.values():
-            g.replay()
-    _sync(device)
-    for _ in range(reps):
-        for s, (g, _e) in graphs.items():
-            t0 = time.perf_counter()
-            g.replay()
-            _sync(device)
-            times[s].append((time.perf_counter() - t0) * 1e3)
-    for s, ts in times.items():
-        row = out["settings"][s]
-        row.update(chunk_ms=statistics.median(ts), chunk_ms_min=min(ts), chunk_ms_max=max(ts))
-        if "floor_ms" in out:
-            row["over_floor"] = row["chunk_ms"] / out["floor_ms"]["fp8" if row["precision"] == "fp8" else "bf16"]
-    if TODAY in times:
-        for s in times:
-            out["settings"][s]["over_today"] = out["settings"][s]["chunk_ms"] / out["settings"][TODAY]["chunk_ms"]
-    for s, (g, eager) in graphs.items():
-        if profile:
-            p = profile_replays(g.replay, device, 3, eager=None if "compile" in s else eager.replay)
-            out["settings"][s]["profile"] = p
-            if "compile" not in s:  # the eager call's kernels, split between the prefix and the expert's steps
-                out["settings"][s]["phases"] = phase_split(eager.replay, held[s], device)
-            if "categories" in p:
-                out["settings"][s]["between_gemms_share"] = sum(
-                    p["categories"].get(c, {}).get("share", 0.0) for c in BETWEEN_GEMMS
-                )
-                out["settings"][s]["kernels"] = round(p["kernels"])
+    _time_replays(graphs, device, reps, out)
+    if profile:
+        _profile_graphs(graphs, held, device, out)
     del graphs, held
     if any("compile" in s for s in settings):  # the compiled regions hold frozen weight copies
         from torch import _dynamo  # imported here: only a compile setting loads dynamo

@@ -219,6 +219,22 @@ def _fused_over_plain(models: dict, ins, outs, sweep: SizeSweep, device: torch.d
     return res
 
 
+def _compare_variants(models: dict, refs: dict, ins, outs, sweep: SizeSweep, device: torch.device, out: dict) -> None:
+    """Fused against plain and lean against fused: their timed ratios and their chunks' largest difference, into
+    ``out`` (``refs``: each (variant, precision)'s eager chunk)."""
+    if "plain" in models and "fused" in models and (_HAS_PRECISION or sweep.precisions[0] == "fp32"):
+        out["fused_over_plain"] = _fused_over_plain(models, ins, outs, sweep, device)
+    if "fused" in models and "lean" in models:
+        out["lean_over_fused"] = _fused_over_plain(models, ins, outs, sweep, device, ("fused", "lean"))
+        for p in sweep.precisions:
+            if ("fused", p) in refs and ("lean", p) in refs:
+                out.setdefault("lean_max_abs_diff_vs_fused", {})[p] = float(
+                    (refs["fused", p] - refs["lean", p]).abs().max()
+                )
+    if ("plain", "fp32") in refs and ("fused", "fp32") in refs:
+        out["fused_max_abs_diff_vs_plain"] = float((refs["plain", "fp32"] - refs["fused", "fp32"]).abs().max())
+
+
 def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> dict:
     """Every cell of one size; ``emit(partial)`` after each (for incremental JSON)."""
     cfg = size_config(name)
@@ -287,17 +303,7 @@ def bench_size(name: str, sweep: SizeSweep, device: torch.device, emit=None) -> 
             if row.get("eager_ms") is None:
                 row["eager_ms"] = _time(eager.replay, device, sweep.reps)
             del eager
-    if "plain" in models and "fused" in models and (_HAS_PRECISION or sweep.precisions[0] == "fp32"):
-        out["fused_over_plain"] = _fused_over_plain(models, ins, outs, sweep, device)
-    if "fused" in models and "lean" in models:
-        out["lean_over_fused"] = _fused_over_plain(models, ins, outs, sweep, device, ("fused", "lean"))
-        for p in sweep.precisions:
-            if ("fused", p) in refs and ("lean", p) in refs:
-                out.setdefault("lean_max_abs_diff_vs_fused", {})[p] = float(
-                    (refs["fused", p] - refs["lean", p]).abs().max()
-                )
-    if ("plain", "fp32") in refs and ("fused", "fp32") in refs:
-        out["fused_max_abs_diff_vs_plain"] = float((refs["plain", "fp32"] - refs["fused", "fp32"]).abs().max())
+    _compare_variants(models, refs, ins, outs, sweep, device, out)
     del models, plain
     gc.collect()
     if device.type == "cuda":

@@ -11,7 +11,8 @@ import numpy as np
 from rollcap.kernels.lanes import make_lane
 from rollcap.rollout.bench.model_sizes import SizeSweep, bench_sizes, format_sizes
 from rollcap.rollout.bench.timing import sample_obs, stats, time_calls
-from rollcap.rollout.build import Parts, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_runners
 
 
 def bench_models(parts: Parts, n: int, sweep: SizeSweep | None = None) -> dict:

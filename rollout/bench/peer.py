@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from rollcap.rollout.bench.timing import ratio_text, spread
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 from rollcap.rollout.seeding import chunk_noise, episode_seed
 
 

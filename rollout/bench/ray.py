@@ -45,7 +45,7 @@ def _rss_mb(pids) -> float:
 
 def ray_alone() -> dict:
     """Start a local Ray (127.0.0.1, no dashboard), measure time and memory, shut it down."""
-    from rollcap.rollout.ray.actors import connect, import_ray
+    from rollcap.rollout.ray.connect import connect, import_ray
 
     ray = import_ray()
     import psutil
@@ -168,9 +168,10 @@ def vector_rate(workers: int, steps: int) -> dict:
 
 def pool_rate(episodes: int, actors: int) -> dict:
     """Episodes/s of an :class:`ActorPool` of ``actors`` with nothing recorded (records dropped on arrival), start-up excluded."""
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
     from rollcap.rollout.config import HostConfig
-    from rollcap.rollout.ray.actors import ActorPool, episode_specs
+    from rollcap.rollout.ray.actors import ActorPool
+    from rollcap.rollout.ray.episodes import episode_specs
 
     cfg = HostConfig()
     with ActorPool(Parts(), cfg, actors) as pool:

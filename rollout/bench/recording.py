@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.rollout.bench.timing import cost_text, spread
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 
 
 def _timed(fn) -> tuple[float, float]:

@@ -28,7 +28,7 @@ import time
 import torch
 
 from rollcap.rollout.bench.timing import load_note, load_now
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 
 SECTIONS = ("models", "capsule", "env", "host", "gym", "branch", "scaling", "peer", "recording", "startup")
 OPT_IN = ("backends", "batch")
@@ -49,7 +49,8 @@ def check_parts(parts: Parts, only: tuple[str, ...]) -> None:
     A named policy (``expert``, ``lerobot:DIR``) or no critic has no captured graph for :data:`CHECKPOINTS`;
     another ``--env`` must be one the policy reads (checked as ``rollcap run`` checks it) for :data:`IN_ENV`.
     """
-    from rollcap.rollout.build import DEFAULT_ENV, make_env, make_runners, named_policy
+    from rollcap.rollout.spec import DEFAULT_ENV, named_policy
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.errors import ConfigError
 
     need = [s for s in only if s in CHECKPOINTS]

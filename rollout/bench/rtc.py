@@ -43,7 +43,8 @@ from pathlib import Path
 import numpy as np
 
 from rollcap.policies import load_policy
-from rollcap.rollout.build import Parts, make_env, make_runners, policy_runner
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners, policy_runner
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
@@ -93,18 +94,17 @@ MT10 = "MT10"
 
 def env_specs(env: str | None, env_kwargs: dict | None = None) -> list[tuple[str, dict]]:
     """``--env``'s ``(env id, kwargs)`` list: one env, or the ten MT10 tasks for ``MT10`` (default: the built-in task)."""
-    from rollcap.rollout.build import DEFAULT_ENV
+    from rollcap.rollout.spec import DEFAULT_ENV
 
     if env == MT10:
-        from rollcap.envs.metaworld import ID_PREFIX
-        from rollcap.envs.metaworld import MT10 as TASKS
+        from rollcap.envs.metaworld import ID_PREFIX, MT10 as TASKS
 
         return [(ID_PREFIX + t, dict(env_kwargs or {})) for t in TASKS]
     return [(env or DEFAULT_ENV, dict(env_kwargs or {}))]
 
 
 def _parts(env_id: str, policy: Path | None = None, critic=None) -> Parts:
-    """The env's shipped models (:func:`~rollcap.rollout.build.shipped_models`) unless ``policy`` / ``critic`` name others."""
+    """The env's shipped models (:func:`~rollcap.rollout.spec.shipped_models`) unless ``policy`` / ``critic`` name others."""
     return Parts(
         env_id=env_id,
         **({"policy": policy} if policy is not None else {}),

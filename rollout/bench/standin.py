@@ -22,6 +22,18 @@ import time
 import numpy as np
 
 _SPIN_S = 2e-4
+
+
+def spin_until(t: float) -> None:
+    """Return at ``time.perf_counter()`` ``t``: asleep until the last ``_SPIN_S``, then spinning (a sleep alone wakes
+    late by more than a short replay lasts)."""
+    left = t - time.perf_counter()
+    if left > _SPIN_S:
+        time.sleep(left - _SPIN_S)
+    while time.perf_counter() < t:
+        pass
+
+
 """The last part of the wait is spun, not slept: ``time.sleep`` overshoots by 50-100 us, which would count as host time."""
 
 
@@ -62,11 +74,7 @@ class FixedLatency:
         """Wait until the chunk is ready, then copy it out as the runner does."""
         if self._ready is None:
             raise RuntimeError("result() without start()")
-        left = self._ready - time.perf_counter()
-        if left > _SPIN_S:
-            time.sleep(left - _SPIN_S)
-        while time.perf_counter() < self._ready:
-            pass
+        spin_until(self._ready)
         self._ready = None
         return self.runner.row_result(
             0

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-_SPIN_S = 2e-4
+from rollcap.rollout.bench.standin import spin_until
 
 
 class FixedLatencyRows:
@@ -26,7 +26,12 @@ class FixedLatencyRows:
 
     def __init__(self, runner, seconds: float = 4e-3):
         self.runner, self.seconds = runner, float(seconds)
-        self.batch, self.inputs, self.outputs, self.spec = runner.batch, runner.inputs, runner.outputs, runner.spec
+        self.batch, self.inputs, self.outputs, self.obs_spec = (
+            runner.batch,
+            runner.inputs,
+            runner.outputs,
+            runner.obs_spec,
+        )
         self.last_latency_s = self.seconds
         self._ready: float | None = None
         if "actions" in runner.outputs:
@@ -48,11 +53,7 @@ class FixedLatencyRows:
         self._ready = time.perf_counter() + self.seconds
 
     def wait(self) -> dict:
-        left = self._ready - time.perf_counter()
-        if left > _SPIN_S:
-            time.sleep(left - _SPIN_S)
-        while time.perf_counter() < self._ready:
-            pass
+        spin_until(self._ready)
         self._ready = None
         return self.runner.outputs.tensors()
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 
 _CLI = "from rollcap.rollout.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
 _TORCH = "import torch\n"

@@ -119,6 +119,19 @@ class Script(Subscriber):
             thread.join(10)
 
 
+def _pynput_on(display: str, bus: EventBus) -> PynputSource:
+    """A started :class:`PynputSource` listening on X ``display`` (``DISPLAY`` set while it starts, then put back)."""
+    old = os.environ.get("DISPLAY")
+    os.environ["DISPLAY"] = display
+    try:
+        return PynputSource().start(bus)
+    finally:
+        if old is None:
+            os.environ.pop("DISPLAY")
+        else:
+            os.environ["DISPLAY"] = old
+
+
 def measure(make_host: Callable, display: str, presses: int = 10, hz: float = 50.0) -> dict:
     """Key-to-effect latencies on ``display`` (seconds per press; see the module docstring).
 
@@ -140,16 +153,8 @@ def measure(make_host: Callable, display: str, presses: int = 10, hz: float = 50
         "override_total_s",
     )
     out: dict[str, list] = {k: [] for k in kinds}
-    old = os.environ.get("DISPLAY")
-    os.environ["DISPLAY"] = display
-    try:
-        bus = EventBus()
-        source = PynputSource().start(bus)
-    finally:
-        if old is None:
-            os.environ.pop("DISPLAY")
-        else:
-            os.environ["DISPLAY"] = old
+    bus = EventBus()
+    source = _pynput_on(display, bus)
     ctl, period = source.controller, 1.0 / hz
     pressed: list[tuple[str, float]] = []  # every key pressed (not auto-repeats), with the time pynput delivered it
     ctl.on_change = lambda: pressed.append(ctl.last_press)
@@ -240,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hz", type=float, default=50.0, help="env steps per second")
     parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args(argv)
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 

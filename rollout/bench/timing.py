@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from rollcap.rollout.build import Parts, make_env
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env
 
 
 def stats(xs: list[float]) -> dict:

@@ -49,7 +49,8 @@ def _main(argv: list[str] | None) -> int:
     from rollcap.kernels.errors import BadInput, CheckpointMismatch
     from rollcap.rollout.errors import ClusterFailure, ConfigError, CorruptEpisode, RecordingFailed
 
-    from rollcap.rollout.cli.commands import UserError, build_parser
+    from rollcap.rollout.options import UserError
+    from rollcap.rollout.cli.commands import build_parser
 
     args = build_parser().parse_args(argv)  # imports what the command needs
     try:

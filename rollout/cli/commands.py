@@ -18,13 +18,13 @@ from rollcap.rollout.bench.batch_options import add_batch_arguments, batch_optio
 from rollcap.capsule.cli import add_subparser as add_capsule_parser
 from rollcap.rollout.cli.branch import add_parser as add_branch_parser
 from rollcap.rollout.cli.merge import add_parser as add_merge_parser
-from rollcap.rollout.options import Options, UserError, field_docs, json_object  # noqa: F401 - UserError: this module's API
+from rollcap.rollout.options import Options, UserError, field_docs
 from rollcap.rollout.cli.recap import add_parser as add_recap_parser
 from rollcap.rollout.cli.recordings import add_parsers as add_recordings_parsers
-from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS
-from rollcap.rollout.cli.signals import Terminated as _Terminated
+from rollcap.rollout.cli.signals import SIGNALS as _SIGNALS, Terminated as _Terminated
 from rollcap.rollout.offline.deployment import AS_RECORDED
-from rollcap.rollout.spec import HostConfig, Parts, RunConfig, Spec, usable_cores
+from rollcap.rollout.config import HostConfig
+from rollcap.rollout.spec import Parts, RunConfig, Spec, usable_cores
 from rollcap.rollout.stats import rate_line
 
 EXAMPLES = """examples:
@@ -160,8 +160,7 @@ def _summary_table(s: dict) -> str:
 
 # ------------------------------------------------------------------- bench
 def cmd_bench(args) -> int:
-    from rollcap.rollout.bench.ray import format_report as format_ray
-    from rollcap.rollout.bench.ray import run_bench as run_ray
+    from rollcap.rollout.bench.ray import format_report as format_ray, run_bench as run_ray
     from rollcap.rollout.bench.report import format_report, run_bench
 
     parts = Parts(**args.options.values(args, Parts))

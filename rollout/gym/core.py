@@ -30,7 +30,8 @@ from rollcap.rollout.gym.checks import (
     render_metadata,
     reset_stop_reason,
 )
-from rollcap.rollout.host import HostState, RolloutHost
+from rollcap.rollout.lifecycle import HostState
+from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import ChunkCritic, ChunkPolicy, Subscriber
 from rollcap.rollout.seeding import episode_seed
 

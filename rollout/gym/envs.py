@@ -75,7 +75,7 @@ from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.gym.checks import fork_safe_torch, time_limit_cuts
 from rollcap.rollout.gym.core import MAX_TOKENS, CoreEnv
-from rollcap.rollout.host import HostState
+from rollcap.rollout.lifecycle import HostState
 
 NOISE_BOUND = 4.0
 """NoiseSteeringEnv's action is a Box in [-NOISE_BOUND, NOISE_BOUND] (standard-normal noise lies within it but for 6e-5)."""
@@ -250,7 +250,8 @@ def checked_bound(bound) -> float:
 
 
 def _default_parts(env_kwargs: dict | None, device: str, config: dict | None):
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
 
     fork_safe_torch()
     parts = Parts(env_kwargs=env_kwargs, device=device)

@@ -77,7 +77,7 @@ from rollcap.rollout.gym.envs import (
     policy_chunk_space,
 )
 from rollcap.rollout.gym.vector_core import CoreVectorEnv
-from rollcap.rollout.host import HostState
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.spec import Parts, RunConfig, Spec
 
 
@@ -225,7 +225,7 @@ def make_chunk_vector_env(
 ) -> ChunkVectorEnv:
     """``gym.make_vec("rollcap/ChunkPushBlock-v0", num_envs)``: the built-in task, shipped policy and critic at batch
     ``num_envs`` (``graphs``: split over that many graphs, as ``rollcap run --graphs``; ``parts``: another env and
-    checkpoints, a :class:`~rollcap.rollout.build.Parts`, instead of ``env_kwargs`` / ``device`` / ``threads``;
+    checkpoints, a :class:`~rollcap.rollout.spec.Parts`, instead of ``env_kwargs`` / ``device`` / ``threads``;
     ``kw``: :class:`ChunkVectorEnv`'s: ``subscribers``, ``render_mode``, ``max_episode_steps``, ...)."""
     return _owned(ChunkVectorEnv, *_default_parts(num_envs, env_kwargs, device, threads, graphs, parts), config, kw)
 

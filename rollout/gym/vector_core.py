@@ -33,7 +33,7 @@ from rollcap.rollout.gym.checks import (
     render_metadata,
 )
 from rollcap.rollout.gym.core import MAX_TOKENS, TERMINAL, gym_obs, gym_obs_space
-from rollcap.rollout.host import HostState
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.resume import Resume
 from rollcap.rollout.seeding import episode_seed
@@ -80,7 +80,7 @@ class CoreVectorEnv(VectorEnv):
     LOOKAHEAD = False
     """True when a step ends with the next boundary (ChunkVectorEnv): each sub-env holds the plan for its observation."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - gymnasium's vector-env keyword options
         self,
         envs: Sequence[gym.Env],
         policy,

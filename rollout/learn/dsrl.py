@@ -6,7 +6,7 @@ The pieces ``examples/dsrl_sac.py`` wires together:
   its reward, how many actions of each chunk run.
 - :func:`make_steering_env`: :class:`~rollcap.rollout.gym.envs.NoiseSteeringEnv`
   (the shipped policy and critic, or the env and checkpoints a
-  :class:`~rollcap.rollout.build.Parts` names, e.g. a MetaWorld task with the
+  :class:`~rollcap.rollout.spec.Parts` names, e.g. a MetaWorld task with the
   MT10 policy and critic) inside three one-hook wrappers:
   :class:`SteeringObs` (a flat vector for an MLP), :class:`NoiseBound` (the
   agent's noise box) and :class:`SuccessBonus` (with the env's reward scaled).
@@ -39,9 +39,9 @@ from gymnasium import spaces
 from rollcap.envs.scene import BLOCKS, TARGETS, parse_instruction
 from rollcap.rollout.errors import ConfigError
 from rollcap.policies.observation import BOS, EOS
-from rollcap.rollout.build import DEFAULT_ENV
+from rollcap.rollout.spec import DEFAULT_ENV
 from rollcap.rollout.gym.envs import NOISE_BOUND, NoiseSteeringEnv, make_noise_steering_env
-from rollcap.rollout.host import HostState
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.learn.logs import sb3_logger
 from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.seeding import episode_seed
@@ -130,7 +130,7 @@ class TaskCode:
 def task_code_for(env_id: str) -> TaskCode | None:
     """The task encoding the agent sees for ``env_id``: the built-in task's block/target, an MT10 task's one-hot, else none."""
     from rollcap.envs.metaworld import ID_PREFIX, MT10
-    from rollcap.rollout.build import DEFAULT_ENV
+    from rollcap.rollout.spec import DEFAULT_ENV
 
     if env_id == DEFAULT_ENV:
         return TaskCode(len(BLOCKS) + len(TARGETS), task_one_hot)
@@ -211,10 +211,11 @@ class SuccessBonus(gym.Wrapper):
 def make_steering_env(cfg: SteeringConfig | None = None, device: str = "cpu", parts=None) -> gym.Env:
     """A frozen policy steered through its noise; ``env.unwrapped`` is the NoiseSteeringEnv.
 
-    ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the env, policy and critic (default: the built-in task
+    ``parts``: a :class:`~rollcap.rollout.spec.Parts` naming the env, policy and critic (default: the built-in task
     with the shipped policy and critic); the agent's task code follows the env (:func:`task_code_for`).
     """
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
 
     cfg = cfg or SteeringConfig()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.learn.dsrl_heldin import RESERVED
 from rollcap.rollout.learn.noise_agent import NoiseAgent
 from rollcap.rollout.seeding import episode_seed

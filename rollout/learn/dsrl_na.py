@@ -24,17 +24,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from rollcap.rollout.learn.dsrl_eval import (  # noqa: F401 (re-exported: the example, the probe and the tests read them here)
+from rollcap.rollout.learn.dsrl_eval import (
     TASKS,
-    VIEWS,
     Task,
     _task_code,
-    baseline,
-    evaluate,
     features,
-    held_out,
     obs_keys,
-    summary_lines,
     viewed,
 )
 from rollcap.rollout.learn.dsrl_branch import Branches
@@ -45,9 +40,12 @@ from rollcap.rollout.learn.dsrl_heldin import (
     TRAIN_SEED_BASE,
     HeldIn,
     KeepBest,
+    heldin_seeds,
+    kept_line,
+    line,
+    weights,
 )
-from rollcap.rollout.learn.dsrl_heldin import heldin_seeds, kept_line, line, weights
-from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
+from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, ReplayBuffer
 
 
 @dataclass(frozen=True)
@@ -108,6 +106,11 @@ class TrainConfig:
         if self.task not in TASKS:
             raise ValueError(f"task: expected one of {sorted(TASKS)}, got {self.task!r}")
         viewed(TASKS[self.task], self.view)
+        self._check_counts()
+        self._check_numbers()
+
+    def _check_counts(self) -> None:
+        """The integer fields: each in range (the seed streams stay apart), held-in episodes where they are asked for."""
         for name in ("num_envs", "critic_steps", "threads", "buffer", "max_transitions"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -138,6 +141,9 @@ class TrainConfig:
                 )
         if self.heldin_every and not (self.heldin_episodes and self.heldin_envs):
             raise ValueError("heldin_episodes: expected >= 1 with heldin_every > 0 (and heldin_envs >= 1)")
+
+    def _check_numbers(self) -> None:
+        """The flags, durations, rewards and fractions: each of its type and range."""
         for name in ("keep_best", "branch_greedy"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name}: expected True or False, got {getattr(self, name)!r}")
@@ -192,7 +198,23 @@ def train(cfg: TrainConfig, progress=print, scalars=None) -> tuple[NoiseAgent, d
         torch.set_num_threads(threads)
 
 
-def _train(
+def _update(cfg: TrainConfig, agent: NoiseAgent, buf: ReplayBuffer, rng: np.random.Generator, branches) -> dict:
+    """One vector step's updates, in order: the critic's, the distillation's (NA), the ranking's (branches), the
+    actor's; returns their latest statistics."""
+    stats: dict = {}
+    for _ in range(cfg.critic_steps):
+        stats.update(agent.critic_step(buf.sample(rng, cfg.agent.batch)))
+    for _ in range(cfg.distill_steps if cfg.agent.algorithm == "na" else 0):
+        stats.update(agent.distill_step(buf.sample(rng, cfg.agent.batch)))
+    for _ in range(cfg.rank_steps if branches is not None else 0):
+        if (pairs := branches.pairs(rng, 32)) is not None:
+            stats.update(agent.rank_step(pairs))
+    for _ in range(cfg.actor_steps):
+        stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
+    return stats
+
+
+def _train(  # noqa: C901, PLR0912, PLR0915 - the DSRL loop read top to bottom: act, step, store, update, check, log
     cfg: TrainConfig, task: Task, venv, code, progress, heldin: HeldIn | None, scalars
 ) -> tuple[NoiseAgent, dict]:
     n, (h, a) = cfg.num_envs, venv.chunk_shape
@@ -200,7 +222,7 @@ def _train(
     obs, _ = venv.reset(seed=[TRAIN_SEED_BASE + 100 * cfg.seed + i for i in range(n)])
     feat = features(obs, code, task.extra)
     agent = NoiseAgent(feat.shape[1], h * a, e * a, cfg.agent, seed=cfg.seed)
-    buf = Replay(cfg.buffer, feat.shape[1], h * a, e * a)
+    buf = ReplayBuffer(cfg.buffer, feat.shape[1], h * a, e * a)
     rng = np.random.default_rng([cfg.seed, 0xD5])
     pending = [-1] * n
     nstep = cfg.agent.n_step
@@ -292,15 +314,7 @@ def _train(
         transitions += n
         if transitions >= cfg.init_steps:
             t1 = time.perf_counter()
-            for _ in range(cfg.critic_steps):
-                stats.update(agent.critic_step(buf.sample(rng, cfg.agent.batch)))
-            for _ in range(cfg.distill_steps if cfg.agent.algorithm == "na" else 0):
-                stats.update(agent.distill_step(buf.sample(rng, cfg.agent.batch)))
-            for _ in range(cfg.rank_steps if branches is not None else 0):
-                if (pairs := branches.pairs(rng, 32)) is not None:
-                    stats.update(agent.rank_step(pairs))
-            for _ in range(cfg.actor_steps):
-                stats.update(agent.actor_step(buf.sample(rng, cfg.agent.batch)))
+            stats.update(_update(cfg, agent, buf, rng, branches))
             updates += 1
             timing["update"] += time.perf_counter() - t1
         if heldin is not None and transitions >= next_check:
@@ -331,7 +345,7 @@ def _train(
     return agent, {"curve": curve, "budget": budget, "held_in": points, "kept": kept, "snapshot": snap, "last": last}
 
 
-def n_step_rows(buf: Replay, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:
+def n_step_rows(buf: ReplayBuffer, win: list, nstep: int, gamma: float, done: bool, final_obs: np.ndarray) -> None:
     """Move the transitions of one sub-env's window ``win`` (its latest ``(obs, noise, chunk, reward)`` last) whose
     n-step targets are now known into ``buf``: the oldest once ``nstep`` chunks follow it (its next state and chunk
     are the last row's), all of them when the episode ended (``done``: no bootstrap; ``final_obs`` stands in)."""

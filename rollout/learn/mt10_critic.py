@@ -34,8 +34,7 @@ import numpy as np
 import torch
 
 from rollcap.rollout.options import parse_config
-from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
-from rollcap.critics import ValueCritic, ValueCriticConfig, save_critic
+from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC, ValueCritic, ValueCriticConfig, save_critic
 from rollcap.envs.metaworld import ID_PREFIX, MT10, STATE_DIM
 from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
 from rollcap.rollout.learn.mt10 import HELD_OUT_SEED, POLICY
@@ -118,7 +117,8 @@ class CriticTrainConfig:
 def rollouts(cfg: CriticTrainConfig, policy: Path = MT10_POLICY, log=print) -> Steps:
     """Run ``policy`` for ``cfg.episodes`` episodes of each task through the host (no critic, synchronous, the
     checkpoint's ``execute_steps``): the episodes ``rollcap run --seed RUN_SEED`` records, kept in memory."""
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 

@@ -40,7 +40,7 @@ class AgentConfig:
     layers: int = 3
     """Hidden layers of every network [3]."""
     batch: int = 256
-    """Replay batch [256]."""
+    """Replay buffer batch [256]."""
     lr: float = 3e-4
     """Adam learning rate of every network [3e-4]."""
     gamma: float = 0.99
@@ -304,7 +304,7 @@ class NoiseAgent(nn.Module):
         return (self.actor.mean(o) if deterministic else self.actor(o)[0]).numpy().astype(np.float32)
 
 
-class Replay:
+class ReplayBuffer:
     """A ring of transitions; ``next_action`` arrives one step after the rest (NA's target needs it), ``ready`` says so.
     ``discount`` is what the TD target multiplies the next value by (n-step rows only; see :attr:`AgentConfig.n_step`)."""
 

@@ -46,7 +46,7 @@ from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording.codec import TIMINGS
 from rollcap.rollout.recording.recorder import records_equal
 from rollcap.rollout.protocols import observation_at
-from rollcap.rollout.offline.replay import fingerprint_diff
+from rollcap.rollout.offline.deployment import fingerprint_diff
 from rollcap.rollout.resume import Resume, offset_of
 from rollcap.rollout.seeding import branch_seed
 from rollcap.rollout.stats import wilson

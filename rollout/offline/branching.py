@@ -41,7 +41,7 @@ def parent_episode(path: Path, episode: int | None):
     raise ConfigError("episode", f"{path}: no episode {episode} (it holds {have})")
 
 
-def branch_recorded(
+def branch_recorded(  # noqa: PLR0913 - the branch door's documented options
     file,
     episode: int | None = None,
     chunk: int = 0,
@@ -61,7 +61,7 @@ def branch_recorded(
 
     What ``rollcap branch`` does, without argparse (``rollcap.branch``): every branch is recorded in
     ``out`` (default ``runs/branch-<episode>-<chunk>``, a new or empty directory) with ``branch.json``.
-    ``parts``: a :class:`~rollcap.rollout.build.Parts` naming the checkpoints
+    ``parts``: a :class:`~rollcap.rollout.spec.Parts` naming the checkpoints
     (its env is replaced by the recording's), or a dict of some of its fields (None or absent: the
     recording's device, backend, precision, policy and critic; the default). ``actors``: run the branches on
     that many Ray actors, on a new local Ray or the cluster at ``address``

@@ -31,12 +31,11 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from rollcap.rollout.spec import named_policy
+from rollcap.rollout.spec import named_policy, byte_fields
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.spec import byte_fields
 
 AS_RECORDED = ("device", "backend", "precision", "sampler", "noise_level", "policy", "critic")
-"""The :class:`~rollcap.rollout.build.Parts` fields that default to the recording's (None on the command line: not given)."""
+"""The :class:`~rollcap.rollout.spec.Parts` fields that default to the recording's (None on the command line: not given)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -102,6 +101,37 @@ def _model_flag(fp: dict, component: str) -> tuple[object, str | None]:
     )
 
 
+def _device_as_recorded(pol: dict, source, said: list[str]) -> str:
+    """The device to replay on: cuda where the policy ran on cuda and this machine has one, else cpu (said why)."""
+    if pol.get("device_kind") != "cuda":
+        return "cpu"
+    name = pol.get("cuda_device", "a GPU")
+    if _cuda_here():
+        said.append(f"{source}: recorded on cuda ({name}): replaying on cuda")
+        return "cuda"
+    said.append(
+        f"{source}: recorded on cuda ({name}, backend {pol.get('backend', '?')}); this machine has no CUDA device, so it "
+        "runs on cpu, where its episodes are compared but not proven exact (exit 1 unless --accept-not-comparable)"
+    )
+    return "cpu"
+
+
+def _sampler_as_recorded(given: dict, pol: dict, source, out: dict, said: list[str]) -> None:
+    """``out``'s sampler (and an SDE's noise level) as the policy was recorded with; plain for a named policy."""
+    config = pol.get("config") if isinstance(pol.get("config"), dict) else {}
+    named = (
+        given.get("policy") is not None and named_policy(given["policy"]) is not None
+    )  # --policy lerobot:DIR / expert: no fused variant
+    sampler = config.get("variant") if config.get("variant") in ("fused", "lean") and not named else "plain"
+    if pol.get("sampler") == "sde" and not named:
+        sampler = "sde"
+        if given.get("noise_level") is None:
+            out["noise_level"] = pol.get("noise_level")
+    if sampler != "plain":
+        said.append(f"{source}: recorded with the {sampler} sampler: replaying with it")
+    out["sampler"] = sampler
+
+
 def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple[dict, list[str]]:
     """``given`` (Parts fields; None in :data:`AS_RECORDED` means not given) completed from ``rec``'s fingerprints.
 
@@ -117,18 +147,7 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
     pol = fps.get("policy") or {}
     said: list[str] = []
     if given.get("device") is None:
-        device = "cpu"
-        if pol.get("device_kind") == "cuda":
-            name = pol.get("cuda_device", "a GPU")
-            if _cuda_here():
-                device = "cuda"
-                said.append(f"{source}: recorded on cuda ({name}): replaying on cuda")
-            else:
-                said.append(
-                    f"{source}: recorded on cuda ({name}, backend {pol.get('backend', '?')}); this machine has no CUDA device, so it "
-                    "runs on cpu, where its episodes are compared but not proven exact (exit 1 unless --accept-not-comparable)"
-                )
-        out["device"] = device
+        out["device"] = _device_as_recorded(pol, source, said)
     from rollcap.kernels.graph import CPU_PLANS, CUDA_PLANS  # (torch): replay and branch need it; --help does not
 
     on_gpu = str(out["device"]).startswith("cuda")
@@ -146,18 +165,7 @@ def recorded_parts(given: dict, rec, source, needs_models: bool = True) -> tuple
             said.append(f"{source}: recorded at precision {precision}: replaying at it")
         out["precision"] = precision
     if given.get("sampler") is None:
-        config = pol.get("config") if isinstance(pol.get("config"), dict) else {}
-        named = (
-            given.get("policy") is not None and named_policy(given["policy"]) is not None
-        )  # --policy lerobot:DIR / expert: no fused variant
-        sampler = config.get("variant") if config.get("variant") in ("fused", "lean") and not named else "plain"
-        if pol.get("sampler") == "sde" and not named:
-            sampler = "sde"
-            if given.get("noise_level") is None:
-                out["noise_level"] = pol.get("noise_level")
-        if sampler != "plain":
-            said.append(f"{source}: recorded with the {sampler} sampler: replaying with it")
-        out["sampler"] = sampler
+        _sampler_as_recorded(given, pol, source, out, said)
     for component in ("policy", "critic"):
         if given.get(component) is not None:
             continue

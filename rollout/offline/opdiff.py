@@ -24,7 +24,8 @@ def trace_chunk(run: str | Path, episode: int = 0, chunk: int = 0) -> dict:
     import torch
 
     from rollcap.kernels.opdiff import trace_ops
-    from rollcap.rollout.build import Parts, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_runners
     from rollcap.rollout.protocols import observation_at
     from rollcap.rollout.recording.runs import iter_episodes
 

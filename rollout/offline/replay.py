@@ -333,7 +333,7 @@ class Replayer:
     def policy_for(self, rec: EpisodeRecord, source: str, import_env: bool = False):
         """The policy that replays ``rec``: ``expert[:STD]`` is the expert of the recording's env, built with its
         kwargs as ``rollcap run`` built it (one per env, :meth:`env_for`'s), any other the one policy."""
-        from rollcap.rollout.build import named_policy
+        from rollcap.rollout.spec import named_policy
         from rollcap.rollout.named import expert_policy
 
         named = named_policy(self.parts.policy)

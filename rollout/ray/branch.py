@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.ray.actors import RolloutActor
+from rollcap.rollout.ray.episodes import RolloutActor
 from rollcap.rollout.resume import Resume
 
 
 class BranchActor(RolloutActor):
-    """A :class:`~rollcap.rollout.ray.actors.RolloutActor` that also runs an episode from a boundary."""
+    """A :class:`~rollcap.rollout.ray.episodes.RolloutActor` that also runs an episode from a boundary."""
 
     def branch(self, index: int, seed: int, config, at: Resume) -> EpisodeRecord:
         """Run episode ``index`` with ``seed`` from ``at`` (see :meth:`RolloutHost.start`) and return its record."""

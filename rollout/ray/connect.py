@@ -89,14 +89,7 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
         os.environ.setdefault(k, v)  # kept: gRPC reads it once, and Ray's children inherit it
     if not local:
         check_token(address)
-    saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}  # put back afterwards (Ray's own settings are left alone)
-    if local:
-        os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
-    elif address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ and _have_token():
-        saved_env["RAY_AUTH_MODE"] = None
-        os.environ["RAY_AUTH_MODE"] = (
-            "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
-        )
+    saved_env = _env_for_init(address)
     try:
         ray = import_ray()
         if ray.is_initialized():
@@ -150,6 +143,20 @@ def connect(address: str | None = None, num_cpus: float | None = None) -> bool:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _env_for_init(address: str | None) -> dict[str, str | None]:
+    """Set the environment ``ray.init`` reads for a local instance (``address`` None) or a Ray Client; returns what
+    to put back afterwards (None: unset). Ray's own settings are left alone."""
+    saved_env = {k: os.environ.get(k) for k in _LOCAL_ENV}
+    if address is None:
+        os.environ.update({k: os.environ.get(k, v) for k, v in _LOCAL_ENV.items()})  # read at `import ray`
+    elif address.startswith("ray://") and "RAY_AUTH_MODE" not in os.environ and _have_token():
+        saved_env["RAY_AUTH_MODE"] = None
+        os.environ["RAY_AUTH_MODE"] = (
+            "token"  # a Ray Client sends no token unless told to (Ray 2.60): it timed out instead
+        )
+    return saved_env
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -5,7 +5,7 @@ the call site, in :class:`~rollcap.rollout.ray.actors.ActorPool`; tests use
 it without Ray). It builds its envs and runners from :class:`Parts` at the
 run's batch and runs the same round as this process would
 (:func:`~rollcap.rollout.batch.round_here`): one episode a call, or a list of
-them in its slots (``envs`` N; :mod:`rollcap.rollout.ray.batched` is the driver's
+them in its slots (``envs`` N; :func:`~rollcap.rollout.ray.actors.stream_batches` is the driver's
 side). With a shard it records each episode itself
 (:meth:`RolloutActor.record_to`) and returns a light record (no images) with a
 receipt; otherwise it returns the whole record.

@@ -18,10 +18,11 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
 
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import EpisodeRecord
-from rollcap.rollout.ray.actors import _SHIPPED, MAX_TRIES, ActorPool, ActorResources
+from rollcap.rollout.ray.episodes import _SHIPPED
+from rollcap.rollout.ray.actors import MAX_TRIES, ActorPool, ActorResources
 from rollcap.rollout.offline.replay import Replayer, ReplayResult
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import episode_digest
-from rollcap.rollout.recording.h5 import H5Writer, h5_indices, read_h5, read_h5_episode, recover_h5
+from rollcap.rollout.recording.h5 import H5Writer, recover_h5
+from rollcap.rollout.recording.h5read import h5_indices, read_h5, read_h5_episode
 from rollcap.rollout.recording.journal import journal_path
 from rollcap.rollout.recording.npz import read_npz, write_npz
 from rollcap.rollout.recording.process import WriterProcess

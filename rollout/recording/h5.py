@@ -68,15 +68,13 @@ from rollcap.kernels.files import atomic_write, canonical_json, plain_json
 from rollcap.rollout.episode import ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.recording.codec import check_record, episode_meta, is_image
 from rollcap.rollout.recording.deflate import frames, zlib_chunk
-from rollcap.rollout.recording.h5read import (  # noqa: F401 - the readers, re-exported: part of this module's API
+from rollcap.rollout.recording.h5read import (
     _JSON_ATTRS,
     ROBOMIMIC_STEP_KEYS,
     _env_args,
     _indices,
     _open_committed,
     h5_indices,
-    read_h5,
-    read_h5_episode,
 )
 from rollcap.rollout.recording.journal import journaled_update, recover
 

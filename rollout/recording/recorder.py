@@ -28,7 +28,8 @@ from rollcap.kernels.files import canonical_json, remove_stale_temps
 from rollcap.rollout.episode import ACTOR_HUMAN, ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import OPTIONAL_SCALARS, SCALARS, TABLES, byte_view, checked_meta, episode_digest
-from rollcap.rollout.recording.h5 import H5Writer, h5_indices, read_h5_episode
+from rollcap.rollout.recording.h5 import H5Writer
+from rollcap.rollout.recording.h5read import h5_indices, read_h5_episode
 from rollcap.rollout.recording.journal import _signals_deferred, journal_path
 from rollcap.rollout.recording.npz import npz_name_index, read_npz, write_npz
 from rollcap.rollout.protocols import EpisodeEnd, Subscriber

@@ -16,7 +16,7 @@ from pathlib import Path
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import corrupt, episode_digest
-from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
+from rollcap.rollout.recording.h5read import h5_indices, read_h5_episode
 from rollcap.rollout.recording.npz import npz_name_index, read_npz
 from rollcap.rollout.recording.recorder import EPISODES_DIR, H5_NAME
 from rollcap.rollout.recording.shards import SHARDS_DIR, is_sharded, iter_sharded

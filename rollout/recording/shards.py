@@ -74,7 +74,7 @@ from rollcap.kernels.files import (
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import ConfigError, CorruptEpisode
 from rollcap.rollout.recording.codec import corrupt, episode_digest
-from rollcap.rollout.recording.h5 import h5_indices, read_h5_episode
+from rollcap.rollout.recording.h5read import h5_indices, read_h5_episode
 from rollcap.rollout.recording.journal import _signals_deferred
 from rollcap.rollout.recording.npz import npz_name_index, read_npz
 from rollcap.rollout.recording.recorder import (

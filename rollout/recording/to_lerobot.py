@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from rollcap.policies.lerobot import INSTRUCTION_FEATURE, instruction_vector, quiet_import_logs
+from rollcap.policies.lerobot_features import INSTRUCTION_FEATURE, instruction_vector, quiet_import_logs
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.recording.export import (
     EXTRAS,

@@ -140,11 +140,11 @@ def _made_env(rec: EpisodeRecord, run_dir):
     """The recorded env, made here as Minari makes it (its spec and spaces go into the dataset); None if unregistered."""
     import gymnasium
 
-    spec = _env_spec(rec)
-    if spec is None:
+    env_spec = _env_spec(rec)
+    if env_spec is None:
         return None
     try:
-        return gymnasium.make(spec)
+        return gymnasium.make(env_spec)
     except Exception as err:  # noqa: BLE001 - any env's error: Minari would meet it making the env itself
         raise ValueError(
             f"run_dir: {run_dir} was recorded in {rec.env_id}, which cannot be made here ({type(err).__name__}: "
@@ -289,10 +289,10 @@ def _env_spec(rec: EpisodeRecord):
     import rollcap.envs  # noqa: F401  (registers rollcap's own envs)
 
     try:
-        spec = gymnasium.spec(rec.env_id)
+        env_spec = gymnasium.spec(rec.env_id)
     except gymnasium.error.Error:
         return None
-    return dataclasses.replace(spec, kwargs={**(spec.kwargs or {}), **(rec.env_kwargs or {})})
+    return dataclasses.replace(env_spec, kwargs={**(env_spec.kwargs or {}), **(rec.env_kwargs or {})})
 
 
 def _buffer(EpisodeBuffer, rec: EpisodeRecord, extras: Sequence[str], actions: np.ndarray):

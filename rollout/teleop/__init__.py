@@ -7,7 +7,7 @@ through its :class:`~rollcap.rollout.events.EventBus`:
   (key down/up -> bus verbs; held movement keys -> an intervention action).
 - :mod:`.sources`: where keys come from, behind one interface (``start(bus)``,
   ``stop()``): pynput under X, a raw-mode terminal reader, a script;
-  :func:`open_source` picks one by name and falls back from the keyboard to
+  :func:`open_key_source` picks one by name and falls back from the keyboard to
   the terminal with a one-line notice.
 - :mod:`.xrecord`: stopping pynput's X listener in the order that leaves no
   X error (its RECORD context is disabled before the listener frees it).
@@ -38,15 +38,9 @@ from __future__ import annotations
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys
 from rollcap.rollout.teleop.replay import ReplayInputs
 from rollcap.rollout.teleop.session import TeleopConfig, TeleopSession, open_teleop
-from rollcap.rollout.teleop.sources import (
-    KeyboardSource,
-    KeySource,
-    PynputSource,
-    ScriptedSource,
-    SourceUnavailable,
-    TerminalSource,
-    open_source,
-)
+from rollcap.rollout.teleop.sources import KeyboardSource, PynputSource, TerminalSource, open_key_source
+from rollcap.rollout.teleop.keysource import KeySource, SourceUnavailable
+from rollcap.rollout.teleop.scripted import ScriptedSource
 from rollcap.rollout.teleop.status import TeleopStatus
 from rollcap.rollout.teleop.view import LiveView, ViewConfig
 
@@ -65,6 +59,6 @@ __all__ = [
     "TeleopStatus",
     "TerminalSource",
     "ViewConfig",
-    "open_source",
+    "open_key_source",
     "open_teleop",
 ]

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys
-from rollcap.rollout.teleop.sources import KeySource, open_source
+from rollcap.rollout.teleop.keysource import KeySource
+from rollcap.rollout.teleop.sources import open_key_source
 from rollcap.rollout.teleop.status import TeleopStatus
 from rollcap.rollout.teleop.view import LiveView, ViewConfig
 
@@ -51,7 +52,7 @@ class TeleopSession:
     :attr:`quit_requested`, leave.
 
     Args:
-        source: the key source (not started; see :func:`open_source`).
+        source: the key source (not started; see :func:`open_key_source`).
         view: a live view, or None for none.
         countdown_s: seconds counted down after the go key.
         stream: where state changes and notices are printed (default stderr).
@@ -138,6 +139,6 @@ def open_teleop(
         view: options of the live view (when ``config.view``).
     """
     config = TeleopConfig(source=config) if isinstance(config, str) else config
-    source = open_source(config.source, keys, stream=stream)
+    source = open_key_source(config.source, keys, stream=stream)
     live = LiveView(view, stream=stream) if config.view else None
     return TeleopSession(source, live, config.countdown_s, stream)

@@ -35,7 +35,7 @@ from rollcap.rollout.teleop.keys import TeleopKeys, key_name
 from rollcap.rollout.teleop.xrecord import stop_listener
 
 SOURCES = ("keyboard", "terminal", "scripted:FILE")
-"""What :func:`open_source` accepts."""
+"""What :func:`open_key_source` accepts."""
 
 
 from rollcap.rollout.teleop.keysource import KeySource, SourceUnavailable
@@ -51,7 +51,7 @@ __all__ = [
     "PynputSource",
     "TerminalSource",
     "KeyboardSource",
-    "open_source",
+    "open_key_source",
     "parse_terminal",
     "x_display_problem",
 ]
@@ -293,22 +293,22 @@ class KeyboardSource(KeySource):
             self.active.stop()
 
 
-def open_source(
-    spec: str, keys: TeleopKeys | None = None, on_change: Callable[[], None] | None = None, stream=None
+def open_key_source(
+    name: str, keys: TeleopKeys | None = None, on_change: Callable[[], None] | None = None, stream=None
 ) -> KeySource:
-    """The key source named by ``spec``: ``keyboard``, ``terminal`` or ``scripted:FILE`` (not started yet).
+    """The key source named by ``name``: ``keyboard``, ``terminal`` or ``scripted:FILE`` (not started yet).
 
     Args:
         keys: the bindings.
         on_change: called after every verb, on the source's thread.
         stream: where ``keyboard`` prints its fallback notice (default stderr).
     """
-    if spec == "keyboard":
+    if name == "keyboard":
         return KeyboardSource(keys, on_change, stream=stream)
-    if spec == "terminal":
+    if name == "terminal":
         return TerminalSource(keys, on_change)
-    if spec.startswith("scripted:") and len(spec) > len("scripted:"):
-        return ScriptedSource(spec[len("scripted:") :], keys, on_change)
-    near = difflib.get_close_matches(spec, SOURCES, n=1)
+    if name.startswith("scripted:") and len(name) > len("scripted:"):
+        return ScriptedSource(name[len("scripted:") :], keys, on_change)
+    near = difflib.get_close_matches(name, SOURCES, n=1)
     hint = f"; did you mean {near[0]!r}?" if near else ""
-    raise ValueError(f"teleop source: expected one of {', '.join(SOURCES)}, got {spec!r}{hint}")
+    raise ValueError(f"teleop source: expected one of {', '.join(SOURCES)}, got {name!r}{hint}")

@@ -58,11 +58,11 @@ from rollcap.rollout.workers.proxy import ProxyCritic, ProxyPolicy
 from rollcap.rollout.workers.shm import Layout, SharedRows
 
 
-def serve(conn, spec: str) -> None:
+def serve(conn, setup: str) -> None:
     """The worker's main (a spawn target): build, say ready (or why not), then answer the parent until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        worker = Worker(json.loads(spec))
+        worker = Worker(json.loads(setup))
     except BaseException as err:  # noqa: BLE001 - reported to the parent
         conn.send_bytes(json.dumps({"error": f"{type(err).__name__}: {err}"}).encode())
         return
@@ -75,12 +75,12 @@ def serve(conn, spec: str) -> None:
 
 
 class Worker:
-    """The slots ``spec["slots"]`` of a run: one env and one host each (see the module docstring)."""
+    """The slots ``setup["slots"]`` of a run: one env and one host each (see the module docstring)."""
 
-    def __init__(self, spec: dict):
+    def __init__(self, setup: dict):
         from rollcap.rollout.build import make_env
 
-        self.shared = SharedRows(Layout.from_json(spec["layout"]), spec["shm"])
+        self.shared = SharedRows(Layout.from_json(setup["layout"]), setup["shm"])
         self.envs, self.recorder = [], None
         self.writer: ShardWriter | None = None
         self.unrecorded: list[dict] = []  # outcomes of a worker that does not record (tests, benches)
@@ -88,20 +88,25 @@ class Worker:
         self.round = Round({})  # its replay is the parent's: a "go" message
         hosts = self.round.slots
         arrays = self.shared.arrays
-        config = HostConfig(**spec["config"])
-        pspec, cspec = (
-            ObsSpec(**_spec(spec["policy_spec"])),
-            spec["critic_spec"] and ObsSpec(**_spec(spec["critic_spec"])),
+        config = HostConfig(**setup["config"])
+        policy_obs, critic_obs = (
+            ObsSpec(**_obs_spec(setup["policy_spec"])),
+            setup["critic_spec"] and ObsSpec(**_obs_spec(setup["critic_spec"])),
         )
         try:
-            for slot in spec["slots"]:
-                env = make_env(spec["env_id"], spec["env_kwargs"])
+            for slot in setup["slots"]:
+                env = make_env(setup["env_id"], setup["env_kwargs"])
                 self.envs.append(env)
                 policy = ProxyPolicy(
-                    arrays, slot, pspec, spec["chunk_shape"], spec["execute_steps"], spec["fingerprints"]["policy"]
+                    arrays,
+                    slot,
+                    policy_obs,
+                    setup["chunk_shape"],
+                    setup["execute_steps"],
+                    setup["fingerprints"]["policy"],
                 )
-                critic = ProxyCritic(arrays, slot, cspec, spec["fingerprints"]["critic"]) if cspec else None
-                hosts[slot] = RolloutHost(env, policy, critic, config, on_error=spec.get("on_error", "record"))
+                critic = ProxyCritic(arrays, slot, critic_obs, setup["fingerprints"]["critic"]) if critic_obs else None
+                hosts[slot] = RolloutHost(env, policy, critic, config, on_error=setup.get("on_error", "record"))
         except BaseException:
             self.close()
             raise
@@ -287,5 +292,6 @@ def peak_rss_mb() -> float:
         return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def _spec(d: dict) -> dict:
+def _obs_spec(d: dict) -> dict:
+    """An :class:`ObsSpec`'s keyword arguments from its JSON (image keys back to a tuple)."""
     return {**d, "image_keys": tuple(d["image_keys"])}

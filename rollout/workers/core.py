@@ -37,7 +37,12 @@ The caller's subscribers see each episode's start (no observation), each
 chunk's step, critic value and timings (no observation, noise or chunk: those
 stay in the worker and its shard) and its end.
 
-Imports point downward: ``batch`` (its checks), ``config``, ``protocols``,
+:class:`Proc` is the parent's side of one worker process (spawned with its JSON setup, replaced when it dies);
+:class:`EnvWorkersPlacement` is the run's placement of a batched run's envs in workers (``rollcap run --envs N
+--env-workers W``): the graphs run here at the run's batch (what :func:`~rollcap.rollout.build.build` captured),
+each episode named in the run's manifest once its worker has written it.
+
+Imports point downward: ``batch`` (its checks), ``config``, ``placement``, ``protocols``,
 ``seeding``, the block; the worker's module by name (the spawn target).
 """
 
@@ -46,22 +51,187 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import signal
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.connection import wait as wait_any
+
+import numpy as np
 
 from rollcap.rollout.batch import graphs_of
 from rollcap.rollout.config import HostConfig, check_batched_host
 from rollcap.rollout.errors import ConfigError, RecordingFailed
 from rollcap.rollout.lifecycle import jsonable
-from rollcap.rollout.protocols import EpisodeEnd, Subscriber
+from rollcap.rollout.placement import Placement
+from rollcap.rollout.protocols import ChunkEvent, EpisodeEnd, EpisodeStart, Subscriber
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.recording import episode_digest
 from rollcap.rollout.workers.losses import Losses
 from rollcap.rollout.workers.child import outcome
-from rollcap.rollout.workers.procs import Proc, emit, end_from, end_of, replay_rows, split_slots
 from rollcap.rollout.workers.shm import SharedRows, layout_for
+
+
+class Proc:
+    """One worker process as this process sees it."""
+
+    def __init__(self, number: int, slots: list[int]):
+        self.number, self.slots = number, slots
+        self.proc = self.conn = None
+        self.pid: int | None = None
+        self.state = "down"  # starting -> recording -> idle / launching / launched; down
+        self.running: dict[int, tuple[int, int]] = {}  # slot -> (index, seed)
+        self.pending: dict[int, tuple[int, int]] = {}  # index -> (index, seed): finished, not yet written
+        self.launched: list[int] = []
+        self.shard: str | None = None
+        self.t_start = 0.0
+        self.start: dict = {}
+        """What its last start cost: ``start_s`` (spawn to ready), and the worker's own ``rss_mb``, ``modules``, ``torch``."""
+        self.start_failures = 0  # deaths in a row before it was ready
+
+    @property
+    def free(self) -> list[int]:
+        return [s for s in self.slots if s not in self.running]
+
+    def send(self, msg: dict) -> None:
+        self.conn.send_bytes(json.dumps(msg).encode())
+
+    def receive(self) -> dict:
+        """The worker's next message (blocks); its "ready" sets :attr:`start`."""
+        msg = json.loads(self.conn.recv_bytes())
+        if "ready" in msg:
+            self.start = {"start_s": time.perf_counter() - self.t_start, **msg.get("start", {})}
+        return msg
+
+    def spawn(self, ctx, setup: str) -> None:
+        """Start the worker process (a spawn context: the parent has threads) with its JSON ``setup``."""
+        from rollcap.rollout.workers.child import serve
+
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=serve, args=(child, setup), name=f"rollcap-env-{self.number}", daemon=True)
+        self.proc.start()
+        child.close()
+        self.state, self.pid, self.t_start, self.launched = "starting", self.proc.pid, time.perf_counter(), []
+
+    def stop(self, timing: dict) -> list[dict]:
+        """Ask the worker to stop (it abandons what runs, writes what finished) and wait; returns the ends it wrote last
+        (an end lost on the way, in a reply not read, leaves an orphan of its shard: readers ignore it, a resume adopts it)."""
+        ends: list[dict] = []
+        if self.proc is None or self.state == "down":
+            return ends
+        asked, self.state = self.state not in ("starting", "recording"), "stopping"
+        if asked:
+            self.try_send({"stop": 1})
+            deadline = time.perf_counter() + 30  # it writes what finished first
+            try:
+                while self.conn.poll(max(0.0, deadline - time.perf_counter())):
+                    msg = json.loads(self.conn.recv_bytes())
+                    ends += msg.get("ends", [])
+                    if "bye" in msg:
+                        for k, v in msg["bye"].items():
+                            timing[k] = timing.get(k, 0.0) + v
+                        break
+            except (EOFError, OSError, ValueError):
+                pass
+        self.proc.join(timeout=10 if asked else 0)  # a worker still starting has nothing to keep
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+        self.state, self.running, self.pending, self.launched = "down", {}, {}, []
+        return ends
+
+    def reap(self) -> tuple[str, bool, list, list]:
+        """The process is gone (its pipe closed): wait for it (kill it if it lingers, so nothing writes its shard any
+        more) and forget its episodes. Returns how it died, whether it was still starting, and the ``(index, seed)`` of
+        the episodes it was running and of those it had finished, not yet written (its state is then ``down``)."""
+        self.proc.join(timeout=5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        code = self.proc.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        out = how, self.state in ("starting", "recording"), sorted(self.running.values()), sorted(self.pending.values())
+        self.running, self.pending, self.launched = {}, {}, []
+        self.conn.close()
+        self.state = "down"
+        return out
+
+    def try_send(self, msg: dict) -> None:
+        """:meth:`send`, unless the worker is gone (the caller finds its end)."""
+        try:
+            self.send(msg)
+        except OSError:
+            pass
+
+
+def split_slots(n: int, batch: int, graphs: int, workers: int) -> tuple[list[list[int]], list[list[int]]]:
+    """The slots of each of ``workers`` (contiguous) and the groups of workers whose rounds run together: with G graphs
+    and W a multiple of G, each graph's slots on W/G workers of their own (a graph's round runs beside the others');
+    else one group."""
+    g, b = graphs, batch
+    if g > 1 and workers % g == 0:
+        parts = [part for k in range(g) for part in np.array_split(np.arange(k * b, (k + 1) * b), workers // g)]
+        groups = [list(range(k * (workers // g), (k + 1) * (workers // g))) for k in range(g)]
+    else:
+        parts, groups = np.array_split(np.arange(n), workers), [list(range(workers))]
+    return [[int(s) for s in part] for part in parts], groups
+
+
+def end_from(e: dict) -> EpisodeEnd:
+    """The end an :func:`outcome` describes (no record: it is in the worker's shard)."""
+    fields = ("index", "seed", "stop_reason", "success", "steps", "chunks")
+    return EpisodeEnd(*(e[k] for k in fields), error=e["error"], dropped=e["dropped"])
+
+
+def end_of(record) -> EpisodeEnd:
+    """The end of an episode read back from its record (one a dead worker had written)."""
+    return EpisodeEnd(
+        record.index, record.seed, record.stop_reason, bool(record.success), record.num_steps, record.num_chunks,
+        error=record.error, record=record,
+    )  # fmt: skip
+
+
+def replay_rows(arrays: dict, batch: int, policies: list, critics: list, launched: list[int]) -> float:
+    """The block's rows into each graph that has a launched row, one replay each (all lanes at once), outputs back;
+    returns the policy replays' seconds (their lanes' own time: GPU time on CUDA)."""
+    a, b, busy = arrays, batch, 0.0
+    graphs = sorted({s // b for s in launched})
+    for g in graphs:
+        rows = slice(g * b, (g + 1) * b)
+        for prefix, runner in (("p.", policies[g]), ("c.", critics[g] if critics else None)):
+            if runner is not None:
+                runner.write({k: a[prefix + k][rows] for k in runner.inputs.names})
+                runner.launch()
+    for g in graphs:
+        rows = slice(g * b, (g + 1) * b)
+        out = policies[g].wait()
+        np.copyto(a["actions"][rows], out["actions"].to("cpu").numpy())
+        a["latency"][rows, 0] = policies[g].last_latency_s
+        busy += policies[g].last_latency_s
+        if critics:
+            out = critics[g].wait()
+            np.copyto(a["value"][rows], out["value"].to("cpu").numpy())
+            a["latency"][rows, 1] = critics[g].last_latency_s
+    return busy
+
+
+def emit(subscribers, end: EpisodeEnd, e: dict, fields: tuple) -> None:
+    """Show ``subscribers`` an episode a worker ran: its start (no observation), its chunks (step, value, timings), its end."""
+    start = EpisodeStart(end.index, end.seed, e.get("instruction", ""), None, {}, *fields)
+    for s in subscribers:
+        s.on_episode_start(start)
+    rows = e.get("chunk_rows", [])
+    for k, (step, value, lat_p, lat_c, lat_b) in enumerate(rows):
+        last = k == len(rows) - 1 and int(step) == end.num_steps and end.stop_reason not in ("error", "caller")
+        event = ChunkEvent(
+            end.index, k, int(step), None, None, None, value, lat_p, lat_c, lat_b, end.stop_reason if last else None
+        )
+        for s in subscribers:
+            s.on_chunk(event)
+    for s in subscribers:
+        s.on_episode_end(end)
+
 
 START_TIMEOUT_S = 300.0
 """A worker that is not ready after this long (spawn, imports, envs) is a failed start."""
@@ -153,9 +323,9 @@ class EnvWorkers:
             raise
 
     # -- processes -------------------------------------------------------------
-    def _spec(self, p: Proc) -> str:
+    def _setup(self, p: Proc) -> str:
         def obs(r):
-            return None if r is None else dataclasses.asdict(r.spec)
+            return None if r is None else dataclasses.asdict(r.obs_spec)
 
         return json.dumps({
             "layout": self.shared.layout.to_json(), "shm": self.shared.name, "slots": p.slots,
@@ -168,7 +338,7 @@ class EnvWorkers:
     def _start_all(self) -> None:
         for p in self.procs:
             if p.state == "down":
-                p.spawn(self._ctx, self._spec(p))
+                p.spawn(self._ctx, self._setup(p))
         while any(p.state in ("starting", "recording") for p in self.procs):
             self.poll_stop()
             for _ in self._gather(until_idle=True):
@@ -387,7 +557,7 @@ class EnvWorkers:
         self._again.extendleft(reversed(self.losses.lose(p.number, p.pid, how, sorted(lost))))
         if not self._closing:
             self.losses.restart(p, how, starting)
-            p.spawn(self._ctx, self._spec(p))
+            p.spawn(self._ctx, self._setup(p))
 
     def _salvage(self, p: Proc, how: str) -> list[EpisodeEnd]:
         """The episodes dead ``p`` wrote whole to its shard before the manifest named them, now named (its shard repaired
@@ -437,3 +607,35 @@ class EnvWorkers:
         for p in self.procs:
             self._stop(p)
         self.shared.close()
+
+
+class EnvWorkersPlacement(Placement):
+    """The slots in the workers' processes, the graphs here (see the module docstring)."""
+
+    workers: EnvWorkers | None = None
+    _open = False
+
+    def start(self, subscribers: Sequence[Subscriber], shards, poll_stop: Callable[[], None]) -> None:
+        """Spawn the workers (``poll_stop`` is called while they start) and have each record into ``shards``."""
+        if shards is None:
+            raise ValueError("env workers record their episodes in shards of the run: give them its manifest")
+        parts, b = self.spec.deployment, self.built
+        self.workers = EnvWorkers(
+            parts.env_id, parts.env_kwargs, b.policies, b.critics, self.spec.host, self.spec.run.env_workers,
+            poll_stop=poll_stop,
+        )  # fmt: skip
+        self._open = True
+        self.workers.record_to(shards, shards.env_meta, subscribers)
+
+    def episodes(self, todo: Iterable[tuple[int, int]]) -> Iterator[EpisodeEnd]:
+        return self.workers.episodes(todo)
+
+    def close(self) -> None:
+        """What runs is abandoned (the ends already on their way are named in the manifest); the workers stop."""
+        if self._open:
+            self._open = False
+            self.workers.abort()
+            self.workers.close()
+
+    def summary(self) -> dict:
+        return {} if self.workers is None else self.workers.summary()

@@ -80,7 +80,7 @@ class Losses:
         return again
 
     def restart(self, p, how: str, starting: bool) -> None:
-        """Count a restart of worker ``p`` (a :class:`~rollcap.rollout.workers.procs.Proc`), or end the run in one line.
+        """Count a restart of worker ``p`` (a :class:`~rollcap.rollout.workers.core.Proc`), or end the run in one line.
 
         Raises:
             RecordingFailed: ``p`` died :data:`MAX_TRIES` times in a row before it was ready, or the workers more than

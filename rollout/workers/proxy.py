@@ -23,15 +23,15 @@ from rollcap.policies.observation import ObsSpec, noise_input
 
 
 class _Proxy:
-    def __init__(self, arrays: dict[str, np.ndarray], prefix: str, row: int, spec: ObsSpec, fingerprint: dict):
-        self.row, self.spec, self.fingerprint = row, spec, fingerprint
+    def __init__(self, arrays: dict[str, np.ndarray], prefix: str, row: int, obs_spec: ObsSpec, fingerprint: dict):
+        self.row, self.obs_spec, self.fingerprint = row, obs_spec, fingerprint
         self._tokens: dict[str, np.ndarray] = {}
         self._rows = {k[len(prefix) :]: v[row] for k, v in arrays.items() if k.startswith(prefix)}
         self._latency = arrays["latency"][row]
 
     def obs_inputs(self, obs) -> dict[str, np.ndarray]:
         """Validate one observation into batch-1 arrays (as the runner's ``obs_inputs``, with this proxy's token cache)."""
-        return self.spec.to_inputs(obs, self._tokens)
+        return self.obs_spec.to_inputs(obs, self._tokens)
 
     def reset(self) -> None:
         """Called at each episode start: nothing is in flight here (the parent owns the replay)."""
@@ -47,8 +47,8 @@ class _Proxy:
 class ProxyPolicy(_Proxy):
     """A :class:`~rollcap.rollout.protocols.ChunkPolicy` over row ``row`` of the parent's batched ``PolicyRunner``."""
 
-    def __init__(self, arrays, row: int, spec: ObsSpec, chunk_shape, execute_steps: int, fingerprint: dict):
-        super().__init__(arrays, "p.", row, spec, fingerprint)
+    def __init__(self, arrays, row: int, obs_spec: ObsSpec, chunk_shape, execute_steps: int, fingerprint: dict):
+        super().__init__(arrays, "p.", row, obs_spec, fingerprint)
         self.chunk_shape, self.execute_steps = tuple(chunk_shape), int(execute_steps)
         self.noise_shape = (1, *self.chunk_shape)
         self._actions = arrays["actions"][row]
@@ -70,8 +70,8 @@ class ProxyPolicy(_Proxy):
 class ProxyCritic(_Proxy):
     """A :class:`~rollcap.rollout.protocols.ChunkCritic` over row ``row`` of the parent's batched ``CriticRunner``."""
 
-    def __init__(self, arrays, row: int, spec: ObsSpec, fingerprint: dict):
-        super().__init__(arrays, "c.", row, spec, fingerprint)
+    def __init__(self, arrays, row: int, obs_spec: ObsSpec, fingerprint: dict):
+        super().__init__(arrays, "c.", row, obs_spec, fingerprint)
         self._value = arrays["value"]
 
     @property

@@ -8,7 +8,7 @@ import pytest
 
 from rollcap.envs import ENV_ID, BadAction, PushBlockEnv, StateMismatch
 from rollcap.envs.adapters import ExactStateWrapper
-from rollcap.envs.checks import canonical_bytes
+from rollcap.envs.compare import canonical_bytes
 
 
 def _env() -> PushBlockEnv:

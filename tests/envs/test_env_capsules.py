@@ -8,7 +8,7 @@ import pytest
 
 from rollcap.capsule import inspect_main, load, restore, save, snapshot
 from rollcap.envs import ENV_ID, ExactStateWrapper
-from rollcap.envs.checks import canonical_bytes
+from rollcap.envs.compare import canonical_bytes
 
 FACTORIES = {
     "pushblock": lambda: gym.make(ENV_ID, render_images=False),

@@ -10,7 +10,8 @@ import torch
 from rollcap.capsule import Stateful, restore, snapshot
 from rollcap.envs import ENV_ID, NoExactState, PushBlockEnv, StateMismatch
 from rollcap.envs.adapters import ExactStateWrapper, WithoutExactState, declares_exact_state, find_exact_state
-from rollcap.envs.checks import canonical_bytes, check_env_exact
+from rollcap.envs.compare import canonical_bytes
+from rollcap.envs.checks import check_env_exact
 
 # gymnasium's MuJoCo v5 envs are checked in test_mujoco_v5.py.
 FACTORIES = {

@@ -17,7 +17,8 @@ pytest.importorskip(
 )
 
 import rollcap.envs as envs  # noqa: E402
-from rollcap.envs.checks import canonical_bytes, check_env_exact  # noqa: E402
+from rollcap.envs.compare import canonical_bytes  # noqa: E402
+from rollcap.envs.checks import check_env_exact  # noqa: E402
 from rollcap.envs.metaworld import INSTRUCTIONS, MT10, TASKS  # noqa: E402
 
 

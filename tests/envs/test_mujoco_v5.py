@@ -9,7 +9,8 @@ import pytest
 
 from rollcap.envs import ExactStateWrapper, StateMismatch
 from rollcap.envs.adapters import MUJOCO_LAYOUT
-from rollcap.envs.checks import canonical_bytes, check_env_exact
+from rollcap.envs.compare import canonical_bytes
+from rollcap.envs.checks import check_env_exact
 
 V5_ENVS = [
     "Ant-v5",

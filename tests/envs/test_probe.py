@@ -8,8 +8,8 @@ import pytest
 from gymnasium.envs.mujoco.reacher_v5 import ReacherEnv
 
 from rollcap.envs import ENV_ID, ExactStateWrapper, NoExactState, exact_state_of, probe_exactness
-from rollcap.envs.checks import canonical_bytes, check_env_exact
-from rollcap.envs.compare import difference
+from rollcap.envs.compare import canonical_bytes, difference
+from rollcap.envs.checks import check_env_exact
 
 
 class CountingReacher(ReacherEnv):

@@ -17,7 +17,8 @@ robotics = pytest.importorskip(
 import rollcap.envs.adapters as adapters  # noqa: E402
 from rollcap.capsule import inspect_main, load, restore, save, snapshot  # noqa: E402
 from rollcap.envs import TASK_ATTRIBUTES, ExactStateWrapper, exact_state_of, probe_exactness  # noqa: E402
-from rollcap.envs.checks import canonical_bytes, check_env_exact  # noqa: E402
+from rollcap.envs.compare import canonical_bytes  # noqa: E402
+from rollcap.envs.checks import check_env_exact  # noqa: E402
 from rollcap.envs.robotics import fix_joint_types, joint_types_compare  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,8 +10,7 @@ import sys
 import pytest
 import torch
 
-from rollcap.kernels import BufferSpec, CaptureError, capture_count
-from rollcap.kernels import compiled
+from rollcap.kernels import BufferSpec, CaptureError, capture_count, compiled
 from rollcap.kernels.runner import GraphRunner
 from rollcap.policies import PolicyRunner
 from tests.helpers import tiny_policy
@@ -139,7 +138,8 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
 def test_parts_refuse_a_compiled_backend_without_a_compiler(monkeypatch):
     """rollcap run --backend aoti without g++ is a one-line config error when the build probes the machine, before
     anything loads (a spec is only words: making one probes nothing)."""
-    from rollcap.rollout.build import Parts, probe
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import probe
     from rollcap.rollout.errors import ConfigError
 
     monkeypatch.setenv("CXX", "no-such-compiler-rollcap")

@@ -19,7 +19,8 @@ import torch
 
 from rollcap.kernels import expert_step as S
 from rollcap.policies.lean import lean
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+from rollcap.policies.runner import load_policy
 from rollcap.policies.sizes import SIZES, build, size_config
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs
 from tests.kernels._sampling import eager_chunks, run_interpreted, sampler_inputs

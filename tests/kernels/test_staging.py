@@ -86,7 +86,8 @@ def test_the_runner_host_path_dispatches_nothing_on_cpu():
     """A CPU policy runner's own path per call (validate and write the inputs, read the chunk back) runs no torch
     op at all: numpy into the buffers' memory, numpy out (the replay between is the model's)."""
     from rollcap.policies import PolicyRunner
-    from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+    from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+    from rollcap.policies.runner import load_policy
     from tests.helpers import make_noise, make_obs
 
     runner = PolicyRunner(load_policy(DEFAULT_CHECKPOINT), backend="jit")
@@ -105,7 +106,8 @@ def test_the_runner_host_path_dispatches_nothing_on_cpu():
 @pytest.mark.cuda
 def test_cuda_runner_allocates_nothing_per_call_and_stages_in_pinned_memory():
     from rollcap.policies import PolicyRunner
-    from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+    from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+    from rollcap.policies.runner import load_policy
     from tests.helpers import make_noise, make_obs
 
     runner = PolicyRunner(load_policy(DEFAULT_CHECKPOINT), device="cuda")

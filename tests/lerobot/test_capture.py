@@ -22,7 +22,7 @@ pytest.importorskip(
 
 import torch
 from rollcap.policies.lerobot import LeRobotPolicy
-from rollcap.rollout.offline.replay import fingerprint_diff
+from rollcap.rollout.offline.deployment import fingerprint_diff
 from rollcap.rollout.recording import load_any
 
 from tests.lerobot import _tiny

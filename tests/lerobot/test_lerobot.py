@@ -134,7 +134,7 @@ def test_act_under_the_host_replays_exactly(act_dir, tmp_path):
     result = rollcap.run(2, out=tmp_path / "run", policy=policy, progress=False, env_kwargs=ENV_KWARGS)
     assert result.summary["episodes"] == 2
     again = LeRobotPolicy.load(act_dir)  # a fresh load: what an offline replay has
-    env = rollcap.make_env(rollcap.rollout.build.DEFAULT_ENV, ENV_KWARGS)
+    env = rollcap.make_env(rollcap.rollout.spec.DEFAULT_ENV, ENV_KWARGS)
     for rec in result.records():
         assert rec.fingerprints["policy"]["kind"] == "lerobot.act" and rec.num_steps == ENV_KWARGS["max_steps"]
         assert replay_policy(rec, again).status == "exact"

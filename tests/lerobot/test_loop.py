@@ -25,11 +25,8 @@ pytest.importorskip(
 )
 
 import torch
-from rollcap.policies.lerobot import (
-    INSTRUCTION_FEATURE,
-    LeRobotPolicy,
-    instruction_vector,
-)
+from rollcap.policies.lerobot_features import INSTRUCTION_FEATURE, instruction_vector
+from rollcap.policies.lerobot import LeRobotPolicy
 from rollcap.rollout.recording import episode_digest, load_any
 
 from tests.lerobot import _tiny

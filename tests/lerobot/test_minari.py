@@ -56,7 +56,7 @@ def test_a_relative_root_writes_the_dataset_there_and_a_failure_leaves_nothing(r
 def test_the_dataset_declares_the_envs_spaces(run_dir, tmp_path, monkeypatch):
     """Action space Box(-1, 1) and the state's bounds and the instruction's Text space, as the env declares them (were
     Box(-inf, inf) and Text(0, 1024)); the data reads back as recorded; actions the env clipped are counted, one line."""
-    env = rollcap.make_env(rollcap.rollout.build.DEFAULT_ENV)
+    env = rollcap.make_env(rollcap.rollout.spec.DEFAULT_ENV)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         out = export_minari(run_dir, "rollcap/spaces-v0", root=tmp_path, author="a", author_email="a@b.c",

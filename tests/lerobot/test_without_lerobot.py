@@ -8,7 +8,8 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from rollcap.policies.lerobot import LeRobotPolicy, map_features, require_lerobot
+from rollcap.policies.lerobot import LeRobotPolicy
+from rollcap.policies.lerobot_features import map_features, require_lerobot
 from rollcap.rollout.recording.to_lerobot import export_lerobot
 from rollcap.rollout.recording.to_minari import export_minari
 
@@ -140,7 +141,7 @@ def test_expert_policy_records_and_replays_exactly(tmp_path):
 def test_instruction_vector_tells_the_tasks_apart():
     """The built-in task's 9 instructions give 9 different hashed bags of words; bad dims are refused."""
     from rollcap.envs.scene import BLOCKS, TARGETS, make_instruction
-    from rollcap.policies.lerobot import instruction_vector
+    from rollcap.policies.lerobot_features import instruction_vector
 
     vecs = {
         instruction_vector(make_instruction(b, t), 32).tobytes()

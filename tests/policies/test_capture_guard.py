@@ -10,7 +10,8 @@ from rollcap.kernels import CaptureHazard
 from rollcap.policies import FlowVLA, PolicyRunner
 from rollcap.policies.flow_vla import ADV_DROPPED, ADV_POSITIVE
 from rollcap.policies.rtc import RTCPolicyRunner
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+from rollcap.policies.runner import load_policy
 
 WEIGHTS = DEFAULT_CHECKPOINT.parent
 CRITICS = WEIGHTS.parent.parent / "critics" / "weights"

@@ -19,7 +19,8 @@ from rollcap.policies.flow_vla import ADV_DROPPED, ADV_POSITIVE, FlowVLAConfig
 from rollcap.policies.fused import fuse
 from rollcap.policies.lean import lean
 from rollcap.policies.rtc import guided_sample
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+from rollcap.policies.runner import load_policy
 from rollcap.policies.sizes import SIZES, build, chunk_flops, roofline_ms, size_config, weight_floor
 from rollcap.rollout.bench.model_sizes import _buffers, _graph, _inputs
 

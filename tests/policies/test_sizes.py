@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from rollcap.policies import FlowVLAConfig
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+from rollcap.policies.runner import load_policy
 from rollcap.policies.sizes import HBM_BYTES_PER_S, SIZES, build, param_counts, size_config, weight_floor
 from tests.helpers import TINY_POLICY
 

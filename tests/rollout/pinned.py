@@ -31,7 +31,8 @@ ACTOR_RUN = {"episodes": 4, "seed": 5, "max_chunks": 3}
 def fingerprint() -> dict:
     """The shipped policy's fingerprint at batch 1, as ``test_golden.py`` compares it."""
     from tests.rollout.test_golden import _comparable
-    from rollcap.rollout.build import Parts, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_runners
 
     policy, critic = make_runners(Parts())
     try:

@@ -11,7 +11,7 @@ from rollcap.critics import CriticRunner, ValueCritic, save_critic
 from rollcap.policies import FlowVLA, PolicyRunner, save_policy
 from rollcap.rollout.batch import BatchedCore, row_views
 from rollcap.rollout.build import runners
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.offline.replay import Replayer, closed_loop_host, replay_closed, replay_env, replay_policy

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollcap.rollout.build import Parts, build, probe
+from rollcap.rollout.spec import Parts, RunConfig, Spec, byte_fields, flag_of
+from rollcap.rollout.build import build, probe
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.spec import RunConfig, Spec, byte_fields, flag_of
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNNERS = {"PolicyRunner", "CriticRunner", "RTCPolicyRunner", "FlowSDERunner"}

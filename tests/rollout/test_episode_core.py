@@ -11,7 +11,8 @@ from rollcap.kernels.fingerprint import device_fingerprint, tensor_digest
 from rollcap.rollout.episode import ACTOR_AGENT, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.host import HostState, RolloutHost
+from rollcap.rollout.lifecycle import HostState
+from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import ChunkPolicy, Subscriber
 from rollcap.rollout.offline.replay import replay_closed, replay_env, replay_policy
 from tests.rollout._tiny import make_env

@@ -10,7 +10,8 @@ import numpy as np
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.episode import ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.events import EventBus
-from rollcap.rollout.host import HostState, RolloutHost
+from rollcap.rollout.lifecycle import HostState
+from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
 from tests.rollout._tiny import make_env
 
@@ -60,8 +61,7 @@ def test_end_stops_at_the_next_step_and_nothing_more_is_launched(runners):
 
 def test_discard_drops_the_episode_and_quit_is_seen_between_episodes(runners, tmp_path):
     """discard(): no record reaches the recorder; quit() is readable by the driver; the next episode is recorded."""
-    from rollcap.rollout.recording import EpisodeRecorder
-    from rollcap.rollout.recording import load_any
+    from rollcap.rollout.recording import EpisodeRecorder, load_any
 
     bus = EventBus()
     rec = EpisodeRecorder(tmp_path / "r")

@@ -68,7 +68,8 @@ def content_digests(rec) -> dict[str, str]:
 
 
 def _record_runs():
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 

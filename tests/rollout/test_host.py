@@ -12,7 +12,8 @@ from rollcap.rollout.episode import ACTOR_HUMAN, ACTOR_POLICY
 from rollcap.rollout.errors import ConfigError, IllegalTransition
 from rollcap.rollout.events import EventBus
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.host import HostState, RolloutHost
+from rollcap.rollout.lifecycle import HostState
+from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.predicates import StopPredicate
 from tests.rollout._tiny import make_env, make_runners
 

@@ -12,7 +12,8 @@ from tests.rollout.test_golden import RUNS
 @pytest.mark.slow(seconds=20)
 def test_golden_runs_keep_their_pinned_digests(tmp_path):
     """The golden runs give the digests pinned before the refactor, driven by one host and by ``rollcap.run``."""
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import rollcap
-from rollcap.rollout.api import check_repeatable
+from rollcap.rollout.build import check_repeatable
 from rollcap.rollout.errors import ConfigError, NotExactWarning
 
 

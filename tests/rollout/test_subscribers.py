@@ -8,8 +8,8 @@ import time
 import pytest
 
 from rollcap.rollout.errors import RecordingFailed
-from rollcap.rollout.protocols import EpisodeEnd
-from rollcap.rollout.subscribers import InBackground, Metrics, Subscriber
+from rollcap.rollout.protocols import EpisodeEnd, Subscriber
+from rollcap.rollout.subscribers import InBackground, Metrics
 
 
 def end(index: int, success: bool = False, stop_reason: str = "success") -> EpisodeEnd:

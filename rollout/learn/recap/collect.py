@@ -86,15 +86,17 @@ def _max_steps(rec, source: str = "") -> int:
     return max_steps_of(rec, source=source)
 
 
-def check_readable(rec, spec, source: str = "") -> None:
-    """Refuse an episode whose observations a policy with observation spec ``spec`` cannot read (recap learns on them).
+def check_readable(rec, obs_spec, source: str = "") -> None:
+    """Refuse an episode whose observations a policy with observation obs_spec ``obs_spec`` cannot read (recap learns on them).
 
     Raises:
         ConfigError: (field ``runs``) naming the file, the env and what it recorded against what the policy reads.
     """
     from rollcap.rollout.errors import ConfigError
 
-    want = {k: (spec.image_size, spec.image_size, 3) for k in spec.image_keys} | {"state": (spec.state_dim,)}
+    want = {k: (obs_spec.image_size, obs_spec.image_size, 3) for k in obs_spec.image_keys} | {
+        "state": (obs_spec.state_dim,)
+    }
     have = {k: tuple(np.shape(v)) for k, v in rec.final_obs.items()}
     if any(have.get(k) != shape for k, shape in want.items()):
         where = f"{source}: " if source else ""
@@ -172,13 +174,13 @@ def _branch_of(rec) -> dict | None:
 
 
 def read_runs(
-    paths, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, spec=None
+    paths, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, obs_spec=None
 ) -> tuple[Steps, list[dict]]:
     """Every episode of the run directories (or recording files) ``paths``, streamed, as :class:`Steps`.
 
     ``image_key``: the camera a model reads (None: a state-only model's steps, ``images`` ``[N, 0]``).
 
-    ``spec``: the policy's observation spec; an episode it cannot read is refused (:func:`check_readable`).
+    ``obs_spec``: the policy's observation spec; an episode it cannot read is refused (:func:`check_readable`).
 
     Raises:
         ValueError: a path with no episodes (naming it).
@@ -187,7 +189,7 @@ def read_runs(
     """
     from rollcap.rollout.recording import iter_any
 
-    acc = StepsBuilder(horizon, image_key, max_tokens, spec)
+    acc = StepsBuilder(horizon, image_key, max_tokens, obs_spec)
     runs = []
     for path in paths:
         n0 = len(acc.rows)
@@ -214,15 +216,15 @@ class StepsBuilder:
     PER_STEP = ("images", "state", "tokens", "chunks", "t", "human", "label_ok", "boundary", "plan")
     FINAL = ("final_image", "final_state", "final_tokens")
 
-    def __init__(self, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, spec=None):
-        self.horizon, self.image_key, self.max_tokens, self.spec = horizon, image_key, max_tokens, spec
+    def __init__(self, horizon: int = 8, image_key: str | None = "image_front", max_tokens: int = 48, obs_spec=None):
+        self.horizon, self.image_key, self.max_tokens, self.obs_spec = horizon, image_key, max_tokens, obs_spec
         self.cols: dict[str, list] = {k: [] for k in (*self.PER_STEP, "episode", *self.FINAL)}
         self.rows: list[dict] = []
 
     def add(self, rec, source: str = "") -> None:
-        """One episode (refused as :func:`check_readable` says when a ``spec`` was given); ``source`` names it in errors and rows."""
-        if self.spec is not None:
-            check_readable(rec, self.spec, source)
+        """One episode (refused as :func:`check_readable` says when an ``obs_spec`` was given); ``source`` names it in errors and rows."""
+        if self.obs_spec is not None:
+            check_readable(rec, self.obs_spec, source)
         one = episode_steps(rec, self.horizon, self.image_key, self.max_tokens, source)
         one["row"]["source"] = source
         for k in self.PER_STEP:
@@ -293,7 +295,7 @@ def demonstrations(env_ids: set[str], demos: int, seed: int, policy_cfg=None) ->
     Raises:
         ConfigError: (field ``demos``) the runs' envs have no scripted demonstrations here, or mix two families.
     """
-    from rollcap.rollout.build import DEFAULT_ENV
+    from rollcap.rollout.spec import DEFAULT_ENV
     from rollcap.rollout.errors import ConfigError
 
     if not demos:

@@ -54,7 +54,7 @@ def check_disjoint(seeds: list[int], used: set[int], what: str) -> None:
 
 def env_list(env) -> list[tuple[str, dict]]:
     """``(env id, kwargs)``, a list of them, or None (the built-in task) as a list of ``(env id, kwargs)``."""
-    from rollcap.rollout.build import DEFAULT_ENV
+    from rollcap.rollout.spec import DEFAULT_ENV
 
     if env is None:
         return [(DEFAULT_ENV, {})]

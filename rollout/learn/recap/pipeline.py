@@ -56,7 +56,7 @@ def _check_out(out: Path) -> None:
         raise ConfigError("out", f"{out}: directory is not empty (choose another for this iteration)")
 
 
-def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:
+def recap(runs, out, cfg: RecapConfig | None = None, log=print) -> dict:  # noqa: PLR0915 - one iteration read top to bottom: collect, value, advantage, improve, evaluate, each timed
     """Run one RECAP iteration on the run directories ``runs``; write the checkpoints and manifest to ``out``.
 
     Returns the manifest (also ``out/recap.json``).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollcap.rollout.bench.batch import bench_batch, format_batch
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rollcap.rollout.bench.report import check_parts
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.errors import ConfigError
 
 

@@ -316,7 +316,8 @@ def test_closed_replay_of_an_intervened_episode_is_exact(ckpt, tmp_path):
     """An episode with a human takeover and a keyboard stop, recorded in-process: the CLI's closed-loop replay re-issues those inputs and is exact."""
     import numpy as np
 
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.events import EventBus
     from rollcap.rollout.host import RolloutHost

@@ -118,3 +118,31 @@ def test_help_shows_field_names_as_flags_and_no_rest_markup():
     for name, parser in sub.choices.items():
         shown = parser.format_help()
         assert "``" not in shown and not re.search(r":(mod|meth|func|class|attr|data):`", shown), name
+
+
+def test_a_fields_help_is_its_docstrings_first_paragraph():
+    """--help shows a field docstring's first paragraph; what follows a blank line is the longer doc, left in the source."""
+
+    @dataclass
+    class Documented:
+        steps: int = 4
+        """Steps per chunk.
+
+        A longer story about steps that --help leaves out."""
+
+    assert field_docs(Documented) == {"steps": "Steps per chunk."}
+
+
+def test_rollcap_run_help_is_one_short_line_a_flag():
+    """Every field of ``rollcap run`` (Parts, RunConfig, HostConfig) has a help of at most 110 characters before the
+    default argparse adds (a long doc stays in the field's docstring)."""
+    from rollcap.rollout.config import HostConfig
+    from rollcap.rollout.spec import Parts, RunConfig
+
+    long = {
+        f"{cls.__name__}.{name}": len(doc)
+        for cls in (Parts, RunConfig, HostConfig)
+        for name, doc in field_docs(cls).items()
+        if len(doc) > 110
+    }
+    assert not long, long

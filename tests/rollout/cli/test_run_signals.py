@@ -19,7 +19,7 @@ import pytest
 import rollcap
 from rollcap.rollout.api import Interrupted
 from rollcap.rollout.recording import load_any
-from rollcap.rollout.subscribers import Subscriber
+from rollcap.rollout.protocols import Subscriber
 from tests.rollout._tiny import make_env, make_runners
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from rollcap.critics import DEFAULT_CHECKPOINT as CRITIC
 from rollcap.policies import DEFAULT_CHECKPOINT as POLICY
-from rollcap.rollout.build import Parts, make_env, make_runners
+from rollcap.rollout.spec import Parts
+from rollcap.rollout.build import make_env, make_runners
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.host import RolloutHost
 

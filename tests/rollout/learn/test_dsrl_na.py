@@ -20,18 +20,10 @@ import torch
 from safetensors.torch import load_file
 
 from rollcap.rollout.learn.dsrl_branch import Branches
-from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest
-from rollcap.rollout.learn.dsrl_na import (
-    TASKS,
-    TRAIN_SEED_BASE,
-    TrainConfig,
-    baseline,
-    evaluate,
-    held_out,
-    n_step_rows,
-    train,
-)
-from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, Replay
+from rollcap.rollout.learn.dsrl_heldin import HELDIN_SEED_BASE, KeepBest, TRAIN_SEED_BASE
+from rollcap.rollout.learn.dsrl_eval import TASKS, baseline, evaluate, held_out
+from rollcap.rollout.learn.dsrl_na import TrainConfig, n_step_rows, train
+from rollcap.rollout.learn.noise_agent import AgentConfig, NoiseAgent, ReplayBuffer
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = AgentConfig(hidden=32, layers=2, batch=64, init_alpha=0.01, target_entropy=-4.0)
@@ -53,7 +45,7 @@ def _bandit(algorithm: str) -> None:
     cfg = AgentConfig(**{**TINY.to_json(), "algorithm": algorithm, "lr": 3e-3})
     agent = NoiseAgent(2, 2, 2, cfg, seed=0)
     rng = np.random.default_rng(0)
-    buf = Replay(5000, 2, 2, 2)
+    buf = ReplayBuffer(5000, 2, 2, 2)
 
     def step(obs, noise):
         action = np.sign(noise)
@@ -92,7 +84,7 @@ def _moving_bandit(alpha_min: float) -> dict:
         )
         agent = NoiseAgent(2, 2, 2, cfg, seed=0)
         rng = np.random.default_rng(0)
-        buf = Replay(2000, 2, 2, 2)
+        buf = ReplayBuffer(2000, 2, 2, 2)
         test = np.array([[1, 1], [1, -1], [-1, 1], [-1, -1]], np.float32)
 
         def score(obs, noise, centre):
@@ -169,7 +161,7 @@ def test_a_held_in_line_names_the_kept_checkpoint_when_it_is_not_this_one():
 
 
 def test_replay_holds_back_the_action_target_until_the_next_chunk_is_known():
-    buf = Replay(4, 1, 2, 2)
+    buf = ReplayBuffer(4, 1, 2, 2)
     i = buf.add(obs=[0.0], noise=[1, 2], action=[3, 4], reward=0.0, done=0.0, next_obs=[1.0])
     assert buf.data["ready"][i] == 0.0
     buf.complete(i, np.array([5, 6], np.float32))
@@ -182,7 +174,7 @@ def test_replay_holds_back_the_action_target_until_the_next_chunk_is_known():
 def test_n_step_rows_sum_the_rewards_and_bootstrap_from_n_chunks_on():
     """A 5-chunk episode that succeeds on its last chunk, n = 3: each row enters the buffer once its 3 next chunks
     are known (its next state and chunk are the third one's, discount gamma^3), the rest when the episode ends."""
-    g, buf, win = 0.5, Replay(16, 1, 1, 1), []
+    g, buf, win = 0.5, ReplayBuffer(16, 1, 1, 1), []
     rewards = [0.0, 0.0, 0.0, 0.25, 1.0]
     for t, r in enumerate(rewards):
         win.append((np.float32([t]), np.float32([10 + t]), np.float32([20 + t]), r))
@@ -553,7 +545,7 @@ def test_vector_env_over_a_metaworld_task_and_the_agents_view_of_it():
     pytest.importorskip("metaworld")
     from rollcap.rollout.errors import ConfigError
     from rollcap.rollout.gym.vector import make_noise_steering_vector_env
-    from rollcap.rollout.learn.dsrl_na import _task_code, features
+    from rollcap.rollout.learn.dsrl_eval import _task_code, features
 
     task = TASKS["peg-insert-side"]
     with pytest.raises(ConfigError, match="env_kwargs"):

@@ -170,7 +170,7 @@ def test_dsrl_task_code_for_mt10():
 
 def test_dsrl_steering_env_over_metaworld():
     """make_steering_env(parts=...) builds the MT10 policy steered on a MetaWorld task: state 39 + task 10, noise [8, 4]."""
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
     from rollcap.rollout.learn.dsrl import SteeringConfig, make_steering_env
 
     env = make_steering_env(SteeringConfig(execute_steps=4, value_in_obs=False, env_reward_scale=0.0),
@@ -208,11 +208,9 @@ def test_bench_rtc_over_metaworld(tmp_path):
 
 def test_the_shipped_models_follow_the_env():
     """An MT10 task gets the MT10 policy and critic by default; other envs keep the built-in task's; a named one is kept."""
-    from rollcap.critics import DEFAULT_CHECKPOINT as PUSH_CRITIC
-    from rollcap.critics import MT10_CHECKPOINT as MT10_CRITIC
-    from rollcap.policies import DEFAULT_CHECKPOINT as PUSH_POLICY
-    from rollcap.policies import MT10_CHECKPOINT as MT10_POLICY
-    from rollcap.rollout.build import Parts
+    from rollcap.critics import DEFAULT_CHECKPOINT as PUSH_CRITIC, MT10_CHECKPOINT as MT10_CRITIC
+    from rollcap.policies import DEFAULT_CHECKPOINT as PUSH_POLICY, MT10_CHECKPOINT as MT10_POLICY
+    from rollcap.rollout.spec import Parts
 
     assert (Parts(env_id=ID_PREFIX + "push-v3").policy, Parts(env_id=ID_PREFIX + "push-v3").critic) == (
         MT10_POLICY,

@@ -91,7 +91,8 @@ def test_bench_rtc_prefix_modes_smoke(tmp_path):
 def test_the_shipped_prefix_checkpoint_is_selectable_and_pins_its_prefix():
     """policies/weights/pushblock_policy_prefix loads as a prefix-conditioned policy; an RTC host picks hard inpainting."""
     from rollcap.policies.rtc import RTCPolicyRunner
-    from rollcap.rollout.build import Parts, make_env, make_runners
+    from rollcap.rollout.spec import Parts
+    from rollcap.rollout.build import make_env, make_runners
     from rollcap.rollout.config import HostConfig
     from rollcap.rollout.host import RolloutHost
     from rollcap.rollout.learn.train_prefix import PREFIX_CHECKPOINT

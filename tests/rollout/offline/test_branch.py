@@ -160,7 +160,7 @@ def test_branch_actor_without_ray_matches_the_local_branch(ckpt):
 
     from rollcap.rollout.offline.branch import branch_resume
     from rollcap.rollout.ray.branch import BranchActor
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
     from rollcap.rollout.recording import episode_digest
 
     config = HostConfig(seed=4, max_chunks=5)

@@ -124,7 +124,7 @@ def test_branch_api_refuses_before_writing(runs, ckpt, tmp_path):
     """rollcap.branch (the same code, in Python): a parent without a step limit is a ConfigError naming the file, and out is never made."""
     from pathlib import Path
 
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
     from rollcap.rollout.api import branch_episode
 
     parts = Parts(policy=Path(ckpt[1]), critic=Path(ckpt[3]))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rollcap.policies.runner import DEFAULT_CHECKPOINT
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.offline.deployment import recorded_parts, shipped_checkpoints
 from rollcap.rollout.recording import EpisodeRecorder, iter_episodes

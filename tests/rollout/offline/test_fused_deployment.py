@@ -9,8 +9,9 @@ import torch
 
 from rollcap.policies.fused import fuse
 from rollcap.policies.rtc import guided_sample
-from rollcap.policies.runner import DEFAULT_CHECKPOINT, load_policy
-from rollcap.rollout.build import Parts
+from rollcap.policies.shipped import DEFAULT_CHECKPOINT
+from rollcap.policies.runner import load_policy
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.offline.deployment import recorded_parts
 from rollcap.rollout.recording import iter_episodes

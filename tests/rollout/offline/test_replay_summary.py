@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.offline.replay import MODES, Replayer, summary_line
 from rollcap.rollout.recording import iter_episodes
 from tests.rollout._other_env import record_inverted_pendulum

@@ -13,11 +13,12 @@ import pytest
 
 import rollcap
 from rollcap.rollout.config import HostConfig
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import Parts
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.recording import EpisodeRecorder, episode_digest, h5_indices
 from rollcap.rollout.recording.shards import ManifestWriter, is_sharded, merge, read_manifest
-from rollcap.rollout.ray.actors import ActorPool, RolloutActor, batch_rollout, emit, episode_specs
+from rollcap.rollout.ray.actors import ActorPool, batch_rollout
+from rollcap.rollout.ray.episodes import RolloutActor, emit, episode_specs
 from rollcap.rollout.ray.replay import ReplayActor
 from rollcap.rollout.subscribers import Metrics
 from tests.rollout._tiny import ENV_KW
@@ -49,7 +50,7 @@ def local(parts, tmp_path_factory):
 def ray_local():
     """One local Ray instance (127.0.0.1 only) for the module; runs in it reuse it."""
     ray = pytest.importorskip("ray")
-    from rollcap.rollout.ray.actors import connect
+    from rollcap.rollout.ray.connect import connect
 
     assert connect(num_cpus=2)
     yield ray
@@ -199,7 +200,7 @@ def test_the_recorder_takes_episodes_in_any_index_order(tmp_path):
 )
 def test_bad_actor_options_name_their_field(bad, field):
     """RunConfig refuses a bad actor option naming it (the CLI maps the field to its flag)."""
-    from rollcap.rollout.api import RunConfig
+    from rollcap.rollout.spec import RunConfig
 
     with pytest.raises(ConfigError) as info:
         RunConfig(**bad)

@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 
 import rollcap
-from rollcap.rollout.api import RunConfig
-from rollcap.rollout.build import Parts
+from rollcap.rollout.spec import RunConfig, Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
-from rollcap.rollout.ray.batched import call_size, halves, spec_batches
-from rollcap.rollout.ray.episodes import RolloutActor
-from rollcap.rollout.ray.episodes import episode_specs
+from rollcap.rollout.ray.actors import call_size, halves, spec_batches
+from rollcap.rollout.ray.episodes import RolloutActor, episode_specs
 from rollcap.rollout.recording import episode_digest
 from rollcap.rollout.recording.shards import ManifestWriter, is_sharded, read_manifest
 from tests.rollout._tiny import ENV_KW
@@ -68,7 +66,7 @@ def local(in_process) -> dict[int, str]:
 def ray_local():
     """One local Ray instance (127.0.0.1 only) for the module."""
     ray = pytest.importorskip("ray")
-    from rollcap.rollout.ray.actors import connect
+    from rollcap.rollout.ray.connect import connect
 
     if ray.is_initialized():  # an earlier module's connection (connect() would reuse it)
         ray.shutdown()

@@ -93,7 +93,7 @@ def test_a_ray_client_address_runs_the_same_episodes(cluster, ckpt, tmp_path):
 
 def test_branches_on_the_cluster_equal_the_in_process_branches(cluster, ckpt, tmp_path):
     """rollcap.branch(actors=2, address=<the cluster>): the branches' digests equal in-process branching; recordings in the driver's out."""
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
 
     names = {"policy": Path(ckpt[ckpt.index("--policy") + 1]), "critic": Path(ckpt[ckpt.index("--critic") + 1])}
     parent = rollcap.run(1, out=tmp_path / "run", env_kwargs=ENV_KW, progress=False, seed=7, max_chunks=5, **names)

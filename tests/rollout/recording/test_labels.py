@@ -116,7 +116,7 @@ def test_the_expert_policy_and_the_labels_follow_the_env_s_speed(tmp_path):
 
 def test_an_expert_run_off_the_default_speed_replays_exact(tmp_path):
     """Replay builds the expert from the recording's env (its kwargs), as the run did: all three modes exact."""
-    from rollcap.rollout.build import Parts
+    from rollcap.rollout.spec import Parts
     from rollcap.rollout.offline.replay import Replayer
 
     rollcap.run(

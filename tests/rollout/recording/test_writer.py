@@ -11,10 +11,10 @@ import h5py
 import numpy as np
 import pytest
 
-from rollcap.rollout.recording import H5Writer, read_h5_episode, read_npz, write_npz
-from rollcap.rollout.recording import deflate, npz
+from rollcap.rollout.recording import H5Writer, read_h5_episode, read_npz, write_npz, deflate, npz
 from rollcap.rollout.recording.codec import episode_meta, is_image
-from rollcap.rollout.recording.h5 import IMAGE_CODEC, ROBOMIMIC_STEP_KEYS, _JSON_ATTRS
+from rollcap.rollout.recording.h5 import IMAGE_CODEC
+from rollcap.rollout.recording.h5read import ROBOMIMIC_STEP_KEYS, _JSON_ATTRS
 from rollcap.rollout.recording.recorder import records_equal, synthetic_record
 
 META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {}}

@@ -15,7 +15,9 @@ from rollcap.rollout.events import EventBus
 from rollcap.rollout.host import RolloutHost
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.teleop.keys import KeyController, TeleopKeys
-from rollcap.rollout.teleop.sources import ScriptedSource, SourceUnavailable, open_source, parse_script, parse_terminal
+from rollcap.rollout.teleop.scripted import ScriptedSource, parse_script
+from rollcap.rollout.teleop.keysource import SourceUnavailable
+from rollcap.rollout.teleop.sources import open_key_source, parse_terminal
 from tests.rollout._tiny import make_env
 
 
@@ -144,11 +146,11 @@ def test_script_lines_parse_or_name_the_bad_line(tmp_path):
     path = tmp_path / "keys.txt"
     path.write_text("0 e\nsoon q\n")
     with pytest.raises(ValueError, match=r"keys.txt line 2: 'soon q'"):
-        open_source(f"scripted:{path}")
+        open_key_source(f"scripted:{path}")
     with pytest.raises(SourceUnavailable, match="cannot read the key script"):
-        open_source(f"scripted:{tmp_path / 'none.txt'}")
+        open_key_source(f"scripted:{tmp_path / 'none.txt'}")
     with pytest.raises(ValueError, match="did you mean 'terminal'"):
-        open_source("termnal")
+        open_key_source("termnal")
 
 
 def _host(runners, bus, subs, **cfg):

@@ -23,7 +23,7 @@ from rollcap.rollout.build import make_env
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import RecordingFailed
 from rollcap.rollout.recording import episode_digest, load_any
-from rollcap.rollout.recording.h5 import h5_indices
+from rollcap.rollout.recording.h5read import h5_indices
 from rollcap.rollout.recording.shards import ManifestWriter, read_manifest
 from rollcap.rollout.seeding import episode_seed
 from rollcap.rollout.workers import EnvWorkers

@@ -17,14 +17,14 @@ from rollcap.critics import save_critic
 from rollcap.policies import save_policy
 from rollcap.rollout.api import Interrupted
 from rollcap.rollout.batch import BatchedCore
-from rollcap.rollout.build import Parts, make_env
+from rollcap.rollout.spec import Parts, RunConfig, Spec, auto_env_workers, usable_cores
+from rollcap.rollout.build import make_env
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.offline.replay import Replayer
 from rollcap.rollout.protocols import Subscriber
 from rollcap.rollout.recording import episode_digest, load_any
 from rollcap.rollout.recording.shards import ManifestWriter, read_manifest
-from rollcap.rollout.spec import RunConfig, Spec, auto_env_workers, usable_cores
 from rollcap.rollout.workers import EnvWorkers
 from tests.rollout._tiny import ENV_KW
 from tests.rollout.test_batch import _batched, _models
