@@ -23,7 +23,6 @@ the training curve and the held-in checkpoints as TensorBoard event files (tenso
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ from pathlib import Path
 
 from safetensors.torch import save
 
-from rollcap.rollout.options import BadFlag, Options, writable_dir
+from rollcap.rollout.options import BadFlag, Options, one_line_parser, writable_dir
 from rollcap.rollout.learn.dsrl_heldin import kept_line, streams, weights
 from rollcap.rollout.learn.dsrl_eval import TASKS, baseline, evaluate, held_out, summary_lines
 from rollcap.rollout.learn.dsrl_na import TrainConfig, train
@@ -270,13 +269,7 @@ def main(args: Args, cfg: TrainConfig) -> None:
 
 def parse(argv=None) -> tuple[Args, TrainConfig]:
     """The flags, every one checked before anything trains: a bad one is one line naming it, exit 2."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-    def error(message: str):
-        print(f"{ap.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    ap.error = error  # one line, no usage block
+    ap = one_line_parser(__doc__)
     opts = Options(ap)
     opts.add(Args)
     opts.add(TrainConfig, skip=("agent",))
@@ -293,7 +286,7 @@ def parse(argv=None) -> tuple[Args, TrainConfig]:
             cfg = saved_run(args.load)
         check(args, cfg)
     except BadFlag as err:
-        error(str(err))
+        ap.error(str(err))
     return args, cfg
 
 

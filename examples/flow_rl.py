@@ -23,7 +23,6 @@ state/ (what --resume reads). Ctrl-C saves the state and exits 130.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from dataclasses import dataclass, replace
@@ -36,7 +35,7 @@ from rollcap.rollout.learn.flow_rl import Interrupted, TrainConfig, compare, pla
 from rollcap.rollout.learn.flow_rl.evaluate import line
 from rollcap.rollout.learn.flow_rl.loop import BUDGET, start_checkpoint
 from rollcap.rollout.learn.flow_rl.rollouts import streams
-from rollcap.rollout.options import BadFlag, Options, writable_dir
+from rollcap.rollout.options import BadFlag, Options, one_line_parser, writable_dir
 
 OUTPUTS = ("result.json", "policy.json", "state", "streams.json")
 
@@ -260,13 +259,7 @@ def _saved_held_out(out: Path) -> dict | None:
 
 def parse(argv=None) -> tuple[Args, TrainConfig, int]:
     """The flags, every one checked before anything trains: a bad one is one line naming it, exit 2."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-
-    def error(message: str):
-        print(f"{ap.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-    ap.error = error  # one line, no usage block
+    ap = one_line_parser(__doc__)
     opts = Options(ap)
     opts.add(Args)
     opts.add(TrainConfig)
@@ -282,7 +275,7 @@ def parse(argv=None) -> tuple[Args, TrainConfig, int]:
             cfg, args.policy = resumed(args, cfg, opts)
         eval_seed = check(args, cfg)
     except BadFlag as err:
-        error(str(err))
+        ap.error(str(err))
     return args, cfg, eval_seed
 
 

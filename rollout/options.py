@@ -24,6 +24,7 @@ import functools
 import inspect
 import json
 import re
+import sys
 import types
 import typing
 from pathlib import Path
@@ -288,3 +289,16 @@ def parse_config(cls: type, argv: list[str] | None, prog: str, description: str,
         return cls(**opts.values(args, cls)), args
     except ValueError as err:
         parser.error(str(err))
+
+
+def one_line_parser(description: str) -> argparse.ArgumentParser:
+    """A training door's parser (``examples/dsrl.py``, ``examples/flow_rl.py``): the description kept as written, and
+    every error one line on stderr (no usage block), exit 2."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    def error(message: str):
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    parser.error = error
+    return parser
