@@ -25,6 +25,7 @@ import inspect
 import json
 import re
 import sys
+import textwrap
 import types
 import typing
 from pathlib import Path
@@ -74,8 +75,11 @@ def _field_docs(cls: type) -> dict[str, str]:
     except TypeError:
         path = None
     node = _class_node(path, cls.__qualname__) if path else None
-    if node is None:  # no source (e.g. a frozen app): no help text
-        return {}
+    if node is None:  # a class made in a function (its qualname names <locals>): inspect finds its source
+        try:
+            node = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+        except (OSError, TypeError, SyntaxError, IndexError):  # no source (e.g. a frozen app): no help text
+            return {}
     docs = {}
     for field_node, nxt in zip(node.body, node.body[1:]):
         if isinstance(field_node, ast.AnnAssign) and isinstance(field_node.target, ast.Name):
