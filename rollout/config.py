@@ -8,9 +8,10 @@ naming the field.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass, field
 from typing import Literal
+
+import numpy as np
 
 from rollcap.rollout.errors import ConfigError
 from rollcap.rollout.predicates import CriticBelow, MaxChunks, MaxSeconds, NonFiniteAction, StopPredicate
@@ -124,8 +125,8 @@ def check_batched_host(config: HostConfig) -> None:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)  # numpy's integers too (no numpy import: --help)
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def _is_num(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v == v  # numpy's too
+    return isinstance(v, (int, float, np.number)) and not isinstance(v, bool) and v == v

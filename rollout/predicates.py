@@ -10,10 +10,8 @@ reported with the same reason names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # numpy on first use: the command line's --help reads these classes' module only
-    import numpy as np
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,4 @@ class NonFiniteAction(StopPredicate):
     """Stop if the policy produced NaN or Inf (nothing non-finite reaches the env)."""
 
     def check(self, view: BoundaryView) -> str | None:
-        import numpy as np
-
         return None if np.isfinite(view.actions).all() else "nonfinite_action"
