@@ -228,8 +228,7 @@ def for_this_machine(spec: Spec) -> Spec:
     run = spec.run
     if run.env_workers != "auto":
         return spec
-    sde = spec.deployment.sampler == "sde"  # its chunks' log-probabilities are recorded in this process
-    count = 0 if run.no_env_workers_with or sde else auto_env_workers(run.envs, run.graphs)
+    count = 0 if spec.no_env_workers_with else auto_env_workers(run.envs, run.graphs)
     return dataclasses.replace(spec, run=dataclasses.replace(run, env_workers=count))
 
 

@@ -417,6 +417,12 @@ class Spec:
                 "sampler", "sde records each chunk's log-probabilities beside it; run it without env workers"
             )
 
+    @property
+    def no_env_workers_with(self) -> str | None:
+        """The setting env workers cannot run with: the run's (:attr:`RunConfig.no_env_workers_with`), or the sde
+        sampler (each chunk's log-probabilities are recorded beside it, in the policy's process); None if none."""
+        return self.run.no_env_workers_with or ("sampler" if self.deployment.sampler == "sde" else None)
+
     @classmethod
     def of(cls, episodes: int = 10, out=None, env=DEFAULT_ENV, policy=None, critic=None, **options) -> Spec:
         """The spec ``rollcap.run(episodes=..., out=..., env=..., policy=..., critic=..., **options)`` describes.
