@@ -8,19 +8,22 @@ Layout (robomimic's, so its readers work; rollcap's extras in their own group)::
     data/demo_<index>/obs/<key>                                   [T, ...]
     data/demo_<index>/next_obs/<key>                              [T, ...] virtual
     mask/{success, failure, intervened, train, valid}             [n] demo names (bytes)
-    data/demo_<index>/rollcap.attrs: format, format_version, index, seed, env_id,
-        instruction, stop_reason, success, num_steps, num_chunks, digest,
-        timings_digest, and error when the episode has one (plain) and env_kwargs,
-        fingerprints, config, codec, origin when the episode has one (JSON strings); the meta of
-        :mod:`rollcap.rollout.recording.codec`
-    data/demo_<index>/rollcap/steps/{terminated, truncated, actor}
-    data/demo_<index>/rollcap/{chunks, initial_state, final_obs}/<key>
+    data/demo_<index>/rollcap/final_obs/<key>                     the observation after the last step
+    data/demo_<index>/rollcap/fields                              uint8 [n]: an npz archive, stored
+
+``rollcap/fields`` holds the rest of the episode as the ``.npz`` file does (:func:`~rollcap.rollout.recording.npz.archive`):
+``meta.json`` (the meta of :mod:`rollcap.rollout.recording.codec`: format, version, index, seed, env, instruction,
+success, fingerprints, config, digests, ...), ``steps/{terminated, truncated, actor}``, ``chunks/<key>`` and
+``initial_state/<key>``. ``np.load(io.BytesIO(demo["rollcap/fields"][()]))`` opens it. One archive instead of a
+dataset per array and an attribute per meta field makes a PushBlock demo 17 HDF5 objects instead of 54, which was most of
+the writer's time (each costs tens of microseconds inside HDF5). Demos written before it (``rollcap`` a group of
+``steps``, ``chunks``, ``initial_state`` and ``final_obs`` groups, the meta as its attributes) still read.
 
 Images (uint8, ndim 4) are chunked one frame per chunk and deflated (level 1;
 compressed once for both formats: :mod:`~rollcap.rollout.recording.deflate`);
 everything else is contiguous. The deflate filter names level 4 (what HDF5
 uses if it compresses a frame itself, e.g. one appended through h5py); rollcap
-deflates its own frames at level 1 (the ``codec`` attribute says so).
+deflates its own frames at level 1 (the meta's ``codec`` says so).
 
 ``next_obs`` and ``mask`` are derived data for robomimic's readers (its offline-RL
 algorithms read ``next_obs``; ``filter_by_attribute`` reads ``mask``); rollcap's
@@ -66,19 +69,24 @@ import numpy as np
 from rollcap.rollout.errors import ConfigError
 from rollcap.kernels.files import atomic_write, canonical_json, plain_json
 from rollcap.rollout.episode import ACTOR_POLICY, EpisodeRecord
-from rollcap.rollout.recording.codec import check_record, episode_meta, is_image
+from rollcap.rollout.recording.codec import check_record, episode_meta, is_image, iter_fields
 from rollcap.rollout.recording.deflate import frames, zlib_chunk
 from rollcap.rollout.recording.h5read import (
-    _JSON_ATTRS,
     ROBOMIMIC_STEP_KEYS,
     _env_args,
     _indices,
     _open_committed,
+    _read_demo,
     h5_indices,
 )
 from rollcap.rollout.recording.journal import journaled_update, recover
+from rollcap.rollout.recording.npz import archive
 
-IMAGE_CODEC = {"images": "deflate-1, one chunk per frame", "other": "contiguous"}
+IMAGE_CODEC = {"images": "deflate-1, one chunk per frame", "other": "contiguous", "fields": "npz, stored"}
+FIELDS = "fields"
+"""``data/demo_<index>/rollcap/fields``: the archive of the meta and the fields kept nowhere else."""
+_DATASETS = {f"steps/{k}" for k in ROBOMIMIC_STEP_KEYS}
+_OWN_TABLES = ("obs/", "final_obs/")  # stored as datasets of their own
 _LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
 MASKS = ("success", "failure", "intervened", "train", "valid")
 """robomimic filter keys kept under ``mask/``; see the module docstring."""
@@ -190,7 +198,8 @@ def _attr(obj: h5py.h5g.GroupID, name: str, value) -> None:
 
 
 def _write_demo(data: h5py.h5g.GroupID, record: EpisodeRecord, checked: dict | None = None) -> None:
-    meta = episode_meta(record, IMAGE_CODEC, checked)
+    """``data/demo_<index>``: robomimic's datasets, ``rollcap/final_obs`` (next_obs's last rows point there) and the
+    rest of the episode in ``rollcap/fields``, one stored archive, so a demo is a dozen HDF5 objects, not fifty."""
     demo = _group(data, f"demo_{record.index}")
     _attr(demo, "num_samples", record.num_steps)
     for k in ROBOMIMIC_STEP_KEYS:
@@ -199,18 +208,12 @@ def _write_demo(data: h5py.h5g.GroupID, record: EpisodeRecord, checked: dict | N
     for k, a in record.obs.items():
         _put(obs, k, a)
     rc = _group(demo, "rollcap")
-    for k, v in meta.items():
-        _attr(
-            rc, k, canonical_json(v) if k in _JSON_ATTRS else str(v) if k in ("index", "seed") else v
-        )  # ints may exceed int64
-    steps = _group(rc, "steps")
-    for k, a in record.steps.items():
-        if k not in ROBOMIMIC_STEP_KEYS:
-            _put(steps, k, a)
-    for table in ("chunks", "initial_state", "final_obs"):
-        sub = _group(rc, table)
-        for k, a in getattr(record, table).items():
-            _put(sub, k, a)
+    final = _group(rc, "final_obs")
+    for k, a in record.final_obs.items():
+        _put(final, k, a)
+    rest = [(name, a) for name, a in iter_fields(record) if name not in _DATASETS and not name.startswith(_OWN_TABLES)]
+    parts = archive(episode_meta(record, IMAGE_CODEC, checked), rest, deflate=False)
+    _put(rc, FIELDS, np.frombuffer(b"".join(parts), np.uint8))
     nxt, at = _group(demo, "next_obs"), f"/data/demo_{record.index}"
     for k, a in record.obs.items():
         last = record.final_obs.get(k)
@@ -270,11 +273,9 @@ def _filter_keys(index: int, num_steps: int, success: bool, actor: np.ndarray | 
     return keys + [demo_split(index)] if num_steps else keys
 
 
-def _stored_filter_keys(data: h5py.Group, index: int) -> list[str]:
-    demo = data[f"demo_{index}"]
-    rc = demo["rollcap"]
-    actor = rc["steps/actor"][()] if "steps/actor" in rc else None
-    return _filter_keys(index, int(demo.attrs["num_samples"]), bool(rc.attrs["success"]), actor)
+def _stored_filter_keys(path, f: h5py.File, index: int) -> list[str]:
+    r = _read_demo(path, f, index)
+    return _filter_keys(index, r.num_steps, r.success, r.steps.get("actor"))
 
 
 def _append_names(mask: h5py.Group, key: str, names: list[bytes]) -> None:
@@ -311,7 +312,7 @@ def _update_derived(path, f: h5py.File, records: list[EpisodeRecord]) -> None:
                 continue
             if "next_obs" not in data[f"demo_{i}"]:
                 _write_next_obs(data[f"demo_{i}"])
-            for k in set(_stored_filter_keys(data, i)) & set(missing):
+            for k in set(_stored_filter_keys(path, f, i)) & set(missing):
                 names[k].append(f"demo_{i}".encode())
     for record in records:
         for k in _filter_keys(record.index, record.num_steps, record.success, record.steps.get("actor")):

@@ -6,6 +6,7 @@ Imports point downward: this module knows ``episode``, ``errors``, ``codec`` and
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -20,6 +21,7 @@ from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import corrupt, record_from_parts
 from rollcap.rollout.recording.journal import committed_view
+from rollcap.rollout.recording.npz import read_archive
 
 ROBOMIMIC_STEP_KEYS = ("actions", "rewards", "dones", "states")
 """Per-step arrays stored where robomimic looks for them; the rest of STEP_DTYPES go under ``rollcap/steps``."""
@@ -77,31 +79,52 @@ def _read_demo(path, f: h5py.File, index: int) -> EpisodeRecord:
         if "rollcap" not in demo:
             raise corrupt(path, f"{where} has no 'rollcap' group; not written by rollcap")
         rc = demo["rollcap"]
-        meta = {}
-        for k, v in rc.attrs.items():
-            v = v.decode() if isinstance(v, bytes) else v
-            meta[k] = json.loads(v) if k in _JSON_ATTRS else int(v) if k in ("index", "seed") else v
-        for k in ("format_version", "num_steps", "num_chunks"):
-            if k in meta:
-                meta[k] = int(meta[k])
-        if "success" in meta:
-            meta["success"] = bool(meta["success"])
+        meta, tables = _packed(path, rc, where) if "fields" in rc else _expanded(path, rc)
         n = meta.get("num_steps")
         if int(demo.attrs.get("num_samples", -1)) != n:
             raise corrupt(path, f"{where}: num_samples {demo.attrs.get('num_samples')} != num_steps {n}")
-        steps = {k: _load(path, demo, k, n) for k in ROBOMIMIC_STEP_KEYS}
-        steps.update(_arrays(path, rc["steps"], n))
-        tables = {
-            "obs": _arrays(path, demo["obs"], n),
-            "steps": steps,
-            "chunks": _arrays(path, rc["chunks"], meta.get("num_chunks")),
-            **{t: _arrays(path, rc[t]) for t in ("initial_state", "final_obs")},
-        }
+        tables["steps"].update({k: _load(path, demo, k, n) for k in ROBOMIMIC_STEP_KEYS})
+        tables["obs"] = _arrays(path, demo["obs"], n)
+        tables["final_obs"] = _arrays(path, rc["final_obs"])
     except CorruptEpisode:
         raise
     except (KeyError, OSError, ValueError, TypeError, RuntimeError) as err:
         raise corrupt(path, f"{where}: {err}") from err
     return record_from_parts(path, meta, tables, where)
+
+
+def _packed(path, rc: h5py.Group, where: str) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """The meta and the fields kept in ``rollcap/fields`` (the archive :func:`~rollcap.rollout.recording.npz.archive`
+    makes); a field also stored as a dataset of its own is refused."""
+    blob = _load(path, rc, "fields")
+    at = f"{path}: {where}/rollcap/fields"
+    if blob.dtype != np.uint8 or blob.ndim != 1:
+        raise corrupt(path, f"{where}/rollcap/fields is {blob.dtype}{blob.shape}, expected uint8 bytes")
+    meta, tables = read_archive(at, io.BytesIO(blob.tobytes()), blob.nbytes)
+    twice = [f"{t}/{k}" for t in ("obs", "final_obs") for k in tables[t]]
+    twice += [f"steps/{k}" for k in ROBOMIMIC_STEP_KEYS if k in tables["steps"]]
+    if twice:
+        raise corrupt(at, f"holds {twice[0]}, which the demo stores as a dataset")
+    return meta, tables
+
+
+def _expanded(path, rc: h5py.Group) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """The meta and the rollcap tables of a demo written before ``rollcap/fields``: one attribute a meta field, one
+    dataset an array."""
+    meta = {}
+    for k, v in rc.attrs.items():
+        v = v.decode() if isinstance(v, bytes) else v
+        meta[k] = json.loads(v) if k in _JSON_ATTRS else int(v) if k in ("index", "seed") else v
+    for k in ("format_version", "num_steps", "num_chunks"):
+        if k in meta:
+            meta[k] = int(meta[k])
+    if "success" in meta:
+        meta["success"] = bool(meta["success"])
+    return meta, {
+        "steps": _arrays(path, rc["steps"], meta.get("num_steps")),
+        "chunks": _arrays(path, rc["chunks"], meta.get("num_chunks")),
+        "initial_state": _arrays(path, rc["initial_state"]),
+    }
 
 
 def _indices(path, f: h5py.File) -> list[int]:

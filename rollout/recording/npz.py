@@ -31,6 +31,8 @@ import time
 import tokenize
 import zipfile
 import zlib
+from collections.abc import Iterable
+from typing import BinaryIO
 
 import numpy as np
 
@@ -51,6 +53,9 @@ from rollcap.rollout.recording.deflate import compressor, member, npz_member
 
 NPZ_DEFLATE, NPZ_STORED = "deflate-1", "stored"
 """``meta.json``'s ``codec``: image-bearing files are deflated (level 1), others stored."""
+DEFLATE_MIN = 512
+"""Arrays smaller than this many bytes are stored even in a deflated archive (deflate would save a few bytes of each
+at the cost of a compressor flush, most of the writer's time on them)."""
 _NPZ_NAME = re.compile(r"episode_(\d+)\.npz")
 
 
@@ -74,25 +79,34 @@ def write_npz(record: EpisodeRecord, path, checked: dict | None = None) -> None:
         check_record(record)
     images = any(is_image(a) for a in record.obs.values())
     meta = episode_meta(record, NPZ_DEFLATE if images else NPZ_STORED, checked)
-    arrays = {"meta.json": np.frombuffer(canonical_json(meta).encode(), dtype=np.uint8)}
-    arrays.update(iter_fields(record))
-    c = compressor() if images else None
-    archive = _zip([(f"{name}.npy", *_member(a, c)) for name, a in arrays.items()])
+    parts = archive(meta, iter_fields(record), deflate=images)
 
     def write(tmp: str) -> None:
         fd = os.open(tmp, os.O_WRONLY)
         try:
-            for k in range(0, len(archive), _IOV_MAX):  # one system call for a few hundred parts
-                parts = archive[k : k + _IOV_MAX]
-                done, want = os.writev(fd, parts), sum(len(memoryview(q).cast("B")) for q in parts)
+            for k in range(0, len(parts), _IOV_MAX):  # one system call for a few hundred parts
+                some = parts[k : k + _IOV_MAX]
+                done, want = os.writev(fd, some), sum(len(memoryview(q).cast("B")) for q in some)
                 if done < want:  # a short write (a signal, a full pipe): the rest one part at a time
-                    rest = memoryview(b"".join(bytes(q) for q in parts))[done:]
+                    rest = memoryview(b"".join(bytes(q) for q in some))[done:]
                     while rest:
                         rest = rest[os.write(fd, rest) :]
         finally:
             os.close(fd)
 
     atomic_write(path, write)
+
+
+def archive(meta: dict, fields: Iterable[tuple[str, np.ndarray]], deflate: bool) -> list:
+    """The parts (bytes-like) of an episode archive: ``meta.json`` (``meta`` as canonical JSON) and one ``.npy`` member
+    per ``(name, array)`` of ``fields``, in that order. ``deflate``: image stacks (their frames' shared segments) and
+    arrays of at least :data:`DEFLATE_MIN` bytes are deflated at level 1, the rest stored (a small array gains a few
+    bytes from deflate and costs a compressor flush); else every member is stored. The HDF5 writer keeps an episode's
+    other fields in such an archive too (stored)."""
+    c = compressor() if deflate else None
+    members = [("meta.json.npy", *_member(np.frombuffer(canonical_json(meta).encode(), dtype=np.uint8), c))]
+    members += [(f"{name}.npy", *_member(a, c)) for name, a in fields]
+    return _zip(members)
 
 
 def _member(a: np.ndarray, c) -> tuple[object, int, int, int]:
@@ -102,12 +116,13 @@ def _member(a: np.ndarray, c) -> tuple[object, int, int, int]:
     a = np.require(a, requirements="C")
     header, body = _npy_header(a.dtype, a.shape), byte_view(a)
     size, crc = len(header) + a.nbytes, None
-    if c is None:
-        return [header, body], zipfile.ZIP_STORED, zlib.crc32(body, zlib.crc32(header)), size
-    if is_image(a):
+    if c is not None and is_image(a):
         data, crc = npz_member(c, header, a)
         return [data], zipfile.ZIP_DEFLATED, crc, size
-    return [member(c, header, body)], zipfile.ZIP_DEFLATED, zlib.crc32(body, zlib.crc32(header)), size
+    crc = zlib.crc32(body, zlib.crc32(header))
+    if c is None or a.nbytes < DEFLATE_MIN:
+        return [header, body], zipfile.ZIP_STORED, crc, size
+    return [member(c, header, body)], zipfile.ZIP_DEFLATED, crc, size
 
 
 _HEADERS: dict[tuple, bytes] = {}
@@ -237,56 +252,43 @@ def _read_array(path, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> np.ndarray:
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
-def _read_arrays(path) -> dict[str, np.ndarray]:
-    """Every ``.npy`` member of the archive at ``path``, by name without the suffix."""
-    with open(path, "rb") as raw:
-        archive_size = os.fstat(raw.fileno()).st_size
-        if raw.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX:
-            raise corrupt(path, "holds a single array, not a rollcap episode archive")
-        with zipfile.ZipFile(raw) as zf:
-            infos = zf.infolist()
-            names = [i.filename for i in infos]
-            if len(set(names)) != len(names):
-                raise corrupt(path, "a key appears twice in the archive")
-            if sum(i.compress_size for i in infos) > archive_size:
-                raise corrupt(path, f"members claim more than the file's {archive_size} bytes")
-            out = {}
-            for info in infos:
-                problem = _member_problem(info, archive_size)
-                if problem is None and not info.filename.endswith(_NPY):
-                    problem = "not an .npy member"
-                if problem is not None:
-                    raise corrupt(path, f"{info.filename}: {problem}")
-                out[info.filename[: -len(_NPY)]] = _read_array(path, zf, info)
+def _read_arrays(path, raw: BinaryIO, archive_size: int) -> dict[str, np.ndarray]:
+    """Every ``.npy`` member of the archive ``raw`` (``archive_size`` bytes), by name without the suffix."""
+    if raw.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX:
+        raise corrupt(path, "holds a single array, not a rollcap episode archive")
+    with zipfile.ZipFile(raw) as zf:
+        infos = zf.infolist()
+        names = [i.filename for i in infos]
+        if len(set(names)) != len(names):
+            raise corrupt(path, "a key appears twice in the archive")
+        if sum(i.compress_size for i in infos) > archive_size:
+            raise corrupt(path, f"members claim more than the archive's {archive_size} bytes")
+        out = {}
+        for info in infos:
+            problem = _member_problem(info, archive_size)
+            if problem is None and not info.filename.endswith(_NPY):
+                problem = "not an .npy member"
+            if problem is not None:
+                raise corrupt(path, f"{info.filename}: {problem}")
+            out[info.filename[: -len(_NPY)]] = _read_array(path, zf, info)
     return out
 
 
-def read_npz(path, expect_index: int | None = None) -> EpisodeRecord:
-    """Read and verify one episode written by :func:`write_npz`.
-
-    Sizes are checked against what the file holds before any array is
-    allocated, and nothing is unpickled.
-
-    Args:
-        path: the ``.npz`` file.
-        expect_index: the episode index the caller expects (e.g. from the
-            ``episode_NNNNN.npz`` name); another index is refused.
+def read_archive(path, raw: BinaryIO, archive_size: int) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """``(meta, tables)`` of an episode archive (:func:`archive`'s layout) read from ``raw`` (``archive_size`` bytes;
+    ``path`` names it in errors): sizes checked against what it holds before any array is allocated, nothing unpickled.
 
     Raises:
-        CorruptEpisode: truncated, damaged, not an npz, a missing key, another
-            format version, or another episode than ``expect_index``.
-        FileNotFoundError: ``path`` does not exist.
+        CorruptEpisode: truncated, damaged, not an archive, no or a bad ``meta.json``, an unexpected key.
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such episode file")
     try:
-        arrays = _read_arrays(path)
-        raw = arrays.pop("meta.json", None)
-        if raw is None:
+        arrays = _read_arrays(path, raw, archive_size)
+        meta = arrays.pop("meta.json", None)
+        if meta is None:
             raise corrupt(path, "no 'meta.json' key; not a rollcap episode")
-        if raw.dtype != np.uint8 or raw.ndim != 1:
-            raise corrupt(path, f"meta.json is {raw.dtype}{raw.shape}, expected a uint8 byte string")
-        meta = json.loads(raw.tobytes().decode())
+        if meta.dtype != np.uint8 or meta.ndim != 1:
+            raise corrupt(path, f"meta.json is {meta.dtype}{meta.shape}, expected a uint8 byte string")
+        meta = json.loads(meta.tobytes().decode())
         if not isinstance(meta, dict):
             raise corrupt(path, "meta.json is not a JSON object")
         tables: dict[str, dict[str, np.ndarray]] = {t: {} for t in TABLES}
@@ -308,6 +310,29 @@ def read_npz(path, expect_index: int | None = None) -> EpisodeRecord:
         RuntimeError,
         RecursionError,
     ) as err:
+        raise corrupt(path, f"not a readable npz episode ({type(err).__name__}: {err})") from err
+    return meta, tables
+
+
+def read_npz(path, expect_index: int | None = None) -> EpisodeRecord:
+    """Read and verify one episode written by :func:`write_npz` (see :func:`read_archive`).
+
+    Args:
+        path: the ``.npz`` file.
+        expect_index: the episode index the caller expects (e.g. from the
+            ``episode_NNNNN.npz`` name); another index is refused.
+
+    Raises:
+        CorruptEpisode: truncated, damaged, not an npz, a missing key, another
+            format version, or another episode than ``expect_index``.
+        FileNotFoundError: ``path`` does not exist.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such episode file")
+    try:
+        with open(path, "rb") as raw:
+            meta, tables = read_archive(path, raw, os.fstat(raw.fileno()).st_size)
+    except (IsADirectoryError, PermissionError) as err:
         raise corrupt(path, f"not a readable npz episode ({type(err).__name__}: {err})") from err
     record = record_from_parts(path, meta, tables)
     if expect_index is not None and record.index != expect_index:

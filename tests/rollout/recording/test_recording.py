@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import random
@@ -36,7 +37,9 @@ from rollcap.rollout.recording import (
     synthetic_record,
     write_npz,
 )
-from rollcap.rollout.recording.codec import scalar_meta, timings_digest
+from rollcap.rollout.recording.codec import is_image, scalar_meta, timings_digest
+from rollcap.rollout.recording.h5 import IMAGE_CODEC
+from rollcap.rollout.recording.npz import DEFLATE_MIN
 
 ENV_META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {"image_size": 64}}
 FORMATS = ("npz", "h5")
@@ -96,8 +99,11 @@ def test_npz_loads_without_pickle(tmp_path):
     assert (meta["num_steps"], meta["num_chunks"], meta["seed"]) == (13, 2, 12)
     assert np.array_equal(arrays["obs/agentview_image"], rec.obs["agentview_image"])
     assert {k.split("/")[0] for k in arrays} == {"meta.json", "initial_state", "obs", "final_obs", "steps", "chunks"}
-    with zipfile.ZipFile(tmp_path / "e.npz") as zf:
-        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED}
+    with zipfile.ZipFile(tmp_path / "e.npz") as zf:  # images and arrays of DEFLATE_MIN bytes or more deflated
+        for i in zf.infolist():
+            big = is_image(arrays[i.filename[:-4]]) or arrays[i.filename[:-4]].nbytes >= DEFLATE_MIN
+            assert i.compress_type == (zipfile.ZIP_DEFLATED if big else zipfile.ZIP_STORED), i.filename
+        assert {i.compress_type for i in zf.infolist()} == {zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED}
     no_images = replace(rec, obs={"proprio": rec.obs["proprio"]}, final_obs={})
     write_npz(no_images, tmp_path / "s.npz")
     with zipfile.ZipFile(tmp_path / "s.npz") as zf:
@@ -124,11 +130,21 @@ def test_h5_layout_is_robomimic(tmp_path):
             img = demo["obs/agentview_image"]
             assert (img.chunks, img.compression, img.compression_opts) == ((1, 64, 64, 3), "gzip", 4)
             rc = demo["rollcap"]
-            assert sorted(rc) == ["chunks", "final_obs", "initial_state", "steps"]
-            assert sorted(rc["steps"]) == ["actor", "terminated", "truncated"]
-            assert rc.attrs["instruction"] == r.instruction and bool(rc.attrs["success"]) == r.success
-            assert int(rc.attrs["format_version"]) == FORMAT_VERSION and int(rc.attrs["seed"]) == r.seed
-            assert json.loads(rc.attrs["config"]) == r.config and "images" in json.loads(rc.attrs["codec"])
+            assert sorted(rc) == ["fields", "final_obs"]
+            for k, a in r.final_obs.items():
+                assert np.array_equal(rc["final_obs"][k][()], a)
+            with np.load(io.BytesIO(rc["fields"][()].tobytes()), allow_pickle=False) as z:  # a plain npz, stored
+                fields = {k: z[k] for k in z.files}
+            assert sorted(fields) == sorted(
+                ["meta.json", *(f"initial_state/{k}" for k in r.initial_state), *(f"chunks/{k}" for k in r.chunks)]
+                + [f"steps/{k}" for k in ("actor", "terminated", "truncated")]
+            )
+            meta = json.loads(bytes(fields["meta.json"]).decode())
+            assert meta["instruction"] == r.instruction and meta["success"] == r.success
+            assert meta["format_version"] == FORMAT_VERSION and meta["seed"] == r.seed
+            assert meta["config"] == r.config and meta["codec"] == IMAGE_CODEC
+            for k, a in r.chunks.items():
+                assert fields[f"chunks/{k}"].tobytes() == a.tobytes()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -151,7 +167,7 @@ def test_error_is_stored_only_when_set(fmt, tmp_path):
                 metas.append(json.loads(bytes(z["meta.json"]).decode()))
     else:
         with h5py.File(tmp_path / "episodes.hdf5", "r") as f:
-            metas = [dict(f[f"data/demo_{i}/rollcap"].attrs) for i in (0, 1)]
+            metas = [h5_demo_meta(f, i) for i in (0, 1)]
     assert "error" not in metas[0] and metas[1]["error"] == failed.error
     with pytest.raises(ValueError, match="error is int"):
         write_npz(replace(plain, error=3), tmp_path / "bad.npz")
@@ -487,8 +503,27 @@ def _edit_npz(path, edit) -> None:
         np.savez(fh, **arrays)
 
 
-def _rewrite_npz(path, drop: str | None = None, **meta_update) -> None:
-    """Rewrite an npz without the array ``drop`` and with ``meta_update`` in its meta (None removes a key)."""
+def h5_demo_meta(f: h5py.File, index: int) -> dict:
+    """Demo ``index``'s meta, from the ``meta.json`` of its ``rollcap/fields`` archive."""
+    with np.load(io.BytesIO(f[f"data/demo_{index}/rollcap/fields"][()].tobytes()), allow_pickle=False) as z:
+        return json.loads(z["meta.json"].tobytes())
+
+
+def _edit_h5_fields(path, index: int, edit) -> None:
+    """Rewrite demo ``index``'s ``rollcap/fields`` archive after ``edit(arrays)`` changed its dict of arrays in place."""
+    with h5py.File(path, "r+") as f:
+        rc = f[f"data/demo_{index}/rollcap"]
+        with np.load(io.BytesIO(rc["fields"][()].tobytes()), allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        edit(arrays)
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        del rc["fields"]
+        rc.create_dataset("fields", data=np.frombuffer(buf.getvalue(), np.uint8))
+
+
+def _meta_edit(drop: str | None = None, **meta_update):
+    """An edit of an archive's arrays: without the array ``drop``, ``meta_update`` in its meta (None removes a key)."""
 
     def edit(arrays: dict) -> None:
         arrays.pop(drop, None)
@@ -497,7 +532,12 @@ def _rewrite_npz(path, drop: str | None = None, **meta_update) -> None:
         }
         arrays["meta.json"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
 
-    _edit_npz(path, edit)
+    return edit
+
+
+def _rewrite_npz(path, drop: str | None = None, **meta_update) -> None:
+    """Rewrite an npz without the array ``drop`` and with ``meta_update`` in its meta (None removes a key)."""
+    _edit_npz(path, _meta_edit(drop, **meta_update))
 
 
 # --------------------------------------------------------------------------- digest: identity and integrity
@@ -528,9 +568,9 @@ def _flip_stored_latency(fmt: str, path, index: int, key: str) -> None:
     if fmt == "npz":
         _edit_npz(path, lambda arrays: arrays.update({f"chunks/{key}": _flip_latency(arrays[f"chunks/{key}"])}))
     else:
-        with h5py.File(path, "r+") as f:
-            ds = f[f"data/demo_{index}/rollcap/chunks/{key}"]
-            ds[...] = _flip_latency(ds[()])
+        _edit_h5_fields(
+            path, index, lambda arrays: arrays.update({f"chunks/{key}": _flip_latency(arrays[f"chunks/{key}"])})
+        )
 
 
 def test_digest_is_identity_timings_aside():
@@ -565,10 +605,7 @@ def test_files_from_before_timings_digest_still_read(fmt, tmp_path):
         if fmt == "npz":
             _rewrite_npz(p, timings_digest=None, digest=_old_digest(r))
         else:
-            with h5py.File(path, "r+") as f:
-                attrs = f[f"data/demo_{r.index}/rollcap"].attrs
-                del attrs["timings_digest"]
-                attrs["digest"] = _old_digest(r)
+            _edit_h5_fields(path, r.index, _meta_edit(timings_digest=None, digest=_old_digest(r)))
     assert _old_digest(records[1]) != episode_digest(records[1])
     assert_same(read(), records)
     _flip_stored_latency(fmt, paths[1] if fmt == "npz" else path, 1, "latency_critic_s")
@@ -589,12 +626,11 @@ def test_missing_key_or_wrong_version_is_corrupt(tmp_path):
     with pytest.raises(CorruptEpisode, match=rf"{npz}: .*rewards"):
         read_npz(npz)
     h5, _ = write_all("h5", [rec], tmp_path)
-    with h5py.File(h5, "r+") as f:
-        f["data/demo_1/rollcap"].attrs["format_version"] = 99
+    _edit_h5_fields(h5, 1, _meta_edit(format_version=99))
     with pytest.raises(CorruptEpisode, match=rf"{h5}: data/demo_1: format version 99"):
         read_h5(h5)
+    _edit_h5_fields(h5, 1, _meta_edit(format_version=FORMAT_VERSION))
     with h5py.File(h5, "r+") as f:
-        f["data/demo_1/rollcap"].attrs["format_version"] = FORMAT_VERSION
         del f["data/demo_1/rewards"]
     with pytest.raises(CorruptEpisode, match=rf"{h5}: data/demo_1: .*rewards"):
         read_h5(h5)

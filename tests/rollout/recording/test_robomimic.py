@@ -26,7 +26,14 @@ from rollcap.rollout.recording import (
 )
 from rollcap.rollout.recording.h5 import MASKS, demo_split
 from rollcap.rollout.recording.journal import committed_view
-from tests.rollout.recording.test_recording import ENV_META, _fork, _io_hook, small, two_demos_and_append_io_count
+from tests.rollout.recording.test_recording import (
+    ENV_META,
+    _fork,
+    _io_hook,
+    h5_demo_meta,
+    small,
+    two_demos_and_append_io_count,
+)
 
 
 def policy_only(record):
@@ -132,7 +139,7 @@ def test_next_obs_is_a_view_that_survives_copy_and_rename(tmp_path):
             "/data/demo_2/obs/agentview_image",
             "/data/demo_2/rollcap/final_obs/agentview_image",
         }
-        assert f["data/demo_2/rollcap"].attrs["digest"] == episode_digest(records[2])  # the digest is unchanged
+        assert h5_demo_meta(f, 2)["digest"] == episode_digest(records[2])  # the digest is unchanged
     other = tmp_path / "elsewhere"
     other.mkdir()
     shutil.copy(path, other / "copy.hdf5")
@@ -200,10 +207,10 @@ def test_crash_mid_append_leaves_masks_and_demos_agreeing(tmp_path, monkeypatch)
 @pytest.mark.parametrize(
     "where, chunked",
     [
-        ("rollcap/initial_state/mj_state", False),  # no row count to check: the stored bytes bound it
-        ("rollcap/initial_state/mj_state", True),
+        ("rollcap/fields", False),  # no row count to check: the stored bytes bound it
+        ("rollcap/fields", True),
         ("obs/proprio", True),  # a per-step table: num_samples bounds it first
-        ("rollcap/chunks/noise", False),
+        ("rollcap/final_obs/proprio", False),
     ],
 )
 def test_huge_declared_dataset_is_corrupt_not_memory_error(where, chunked, tmp_path):

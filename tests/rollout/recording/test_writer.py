@@ -1,5 +1,6 @@
 """The writer's own mechanisms: frames deflated once for both formats, the zip written directly (zip64 where a size
-needs it), and a demo written through h5py's low-level calls as its high-level calls would write it."""
+needs it), a demo written through h5py's low-level calls as its high-level calls would write it, and demos of the layout before
+``rollcap/fields`` still read."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from rollcap.rollout.recording import H5Writer, read_h5_episode, read_npz, write_npz, deflate, npz
-from rollcap.rollout.recording.codec import episode_meta, is_image
+from rollcap.rollout.recording.codec import episode_meta, is_image, iter_fields
 from rollcap.rollout.recording.h5 import IMAGE_CODEC
 from rollcap.rollout.recording.h5read import ROBOMIMIC_STEP_KEYS, _JSON_ATTRS
 from rollcap.rollout.recording.recorder import records_equal, synthetic_record
@@ -56,35 +57,48 @@ def test_npz_archives_read_with_zipfile_and_numpy(zip64, tmp_path, monkeypatch):
         assert records_equal(read_npz(path), rec) is None
 
 
-def _reference_demo(data: h5py.Group, rec) -> None:
-    """The demo through h5py's high-level calls (the layout the fast writer must reproduce)."""
-    meta = episode_meta(rec, IMAGE_CODEC)
+def _put(group, k, a):
+    """``group.create_dataset`` as rollcap's writer means it: images chunked per frame, deflated, growable."""
+    image = is_image(a) and all(a.shape[1:])
+    kw = dict(chunks=(1, *a.shape[1:]), maxshape=(None, *a.shape[1:]), compression="gzip", compression_opts=4)
+    group.create_dataset(k, data=a, track_times=False, **(kw if image else {}))
+
+
+def _robomimic_part(data: h5py.Group, rec) -> h5py.Group:
     demo = data.create_group(f"demo_{rec.index}")
     demo.attrs["num_samples"] = rec.num_steps
-
-    def put(group, k, a):
-        image = is_image(a) and all(a.shape[1:])
-        kw = (
-            dict(chunks=(1, *a.shape[1:]), maxshape=(None, *a.shape[1:]), compression="gzip", compression_opts=4)
-            if image
-            else {}
-        )
-        group.create_dataset(k, data=a, track_times=False, **kw)
-
     for k in ROBOMIMIC_STEP_KEYS:
-        put(demo, k, rec.steps[k])
+        _put(demo, k, rec.steps[k])
+    obs = demo.create_group("obs")
     for k, a in rec.obs.items():
-        put(demo.require_group("obs"), k, a)
-    rc = demo.create_group("rollcap")
-    for k, v in meta.items():
+        _put(obs, k, a)
+    return demo
+
+
+def _reference_demo(data: h5py.Group, rec) -> None:
+    """The demo through h5py's high-level calls (the layout the fast writer must reproduce)."""
+    rc = _robomimic_part(data, rec).create_group("rollcap")
+    final = rc.create_group("final_obs")
+    for k, a in rec.final_obs.items():
+        _put(final, k, a)
+    own = ("obs/", "final_obs/", *(f"steps/{k}" for k in ROBOMIMIC_STEP_KEYS))
+    rest = [(n, a) for n, a in iter_fields(rec) if not n.startswith(own)]
+    blob = b"".join(npz.archive(episode_meta(rec, IMAGE_CODEC), rest, deflate=False))
+    rc.create_dataset("fields", data=np.frombuffer(blob, np.uint8), track_times=False)
+
+
+def _expanded_demo(data: h5py.Group, rec) -> None:
+    """A demo as rollcap wrote it before ``rollcap/fields``: one attribute a meta field, one dataset an array."""
+    rc = _robomimic_part(data, rec).create_group("rollcap")
+    for k, v in episode_meta(rec, {"images": "deflate-1, one chunk per frame", "other": "contiguous"}).items():
         rc.attrs[k] = json.dumps(v) if k in _JSON_ATTRS else str(v) if k in ("index", "seed") else v
     for k, a in rec.steps.items():
         if k not in ROBOMIMIC_STEP_KEYS:
-            put(rc.require_group("steps"), k, a)
+            _put(rc.require_group("steps"), k, a)
     for table in ("chunks", "initial_state", "final_obs"):
         sub = rc.create_group(table)
         for k, a in getattr(rec, table).items():
-            put(sub, k, a)
+            _put(sub, k, a)
 
 
 def _layout(obj) -> dict:
@@ -126,8 +140,21 @@ def test_a_demo_is_what_h5pys_own_calls_write(tmp_path):
         got, want = _layout(fast["data/demo_7"]), _layout(ref["data/demo_7"])
         got = {k: v for k, v in got.items() if not k.startswith("next_obs")}
         assert got.keys() == want.keys() and got == want
-        rc = fast["data/demo_7/rollcap"]
-        assert json.loads(rc.attrs["codec"]) == IMAGE_CODEC and rc.attrs["codec"] == json.dumps(
-            IMAGE_CODEC, separators=(",", ":")
-        )
     assert records_equal(read_h5_episode(tmp_path / "fast.hdf5", 7), rec) is None
+
+
+def test_demos_written_before_fields_still_read_and_take_appends(tmp_path):
+    """A file of expanded demos (every meta field an attribute, every array a dataset) reads back; a resumed writer
+    appends packed demos beside them, and both kinds read as their records."""
+    old, new = synthetic_record(3, image_size=16), synthetic_record(4, steps=0, image_size=16)
+    path = tmp_path / "old.hdf5"
+    with h5py.File(path, "w", libver=("v108", "v110")) as f:
+        data = f.create_group("data")
+        data.attrs["total"], data.attrs["env_args"] = old.num_steps, json.dumps(META)
+        _expanded_demo(data, old)
+    assert records_equal(read_h5_episode(path, 3), old) is None
+    with H5Writer(path, resume=True) as w:
+        w.append(new)
+    with h5py.File(path) as f:
+        assert "fields" not in f["data/demo_3/rollcap"] and "fields" in f["data/demo_4/rollcap"]
+    assert [records_equal(read_h5_episode(path, r.index), r) for r in (old, new)] == [None, None]
