@@ -62,18 +62,36 @@ def is_image(a: np.ndarray) -> bool:
     return a.dtype == np.uint8 and a.ndim == 4
 
 
+_PLAIN = (str, int, float, bool, type(None))  # JSON gives these back as they are
+
+
 def scalar_meta(record: EpisodeRecord) -> dict:
-    """The JSON-able fields of ``record`` as plain Python values (an optional one only when not None)."""
-    meta = {k: plain_json(getattr(record, k)) for k in SCALARS}
+    """The JSON-able fields of ``record`` as plain Python values (an optional one only when not None).
+
+    Raises:
+        ValueError: a field JSON cannot hold (named).
+    """
+    meta = {}
+    for k in (*SCALARS, *OPTIONAL_SCALARS):
+        v = getattr(record, k)
+        if v is None and k in OPTIONAL_SCALARS:
+            continue
+        try:
+            meta[k] = v if type(v) in _PLAIN else plain_json(v)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"episode {record.index}: {k} is not JSON-able: {err}") from err
     meta["index"], meta["seed"], meta["success"] = int(record.index), int(record.seed), bool(record.success)
-    for k in OPTIONAL_SCALARS:
-        if getattr(record, k) is not None:
-            meta[k] = plain_json(getattr(record, k))
     return meta
 
 
 def check_record(record: EpisodeRecord) -> None:
     """Raise ``ValueError`` if ``record`` cannot be recorded exactly (names, dtypes, lengths, JSON)."""
+    _check_fields(record)
+    scalar_meta(record)
+
+
+def _check_fields(record: EpisodeRecord) -> None:
+    """:func:`check_record` but for JSON."""
     record.validate()
     for table in TABLES:
         for k, a in getattr(record, table).items():
@@ -88,11 +106,6 @@ def check_record(record: EpisodeRecord) -> None:
         raise ValueError(f"episode {record.index}: error is {type(record.error).__name__}; record a str or None")
     if record.origin is not None and not isinstance(record.origin, dict):
         raise ValueError(f"episode {record.index}: origin is {type(record.origin).__name__}; record a dict or None")
-    for k in ("env_kwargs", "fingerprints", "config", "origin"):
-        try:
-            canonical_json(getattr(record, k))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"episode {record.index}: {k} is not JSON-able: {err}") from err
 
 
 def byte_view(a: np.ndarray) -> np.ndarray:
@@ -119,9 +132,9 @@ def _update(h, name: str, a: np.ndarray) -> None:
     h.update(a.data if a.flags.c_contiguous else byte_view(a))  # (the same bytes: a buffer, without a uint8 view)
 
 
-def _digests(record: EpisodeRecord) -> tuple[str, str]:
-    """``(episode_digest, timings_digest)`` in one pass over the fields (what a write computes for every episode)."""
-    content, timings = hashlib.sha256(canonical_json(scalar_meta(record)).encode()), hashlib.sha256()
+def _digests(record: EpisodeRecord, scalar: dict) -> tuple[str, str]:
+    """``(episode_digest, timings_digest)`` in one pass over the fields (``scalar``: :func:`scalar_meta`)."""
+    content, timings = hashlib.sha256(canonical_json(scalar).encode()), hashlib.sha256()
     for name, a in iter_fields(record):
         _update(timings if name in TIMINGS else content, name, a)
     return "sha256:" + content.hexdigest(), "sha256:" + timings.hexdigest()
@@ -154,23 +167,23 @@ def checked_meta(record: EpisodeRecord) -> dict:
     Raises:
         ValueError: as :func:`check_record`.
     """
-    check_record(record)
-    digest, timings = _digests(record)
-    return _meta(record, None, digest, timings)
+    _check_fields(record)
+    scalar = scalar_meta(record)
+    return _meta(record, None, *_digests(record, scalar), scalar)
 
 
 def episode_meta(record: EpisodeRecord, codec, checked: dict | None = None) -> dict:
     """The meta dict stored with an episode in both formats (``checked``: :func:`checked_meta` of this record)."""
     if checked is not None:
         return {**checked, "codec": codec}  # the key keeps its place
-    return _meta(record, codec, episode_digest(record), timings_digest(record))
+    return _meta(record, codec, episode_digest(record), timings_digest(record), scalar_meta(record))
 
 
-def _meta(record: EpisodeRecord, codec, digest: str, timings: str) -> dict:
+def _meta(record: EpisodeRecord, codec, digest: str, timings: str, scalar: dict) -> dict:
     return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        **scalar_meta(record),
+        **scalar,
         "num_steps": record.num_steps,
         "num_chunks": record.num_chunks,
         "codec": codec,

@@ -19,11 +19,11 @@ dataset per array and an attribute per meta field makes a PushBlock demo 17 HDF5
 the writer's time (each costs tens of microseconds inside HDF5). Demos written before it (``rollcap`` a group of
 ``steps``, ``chunks``, ``initial_state`` and ``final_obs`` groups, the meta as its attributes) still read.
 
-Images (uint8, ndim 4) are chunked one frame per chunk and deflated (level 1;
-compressed once for both formats: :mod:`~rollcap.rollout.recording.deflate`);
-everything else is contiguous. The deflate filter names level 4 (what HDF5
-uses if it compresses a frame itself, e.g. one appended through h5py); rollcap
-deflates its own frames at level 1 (the meta's ``codec`` says so).
+Images (uint8, ndim 4) are chunked in whole frames, about 128 KiB a chunk
+(:func:`~rollcap.rollout.recording.deflate.frames_per_chunk`: 10 frames of 64x64 RGB, one of 224x224), and deflated
+(level 1; compressed once for both formats: :mod:`~rollcap.rollout.recording.deflate`); everything else is
+contiguous. The deflate filter names level 4 (what HDF5 uses if it compresses a chunk itself, e.g. one appended
+through h5py); rollcap deflates its own chunks at level 1 (the meta's ``codec`` says so).
 
 ``next_obs`` and ``mask`` are derived data for robomimic's readers (its offline-RL
 algorithms read ``next_obs``; ``filter_by_attribute`` reads ``mask``); rollcap's
@@ -82,7 +82,7 @@ from rollcap.rollout.recording.h5read import (
 from rollcap.rollout.recording.journal import journaled_update, recover
 from rollcap.rollout.recording.npz import archive
 
-IMAGE_CODEC = {"images": "deflate-1, one chunk per frame", "other": "contiguous", "fields": "npz, stored"}
+IMAGE_CODEC = {"images": "deflate-1, chunks of whole frames", "other": "contiguous", "fields": "npz, stored"}
 FIELDS = "fields"
 """``data/demo_<index>/rollcap/fields``: the archive of the meta and the fields kept nowhere else."""
 _DATASETS = {f"steps/{k}" for k in ROBOMIMIC_STEP_KEYS}
@@ -117,21 +117,21 @@ def _made(key: tuple, make):
     return value
 
 
-def _dcpl(frame: tuple[int, ...] | None) -> h5py.h5p.PropDCID:
-    """The creation properties of a contiguous array (``frame`` None) or an image stack of ``frame``-shaped frames
-    (one chunk per frame, deflate: :mod:`~rollcap.rollout.recording.deflate` compresses them): no times stored,
+def _dcpl(chunk: tuple[int, ...] | None) -> h5py.h5p.PropDCID:
+    """The creation properties of a contiguous array (``chunk`` None) or an image stack stored in ``chunk``-shaped
+    chunks of whole frames (deflate: :mod:`~rollcap.rollout.recording.deflate` compresses them): no times stored,
     attribute order not tracked."""
 
     def make():
         plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-        if frame is not None:
-            plist.set_chunk((1, *frame))
-            plist.set_deflate(4)  # the level HDF5 uses if it compresses a frame itself; deflate.LEVEL is ours
+        if chunk is not None:
+            plist.set_chunk(chunk)
+            plist.set_deflate(4)  # the level HDF5 uses if it compresses a chunk itself; deflate.LEVEL is ours
         plist.set_obj_track_times(False)
         plist.set_attr_creation_order(0)
         return plist
 
-    return _made(("dcpl", frame), make)
+    return _made(("dcpl", chunk), make)
 
 
 def _lcpl() -> h5py.h5p.PropLCID:
@@ -164,21 +164,20 @@ def _group(parent: h5py.h5g.GroupID, name: str) -> h5py.h5g.GroupID:
 
 
 def _put(group: h5py.h5g.GroupID, name: str, a: np.ndarray) -> None:
-    """``create_dataset(name, data=a)`` (images: chunked per frame, deflated, growable): image frames are written
-    as the chunks :func:`~rollcap.rollout.recording.deflate.frames` compressed (once for both formats)."""
+    """``create_dataset(name, data=a)`` (images: chunks of whole frames, deflated, growable): image chunks are written
+    as :func:`~rollcap.rollout.recording.deflate.frames` compressed them (once for both formats)."""
     a = np.require(a, requirements="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
-    image = is_image(a) and all(a.shape[1:])
+    f = frames(a) if is_image(a) and all(a.shape[1:]) else None
     if a.ndim == 0:
         space = _made(("scalar",), lambda: h5py.h5s.create(h5py.h5s.SCALAR))
     else:
-        space = _space(a.shape, (h5py.h5s.UNLIMITED, *a.shape[1:]) if image else None)
-    dset = h5py.h5d.create(
-        group, name.encode(), _type(a.dtype), space, dcpl=_dcpl(a.shape[1:] if image else None), lcpl=_lcpl()
-    )
-    if image:
-        f, at = frames(a), [0] * a.ndim
-        for i in range(len(a)):
-            at[0] = i
+        space = _space(a.shape, (h5py.h5s.UNLIMITED, *a.shape[1:]) if f else None)
+    dcpl = _dcpl((f.per_chunk, *a.shape[1:]) if f else None)
+    dset = h5py.h5d.create(group, name.encode(), _type(a.dtype), space, dcpl=dcpl, lcpl=_lcpl())
+    if f:
+        at = [0] * a.ndim
+        for i in range(len(f.segments)):
+            at[0] = i * f.per_chunk
             dset.write_direct_chunk(tuple(at), zlib_chunk(f, i))
     elif a.size:
         dset.write(h5py.h5s.ALL, h5py.h5s.ALL, a, mtype=_memory_type(a.dtype))

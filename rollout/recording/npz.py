@@ -41,7 +41,6 @@ from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import (
     TABLES,
-    byte_view,
     check_record,
     corrupt,
     episode_meta,
@@ -49,7 +48,7 @@ from rollcap.rollout.recording.codec import (
     iter_fields,
     record_from_parts,
 )
-from rollcap.rollout.recording.deflate import compressor, member, npz_member
+from rollcap.rollout.recording.deflate import compressor, crc32, member, npz_member
 
 NPZ_DEFLATE, NPZ_STORED = "deflate-1", "stored"
 """``meta.json``'s ``codec``: image-bearing files are deflated (level 1), others stored."""
@@ -86,9 +85,9 @@ def write_npz(record: EpisodeRecord, path, checked: dict | None = None) -> None:
         try:
             for k in range(0, len(parts), _IOV_MAX):  # one system call for a few hundred parts
                 some = parts[k : k + _IOV_MAX]
-                done, want = os.writev(fd, some), sum(len(memoryview(q).cast("B")) for q in some)
+                done, want = os.writev(fd, some), sum(memoryview(q).nbytes for q in some)
                 if done < want:  # a short write (a signal, a full pipe): the rest one part at a time
-                    rest = memoryview(b"".join(bytes(q) for q in some))[done:]
+                    rest = memoryview(b"".join(some))[done:]
                     while rest:
                         rest = rest[os.write(fd, rest) :]
         finally:
@@ -109,20 +108,22 @@ def archive(meta: dict, fields: Iterable[tuple[str, np.ndarray]], deflate: bool)
     return _zip(members)
 
 
-def _member(a: np.ndarray, c) -> tuple[object, int, int, int]:
-    """One ``.npy`` member (``np.lib.format.write_array``'s bytes): ``(data parts, method, CRC-32, size)``; deflated
-    with ``c`` (a :func:`~rollcap.rollout.recording.deflate.compressor`) unless it is None (stored); image frames
-    as their shared segments."""
-    a = np.require(a, requirements="C")
-    header, body = _npy_header(a.dtype, a.shape), byte_view(a)
-    size, crc = len(header) + a.nbytes, None
+def _member(a: np.ndarray, c) -> tuple[list, int, int, int, int]:
+    """One ``.npy`` member (``np.lib.format.write_array``'s bytes): ``(data parts, method, CRC-32, size, stored size)``;
+    deflated with ``c`` (a :func:`~rollcap.rollout.recording.deflate.compressor`) unless it is None or the array is
+    small (stored); image frames as their shared segments. Arrays are parts as they are (their buffers)."""
+    if not a.flags.c_contiguous:  # (a 0-d array always is: np.ascontiguousarray would make it 1-d)
+        a = np.ascontiguousarray(a)
+    header = _npy_header(a.dtype, a.shape)
+    size = len(header) + a.nbytes
     if c is not None and is_image(a):
         data, crc = npz_member(c, header, a)
-        return [data], zipfile.ZIP_DEFLATED, crc, size
-    crc = zlib.crc32(body, zlib.crc32(header))
+        return [data], zipfile.ZIP_DEFLATED, crc, size, len(data)
+    crc = crc32(a, crc32(header))
     if c is None or a.nbytes < DEFLATE_MIN:
-        return [header, body], zipfile.ZIP_STORED, crc, size
-    return [member(c, header, body)], zipfile.ZIP_DEFLATED, crc, size
+        return [header, a], zipfile.ZIP_STORED, crc, size, size
+    data = member(c, header, a)
+    return [data], zipfile.ZIP_DEFLATED, crc, size, len(data)
 
 
 _HEADERS: dict[tuple, bytes] = {}
@@ -153,19 +154,18 @@ _ZIP64_LIMIT, _COUNT_LIMIT = (1 << 31) - 1, (1 << 16) - 1  # zipfile's: beyond t
 _UNIX_FILE = 0o600 << 16  # external attributes: a regular file (zipfile's default for writestr)
 
 
-def _zip(members: list[tuple[str, list, int, int, int]]) -> list:
-    """The parts of a zip archive of ``(name, data parts, method, crc, size)`` members: zipfile's layout (local
-    headers, data, central directory, end records), zip64 extras and end record only where a size needs them."""
+def _zip(members: list[tuple[str, list, int, int, int, int]]) -> list:
+    """The parts of a zip archive of ``(name, data parts, method, crc, size, stored size)`` members: zipfile's layout
+    (local headers, data, central directory, end records), zip64 extras and end record only where a size needs them."""
     t = time.localtime()
     dostime, dosdate = (
         t.tm_hour << 11 | t.tm_min << 5 | t.tm_sec // 2,
         (t.tm_year - 1980) << 9 | t.tm_mon << 5 | t.tm_mday,
     )
     parts, central, pos = [], [], 0
-    for name, data, method, crc, size in members:
+    for name, data, method, crc, size, csize in members:
         raw = name.encode("utf-8")
         flags = 0x800 if not name.isascii() else 0  # the name is UTF-8
-        csize = sum(len(d) if isinstance(d, bytes) else d.nbytes for d in data)
         big = size > _ZIP64_LIMIT or csize > _ZIP64_LIMIT
         extra = struct.pack("<2H2Q", 1, 16, size, csize) if big else b""
         version = 45 if big else 20

@@ -5,6 +5,7 @@ needs it), a demo written through h5py's low-level calls as its high-level calls
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 import zlib
 
@@ -21,13 +22,21 @@ from rollcap.rollout.recording.recorder import records_equal, synthetic_record
 META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {}}
 
 
-def test_a_frame_segment_is_an_hdf5_chunk_and_part_of_the_npz_member():
-    """Each frame's one compression decodes alone as a zlib stream (an HDF5 chunk) and, joined after the .npy header,
-    as the whole member (raw deflate), with the member's CRC; an empty stack is the header alone."""
-    a = np.random.default_rng(0).integers(0, 16, (6, 8, 8, 3), dtype=np.uint8)
+@pytest.mark.parametrize("t", [6, 5, 1])
+def test_a_chunk_segment_is_an_hdf5_chunk_and_part_of_the_npz_member(t, monkeypatch):
+    """Each chunk's one compression decodes alone as a zlib stream (an HDF5 chunk: the last one padded with zero frames
+    to a whole chunk) and, joined after the .npy header, as the whole member (raw deflate), with the member's CRC; an
+    empty stack is the header alone."""
+    monkeypatch.setattr(deflate, "CHUNK_BYTES", 3 * 8 * 8 * 3)  # 3 frames a chunk
+    a = np.random.default_rng(t).integers(0, 16, (t, 8, 8, 3), dtype=np.uint8)
     f = deflate.frames(a)
     assert deflate.frames(a) is f  # kept: the HDF5 writer reuses what the npz writer compressed
-    assert [zlib.decompress(deflate.zlib_chunk(f, i)) for i in range(6)] == [a[i].tobytes() for i in range(6)]
+    k = f.per_chunk
+    assert k == min(3, t) and len(f.segments) == -(-t // k)
+    padded = np.concatenate([a, np.zeros((len(f.segments) * k - t, 8, 8, 3), np.uint8)])
+    assert [zlib.decompress(deflate.zlib_chunk(f, i)) for i in range(len(f.segments))] == [
+        padded[i : i + k].tobytes() for i in range(0, len(padded), k)
+    ]
     header = b"\x93NUMPY" + b" " * 58
     data, crc = deflate.npz_member(deflate.compressor(), header, a)
     d = zlib.decompressobj(-15)
@@ -35,6 +44,23 @@ def test_a_frame_segment_is_an_hdf5_chunk_and_part_of_the_npz_member():
     empty = np.zeros((0, 8, 8, 3), np.uint8)
     data, _ = deflate.npz_member(deflate.compressor(), header, empty)
     assert zlib.decompress(data, -15) == header
+
+
+def test_hdf5_reads_image_chunks_across_the_padded_edge(tmp_path, monkeypatch):
+    """An image stack of 7 frames in chunks of 3 reads back whole and frame by frame through h5py, and a frame
+    appended through h5py's own calls (its deflate filter) lands after the padding."""
+    monkeypatch.setattr(deflate, "CHUNK_BYTES", 3 * 16 * 16 * 3)
+    rec = synthetic_record(2, steps=7, image_size=16)
+    with H5Writer(tmp_path / "e.hdf5", META) as w:
+        w.append(rec)
+    img = rec.obs["agentview_image"]
+    with h5py.File(tmp_path / "e.hdf5", "r+") as f:
+        ds = f["data/demo_2/obs/agentview_image"]
+        assert ds.chunks == (3, 16, 16, 3) and np.array_equal(ds[()], img)
+        assert all(np.array_equal(ds[i], img[i]) for i in range(7))
+        ds.resize(8, axis=0)
+        ds[7] = img[0]
+        assert np.array_equal(ds[()], np.concatenate([img, img[:1]]))
 
 
 @pytest.mark.parametrize("zip64", [False, True])
@@ -57,21 +83,23 @@ def test_npz_archives_read_with_zipfile_and_numpy(zip64, tmp_path, monkeypatch):
         assert records_equal(read_npz(path), rec) is None
 
 
-def _put(group, k, a):
-    """``group.create_dataset`` as rollcap's writer means it: images chunked per frame, deflated, growable."""
+def _put(group, name, a, k=None):
+    """``group.create_dataset`` as rollcap's writer means it: images in chunks of ``k`` whole frames (default: the
+    writer's), deflated, growable."""
     image = is_image(a) and all(a.shape[1:])
-    kw = dict(chunks=(1, *a.shape[1:]), maxshape=(None, *a.shape[1:]), compression="gzip", compression_opts=4)
-    group.create_dataset(k, data=a, track_times=False, **(kw if image else {}))
+    k = k or (deflate.frames_per_chunk(a) if image else None)
+    kw = dict(chunks=(k, *a.shape[1:]), maxshape=(None, *a.shape[1:]), compression="gzip", compression_opts=4)
+    group.create_dataset(name, data=a, track_times=False, **(kw if image else {}))
 
 
-def _robomimic_part(data: h5py.Group, rec) -> h5py.Group:
+def _robomimic_part(data: h5py.Group, rec, k: int | None = None) -> h5py.Group:
     demo = data.create_group(f"demo_{rec.index}")
     demo.attrs["num_samples"] = rec.num_steps
-    for k in ROBOMIMIC_STEP_KEYS:
-        _put(demo, k, rec.steps[k])
+    for key in ROBOMIMIC_STEP_KEYS:
+        _put(demo, key, rec.steps[key])
     obs = demo.create_group("obs")
-    for k, a in rec.obs.items():
-        _put(obs, k, a)
+    for key, a in rec.obs.items():
+        _put(obs, key, a, k)
     return demo
 
 
@@ -89,7 +117,7 @@ def _reference_demo(data: h5py.Group, rec) -> None:
 
 def _expanded_demo(data: h5py.Group, rec) -> None:
     """A demo as rollcap wrote it before ``rollcap/fields``: one attribute a meta field, one dataset an array."""
-    rc = _robomimic_part(data, rec).create_group("rollcap")
+    rc = _robomimic_part(data, rec, k=1).create_group("rollcap")  # then: one chunk a frame
     for k, v in episode_meta(rec, {"images": "deflate-1, one chunk per frame", "other": "contiguous"}).items():
         rc.attrs[k] = json.dumps(v) if k in _JSON_ATTRS else str(v) if k in ("index", "seed") else v
     for k, a in rec.steps.items():
@@ -158,3 +186,18 @@ def test_demos_written_before_fields_still_read_and_take_appends(tmp_path):
     with h5py.File(path) as f:
         assert "fields" not in f["data/demo_3/rollcap"] and "fields" in f["data/demo_4/rollcap"]
     assert [records_equal(read_h5_episode(path, r.index), r) for r in (old, new)] == [None, None]
+
+
+def test_a_short_write_is_finished(tmp_path, monkeypatch):
+    """writev returning early (a signal, a full pipe) leaves the rest to plain writes: the archive is whole, 0-d and
+    bool arrays included."""
+    rec = synthetic_record(6, steps=5, image_size=8)
+    short = []
+
+    def writev(fd, parts):
+        short.append(len(parts))
+        return os.write(fd, b"".join(parts)[:37])
+
+    monkeypatch.setattr(os, "writev", writev)
+    write_npz(rec, tmp_path / "e.npz")
+    assert short and records_equal(read_npz(tmp_path / "e.npz"), rec) is None
