@@ -317,7 +317,8 @@ def _update_derived(path, f: h5py.File, records: list[EpisodeRecord]) -> None:
         for k in _filter_keys(record.index, record.num_steps, record.success, record.steps.get("actor")):
             names[k].append(f"demo_{record.index}".encode())
     for k in MASKS:
-        _append_names(mask, k, names[k])
+        if names[k] or k in missing:  # (a mask nothing joins is not opened)
+            _append_names(mask, k, names[k])
 
 
 def _refuse_other_env(path: Path, stored: dict, env_meta: dict) -> None:

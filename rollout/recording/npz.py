@@ -21,7 +21,6 @@ Imports point downward: this module knows ``kernels.files``, ``episode``,
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import os
@@ -130,20 +129,27 @@ _HEADERS: dict[tuple, bytes] = {}
 
 
 def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """``np.lib.format``'s version 1.0 header of a C-ordered array (kept per dtype and shape: numpy formats it slowly)."""
+    """``np.lib.format.write_array_header_1_0``'s header of a C-ordered array, byte for byte (numpy formats it ~10x
+    slower; kept per dtype and shape): the dict's text, room for the first axis to grow to 21 digits, spaces to a
+    64-byte boundary and a newline."""
     key = (dtype.str, shape)
     header = _HEADERS.get(key)
     if header is None:
-        head = io.BytesIO()
-        np.lib.format.write_array_header_1_0(
-            head, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-        )
-        header = _HEADERS[key] = head.getvalue()
+        text = f"{{'descr': {np.lib.format.dtype_to_descr(dtype)!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+        room = " " * (_GROWTH_DIGITS - len(repr(shape[0]))) if shape else ""
+        raw = (text + room).encode("latin1")
+        pad = _ALIGN - (len(_NPY_MAGIC) + 2 + len(raw) + 1) % _ALIGN
+        header = _HEADERS[key] = _NPY_MAGIC + struct.pack("<H", len(raw) + 1 + pad) + raw + b" " * pad + b"\n"
         if len(_HEADERS) > 4096:
             _HEADERS.clear()
     return header
 
 
+_NPY_MAGIC, _ALIGN, _GROWTH_DIGITS = (
+    b"\x93NUMPY\x01\x00",
+    64,
+    21,
+)  # np.lib.format's magic 1.0, ARRAY_ALIGN, GROWTH_AXIS_MAX_DIGITS
 _IOV_MAX = 1024
 _LOCAL, _CENTRAL = (
     struct.Struct("<4s2B4HL2L2H"),

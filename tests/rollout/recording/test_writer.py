@@ -4,6 +4,7 @@ needs it), a demo written through h5py's low-level calls as its high-level calls
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
@@ -201,3 +202,15 @@ def test_a_short_write_is_finished(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "writev", writev)
     write_npz(rec, tmp_path / "e.npz")
     assert short and records_equal(read_npz(tmp_path / "e.npz"), rec) is None
+
+
+@pytest.mark.parametrize("dtype", ["<f4", "<f8", "|u1", "|b1", "<i8", "<u8", "<c16", ">f4", "<f2"])
+def test_npy_headers_are_numpys(dtype):
+    """The writer's own .npy header is numpy's write_array_header_1_0, byte for byte, for every rank and size."""
+    d = np.dtype(dtype)
+    for shape in ((), (0,), (1,), (34, 28), (120, 64, 64, 3), (10**20,), (3, 0, 2), (7, 1, 1, 1, 1, 1)):
+        want = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            want, {"descr": np.lib.format.dtype_to_descr(d), "fortran_order": False, "shape": shape}
+        )
+        assert npz._npy_header(d, shape) == want.getvalue(), shape
