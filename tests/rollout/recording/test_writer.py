@@ -214,3 +214,25 @@ def test_npy_headers_are_numpys(dtype):
             want, {"descr": np.lib.format.dtype_to_descr(d), "fortran_order": False, "shape": shape}
         )
         assert npz._npy_header(d, shape) == want.getvalue(), shape
+
+
+@pytest.mark.parametrize("engine", ["isal", "zlib"])
+def test_either_deflate_writes_what_every_reader_reads(engine, tmp_path, monkeypatch):
+    """ISA-L's deflate and the standard library's (the fallback where isal's wheel is missing) write archives and
+    HDF5 chunks that zipfile, numpy, h5py and rollcap's readers read back byte for byte."""
+    if engine == "zlib":
+        monkeypatch.setattr(deflate, "_z", zlib)
+    elif deflate.ENGINE != "isal":
+        pytest.skip("isal is not installed (pip install isal)")
+    rec = synthetic_record(8, steps=23, image_size=32)
+    write_npz(rec, tmp_path / "e.npz")
+    with H5Writer(tmp_path / "e.hdf5", META) as w:
+        w.append(rec)
+    with zipfile.ZipFile(tmp_path / "e.npz") as zf:
+        assert zf.testzip() is None
+    with np.load(tmp_path / "e.npz", allow_pickle=False) as z:
+        assert np.array_equal(z["obs/agentview_image"], rec.obs["agentview_image"])
+    with h5py.File(tmp_path / "e.hdf5") as f:
+        assert np.array_equal(f["data/demo_8/obs/agentview_image"][()], rec.obs["agentview_image"])
+    assert records_equal(read_npz(tmp_path / "e.npz"), rec) is None
+    assert records_equal(read_h5_episode(tmp_path / "e.hdf5", 8), rec) is None
