@@ -160,6 +160,19 @@ _ZIP64_LIMIT, _COUNT_LIMIT = (1 << 31) - 1, (1 << 16) - 1  # zipfile's: beyond t
 _UNIX_FILE = 0o600 << 16  # external attributes: a regular file (zipfile's default for writestr)
 
 
+_NAMES: dict[str, tuple[bytes, int]] = {}
+
+
+def _name(name: str) -> tuple[bytes, int]:
+    """A member name's UTF-8 bytes and its general-purpose flags (0x800: the name is UTF-8), kept per name."""
+    got = _NAMES.get(name)
+    if got is None:
+        if len(_NAMES) > 4096:
+            _NAMES.clear()
+        got = _NAMES[name] = (name.encode("utf-8"), 0 if name.isascii() else 0x800)
+    return got
+
+
 def _zip(members: list[tuple[str, list, int, int, int, int]]) -> list:
     """The parts of a zip archive of ``(name, data parts, method, crc, size, stored size)`` members: zipfile's layout
     (local headers, data, central directory, end records), zip64 extras and end record only where a size needs them."""
@@ -170,18 +183,17 @@ def _zip(members: list[tuple[str, list, int, int, int, int]]) -> list:
     )
     parts, central, pos = [], [], 0
     for name, data, method, crc, size, csize in members:
-        raw = name.encode("utf-8")
-        flags = 0x800 if not name.isascii() else 0  # the name is UTF-8
-        big = size > _ZIP64_LIMIT or csize > _ZIP64_LIMIT
-        extra = struct.pack("<2H2Q", 1, 16, size, csize) if big else b""
-        version = 45 if big else 20
-        sizes = (0xFFFFFFFF, 0xFFFFFFFF) if big else (csize, size)
-        parts += [
-            _LOCAL.pack(b"PK\x03\x04", version, 0, flags, method, dostime, dosdate, crc, *sizes, len(raw), len(extra)),
-            raw,
-            extra,
-            *data,
-        ]
+        raw, flags = _name(name)
+        if size > _ZIP64_LIMIT or csize > _ZIP64_LIMIT:
+            extra = struct.pack("<2H2Q", 1, 16, size, csize)
+            head = _LOCAL.pack(
+                b"PK\x03\x04", 45, 0, flags, method, dostime, dosdate, crc, 0xFFFFFFFF, 0xFFFFFFFF, len(raw), 20
+            )
+            parts += [head, raw, extra, *data]
+        else:
+            extra = b""
+            head = _LOCAL.pack(b"PK\x03\x04", 20, 0, flags, method, dostime, dosdate, crc, csize, size, len(raw), 0)
+            parts += [head, raw, *data]
         central.append((raw, flags, method, crc, csize, size, pos))
         pos += _LOCAL.size + len(raw) + len(extra) + csize
     start = pos
