@@ -256,6 +256,27 @@ class BufferSet:
         else:
             self._tensors[name][row].copy_(torch.from_numpy(np.ascontiguousarray(value)))
 
+    def write_rows(self, rows: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+        """Several rows' data at once (row -> name -> a batch-1 array, already validated; every row names the same
+        buffers), as :meth:`write_row` for each.
+
+        When ``rows`` holds every row of a buffer, in order, that buffer is filled by one concatenation (on CUDA
+        into its staging twin, then one asynchronous copy): a batched round's inputs cost a copy a buffer, not one a row.
+        """
+        if not rows:
+            return
+        in_order = list(rows) == list(range(len(rows)))
+        for name in next(iter(rows.values())):
+            dst = self._staging_arrays.get(name) if self._staging else self._arrays.get(name)
+            values = [r[name] for r in rows.values()]
+            if in_order and dst is not None and len(dst) == len(rows) and all(v.dtype == dst.dtype for v in values):
+                np.concatenate(values, out=dst)
+                if self._staging:
+                    self._tensors[name].copy_(self._staging[name], non_blocking=True)
+            else:
+                for row, value in zip(rows, values):
+                    self.write_row(name, row, value[0])
+
     def _write_arrays(self, values: Mapping[str, object]) -> bool:
         """The common case on a CPU device: numpy arrays of exactly their buffers' shape and dtype, copied through numpy.
 

@@ -101,6 +101,12 @@ class ObsRunner(GraphRunner):
         for name, v in values.items():
             self.inputs.write_row(name, row, v[0])
 
+    def write_rows(self, rows: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+        """:meth:`write_row` for several rows at once (row -> its values; every row names the same inputs): a batch
+        whose every row is written costs one copy an input (nothing launched)."""
+        self._require_idle("inputs written")
+        self.inputs.write_rows(rows)
+
     def load_weights(self, weights, digest: str | None = None) -> str:
         """:meth:`GraphRunner.load_weights`: a checkpoint's weights (the state dict of a model of this config) copied
         into the captured graph's in place; refused where the graph's weights are not the checkpoint's tensors (the
