@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -239,10 +239,11 @@ class FlowSDERunner(PolicyRunner):
             self._steps[row] = values["step_noise"][0]
         return values
 
-    def write_rows(self, rows: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+    def write_rows(self, rows: Sequence[Mapping[str, np.ndarray] | None]) -> None:
         """:meth:`ObsRunner.write_rows`, each row's step noise derived as :meth:`write_row` does."""
-        rows = {row: self._with_steps(row, values) for row, values in rows.items()}
-        super().write_rows(rows)
+        super().write_rows(
+            [None if values is None else self._with_steps(row, values) for row, values in enumerate(rows)]
+        )
 
     def load(self, obs, noise: np.ndarray) -> None:
         self.load_row(0, obs, noise)

@@ -6,7 +6,7 @@ Imports point downward: ``kernels`` (the graph runner, precision, fp8) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -101,9 +101,9 @@ class ObsRunner(GraphRunner):
         for name, v in values.items():
             self.inputs.write_row(name, row, v[0])
 
-    def write_rows(self, rows: Mapping[int, Mapping[str, np.ndarray]]) -> None:
-        """:meth:`write_row` for several rows at once (row -> its values; every row names the same inputs): a batch
-        whose every row is written costs one copy an input (nothing launched)."""
+    def write_rows(self, rows: Sequence[Mapping[str, np.ndarray] | None]) -> None:
+        """:meth:`write_row` for the rows at once (``rows[i]``: row ``i``'s values, or None: left as it is; every row
+        names the same inputs): a batch whose every row is written costs one copy an input (nothing launched)."""
         self._require_idle("inputs written")
         self.inputs.write_rows(rows)
 

@@ -218,18 +218,19 @@ class Rows:
 
     def __init__(self, runner):
         self.runner = runner
-        self._rows: dict[int, dict[str, np.ndarray]] = {}
+        self._rows: list[dict[str, np.ndarray] | None] = [None] * runner.batch
+        self._written = False
         self._inflight = False
         self.outputs: dict[str, np.ndarray] = {}
         """The last replay's outputs on the host as numpy (one device-to-host copy a replay, not one a row; a row reads ~1 us)."""
 
     def write(self, row: int, values: dict[str, np.ndarray]) -> None:
         """Row ``row``'s checked batch-1 inputs, copied in at the next launch (a row written twice: the last values)."""
-        self._rows[row] = values
+        self._rows[row], self._written = values, True
 
     def launch(self) -> None:
-        if self._rows:
-            rows, self._rows = dict(sorted(self._rows.items())), {}
+        if self._written:
+            rows, self._rows, self._written = self._rows, [None] * len(self._rows), False
             self.runner.write_rows(rows)
             self.runner.launch()
             self._inflight = True
