@@ -23,7 +23,7 @@ passed it, :meth:`BufferSet.host` reads it. Nothing of this exists on a CPU devi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -255,6 +255,27 @@ class BufferSet:
             self._arrays[name][row] = value
         else:
             self._tensors[name][row].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+    def write_rows(self, rows: Sequence[Mapping[str, np.ndarray] | None]) -> None:
+        """Rows' data at once, as :meth:`write_row` each: ``rows[i]`` is row ``i``'s (name -> a batch-1 array, already
+        validated and of its buffer's dtype; every row names the same buffers), or None: row ``i`` is left as it is.
+
+        When every row of a buffer is written, it is filled by one concatenation (on CUDA into its staging twin, then
+        one asynchronous copy): a batched round's inputs cost a copy a buffer, not one a row.
+        """
+        written = [(i, r) for i, r in enumerate(rows) if r is not None]
+        if not written:
+            return
+        whole = len(written) == len(rows)
+        for name in written[0][1]:
+            dst = self._staging_arrays.get(name) if self._staging else self._arrays.get(name)
+            if whole and dst is not None and len(dst) == len(rows):
+                np.concatenate([r[name] for r in rows], out=dst, casting="no")
+                if self._staging:
+                    self._tensors[name].copy_(self._staging[name], non_blocking=True)
+            else:
+                for i, r in written:
+                    self.write_row(name, i, r[name][0])
 
     def _write_arrays(self, values: Mapping[str, object]) -> bool:
         """The common case on a CPU device: numpy arrays of exactly their buffers' shape and dtype, copied through numpy.

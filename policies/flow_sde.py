@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,11 +229,21 @@ class FlowSDERunner(PolicyRunner):
         """:meth:`ObsRunner.write_row`, and the row's step noise: derived on the host from its chunk noise where
         ``values`` has none (what the record's ``flow_step_noise`` holds: the recorded noise alone makes the chunk
         again)."""
+        super().write_row(row, self._with_steps(row, values))
+
+    def _with_steps(self, row: int, values: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        """``values`` with the row's step noise (derived from its chunk noise where it has none), kept for its record."""
         if "noise" in values and "step_noise" not in values:
             values = {**values, "step_noise": step_noise_of(np.asarray(values["noise"])[0], self.cfg.num_steps)[None]}
         if "step_noise" in values:
             self._steps[row] = values["step_noise"][0]
-        super().write_row(row, values)
+        return values
+
+    def write_rows(self, rows: Sequence[Mapping[str, np.ndarray] | None]) -> None:
+        """:meth:`ObsRunner.write_rows`, each row's step noise derived as :meth:`write_row` does."""
+        super().write_rows(
+            [None if values is None else self._with_steps(row, values) for row, values in enumerate(rows)]
+        )
 
     def load(self, obs, noise: np.ndarray) -> None:
         self.load_row(0, obs, noise)

@@ -6,7 +6,7 @@ Imports point downward: ``kernels`` (the graph runner, precision, fp8) and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -100,6 +100,12 @@ class ObsRunner(GraphRunner):
         self._require_idle("inputs written")
         for name, v in values.items():
             self.inputs.write_row(name, row, v[0])
+
+    def write_rows(self, rows: Sequence[Mapping[str, np.ndarray] | None]) -> None:
+        """:meth:`write_row` for the rows at once (``rows[i]``: row ``i``'s values, or None: left as it is; every row
+        names the same inputs): a batch whose every row is written costs one copy an input (nothing launched)."""
+        self._require_idle("inputs written")
+        self.inputs.write_rows(rows)
 
     def load_weights(self, weights, digest: str | None = None) -> str:
         """:meth:`GraphRunner.load_weights`: a checkpoint's weights (the state dict of a model of this config) copied

@@ -1,8 +1,9 @@
 """The batched round: what a synchronous run does at every chunk boundary of its slots, written once.
 
 ```
-launch    every running slot's host.launch()              its inputs written (a row of the batch): observation, noise
+launch    every running slot's host.launch()              its inputs checked (a row of the batch): observation, noise
 replay    every graph once, policy ‖ critic               by whoever owns the graphs (this process, an env worker's parent)
+          (in this process the rows are copied in first, one copy an input)
 decide    every launched slot draws its next noise, then  host.decide(): its chunk and value, its own stop predicates
 execute   every slot still running: host.execute()        the chunk's env steps (on a few threads when the round has them)
 finish    every ended slot, in slot order: host.finish()  its EpisodeEnd; the slot takes the next episode
@@ -210,24 +211,29 @@ class Round:
 class Rows:
     """One batched runner shared by its rows: rows are written, one launch replays them all, one wait.
 
-    ``launch`` replays only if a row was written since the last replay;
-    ``wait`` launches first if needed (a row used on its own, as replay does).
+    A row view hands its checked inputs over (:meth:`write`); ``launch`` copies every row handed over since the last
+    replay into the runner's buffers at once (one copy an input when every row was), then replays, only if a row was
+    written; ``wait`` launches first if needed (a row used on its own, as replay does).
     """
 
     def __init__(self, runner):
         self.runner = runner
-        self._dirty = False
+        self._rows: list[dict[str, np.ndarray] | None] = [None] * runner.batch
+        self._written = False
         self._inflight = False
         self.outputs: dict[str, np.ndarray] = {}
         """The last replay's outputs on the host as numpy (one device-to-host copy a replay, not one a row; a row reads ~1 us)."""
 
-    def written(self) -> None:
-        self._dirty = True
+    def write(self, row: int, values: dict[str, np.ndarray]) -> None:
+        """Row ``row``'s checked batch-1 inputs, copied in at the next launch (a row written twice: the last values)."""
+        self._rows[row], self._written = values, True
 
     def launch(self) -> None:
-        if self._dirty:
+        if self._written:
+            rows, self._rows, self._written = self._rows, [None] * len(self._rows), False
+            self.runner.write_rows(rows)
             self.runner.launch()
-            self._dirty, self._inflight = False, True
+            self._inflight = True
 
     def wait(self) -> None:
         self.launch()
@@ -251,6 +257,7 @@ class _RowView:
             raise ValueError(f"row: expected 0..{rows.runner.batch - 1}, got {row}")
         self.rows, self.row, self.runner = rows, row, rows.runner
         self.handoff = handoff or ObsHandoff()
+        self._spec, self._obs_inputs = self.runner.obs_spec, self.runner.obs_inputs  # fixed for the runner's life
 
     def reset(self) -> None:
         """Called at each episode start: wait out a replay an error left in flight."""
@@ -279,16 +286,16 @@ class RowPolicy(_RowView):
 
     def __init__(self, rows: Rows, row: int, handoff: ObsHandoff | None = None):
         super().__init__(rows, row, handoff)
+        self._chunk_shape = tuple(self.runner.chunk_shape)
         if hasattr(self.runner, "row_flow"):  # a stochastic sampler: the host records each chunk's flow
             self.chunk_flow = lambda: self.runner.row_flow(self.row, self.rows.outputs)
 
     def start(self, obs: Observation, noise: np.ndarray) -> None:
-        """Validate and write this row, as the runner's ``load_row`` does (the batch is launched by the core, or by
-        :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
-        values = self.runner.obs_inputs(obs)
-        self.handoff.put(obs, self.runner.obs_spec, values)
-        self.runner.write_row(self.row, {**values, "noise": noise_input(noise, self.runner.chunk_shape)})
-        self.rows.written()
+        """Validate this row's inputs, as the runner's ``load_row`` does, and hand them to the rows (written and launched
+        with the batch by the core, or by :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
+        values = self._obs_inputs(obs)
+        self.handoff.put(obs, self._spec, values)
+        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape)})
 
     def result(self) -> np.ndarray:
         self.rows.wait()
@@ -299,10 +306,9 @@ class RowCritic(_RowView):
     """A :class:`~rollcap.rollout.protocols.ChunkCritic` over one row of a batched ``CriticRunner``."""
 
     def start(self, obs: Observation) -> None:
-        """Write this row: the observation the slot's policy row just checked (same spec), else checked here."""
-        values = self.handoff.take(obs, self.runner.obs_spec)
-        self.runner.write_row(self.row, self.runner.obs_inputs(obs) if values is None else values)
-        self.rows.written()
+        """This row's inputs, to the rows: the observation the slot's policy row just checked (same spec), else checked here."""
+        values = self.handoff.take(obs, self._spec)
+        self.rows.write(self.row, self._obs_inputs(obs) if values is None else values)
 
     def result(self) -> float:
         self.rows.wait()

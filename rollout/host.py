@@ -367,7 +367,10 @@ class RolloutHost:
             t_critic = time.perf_counter() - t0
             k0, t0_steps = (0, 0) if ep.at is None else (ep.at.chunk, ep.at.step)
             view = BoundaryView(k0 + ep.chunk, t0_steps + ep.steps, actions, value, time.perf_counter() - ep.t_start)
-            reason = next((r for p in self.predicates if (r := p.check(view)) is not None), None)
+            reason = None
+            for p in self.predicates:  # the first to fire
+                if (reason := p.check(view)) is not None:
+                    break
             boundary_s = time.perf_counter() - t0
             event = ChunkEvent(
                 ep.index, ep.chunk, step, obs, noise, actions, value,

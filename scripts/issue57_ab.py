@@ -12,8 +12,8 @@ Each round runs, for the old tree then this one, each in fresh processes:
 - the writer's CPU per episode (``EpisodeRecorder.write_many``, npz + HDF5, one and 16 episodes a commit) over the
   same 20 recorded PushBlock episodes (recorded once, by this tree, with the shipped policy);
 - the in-process host's work per slot and round at batch 32 with a 2 ms stand-in (``bench.batch.host_per_slot``), and
-  the same host's launch and decide alone (``iso_*``: round after round on the same observations, no env step between,
-  so the envs' data does not crowd the caches).
+  the same host's launch (with the replay's host part: the rows copied in) and decide alone (``iso_*``: round after
+  round on the same observations, no env step between, so the envs' data does not crowd the caches).
 
 Prints a markdown table (median, range over the rounds) and the machine's load before and after.
 """
@@ -76,7 +76,8 @@ import json
 from rollcap.rollout.spec import Parts
 from rollcap.rollout.bench.batch import host_per_slot
 r = host_per_slot(Parts(), 32, 30)
-print(json.dumps({"host_us": r["host_us_per_slot_round"], "launch_us": r["launch_us"], "decide_us": r["decide_us"]}))
+print(json.dumps({"host_us": r["host_us_per_slot_round"], "launch_us": r["launch_us"], "replay_us": r.get("replay_us", 0.0),
+                  "decide_us": r["decide_us"]}))
 """
 
 ISOLATED = """
@@ -96,9 +97,9 @@ got = {"iso_launch_us": [], "iso_decide_us": []}
 for k in range(60):  # the boundary's two halves round after round, the same observations: the host's own work alone
     c0 = time.thread_time()
     tickets = [h.launch() for h in core.hosts]
-    c1 = time.thread_time()
-    for rows in core.policy_rows + core.critic_rows:
+    for rows in core.policy_rows + core.critic_rows:  # the replay's host part (the rows copied in) counts as launch
         rows.launch()
+    c1 = time.thread_time()
     for h in core.hosts:
         h.draw_ahead()
     for rows in core.policy_rows + core.critic_rows:

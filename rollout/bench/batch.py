@@ -151,9 +151,10 @@ class _Chunks(Subscriber):
 
 def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 2e-3) -> dict:
     """The in-process core's own work per slot and round at batch ``n`` with a stand-in replay of ``seconds`` (no recording,
-    envs stepped on the driver's thread), in microseconds: ``launch`` (validate and write the row), ``decide`` (less the
-    replay's wait: the chunk, the predicates, the event), ``draw_ahead`` (the next noise, while the batch replays: host
-    time only where it outlasts the replay, ``ahead_beyond_replay``), ``execute`` (env steps with their per-step work)."""
+    envs stepped on the driver's thread), in microseconds: ``launch`` (validate the row), ``replay`` (the host's part of
+    the replay: the rows copied in, the graphs launched), ``decide`` (less the replay's wait: the chunk, the predicates,
+    the event), ``draw_ahead`` (the next noise, while the batch replays: host time only where it outlasts the replay),
+    ``execute`` (env steps with their per-step work)."""
     from rollcap.rollout.batch import BatchedCore
     from rollcap.rollout.config import HostConfig
 
@@ -179,6 +180,7 @@ def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 
     for h in core.hosts:
         for name in ("launch", "decide", "draw_ahead", "execute"):
             setattr(h, name, timed(name, getattr(h, name)))
+    core.replay = timed("replay", core.replay)
     walls = []
     try:
         for i in range(n):
@@ -203,8 +205,9 @@ def host_per_slot(parts: Parts, n: int = 32, rounds: int = 30, seconds: float = 
     decide = per.get("decide", 0.0) - waited  # the first slot's decide waits for the replay
     ahead = max(0.0, per.get("draw_ahead", 0.0) - 1e6 * seconds / n)
     return {"batch": n, "rounds": rounds, "standin_ms": seconds * 1e3, "round_ms": 1e3 * float(np.median(walls[1:])),
-            "launch_us": per.get("launch", 0.0), "decide_us": decide, "draw_ahead_us": per.get("draw_ahead", 0.0),
-            "host_us_per_slot_round": per.get("launch", 0.0) + decide + ahead, "env_us_per_slot_round": per.get("execute", 0.0)}  # fmt: skip
+            "launch_us": per.get("launch", 0.0), "replay_us": per.get("replay", 0.0), "decide_us": decide,
+            "draw_ahead_us": per.get("draw_ahead", 0.0), "host_us_per_slot_round": per.get("launch", 0.0) + per.get("replay", 0.0) + decide + ahead,
+            "env_us_per_slot_round": per.get("execute", 0.0)}  # fmt: skip
 
 
 H100_POLICY_S = {1: 2.0e-3, 8: 2.9e-3, 32: 4.09e-3, 64: 5.38e-3, 128: 7.79e-3}
@@ -386,8 +389,8 @@ def format_batch(b: dict, row) -> None:
         f"{us['host_us_per_slot_round']} us (goal <= 20)",
     )
     row(
-        "  launch / decide / noise (beside the replay)",
-        f"{us['launch_us']} / {us['decide_us']} / {us['draw_ahead_us']} us; env steps {us['env_us_per_slot_round']} us",
+        "  launch / replay / decide / noise (beside the replay)",
+        f"{us['launch_us']} / {us['replay_us']} / {us['decide_us']} / {us['draw_ahead_us']} us; env steps {us['env_us_per_slot_round']} us",
     )
     if "vector_chunks_per_s" in b:
         row(

@@ -49,6 +49,9 @@ class FixedLatencyRows:
     def write_row(self, row: int, values) -> None:
         self.runner.write_row(row, values)
 
+    def write_rows(self, rows) -> None:
+        self.runner.write_rows(rows)
+
     def launch(self) -> None:
         self._ready = time.perf_counter() + self.seconds
 

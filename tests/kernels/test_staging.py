@@ -82,6 +82,21 @@ def test_rows_and_fetch_through_the_staging_block():
     assert b.host("y").tolist() == [1.0, 2.0, 3.0]
 
 
+@pytest.mark.parametrize("staging", [False, True], ids=["cpu", "staged"])
+def test_write_rows_writes_what_write_row_writes_and_leaves_rows_not_named(staging):
+    """Every row named: one concatenation a buffer (through the staging block when there is one); some rows: those
+    rows, the others left as they were."""
+    specs = [BufferSpec("x", (3, 4), torch.float32), BufferSpec("t", (3, 2), torch.int64)]
+    rows = [{"x": np.full((1, 4), i, np.float32), "t": np.full((1, 2), 10 + i, np.int64)} for i in range(3)]
+    b = BufferSet(specs, "cpu", staging=staging)
+    b.write_rows(rows)
+    assert b["x"][:, 0].tolist() == [0.0, 1.0, 2.0] and b["t"][:, 1].tolist() == [10, 11, 12]
+    b.write_rows([None, {"x": np.full((1, 4), 7, np.float32), "t": np.full((1, 2), 17, np.int64)}, None])
+    assert b["x"][:, 0].tolist() == [0.0, 7.0, 2.0] and b["t"][:, 1].tolist() == [10, 17, 12]
+    b.write_rows([None, None, None])
+    assert b["x"][:, 0].tolist() == [0.0, 7.0, 2.0]
+
+
 def test_the_runner_host_path_dispatches_nothing_on_cpu():
     """A CPU policy runner's own path per call (validate and write the inputs, read the chunk back) runs no torch
     op at all: numpy into the buffers' memory, numpy out (the replay between is the model's)."""

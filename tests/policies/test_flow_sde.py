@@ -55,6 +55,24 @@ def test_captured_rows_equal_eager_and_logp_is_the_gaussian_density(runners):
         assert torch.allclose(out["logp"][:, k].double(), want, atol=2e-4), k
 
 
+def test_write_rows_writes_what_load_row_writes_step_noise_included(runners):
+    """The batched core's copy-in (every row at once, or some) writes the inputs and keeps the step noise that
+    load_row does, row by row."""
+    r = runners
+    seeds = (6, 7, 8)
+    r.write_rows([{**r.obs_inputs(make_obs(s)), "noise": make_noise(s)[None]} for s in seeds])
+    got = ({k: v.clone() for k, v in r.inputs.tensors().items()}, [r._steps[i].copy() for i in range(3)])
+    for i, s in enumerate(seeds):
+        r.load_row(i, make_obs(s), make_noise(s))
+    assert all(torch.equal(got[0][k], v) for k, v in r.inputs.tensors().items())
+    assert all(np.array_equal(got[1][i], step_noise_of(make_noise(s), r.cfg.num_steps)) for i, s in enumerate(seeds))
+    r.write_rows([None, {**r.obs_inputs(make_obs(9)), "noise": make_noise(9)[None]}, None])
+    partial = {k: v.clone() for k, v in r.inputs.tensors().items()}
+    r.load_row(1, make_obs(9), make_noise(9))
+    assert all(torch.equal(partial[k], v) for k, v in r.inputs.tensors().items())
+    assert torch.equal(partial["noise"][0], got[0]["noise"][0])
+
+
 def test_learner_logp_from_the_trace_matches_the_graph(runners):
     """step_logp (every step in one batched call, differentiable) gives the graph's per-step log-probabilities back
     from the recorded trace, to float32 rounding, and a gradient reaches the expert."""

@@ -248,6 +248,8 @@ def test_a_slots_critic_row_takes_the_observation_its_policy_row_checked_once():
         assert rc.handoff.values is not None
         rc.start(obs)
         assert rc.handoff.values is None  # taken
+        rc.rows.launch()  # the rows are copied in with the batch's launch
+        rc.rows.settle()
         written = {k: v[1].clone() for k, v in critic.inputs.tensors().items()}
         critic.load_row(1, first_obs(4))
         critic.load_row(1, obs)
