@@ -210,10 +210,12 @@ class GraphRunner:
         self._in_flight = None
 
     def eager(self, values: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The reference path: ``fn`` on fresh tensors, no static buffers, no lane."""
+        """The reference path: ``fn`` on fresh tensors, no static buffers, no lane; on a CPU, on the lane's thread budget,
+        as the replays run (a GEMM's bits follow its thread count, and the caller's may be another)."""
         for name, v in values.items():
             self.inputs.check(name, v)
-        with torch.no_grad(), precision_context(self.precision, self.device):
+        threads = self.threads if self.device.type == "cpu" else None
+        with torch.no_grad(), precision_context(self.precision, self.device), _intra_op_threads(threads):
             return {
                 k: v.clone()
                 for k, v in self.fn({k: torch.as_tensor(v).to(self.device) for k, v in values.items()}).items()
