@@ -184,25 +184,16 @@ class PagedFile:
         return max(0, end - start)
 
     def write(self, buf) -> int:
-        start = self._pos
-        if start >= self._bound and self._writable and not self._dead:  # new space, straight to disk: the common case
-            size = memoryview(buf).nbytes
-            try:
-                n = os.pwrite(self._fd, buf, start) if size else 0  # (the buffer as it is: no cast, one call)
-                if n < size:
-                    _pwrite_all(self._fd, memoryview(buf).cast("B")[n:], start + n)
-            except BaseException as err:  # noqa: BLE001 - reported through self.error
-                self._fail(err)
-            self._pos = start + size
-            self._size = max(self._size, self._pos)
-            return size
         data = memoryview(buf).cast("B")
         try:
             if not self._writable:
                 raise OSError("read-only view")
+            start = self._pos
             if not data:  # h5py's driver writes nothing often (most of its calls at a close)
                 return 0
-            if not self._dead:
+            if start >= self._bound and not self._dead:  # new space, straight to disk: the common case
+                _pwrite_all(self._fd, data, start)
+            elif not self._dead:
                 for lo, hi, p in self._spans(start, start + len(data)):
                     if p is None:
                         _pwrite_all(self._fd, data[lo - start :], lo)
