@@ -72,21 +72,19 @@ from rollcap.rollout.episode import ACTOR_POLICY, EpisodeRecord
 from rollcap.rollout.recording.codec import check_record, episode_meta, is_image, iter_fields
 from rollcap.rollout.recording.deflate import frames, zlib_chunk
 from rollcap.rollout.recording.h5read import (
+    FIELDS,
     ROBOMIMIC_STEP_KEYS,
     _env_args,
     _indices,
     _open_committed,
     _read_demo,
     h5_indices,
+    in_own_dataset,
 )
 from rollcap.rollout.recording.journal import journaled_update, recover
 from rollcap.rollout.recording.npz import archive
 
 IMAGE_CODEC = {"images": "deflate-1, chunks of whole frames", "other": "contiguous", "fields": "npz, stored"}
-FIELDS = "fields"
-"""``data/demo_<index>/rollcap/fields``: the archive of the meta and the fields kept nowhere else."""
-_DATASETS = {f"steps/{k}" for k in ROBOMIMIC_STEP_KEYS}
-_OWN_TABLES = ("obs/", "final_obs/")  # stored as datasets of their own
 _LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
 MASKS = ("success", "failure", "intervened", "train", "valid")
 """robomimic filter keys kept under ``mask/``; see the module docstring."""
@@ -210,7 +208,7 @@ def _write_demo(data: h5py.h5g.GroupID, record: EpisodeRecord, checked: dict | N
     final = _group(rc, "final_obs")
     for k, a in record.final_obs.items():
         _put(final, k, a)
-    rest = [(name, a) for name, a in iter_fields(record) if name not in _DATASETS and not name.startswith(_OWN_TABLES)]
+    rest = [(name, a) for name, a in iter_fields(record) if not in_own_dataset(name)]
     parts = archive(episode_meta(record, IMAGE_CODEC, checked), rest, deflate=False)
     _put(rc, FIELDS, np.frombuffer(b"".join(parts), np.uint8))
     nxt, at = _group(demo, "next_obs"), f"/data/demo_{record.index}"

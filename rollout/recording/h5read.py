@@ -24,7 +24,19 @@ from rollcap.rollout.recording.journal import committed_view
 from rollcap.rollout.recording.npz import read_archive
 
 ROBOMIMIC_STEP_KEYS = ("actions", "rewards", "dones", "states")
-"""Per-step arrays stored where robomimic looks for them; the rest of STEP_DTYPES go under ``rollcap/steps``."""
+"""Per-step arrays stored where robomimic looks for them; the rest of STEP_DTYPES are in ``rollcap/fields`` (in
+``rollcap/steps`` in demos written before it)."""
+FIELDS = "fields"
+"""``data/demo_<index>/rollcap/fields``: the archive of the meta and the fields a demo keeps in no dataset of its own."""
+
+
+def in_own_dataset(name: str) -> bool:
+    """Whether the field ``name`` (``<table>/<key>``) is a dataset of its own in a demo (robomimic's, final_obs), not
+    a member of :data:`FIELDS`."""
+    table, _, key = name.partition("/")
+    return table in ("obs", "final_obs") or (table == "steps" and key in ROBOMIMIC_STEP_KEYS)
+
+
 _JSON_ATTRS = ("env_kwargs", "fingerprints", "config", "codec", "origin")
 _DEMO = re.compile(r"demo_(\d+)")
 _MAX_INFLATE = 1100  # deflate expands at most ~1032x: a gzip dataset's bytes bound its size
@@ -79,7 +91,7 @@ def _read_demo(path, f: h5py.File, index: int) -> EpisodeRecord:
         if "rollcap" not in demo:
             raise corrupt(path, f"{where} has no 'rollcap' group; not written by rollcap")
         rc = demo["rollcap"]
-        meta, tables = _packed(path, rc, where) if "fields" in rc else _expanded(path, rc)
+        meta, tables = _packed(path, rc, where) if FIELDS in rc else _expanded(path, rc)
         n = meta.get("num_steps")
         if int(demo.attrs.get("num_samples", -1)) != n:
             raise corrupt(path, f"{where}: num_samples {demo.attrs.get('num_samples')} != num_steps {n}")
@@ -96,13 +108,12 @@ def _read_demo(path, f: h5py.File, index: int) -> EpisodeRecord:
 def _packed(path, rc: h5py.Group, where: str) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
     """The meta and the fields kept in ``rollcap/fields`` (the archive :func:`~rollcap.rollout.recording.npz.archive`
     makes); a field also stored as a dataset of its own is refused."""
-    blob = _load(path, rc, "fields")
-    at = f"{path}: {where}/rollcap/fields"
+    blob = _load(path, rc, FIELDS)
+    at = f"{path}: {where}/rollcap/{FIELDS}"
     if blob.dtype != np.uint8 or blob.ndim != 1:
-        raise corrupt(path, f"{where}/rollcap/fields is {blob.dtype}{blob.shape}, expected uint8 bytes")
+        raise corrupt(path, f"{where}/rollcap/{FIELDS} is {blob.dtype}{blob.shape}, expected uint8 bytes")
     meta, tables = read_archive(at, io.BytesIO(blob.tobytes()), blob.nbytes)
-    twice = [f"{t}/{k}" for t in ("obs", "final_obs") for k in tables[t]]
-    twice += [f"steps/{k}" for k in ROBOMIMIC_STEP_KEYS if k in tables["steps"]]
+    twice = [f"{t}/{k}" for t, arrays in tables.items() for k in arrays if in_own_dataset(f"{t}/{k}")]
     if twice:
         raise corrupt(at, f"holds {twice[0]}, which the demo stores as a dataset")
     return meta, tables
