@@ -145,11 +145,9 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return header
 
 
-_NPY_MAGIC, _ALIGN, _GROWTH_DIGITS = (
-    b"\x93NUMPY\x01\x00",
-    64,
-    21,
-)  # np.lib.format's magic 1.0, ARRAY_ALIGN, GROWTH_AXIS_MAX_DIGITS
+_NPY_MAGIC = b"\x93NUMPY\x01\x00"  # np.lib.format's magic, version 1.0
+_ALIGN = 64  # np.lib.format.ARRAY_ALIGN
+_GROWTH_DIGITS = 21  # np.lib.format.GROWTH_AXIS_MAX_DIGITS
 _IOV_MAX = 1024
 _LOCAL, _CENTRAL = (
     struct.Struct("<4s2B4HL2L2H"),
@@ -158,19 +156,6 @@ _LOCAL, _CENTRAL = (
 _END, _END64, _LOCATOR = struct.Struct("<4s4H2LH"), struct.Struct("<4sQ2H2L4Q"), struct.Struct("<4sLQL")
 _ZIP64_LIMIT, _COUNT_LIMIT = (1 << 31) - 1, (1 << 16) - 1  # zipfile's: beyond these, zip64 records
 _UNIX_FILE = 0o600 << 16  # external attributes: a regular file (zipfile's default for writestr)
-
-
-_NAMES: dict[str, tuple[bytes, int]] = {}
-
-
-def _name(name: str) -> tuple[bytes, int]:
-    """A member name's UTF-8 bytes and its general-purpose flags (0x800: the name is UTF-8), kept per name."""
-    got = _NAMES.get(name)
-    if got is None:
-        if len(_NAMES) > 4096:
-            _NAMES.clear()
-        got = _NAMES[name] = (name.encode("utf-8"), 0 if name.isascii() else 0x800)
-    return got
 
 
 def _zip(members: list[tuple[str, list, int, int, int, int]]) -> list:
@@ -183,7 +168,7 @@ def _zip(members: list[tuple[str, list, int, int, int, int]]) -> list:
     )
     parts, central, pos = [], [], 0
     for name, data, method, crc, size, csize in members:
-        raw, flags = _name(name)
+        raw, flags = name.encode("utf-8"), 0 if name.isascii() else 0x800  # 0x800: the name is UTF-8
         if size > _ZIP64_LIMIT or csize > _ZIP64_LIMIT:
             extra = struct.pack("<2H2Q", 1, 16, size, csize)
             head = _LOCAL.pack(
