@@ -1,6 +1,6 @@
 """Issue 57's CPU goals, old tree against this one, side by side in one run (interleaved rounds, fresh processes).
 
-    python scripts/issue57_ab.py --old 0a3bd10 [--rounds 3] [--json ab.json]
+    python scripts/issue57_ab.py --old 0a3bd10 [--rounds 3] [--json ab.json] [--only writer,host]
 
 Exports the old commit with ``git archive`` into a temp directory and imports it through ``PYTHONPATH`` (a
 ``rollcap`` package whose parts are that tree's folders), so both trees run on this interpreter and its packages.
@@ -150,13 +150,17 @@ def _run(env: dict, *args, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
 
 
-def _measure(env: dict, episodes: Path) -> dict:
+PARTS_MEASURED = ("start", "worker", "writer", "host")
+
+
+def _measure(env: dict, episodes: Path, only: set[str]) -> dict:
     out = {}
-    for name, argv in (("help_s", ["--help"]), ("run_help_s", ["run", "--help"])):
+    for name, argv in (("help_s", ["--help"]), ("run_help_s", ["run", "--help"])) if "start" in only else ():
         t0 = time.perf_counter()
         _run(env, "-m", "rollcap.rollout.cli", *argv).check_returncode()
         out[name] = time.perf_counter() - t0
-    for code, args in ((WORKER, ()), (WRITER, (str(episodes),)), (HOST, ()), (ISOLATED, ())):
+    steps = {"worker": [(WORKER, ())], "writer": [(WRITER, (str(episodes),))], "host": [(HOST, ()), (ISOLATED, ())]}
+    for code, args in [step for part in PARTS_MEASURED if part in only for step in steps.get(part, ())]:
         res = _run(env, "-c", code, *args)
         if res.returncode:
             raise RuntimeError(res.stderr[-2000:])
@@ -169,7 +173,15 @@ def main() -> int:
     ap.add_argument("--old", required=True, help="the commit to compare with (e.g. 0a3bd10)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--only",
+        default=",".join(PARTS_MEASURED),
+        help=f"comma-separated parts to measure (default: all of {PARTS_MEASURED})",
+    )
     args = ap.parse_args()
+    only = set(args.only.split(","))
+    if only - set(PARTS_MEASURED):
+        ap.error(f"--only: unknown part(s) {sorted(only - set(PARTS_MEASURED))}; choose from {PARTS_MEASURED}")
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="rollcap-ab57-") as tmp:
         tmp = Path(tmp)
@@ -181,7 +193,7 @@ def main() -> int:
         got: dict[str, list[dict]] = {"old": [], "new": []}
         for r in range(args.rounds):
             for name, env in (("old", old_env), ("new", new_env)):
-                got[name].append(_measure(env, episodes))
+                got[name].append(_measure(env, episodes, only))
                 print(f"round {r} {name}: {json.dumps(got[name][-1])}", file=sys.stderr)
     load1 = os.getloadavg()
     keys = list(got["new"][0])

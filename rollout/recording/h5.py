@@ -81,7 +81,7 @@ from rollcap.rollout.recording.h5read import (
     h5_indices,
     in_own_dataset,
 )
-from rollcap.rollout.recording.journal import journaled_update, recover
+from rollcap.rollout.recording.journal import JournaledFile, recover
 from rollcap.rollout.recording.npz import archive
 
 IMAGE_CODEC = {"images": "deflate-1, chunks of whole frames", "other": "contiguous", "fields": "npz, stored"}
@@ -275,11 +275,12 @@ def _stored_filter_keys(path, f: h5py.File, index: int) -> list[str]:
     return _filter_keys(index, r.num_steps, r.success, r.steps.get("actor"))
 
 
-def _append_names(mask: h5py.Group, key: str, names: list[bytes]) -> None:
-    """Append ``names`` to ``mask/<key>`` (created if missing; rebuilt wider for a longer name)."""
+def _append_names(f: h5py.File, key: str, names: list[bytes], opened: dict) -> None:
+    """Append ``names`` to ``mask/<key>`` (created if missing; rebuilt wider for a longer name). ``opened`` keeps the
+    masks open from one append to the next (their last chunk stays in HDF5's chunk cache: not read again)."""
     width = max((len(n) for n in names), default=0)
-    if key.encode() in mask.id:
-        old = h5py.h5d.open(mask.id, key.encode())
+    old = opened.get(key)
+    if old is not None:
         if width <= old.dtype.itemsize:  # the common case, through the low-level calls (~0.3 ms a mask less)
             if names:
                 n, arr = old.shape[0], np.array(names, old.dtype)
@@ -288,22 +289,33 @@ def _append_names(mask: h5py.Group, key: str, names: list[bytes]) -> None:
                 rows.select_hyperslab((n,), (len(names),))
                 old.write(h5py.h5s.create_simple((len(names),)), rows, arr, mtype=_memory_type(arr.dtype))
             return
+        mask = f["mask"]
         kept = list(mask[key][()])
+        del opened[key]
+        old.close()
         del mask[key]
         names = kept + names
-    mask.create_dataset(
+    f["mask"].create_dataset(
         key, data=np.array(names, f"S{max(width, _MASK_WIDTH)}"), maxshape=(None,), chunks=(_MASK_ROWS,)
     )
 
 
-def _update_derived(path, f: h5py.File, records: list[EpisodeRecord]) -> None:
+def _update_derived(path, f: h5py.File, records: list[EpisodeRecord], opened: dict) -> None:
     """Add ``records``' (written) demos to ``mask/``, each mask extended once; a file lacking any mask gets them,
-    and next_obs, for every other demo first."""
-    data, mask = f["data"], f.require_group("mask")
-    missing = [k for k in MASKS if k.encode() not in mask.id]
+    and next_obs, for every other demo first. ``opened``: the masks open in ``f`` (see :func:`_append_names`)."""
     names: dict[str, list[bytes]] = {k: [] for k in MASKS}
+    missing = []
+    if len(opened) < len(MASKS):  # (once per open file: then they are all open)
+        mask = f.require_group("mask")
+        for k in MASKS:
+            if k in opened:
+                continue
+            if k.encode() in mask.id:
+                opened[k] = h5py.h5d.open(mask.id, k.encode())
+            else:
+                missing.append(k)
     if missing:  # the first append, or a file written before rollcap kept next_obs and masks
-        new = {r.index for r in records}
+        data, new = f["data"], {r.index for r in records}
         for i in _indices(path, f):
             if i in new:
                 continue
@@ -316,7 +328,7 @@ def _update_derived(path, f: h5py.File, records: list[EpisodeRecord]) -> None:
             names[k].append(f"demo_{record.index}".encode())
     for k in MASKS:
         if names[k] or k in missing:  # (a mask nothing joins is not opened)
-            _append_names(mask, k, names[k])
+            _append_names(f, k, names[k], opened)
 
 
 def _refuse_other_env(path: Path, stored: dict, env_meta: dict) -> None:
@@ -333,8 +345,11 @@ def _refuse_other_env(path: Path, stored: dict, env_meta: dict) -> None:
 class H5Writer:
     """Appends episodes to one robomimic-layout HDF5 file; each append is atomic.
 
-    Single-threaded. The file is opened and closed inside every :meth:`append`,
-    so nothing is at risk between episodes.
+    Single-threaded. Every :meth:`append` is one journaled update that ends with the file flushed and
+    committed, so nothing is at risk between episodes. The writer keeps the file open in HDF5 from one append
+    to the next (its B-trees and heaps stay in memory: an append costs about 4 ms less than reopening the file),
+    through a view that lets nothing reach the disk between appends; if anything else changed the file meanwhile
+    (another writer, a recovery), the next append reopens it. :meth:`close` closes it.
 
     Args:
         path: the ``.hdf5`` file.
@@ -348,6 +363,10 @@ class H5Writer:
 
     def __init__(self, path, env_meta: dict | None = None, resume: bool = False, lock_timeout_s: float = 60.0):
         self.path, self._timeout, self._closed = Path(path), lock_timeout_s, False
+        self._updates = JournaledFile(self.path, lock_timeout_s)
+        self._file: h5py.File | None = None  # open over ``self._view`` from one append to the next
+        self._view = None
+        self._masks: dict[str, h5py.h5d.DatasetID] = {}  # open in ``self._file``
         if self.path.exists():
             if not resume:
                 raise FileExistsError(f"{self.path} exists; pass resume=True to append to it")
@@ -411,16 +430,21 @@ class H5Writer:
             return
 
         def update(view) -> None:
-            with h5py.File(view, "r+", libver=_LIBVER) as f:
-                data = f["data"]
-                for k, record in enumerate(records):
-                    _write_demo(data.id, record, None if checked is None else checked[k])
-                _update_derived(self.path, f, records)  # the masks once (the first commit also derives older demos')
-                data.attrs["total"] = int(data.attrs["total"]) + sum(r.num_steps for r in records)
+            f = self._open(view)
+            data = f["data"]
+            for k, record in enumerate(records):
+                _write_demo(data.id, record, None if checked is None else checked[k])
+            _update_derived(self.path, f, records, self._masks)  # the first commit also derives older demos' masks
+            total = h5py.h5a.open(data.id, b"total")
+            value = np.empty((), total.dtype)
+            total.read(value)
+            total.write(np.asarray(int(value) + sum(r.num_steps for r in records), total.dtype))
+            f.flush()
 
         try:
-            journaled_update(self.path, update, self._timeout)
+            self._updates.update(update)
         except BaseException:
+            self._drop()  # rolled back: HDF5's memory of this append must go too
             try:  # a Ctrl-C that arrives just after the commit still leaves the demos committed
                 self._indices = set(h5_indices(self.path, self._timeout))
             except Exception:  # noqa: BLE001 - the original error matters more
@@ -428,9 +452,40 @@ class H5Writer:
             raise
         self._indices.update(indices)
 
+    def _open(self, view) -> h5py.File:
+        """The file open over ``view``: the one kept from the last append when the update kept its view."""
+        if self._file is None or view is not self._view:
+            self._drop()
+            self._file, self._view = h5py.File(view, "r+", libver=_LIBVER), view
+        return self._file
+
+    def _drop(self) -> None:
+        """Forget the open file without writing: its view is parked (or rolled back), so its close reaches nothing."""
+        f, self._file, self._view = self._file, None, None
+        self._masks.clear()
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - a parked view refuses its I/O; the file is as last committed
+                pass
+
     def close(self) -> None:
-        """Refuse further appends (every append has already been committed and closed)."""
+        """Close the file (HDF5's close, in one last journaled update) and refuse further appends."""
+        if self._closed:
+            return
         self._closed = True
+        if self._file is not None:
+
+            def shut(view) -> None:
+                if view is self._view:
+                    self._masks.clear()
+                    self._file.close()
+                    self._file = None
+
+            try:
+                self._updates.update(shut)
+            finally:
+                self._drop()
 
     def __enter__(self) -> H5Writer:
         return self

@@ -115,13 +115,26 @@ class PagedFile:
     """
 
     def __init__(self, fd: int, base: int, writable: bool = False):
-        self._fd, self._base, self._writable = fd, base, writable
+        self._writable, self._pos = writable, 0
+        self.stale = False
+        """Set by a read or write between updates (see :meth:`park`): whoever holds the file open must reopen it."""
+        self._begin(fd, base)
+
+    def _begin(self, fd: int, base: int) -> None:
+        """Start an update over ``fd``, whose committed size is ``base`` (the same object, for a library that keeps
+        it open from one update to the next)."""
+        self._fd, self._base = fd, base
         self._bound = -(-base // PAGE) * PAGE
         self._pages: dict[int, bytearray] = {}
-        self._size, self._pos, self._dead = base, 0, False
+        self._size, self._dead, self._parked = base, False, False
         self._old: list[tuple[int, bytes]] = []
         self.error: BaseException | None = None
         """The first exception inside a read / write / truncate; the caller re-raises it."""
+
+    def park(self) -> None:
+        """After a commit, until the next update: no I/O reaches the file; any read or write marks :attr:`stale`
+        (whoever made it, e.g. h5py closing the file at exit, holds state the file does not have)."""
+        self._fd, self._dead, self._parked, self._pages, self._old = -1, True, True, {}, []
 
     def _page(self, p: int) -> bytearray:
         page = self._pages.get(p)
@@ -162,6 +175,7 @@ class PagedFile:
         """Remember the first error and stop writing; never raise into h5py (its fileobj driver crashes on that)."""
         self.error = self.error or err
         self._dead = True
+        self.stale = self.stale or self._parked
 
     def read(self, n: int = -1) -> bytes:
         buf = bytearray(max(0, self._size - self._pos) if n is None or n < 0 else n)
@@ -191,6 +205,7 @@ class PagedFile:
             start = self._pos
             if not data:  # h5py's driver writes nothing often (most of its calls at a close)
                 return 0
+            self.stale = self.stale or self._parked
             if start >= self._bound and not self._dead:  # new space, straight to disk: the common case
                 _pwrite_all(self._fd, data, start)
             elif not self._dead:
@@ -211,7 +226,7 @@ class PagedFile:
             if not self._writable:
                 raise OSError("read-only view")
             if self._dead:
-                pass
+                self.stale = self.stale or (self._parked and size != self._size)
             elif size >= self._bound:
                 os.ftruncate(self._fd, size)
             else:  # the committed bytes stay on disk; the cut is zeroed in the overlay
@@ -317,61 +332,97 @@ def _signals_deferred() -> Iterator[None]:
             held[signum](signum, frame)  # e.g. raises KeyboardInterrupt now
 
 
-def journaled_update(path, update: Callable[[PagedFile], None], lock_timeout_s: float = 60.0) -> None:
-    """Call ``update(file)`` with a writable :class:`PagedFile` over ``path``; all its writes land, or none.
+class JournaledFile:
+    """All-or-nothing updates of ``path`` (one writer's), each through :meth:`update`.
 
-    ``update`` must be done with the file when it returns (h5py: closed). If it
-    fails, or a write fails (a full disk), the file is rolled back and the error
-    re-raised. Ctrl-C (SIGINT, and SIGTERM if it has a Python handler) is held
-    until the update is committed or rolled back, except while waiting for
-    readers' locks.
+    Consecutive updates get the same :class:`PagedFile` while nothing else has changed the file since this object's
+    last commit (same inode, size and times; same process), so a library can keep the file open from one update to
+    the next and its caches stay warm: h5py keeps an HDF5 file open this way, which saves reopening it and reading
+    its B-trees again at every update. Otherwise (the first update, after a failed one, another writer's commit, a
+    read or write between updates, a fork) the update gets a new view and whatever was open over the old one must be
+    dropped: the old view is parked, so nothing it is given reaches the file.
     """
-    path, jpath = Path(path), journal_path(path)
-    fd = os.open(path, os.O_RDWR)
-    try:
-        while _recover(path, fd, lock_timeout_s):
-            pass
-        view: PagedFile | None = None
-        jfd: int | None = None
-        committed = False
+
+    def __init__(self, path, lock_timeout_s: float = 60.0):
+        self.path, self._timeout = Path(path), lock_timeout_s
+        self._view: PagedFile | None = None
+        self._stamp: tuple | None = None  # the file as this object's last commit left it
+
+    @staticmethod
+    def _stamp_of(fd: int) -> tuple:
+        st = os.fstat(fd)
+        return os.getpid(), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def update(self, update: Callable[[PagedFile], None]) -> PagedFile:
+        """Call ``update(file)`` with a writable :class:`PagedFile` over ``path``; all its writes land, or none.
+        Returns that file, parked (see :class:`JournaledFile` for when the next update gets it again).
+
+        ``update`` must leave nothing unwritten when it returns (h5py: the file closed, or flushed if kept open).
+        If it fails, or a write fails (a full disk), the file is rolled back and the error re-raised. Ctrl-C
+        (SIGINT, and SIGTERM if it has a Python handler) is held until the update is committed or rolled back,
+        except while waiting for readers' locks.
+        """
+        path, jpath = self.path, journal_path(self.path)
+        fd = os.open(path, os.O_RDWR)
         try:
-            with _signals_deferred():
-                jfd = os.open(jpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                fcntl.flock(jfd, fcntl.LOCK_EX)
-                base = os.fstat(fd).st_size
-                _pwrite_all(jfd, _HEAD.pack(_HEAD_MAGIC, base, zlib.crc32(struct.pack("<8sQ", _HEAD_MAGIC, base))), 0)
-                os.fsync(jfd)
-                fsync_dir(path.parent)
-                if os.stat(jpath).st_ino != os.fstat(jfd).st_ino:  # a racing writer took over the name
-                    os.close(jfd)
-                    jfd = None
-                    raise RuntimeError(f"{path}: another process is writing it; one writer per file")
-                view = PagedFile(fd, base, writable=True)
-                update(view)
-                if view.error is not None:
-                    raise view.error
-            _flock(fd, fcntl.LOCK_EX, lock_timeout_s, path)  # interruptible
+            while _recover(path, fd, self._timeout):
+                pass
+            kept, self._view = self._view, None
+            view: PagedFile | None = None
+            jfd: int | None = None
+            committed = False
             try:
                 with _signals_deferred():
-                    view.commit(jfd)
-                    os.unlink(jpath)  # the commit point
-                    committed = True
+                    jfd = os.open(jpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    fcntl.flock(jfd, fcntl.LOCK_EX)
+                    base = os.fstat(fd).st_size
+                    head = _HEAD.pack(_HEAD_MAGIC, base, zlib.crc32(struct.pack("<8sQ", _HEAD_MAGIC, base)))
+                    _pwrite_all(jfd, head, 0)
+                    os.fsync(jfd)
                     fsync_dir(path.parent)
+                    if os.stat(jpath).st_ino != os.fstat(jfd).st_ino:  # a racing writer took over the name
+                        os.close(jfd)
+                        jfd = None
+                        raise RuntimeError(f"{path}: another process is writing it; one writer per file")
+                    if kept is not None and not kept.stale and self._stamp == self._stamp_of(fd):
+                        view = kept
+                        view._begin(fd, base)
+                    else:
+                        view = PagedFile(fd, base, writable=True)
+                    update(view)
+                    if view.error is not None:
+                        raise view.error
+                _flock(fd, fcntl.LOCK_EX, self._timeout, path)  # interruptible
+                try:
+                    with _signals_deferred():
+                        view.commit(jfd)
+                        os.unlink(jpath)  # the commit point
+                        committed = True
+                        fsync_dir(path.parent)
+                finally:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+            except BaseException:
+                if jfd is not None and not committed:
+                    with _signals_deferred():
+                        if view is not None:
+                            view.discard()
+                        os.unlink(jpath)
+                        fsync_dir(path.parent)
+                raise
             finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        except BaseException:
-            if jfd is not None and not committed:
-                with _signals_deferred():
-                    if view is not None:
-                        view.discard()
-                    os.unlink(jpath)
-                    fsync_dir(path.parent)
-            raise
+                if jfd is not None:
+                    os.close(jfd)
+                if view is not None:
+                    view.park()
+            self._view, self._stamp = view, self._stamp_of(fd)
+            return view
         finally:
-            if jfd is not None:
-                os.close(jfd)
-    finally:
-        os.close(fd)
+            os.close(fd)
+
+
+def journaled_update(path, update: Callable[[PagedFile], None], lock_timeout_s: float = 60.0) -> None:
+    """One :meth:`JournaledFile.update` of ``path``: ``update(file)``'s writes all land, or none."""
+    JournaledFile(path, lock_timeout_s).update(update)
 
 
 @contextmanager

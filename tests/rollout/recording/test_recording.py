@@ -356,6 +356,48 @@ def test_sigkill_at_every_io_point_leaves_whole_episodes(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+def test_sigkill_in_a_kept_open_append_leaves_whole_episodes(tmp_path, monkeypatch):
+    """The same for a writer's second append, made over the file it kept open from the first."""
+    base = tmp_path / "base.hdf5"
+    with H5Writer(base, ENV_META) as w:
+        for i in range(2):
+            w.append(small(i))
+    path = tmp_path / "e.hdf5"
+
+    def two_appends(hook) -> None:
+        w = H5Writer(path, resume=True)
+        w.append(small(2))
+        hook()
+        w.append(small(3))
+
+    shutil.copy(base, path)
+    counter = [0]
+    with monkeypatch.context() as m:  # the second append's I/O calls, counted in this process
+
+        def count() -> None:
+            for name in ("pwrite", "ftruncate", "fsync", "unlink"):
+                real = getattr(os, name)
+                m.setattr(os, name, lambda *a, _real=real: (counter.__setitem__(0, counter[0] + 1), _real(*a))[1])
+
+        two_appends(count)
+    n, outcomes = counter[0], set()
+    assert n > 10
+    for k in sorted({*range(1, 6), *range(6, n - 14, 6), *range(n - 14, n + 1)}):
+        shutil.copy(base, path)
+        journal_path(path).unlink(missing_ok=True)
+        pid = _fork(lambda: two_appends(lambda: _io_hook(k, k % 2 == 0, [0])))
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status), (k, status)
+        got = read_h5(path)
+        assert_same(got, [small(i) for i in range(len(got))])
+        assert len(got) in (3, 4)
+        outcomes.add((len(got), journal_path(path).exists()))
+        recover_h5(path)
+        assert _demos_seen_by_plain_hdf5(path)[0] == sorted(f"demo_{i}" for i in range(len(got)))
+    assert {(3, True), (4, False)} <= outcomes
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_signal_at_random_moments_leaves_whole_episodes(sig, tmp_path):
     """A recorder killed (SIGKILL) or interrupted (SIGINT) mid-run: resume sees whole episodes 0..m in both formats."""
@@ -384,6 +426,89 @@ def test_signal_at_random_moments_leaves_whole_episodes(sig, tmp_path):
     want = [synthetic_record(i, i, steps=12, image_size=48) for i in range(total)]
     assert_same(read_h5(run / "episodes.hdf5"), want)
     assert_same([read_npz(rec.npz_path(i)) for i in range(total)], want)
+
+
+def _demos_seen_by_plain_hdf5(path) -> tuple[list[str], int]:
+    """The demo names and ``total`` that HDF5 itself (its own file locking on) reads from ``path``."""
+    with h5py.File(path, "r") as f:
+        return sorted(f["data"]), int(f["data"].attrs["total"])
+
+
+def test_a_writer_keeps_the_file_open_and_each_commit_is_a_whole_file(tmp_path):
+    """Between appends the writer holds the file open in HDF5 (one view, caches warm), yet what is on disk after each
+    append is a whole HDF5 file that plain h5py and rollcap's readers open; close changes no demo."""
+    path = tmp_path / "e.hdf5"
+    w = H5Writer(path, ENV_META)
+    views = []
+    for i in range(4):
+        w.append(small(i))
+        views.append(w._view)
+        copy = tmp_path / f"after-{i}.hdf5"
+        shutil.copy(path, copy)  # the bytes as they are, while the writer still holds the file open
+        assert not journal_path(path).exists()
+        assert _demos_seen_by_plain_hdf5(copy) == (sorted(f"demo_{j}" for j in range(i + 1)), 6 * (i + 1))
+        assert_same(read_h5(copy), [small(j) for j in range(i + 1)])
+    assert all(v is views[0] for v in views)  # not reopened from one append to the next
+    w.close()
+    assert w._file is None and not journal_path(path).exists()
+    assert _demos_seen_by_plain_hdf5(path) == ([f"demo_{j}" for j in range(4)], 24)
+    assert_same(read_h5(path), [small(j) for j in range(4)])
+
+
+def test_another_writer_between_appends_makes_the_next_append_reopen(tmp_path):
+    """A file changed since this writer's last commit (another writer appended): its HDF5 caches are stale, so the
+    next append reopens the file instead of writing over the other writer's demo."""
+    path = tmp_path / "e.hdf5"
+    w = H5Writer(path, ENV_META)
+    w.append(small(0))
+    kept = w._view
+    with H5Writer(path, resume=True) as other:
+        other.append(small(1))
+    w.append(small(2))
+    assert w._view is not kept
+    w.close()
+    assert_same(read_h5(path), [small(i) for i in range(3)])
+    assert _demos_seen_by_plain_hdf5(path) == ([f"demo_{i}" for i in range(3)], 18)
+
+
+def test_a_forked_child_closing_the_file_writes_nothing(tmp_path):
+    """A forked child that closes (or exits with) the parent's open file: nothing reaches the disk (the view is parked
+    between appends), and the parent appends on."""
+    path = tmp_path / "e.hdf5"
+    w = H5Writer(path, ENV_META)
+    w.append(small(0))
+    before = path.read_bytes()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            w._file.close()  # what h5py does to every open file at interpreter exit
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert path.read_bytes() == before and not journal_path(path).exists()
+    w.append(small(1))
+    w.close()
+    assert_same(read_h5(path), [small(0), small(1)])
+
+
+def test_a_write_between_updates_reaches_nothing_and_marks_the_view_stale(tmp_path):
+    """A parked view (between two updates) drops writes and truncates and says so; the next update gets a new view."""
+    from rollcap.rollout.recording.journal import JournaledFile
+
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"a" * 5000)
+    updates = JournaledFile(path)
+    view = updates.update(lambda v: (v.seek(0), v.write(b"b" * 10)))
+    assert path.read_bytes() == b"b" * 10 + b"a" * 4990 and not view.stale
+    assert updates.update(lambda v: None) is view  # nothing changed the file: the same view
+    view.seek(0)
+    view.write(b"c" * 10)
+    view.truncate(3)
+    assert view.stale and path.read_bytes() == b"b" * 10 + b"a" * 4990
+    fresh = updates.update(lambda v: (v.seek(5000), v.write(b"d")))
+    assert fresh is not view and path.read_bytes() == b"b" * 10 + b"a" * 4990 + b"d"
+    path.write_bytes(b"e" * 3)  # another program changed it: a new view again
+    assert updates.update(lambda v: None) is not fresh
 
 
 def test_one_writer_per_file(tmp_path):
