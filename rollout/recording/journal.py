@@ -49,6 +49,9 @@ from pathlib import Path
 from rollcap.kernels.files import fsync_dir
 
 PAGE = 4096
+TAIL_MAX = 8 << 20
+"""New space is kept in memory up to this many bytes (written at the commit in one call), then written out."""
+_DISK, _TAIL = -1, -2  # where a span lives when not in an overlaid page (see PagedFile._spans)
 _HEAD = struct.Struct("<8sQI")  # magic, committed size S, crc32 of the first 16 bytes
 _REC = struct.Struct("<QQ")  # offset, length (then the old bytes)
 _FOOT = struct.Struct("<8sQI")  # magic, record count, crc32 of the record bytes
@@ -109,9 +112,13 @@ class PagedFile:
 
     Bytes below ``bound`` (``base`` rounded up to a page) live in an overlay of
     pages once touched; the disk keeps the committed bytes there until
-    :meth:`commit`. A read-only view patched with journaled old bytes shows
-    the last committed state. No method raises: the first error lands in
-    :attr:`error` and later writes do nothing (as after :meth:`discard`).
+    :meth:`commit`. New space past ``bound`` (where HDF5 puts everything new)
+    is a tail in memory, written in one call at the commit (or whenever it
+    reaches :data:`TAIL_MAX`, so a long update does not hold it all), instead
+    of one system call for each of HDF5's small writes. A read-only view patched
+    with journaled old bytes shows the last committed state. No method raises:
+    the first error lands in :attr:`error` and later writes do nothing (as after
+    :meth:`discard`).
     """
 
     def __init__(self, fd: int, base: int, writable: bool = False):
@@ -127,6 +134,8 @@ class PagedFile:
         self._bound = -(-base // PAGE) * PAGE
         self._pages: dict[int, bytearray] = {}
         self._size, self._dead, self._parked = base, False, False
+        self._tail = bytearray()  # the bytes from ``_tail_at`` on; disk between ``_bound`` and ``_tail_at``
+        self._tail_at = self._bound if self._writable else 1 << 62
         self._old: list[tuple[int, bytes]] = []
         self.error: BaseException | None = None
         """The first exception inside a read / write / truncate; the caller re-raises it."""
@@ -135,6 +144,7 @@ class PagedFile:
         """After a commit, until the next update: no I/O reaches the file; any read or write marks :attr:`stale`
         (whoever made it, e.g. h5py closing the file at exit, holds state the file does not have)."""
         self._fd, self._dead, self._parked, self._pages, self._old = -1, True, True, {}, []
+        self._tail = bytearray()
 
     def _page(self, p: int) -> bytearray:
         page = self._pages.get(p)
@@ -145,16 +155,30 @@ class PagedFile:
             self._pages[p] = page
         return page
 
-    def _spans(self, start: int, end: int) -> Iterator[tuple[int, int, int | None]]:
-        """Split ``[start, end)`` into ``(lo, hi, page index, or None for straight to disk)``."""
+    def _spans(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """Split ``[start, end)`` into ``(lo, hi, where)``: a page index, :data:`_DISK` or :data:`_TAIL`."""
         while start < end:
-            if start >= self._bound:
-                yield start, end, None
+            if start >= self._tail_at:
+                yield start, end, _TAIL
                 return
-            p = start // PAGE
-            hi = min((p + 1) * PAGE, end)
-            yield start, hi, p
+            if start >= self._bound:
+                hi = min(end, self._tail_at)
+                yield start, hi, _DISK
+            else:
+                hi = min((start // PAGE + 1) * PAGE, end)
+                yield start, hi, start // PAGE
             start = hi
+
+    def _to_tail(self, at: int, data) -> None:
+        """Write ``data`` at file offset ``at`` (past ``_tail_at``) into the tail; spill a full tail to disk."""
+        tail, lo = self._tail, at - self._tail_at
+        if lo > len(tail):  # a hole: zeros, as the disk would read
+            tail.extend(bytes(lo - len(tail)))
+        tail[lo : lo + len(data)] = data
+        if len(tail) >= TAIL_MAX:
+            _pwrite_all(self._fd, tail, self._tail_at)
+            self._tail_at += len(tail)
+            self._tail = bytearray()
 
     def patch(self, offset: int, data: bytes) -> None:
         """Overlay ``data`` at ``offset`` (journaled old bytes, for a read-only view)."""
@@ -186,8 +210,12 @@ class PagedFile:
         start, end = self._pos, min(self._pos + len(out), self._size)
         try:
             for lo, hi, p in self._spans(start, end):
-                if p is not None and p in self._pages:
+                if p in self._pages:
                     out[lo - start : hi - start] = self._pages[p][lo - p * PAGE : hi - p * PAGE]
+                elif p == _TAIL:
+                    got = self._tail[lo - self._tail_at : hi - self._tail_at]
+                    out[lo - start : lo - start + len(got)] = got
+                    out[lo - start + len(got) : hi - start] = bytes(hi - lo - len(got))
                 else:
                     data = os.pread(self._fd, hi - lo, lo)
                     out[lo - start : lo - start + len(data)] = data
@@ -206,12 +234,14 @@ class PagedFile:
             if not data:  # h5py's driver writes nothing often (most of its calls at a close)
                 return 0
             self.stale = self.stale or self._parked
-            if start >= self._bound and not self._dead:  # new space, straight to disk: the common case
-                _pwrite_all(self._fd, data, start)
+            if start >= self._tail_at and not self._dead:  # new space: the common case
+                self._to_tail(start, data)
             elif not self._dead:
                 for lo, hi, p in self._spans(start, start + len(data)):
-                    if p is None:
-                        _pwrite_all(self._fd, data[lo - start :], lo)
+                    if p == _TAIL:
+                        self._to_tail(lo, data[lo - start :])
+                    elif p == _DISK:
+                        _pwrite_all(self._fd, data[lo - start : hi - start], lo)
                     else:
                         self._page(p)[lo - p * PAGE : hi - p * PAGE] = data[lo - start : hi - start]
             self._pos = start + len(data)
@@ -227,11 +257,15 @@ class PagedFile:
                 raise OSError("read-only view")
             if self._dead:
                 self.stale = self.stale or (self._parked and size != self._size)
+            elif size >= self._tail_at:
+                del self._tail[size - self._tail_at :]
             elif size >= self._bound:
                 os.ftruncate(self._fd, size)
+                self._tail, self._tail_at = bytearray(), size
             else:  # the committed bytes stay on disk; the cut is zeroed in the overlay
                 if os.fstat(self._fd).st_size > self._bound:
                     os.ftruncate(self._fd, self._bound)
+                self._tail, self._tail_at = bytearray(), self._bound
                 for p in range(size // PAGE, self._bound // PAGE):
                     cut = max(size - p * PAGE, 0)
                     self._page(p)[cut:] = bytes(PAGE - cut)
@@ -241,7 +275,8 @@ class PagedFile:
         return size
 
     def commit(self, jfd: int) -> None:
-        """Journal the old bytes of every overlaid page, then write the pages; call under an exclusive flock."""
+        """Journal the old bytes of every overlaid page, then write the pages and the tail; call under an exclusive
+        flock."""
         self._old = [
             (p * PAGE, os.pread(self._fd, min(PAGE, self._base - p * PAGE), p * PAGE)) for p in sorted(self._pages)
         ]
@@ -252,12 +287,14 @@ class PagedFile:
             n = min(PAGE, self._size - p * PAGE)
             if n > 0:
                 _pwrite_all(self._fd, page[:n], p * PAGE)
+        if self._tail:
+            _pwrite_all(self._fd, self._tail[: max(0, self._size - self._tail_at)], self._tail_at)
         os.ftruncate(self._fd, self._size)
         os.fsync(self._fd)
 
     def discard(self) -> None:
         """Put the committed state back on disk (old bytes, size ``base``); later writes do nothing."""
-        self._dead = True
+        self._dead, self._tail = True, bytearray()
         for off, old in self._old:
             _pwrite_all(self._fd, old, off)
         os.ftruncate(self._fd, self._base)

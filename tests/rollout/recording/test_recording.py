@@ -537,29 +537,30 @@ def test_failed_append_leaves_file_byte_identical(tmp_path, monkeypatch):
     real_put = record_h5._put
     calls = [0]
 
-    def failing_put(group, name, a):
+    def failing_put(group, name, a, file=None):
         calls[0] += 1
         if calls[0] == 6:
             raise RuntimeError("boom")
-        real_put(group, name, a)
+        real_put(group, name, a, file)
 
     monkeypatch.setattr(record_h5, "_put", failing_put)
     with pytest.raises(RuntimeError, match="boom"):
         w.append(episodes()[1])
     monkeypatch.setattr(record_h5, "_put", real_put)
-    real_pwrite, writes = os.pwrite, [0]
+    real_pwrite = os.pwrite
+    for room in (1, 2, 4, 6):  # the disk fills after this many writes: in the journal, the pages, the new space
 
-    def full_disk(fd, data, offset):
-        writes[0] += 1
-        if writes[0] > 25:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real_pwrite(fd, data, offset)
+        def full_disk(fd, data, offset, writes=[0], room=room):  # a full disk refuses writes that need new blocks
+            writes[0] += 1
+            if writes[0] > room and offset + len(memoryview(data).cast("B")) > os.fstat(fd).st_size:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(os, "pwrite", full_disk)
-    with pytest.raises(OSError):
-        w.append(episodes()[1])
-    monkeypatch.setattr(os, "pwrite", real_pwrite)
-    assert path.read_bytes() == before and not journal_path(path).exists()
+        monkeypatch.setattr(os, "pwrite", full_disk)
+        with pytest.raises(OSError):
+            w.append(episodes()[1])
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
+        assert path.read_bytes() == before and not journal_path(path).exists()
     w.append(episodes()[1])
     assert_same(read_h5(path), episodes()[:2])
 

@@ -53,11 +53,11 @@ def test_write_many_is_all_or_none(tmp_path, monkeypatch):
         rec.write_many([recs[1], recs[0]])
     real_put, calls = record_h5._put, [0]
 
-    def failing_put(group, name, a):
+    def failing_put(group, name, a, file=None):
         calls[0] += 1
         if calls[0] == 14:  # inside the batch's second demo (ten datasets a demo)
             raise OSError("disk full")
-        real_put(group, name, a)
+        real_put(group, name, a, file)
 
     monkeypatch.setattr(record_h5, "_put", failing_put)
     with pytest.raises(OSError, match="disk full"):
