@@ -549,8 +549,9 @@ def test_failed_append_leaves_file_byte_identical(tmp_path, monkeypatch):
     monkeypatch.setattr(record_h5, "_put", real_put)
     real_pwrite = os.pwrite
     for room in (1, 2, 4, 6):  # the disk fills after this many writes: in the journal, the pages, the new space
+        counted = [0]
 
-        def full_disk(fd, data, offset, writes=[0], room=room):  # a full disk refuses writes that need new blocks
+        def full_disk(fd, data, offset, writes=counted, room=room):  # a full disk refuses writes that need new blocks
             writes[0] += 1
             if writes[0] > room and offset + len(memoryview(data).cast("B")) > os.fstat(fd).st_size:
                 raise OSError(errno.ENOSPC, "No space left on device")
