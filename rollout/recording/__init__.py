@@ -22,7 +22,7 @@ from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import episode_digest
 from rollcap.rollout.recording.h5 import H5Writer, recover_h5
 from rollcap.rollout.recording.h5read import h5_indices, read_h5, read_h5_episode
-from rollcap.rollout.recording.journal import journal_path
+from rollcap.rollout.recording.journal import journal_path, pending_journal
 from rollcap.rollout.recording.npz import read_npz, write_npz
 from rollcap.rollout.recording.process import WriterProcess
 from rollcap.rollout.recording.recorder import (
@@ -50,6 +50,7 @@ __all__ = [
     "iter_any",
     "iter_episodes",
     "journal_path",
+    "pending_journal",
     "load_any",
     "measure_write_overhead",
     "read_h5",

@@ -498,6 +498,7 @@ class H5Writer:
                 self._updates.update(shut)
             finally:
                 self._drop()
+        self._updates.close()
 
     def __enter__(self) -> H5Writer:
         return self

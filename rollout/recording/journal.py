@@ -12,18 +12,24 @@ rollback journal works:
 
 * ``S`` is the file size when the update starts. Writes below ``S`` (rounded up
   to a 4 KiB page) land in an in-memory page overlay; writes past it (new space,
-  where HDF5 puts all new data: the images) go straight to disk.
-* Before the first write, ``<file>-journal`` records ``S`` (fsync). At commit it
-  gets the old bytes of every overlaid page (fsync); then the pages are written
-  and the file fsync'ed. Deleting the journal is the commit point.
+  where HDF5 puts all new data: the images) are kept in memory and written at
+  the commit in one call (or, past :data:`TAIL_MAX`, as they come).
+* ``<file>-journal`` records ``S`` when the update starts. At commit it gets the
+  old bytes of every overlaid page (fsync); then the pages and the new space are
+  written and the file fsync'ed. Emptying the journal (truncating it to zero
+  bytes, fsync) is the commit point.
 * Recovery puts the journaled bytes back and truncates to ``S``: a writer does
   it before its own update (:func:`recover`), readers do it in memory
-  (:func:`committed_view`) and never modify the file.
+  (:func:`committed_view`) and never modify the file. An empty journal is no
+  update: a writer keeps it from one update to the next (creating a file costs
+  a few hundred microseconds on ext4, more than the rest of a commit's journal
+  work) and deletes it when it closes; one a killed writer left is deleted by
+  the next writer or :func:`recover`.
 
 So a crash, SIGKILL, SIGINT or full disk at any moment leaves the file as of
 the last commit. Cost per update: the touched metadata pages twice (journal,
-then file) and five fsyncs. One writer per file: a second is refused while the
-first holds the journal's ``flock``. Readers hold a shared ``flock`` on the file
+then file) and three fsyncs. One writer per file: a second is refused while the
+first holds the journal's ``flock`` (during an update). Readers hold a shared ``flock`` on the file
 while they read; a commit takes it exclusively for its few milliseconds. A
 program holding the file open with HDF5's own locking (h5py's default) makes a
 commit wait up to ``lock_timeout_s`` and then fail; a program that opens the
@@ -41,6 +47,7 @@ import signal
 import struct
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -59,8 +66,17 @@ _HEAD_MAGIC, _FOOT_MAGIC = b"RCJHEAD1", b"RCJFOOT1"
 
 
 def journal_path(path) -> Path:
-    """Where ``path``'s journal lives while an update is under way, or after a crash."""
+    """Where ``path``'s journal lives while a writer has the file (empty between its updates), or after a crash."""
     return Path(f"{path}-journal")
+
+
+def pending_journal(path) -> bool:
+    """Whether ``path``'s journal holds an update that has not committed (under way, or a killed writer's): what
+    :func:`recover` rolls back. An empty journal (a writer's between updates, or left by a killed one) holds none."""
+    try:
+        return journal_path(path).stat().st_size > 0
+    except FileNotFoundError:
+        return False
 
 
 def _pwrite_all(fd: int, data, offset: int) -> None:
@@ -127,10 +143,11 @@ class PagedFile:
         """Set by a read or write between updates (see :meth:`park`): whoever holds the file open must reopen it."""
         self._begin(fd, base)
 
-    def _begin(self, fd: int, base: int) -> None:
+    def _begin(self, fd: int, base: int, journal: int | None = None) -> None:
         """Start an update over ``fd``, whose committed size is ``base`` (the same object, for a library that keeps
-        it open from one update to the next)."""
-        self._fd, self._base = fd, base
+        it open from one update to the next). ``journal``: its header (``base``) is fsync'ed before new space first
+        reaches the disk ahead of the commit, so recovery can cut it off."""
+        self._fd, self._base, self._journal = fd, base, journal
         self._bound = -(-base // PAGE) * PAGE
         self._pages: dict[int, bytearray] = {}
         self._size, self._dead, self._parked = base, False, False
@@ -144,7 +161,7 @@ class PagedFile:
         """After a commit, until the next update: no I/O reaches the file; any read or write marks :attr:`stale`
         (whoever made it, e.g. h5py closing the file at exit, holds state the file does not have)."""
         self._fd, self._dead, self._parked, self._pages, self._old = -1, True, True, {}, []
-        self._tail = bytearray()
+        self._tail, self._journal = bytearray(), None
 
     def _page(self, p: int) -> bytearray:
         page = self._pages.get(p)
@@ -176,6 +193,9 @@ class PagedFile:
             tail.extend(bytes(lo - len(tail)))
         tail[lo : lo + len(data)] = data
         if len(tail) >= TAIL_MAX:
+            if self._journal is not None:
+                os.fsync(self._journal)
+                self._journal = None
             _pwrite_all(self._fd, tail, self._tail_at)
             self._tail_at += len(tail)
             self._tail = bytearray()
@@ -301,6 +321,45 @@ class PagedFile:
         os.fsync(self._fd)
 
 
+def _rollback(path: Path, fd: int, jfd: int, lock_timeout_s: float) -> bool:
+    """Put back what the journal ``jfd`` (locked) holds of an update that never committed, then empty it; True if
+    it held one (an empty or torn journal: nothing reached the file)."""
+    size = os.fstat(jfd).st_size
+    if not size:
+        return False
+    base, recs = _parse(os.pread(jfd, size, 0))
+    if base is not None:
+        _flock(fd, fcntl.LOCK_EX, lock_timeout_s, path)
+        try:
+            for off, old in recs:
+                _pwrite_all(fd, old, off)
+            os.ftruncate(fd, base)
+            os.fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    os.ftruncate(jfd, 0)
+    os.fsync(jfd)
+    return base is not None
+
+
+def _lock(jfd: int, path: Path) -> None:
+    """Take ``jfd``'s exclusive flock, or refuse: another writer holds it."""
+    try:
+        fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RuntimeError(
+            f"{path}: another process is writing it ({journal_path(path)} is locked); one writer per file"
+        ) from None
+
+
+def _is_at(jfd: int, jpath: Path) -> bool:
+    """Whether ``jfd`` is still the file at ``jpath`` (a recovery elsewhere may have deleted it)."""
+    try:
+        return os.stat(jpath).st_ino == os.fstat(jfd).st_ino
+    except FileNotFoundError:
+        return False
+
+
 def _recover(path: Path, fd: int, lock_timeout_s: float) -> bool:
     jpath = journal_path(path)
     try:
@@ -308,32 +367,20 @@ def _recover(path: Path, fd: int, lock_timeout_s: float) -> bool:
     except FileNotFoundError:
         return False
     try:
-        try:
-            fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(
-                f"{path}: another process is writing it ({jpath} is locked); one writer per file"
-            ) from None
-        if os.path.exists(jpath) and os.stat(jpath).st_ino == os.fstat(jfd).st_ino:
-            base, recs = _parse(os.pread(jfd, os.fstat(jfd).st_size, 0))
-            if base is not None:
-                _flock(fd, fcntl.LOCK_EX, lock_timeout_s, path)
-                try:
-                    for off, old in recs:
-                        _pwrite_all(fd, old, off)
-                    os.ftruncate(fd, base)
-                    os.fsync(fd)
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
-            os.unlink(jpath)
-            fsync_dir(path.parent)
-        return True
+        _lock(jfd, path)
+        if not _is_at(jfd, jpath):
+            return False
+        rolled = _rollback(path, fd, jfd, lock_timeout_s)
+        os.unlink(jpath)
+        fsync_dir(path.parent)
+        return rolled
     finally:
         os.close(jfd)
 
 
 def recover(path, lock_timeout_s: float = 60.0) -> bool:
-    """Roll ``path`` back to its last commit if a killed writer left a journal; True if it did.
+    """Roll ``path`` back to its last commit if a killed writer left a pending journal; True if it did. Deletes the
+    journal (an empty one too).
 
     Raises:
         RuntimeError: a live writer holds the journal.
@@ -370,25 +417,64 @@ def _signals_deferred() -> Iterator[None]:
 
 
 class JournaledFile:
-    """All-or-nothing updates of ``path`` (one writer's), each through :meth:`update`.
+    """All-or-nothing updates of ``path`` (one writer's), each through :meth:`update`; :meth:`close` when done.
 
-    Consecutive updates get the same :class:`PagedFile` while nothing else has changed the file since this object's
-    last commit (same inode, size and times; same process), so a library can keep the file open from one update to
-    the next and its caches stay warm: h5py keeps an HDF5 file open this way, which saves reopening it and reading
-    its B-trees again at every update. Otherwise (the first update, after a failed one, another writer's commit, a
-    read or write between updates, a fork) the update gets a new view and whatever was open over the old one must be
-    dropped: the old view is parked, so nothing it is given reaches the file.
+    The journal file is kept (empty) from one update to the next and deleted by :meth:`close`. Consecutive updates
+    get the same :class:`PagedFile` while nothing else has changed the file since this object's last commit (same
+    inode, size and times; same process), so a library can keep the file open from one update to the next and its
+    caches stay warm: h5py keeps an HDF5 file open this way, which saves reopening it and reading its B-trees again
+    at every update. Otherwise (the first update, after a failed one, another writer's commit, a read or write
+    between updates, a fork) the update gets a new view and whatever was open over the old one must be dropped: the
+    old view is parked, so nothing it is given reaches the file.
     """
 
     def __init__(self, path, lock_timeout_s: float = 60.0):
         self.path, self._timeout = Path(path), lock_timeout_s
         self._view: PagedFile | None = None
         self._stamp: tuple | None = None  # the file as this object's last commit left it
+        self._jfd: int | None = None  # the journal, empty between updates
+        self._closer: weakref.finalize | None = None
 
     @staticmethod
     def _stamp_of(fd: int) -> tuple:
         st = os.fstat(fd)
         return os.getpid(), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+    def _journal(self) -> int:
+        """The journal, exclusively locked: the one kept from the last update while it is still the file at its path,
+        else opened, or created (and its directory entry made durable).
+
+        Raises:
+            RuntimeError: another writer holds it.
+        """
+        jpath = journal_path(self.path)
+        for _ in range(100):
+            jfd = self._forget_journal()
+            if jfd is None:
+                try:
+                    jfd = os.open(jpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    fsync_dir(self.path.parent)
+                except FileExistsError:  # left by a killed writer, or another writer's
+                    try:
+                        jfd = os.open(jpath, os.O_RDWR)
+                    except FileNotFoundError:
+                        continue
+            try:
+                _lock(jfd, self.path)
+            except BaseException:
+                os.close(jfd)
+                raise
+            if _is_at(jfd, jpath):
+                self._jfd, self._closer = jfd, weakref.finalize(self, os.close, jfd)
+                return jfd
+            os.close(jfd)  # deleted meanwhile by a recovery elsewhere: take the one at the path
+        raise RuntimeError(f"{self.path}: its journal {jpath} keeps being replaced; one writer per file")
+
+    def _forget_journal(self) -> int | None:
+        jfd, closer, self._jfd, self._closer = self._jfd, self._closer, None, None
+        if closer is not None:
+            closer.detach()
+        return jfd
 
     def update(self, update: Callable[[PagedFile], None]) -> PagedFile:
         """Call ``update(file)`` with a writable :class:`PagedFile` over ``path``; all its writes land, or none.
@@ -398,34 +484,31 @@ class JournaledFile:
         If it fails, or a write fails (a full disk), the file is rolled back and the error re-raised. Ctrl-C
         (SIGINT, and SIGTERM if it has a Python handler) is held until the update is committed or rolled back,
         except while waiting for readers' locks.
+
+        Raises:
+            RuntimeError: another writer holds the journal.
         """
-        path, jpath = self.path, journal_path(self.path)
+        path = self.path
         fd = os.open(path, os.O_RDWR)
+        kept, self._view = self._view, None
+        view: PagedFile | None = None
+        jfd: int | None = None
+        began = committed = False
         try:
-            while _recover(path, fd, self._timeout):
-                pass
-            kept, self._view = self._view, None
-            view: PagedFile | None = None
-            jfd: int | None = None
-            committed = False
             try:
                 with _signals_deferred():
-                    jfd = os.open(jpath, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-                    fcntl.flock(jfd, fcntl.LOCK_EX)
+                    jfd = self._journal()
+                    if _rollback(path, fd, jfd, self._timeout):  # a killed writer's update
+                        kept = None
                     base = os.fstat(fd).st_size
                     head = _HEAD.pack(_HEAD_MAGIC, base, zlib.crc32(struct.pack("<8sQ", _HEAD_MAGIC, base)))
                     _pwrite_all(jfd, head, 0)
-                    os.fsync(jfd)
-                    fsync_dir(path.parent)
-                    if os.stat(jpath).st_ino != os.fstat(jfd).st_ino:  # a racing writer took over the name
-                        os.close(jfd)
-                        jfd = None
-                        raise RuntimeError(f"{path}: another process is writing it; one writer per file")
+                    began = True
                     if kept is not None and not kept.stale and self._stamp == self._stamp_of(fd):
                         view = kept
-                        view._begin(fd, base)
                     else:
                         view = PagedFile(fd, base, writable=True)
+                    view._begin(fd, base, jfd)
                     update(view)
                     if view.error is not None:
                         raise view.error
@@ -433,22 +516,22 @@ class JournaledFile:
                 try:
                     with _signals_deferred():
                         view.commit(jfd)
-                        os.unlink(jpath)  # the commit point
+                        os.ftruncate(jfd, 0)  # the commit point
+                        os.fsync(jfd)
                         committed = True
-                        fsync_dir(path.parent)
                 finally:
                     fcntl.flock(fd, fcntl.LOCK_UN)
             except BaseException:
-                if jfd is not None and not committed:
+                if began and not committed:
                     with _signals_deferred():
                         if view is not None:
                             view.discard()
-                        os.unlink(jpath)
-                        fsync_dir(path.parent)
+                        os.ftruncate(jfd, 0)
+                        os.fsync(jfd)
                 raise
             finally:
                 if jfd is not None:
-                    os.close(jfd)
+                    fcntl.flock(jfd, fcntl.LOCK_UN)
                 if view is not None:
                     view.park()
             self._view, self._stamp = view, self._stamp_of(fd)
@@ -456,10 +539,30 @@ class JournaledFile:
         finally:
             os.close(fd)
 
+    def close(self) -> None:
+        """Delete the (empty) journal unless another writer holds it now; later updates open it again."""
+        jfd = self._forget_journal()
+        if jfd is None:
+            return
+        try:
+            fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            jpath = journal_path(self.path)
+            if _is_at(jfd, jpath) and not os.fstat(jfd).st_size:
+                os.unlink(jpath)
+                fsync_dir(self.path.parent)
+        except BlockingIOError:
+            pass
+        finally:
+            os.close(jfd)
+
 
 def journaled_update(path, update: Callable[[PagedFile], None], lock_timeout_s: float = 60.0) -> None:
     """One :meth:`JournaledFile.update` of ``path``: ``update(file)``'s writes all land, or none."""
-    JournaledFile(path, lock_timeout_s).update(update)
+    updates = JournaledFile(path, lock_timeout_s)
+    try:
+        updates.update(update)
+    finally:
+        updates.close()
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from rollcap.rollout.recording import (
     H5Writer,
     episode_digest,
     journal_path,
+    pending_journal,
     measure_write_overhead,
     read_h5,
     read_h5_episode,
@@ -344,7 +345,7 @@ def test_sigkill_at_every_io_point_leaves_whole_episodes(tmp_path, monkeypatch):
         got = read_h5(path)  # a pending journal is rolled back in memory
         assert_same(got, [small(i) for i in range(len(got))])
         assert len(got) in (2, 3)
-        outcomes.add((len(got), journal_path(path).exists()))
+        outcomes.add((len(got), pending_journal(path)))
         recover_h5(path)
         assert not journal_path(path).exists()
         with h5py.File(path, "r") as f:  # plain HDF5 opens it after recovery
@@ -391,7 +392,7 @@ def test_sigkill_in_a_kept_open_append_leaves_whole_episodes(tmp_path, monkeypat
         got = read_h5(path)
         assert_same(got, [small(i) for i in range(len(got))])
         assert len(got) in (3, 4)
-        outcomes.add((len(got), journal_path(path).exists()))
+        outcomes.add((len(got), pending_journal(path)))
         recover_h5(path)
         assert _demos_seen_by_plain_hdf5(path)[0] == sorted(f"demo_{i}" for i in range(len(got)))
     assert {(3, True), (4, False)} <= outcomes
@@ -417,7 +418,7 @@ def test_signal_at_random_moments_leaves_whole_episodes(sig, tmp_path):
         _, status = os.waitpid(pid, 0)
         if sig == signal.SIGINT:
             assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 130, status
-            assert not journal_path(run / "episodes.hdf5").exists()  # rolled back cleanly
+            assert not pending_journal(run / "episodes.hdf5")  # rolled back cleanly
         else:
             assert os.WIFSIGNALED(status)
         rec = EpisodeRecorder(run, resume=True)
@@ -445,7 +446,7 @@ def test_a_writer_keeps_the_file_open_and_each_commit_is_a_whole_file(tmp_path):
         views.append(w._view)
         copy = tmp_path / f"after-{i}.hdf5"
         shutil.copy(path, copy)  # the bytes as they are, while the writer still holds the file open
-        assert not journal_path(path).exists()
+        assert not pending_journal(path)
         assert _demos_seen_by_plain_hdf5(copy) == (sorted(f"demo_{j}" for j in range(i + 1)), 6 * (i + 1))
         assert_same(read_h5(copy), [small(j) for j in range(i + 1)])
     assert all(v is views[0] for v in views)  # not reopened from one append to the next
@@ -485,7 +486,7 @@ def test_a_forked_child_closing_the_file_writes_nothing(tmp_path):
         finally:
             os._exit(0)
     os.waitpid(pid, 0)
-    assert path.read_bytes() == before and not journal_path(path).exists()
+    assert path.read_bytes() == before and not pending_journal(path)
     w.append(small(1))
     w.close()
     assert_same(read_h5(path), [small(0), small(1)])
@@ -561,7 +562,7 @@ def test_failed_append_leaves_file_byte_identical(tmp_path, monkeypatch):
         with pytest.raises(OSError):
             w.append(episodes()[1])
         monkeypatch.setattr(os, "pwrite", real_pwrite)
-        assert path.read_bytes() == before and not journal_path(path).exists()
+        assert path.read_bytes() == before and not pending_journal(path)
     w.append(episodes()[1])
     assert_same(read_h5(path), episodes()[:2])
 

@@ -17,7 +17,7 @@ from rollcap.rollout.recording import (
     EpisodeRecorder,
     H5Writer,
     episode_digest,
-    journal_path,
+    pending_journal,
     read_h5,
     read_h5_episode,
     records_equal,
@@ -196,7 +196,7 @@ def test_crash_mid_append_leaves_masks_and_demos_agreeing(tmp_path, monkeypatch)
             masks, demos = _masks_and_demos(f)
         want = [small(int(d[5:])) for d in demos]
         assert masks == expected_masks(want) and len(demos) in (2, 3)
-        seen.add((len(demos), journal_path(path).exists()))
+        seen.add((len(demos), pending_journal(path)))
         recover_h5(path)
         with h5py.File(path, "r", swmr=True, libver="latest") as f:  # what robomimic sees after recovery
             assert _masks_and_demos(f) == (masks, demos)

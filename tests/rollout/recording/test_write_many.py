@@ -10,7 +10,14 @@ import pytest
 
 from rollcap.rollout.protocols import EpisodeEnd
 from rollcap.rollout.recording import h5 as record_h5
-from rollcap.rollout.recording import EpisodeRecorder, journal_path, read_h5, read_npz, records_equal, synthetic_record
+from rollcap.rollout.recording import (
+    EpisodeRecorder,
+    pending_journal,
+    read_h5,
+    read_npz,
+    records_equal,
+    synthetic_record,
+)
 from rollcap.rollout.subscribers import InBackground
 
 ENV_META = {"env_name": "PushBlock-v0", "type": 2, "env_kwargs": {}}
@@ -63,7 +70,7 @@ def test_write_many_is_all_or_none(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         rec.write_many(recs[1:])
     monkeypatch.setattr(record_h5, "_put", real_put)
-    assert rec.indices == [0] and not journal_path(rec.h5_path).exists()
+    assert rec.indices == [0] and not pending_journal(rec.h5_path)
     assert sorted(p.name for p in rec.episodes_dir.iterdir()) == ["episode_00000.npz"]
     rec.write_many(recs[1:])
     rec.close()
