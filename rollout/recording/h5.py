@@ -160,6 +160,10 @@ def _space(shape: tuple[int, ...], maxshape: tuple | None = None) -> h5py.h5s.Sp
     return _made(("space", shape, maxshape), lambda: h5py.h5s.create_simple(shape, maxshape))
 
 
+def _scalar() -> h5py.h5s.SpaceID:
+    return _made(("scalar",), lambda: h5py.h5s.create(h5py.h5s.SCALAR))
+
+
 def _group(parent: h5py.h5g.GroupID, name: str) -> h5py.h5g.GroupID:
     """``parent.create_group(name)``."""
     return h5py.h5g.create(parent, name.encode(), lcpl=_lcpl())
@@ -174,7 +178,7 @@ def _put(group: h5py.h5g.GroupID, name: str, a: np.ndarray, file=None) -> None:
     a = np.require(a, requirements="C")  # (np.ascontiguousarray makes a 0-d array 1-d)
     f = frames(a) if is_image(a) and all(a.shape[1:]) else None
     if a.ndim == 0:
-        space = _made(("scalar",), lambda: h5py.h5s.create(h5py.h5s.SCALAR))
+        space = _scalar()
     else:
         space = _space(a.shape, (h5py.h5s.UNLIMITED, *a.shape[1:]) if f else None)
     direct = file is not None and not f and a.size > 0
@@ -242,10 +246,14 @@ def _write_next_obs(demo: h5py.Group) -> None:
 
 
 def _rows(shape: tuple[int, ...], start: int, count: int) -> h5py.h5s.SpaceID:
-    """A dataspace of ``shape`` selecting rows ``start .. start + count - 1``."""
-    space = h5py.h5s.create_simple(shape)
-    space.select_hyperslab((start, *(0 for _ in shape[1:])), (count, *shape[1:]))
-    return space
+    """A dataspace of ``shape`` selecting rows ``start .. start + count - 1`` (made once: ``set_virtual`` copies it)."""
+
+    def make():
+        space = h5py.h5s.create_simple(shape)
+        space.select_hyperslab((start, *(0 for _ in shape[1:])), (count, *shape[1:]))
+        return space
+
+    return _made(("rows", shape, start, count), make)
 
 
 def _put_next_obs(
@@ -262,11 +270,11 @@ def _put_next_obs(
     if t > 1:
         plist.set_virtual(_rows(shape, 0, t - 1), b".", obs.encode(), _rows(shape, 1, t - 1))
     if last is not None and last[1] == shape[1:] and last[2] == dtype:
-        source = h5py.h5s.create_simple(last[1]) if last[1] else h5py.h5s.create(h5py.h5s.SCALAR)
+        source = _space(last[1]) if last[1] else _scalar()
         plist.set_virtual(_rows(shape, t - 1, 1), b".", last[0].encode(), source)
     else:
         plist.set_virtual(_rows(shape, t - 1, 1), b".", obs.encode(), _rows(shape, t - 1, 1))
-    h5py.h5d.create(nxt, k.encode(), _type(np.dtype(dtype)), h5py.h5s.create_simple(shape), dcpl=plist, lcpl=_lcpl())
+    h5py.h5d.create(nxt, k.encode(), _type(np.dtype(dtype)), _space(tuple(shape)), dcpl=plist, lcpl=_lcpl())
 
 
 def demo_split(index: int) -> str:

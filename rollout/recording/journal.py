@@ -86,6 +86,13 @@ def _pwrite_all(fd: int, data, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+def _pwritev_all(fd: int, parts: list, offset: int) -> None:
+    """``parts`` one after the other from ``offset``, in one call when it writes them all (it may write fewer)."""
+    done = os.pwritev(fd, parts, offset)
+    if done < sum(len(q) for q in parts):
+        _pwrite_all(fd, b"".join(parts)[done:], offset + done)
+
+
 def _parse(raw: bytes) -> tuple[int | None, list[tuple[int, bytes]]]:
     """``(S, old-byte records)``; ``S`` None for a torn header; records empty unless the footer checks out."""
     if len(raw) < _HEAD.size:
@@ -296,17 +303,23 @@ class PagedFile:
 
     def commit(self, jfd: int) -> None:
         """Journal the old bytes of every overlaid page, then write the pages and the tail; call under an exclusive
-        flock."""
+        flock. Runs of adjacent pages are read and written in one call each."""
+        runs: list[list[int]] = []
+        for p in sorted(self._pages):
+            if runs and runs[-1][-1] == p - 1:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
         self._old = [
-            (p * PAGE, os.pread(self._fd, min(PAGE, self._base - p * PAGE), p * PAGE)) for p in sorted(self._pages)
+            (r[0] * PAGE, os.pread(self._fd, min(len(r) * PAGE, self._base - r[0] * PAGE), r[0] * PAGE)) for r in runs
         ]
         body = b"".join(_REC.pack(off, len(old)) + old for off, old in self._old)
         _pwrite_all(jfd, body + _FOOT.pack(_FOOT_MAGIC, len(self._old), zlib.crc32(body)), _HEAD.size)
         os.fsync(jfd)
-        for p, page in self._pages.items():
-            n = min(PAGE, self._size - p * PAGE)
-            if n > 0:
-                _pwrite_all(self._fd, page[:n], p * PAGE)
+        for r in runs:
+            parts = [memoryview(self._pages[p])[: min(PAGE, self._size - p * PAGE)] for p in r if p * PAGE < self._size]
+            if parts:
+                _pwritev_all(self._fd, parts, r[0] * PAGE)
         if self._tail:
             _pwrite_all(self._fd, self._tail[: max(0, self._size - self._tail_at)], self._tail_at)
         os.ftruncate(self._fd, self._size)

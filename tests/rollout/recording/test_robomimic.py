@@ -187,7 +187,7 @@ def test_crash_mid_append_leaves_masks_and_demos_agreeing(tmp_path, monkeypatch)
     """SIGKILL at I/O points of an append: before and after recovery, every mask names exactly the demos present."""
     base, n = two_demos_and_append_io_count(tmp_path, monkeypatch)
     path, seen = tmp_path / "e.hdf5", set()
-    for k in sorted({*range(1, 6), *range(6, n - 14, 16), *range(n - 14, n + 1)}):
+    for k in range(1, n + 1):
         shutil.copy(base, path)
         pid = _fork(lambda: (_io_hook(k, k % 2 == 0, [0]), H5Writer(path, resume=True).append(small(2))))
         _, status = os.waitpid(pid, 0)
