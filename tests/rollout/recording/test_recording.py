@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import io
 import json
@@ -565,7 +566,7 @@ def test_failed_append_leaves_file_byte_identical(tmp_path, monkeypatch):
 
         with monkeypatch.context() as m:
             for name in ("pwrite", "pwritev"):
-                m.setattr(os, name, lambda *a, _n=name, _real=getattr(os, name), _f=full_disk: _f(_n, _real, *a))
+                m.setattr(os, name, functools.partial(full_disk, name, getattr(os, name)))
             with pytest.raises(OSError):
                 w.append(episodes()[1])
         assert path.read_bytes() == before and not pending_journal(path)
