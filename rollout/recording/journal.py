@@ -41,6 +41,7 @@ Single-threaded. Knows nothing of HDF5 or episodes: imports only ``kernels.files
 
 from __future__ import annotations
 
+import _signal  # signal's C half: the same calls without signal's enum conversions (~8 us a call less)
 import fcntl
 import os
 import signal
@@ -405,6 +406,9 @@ def recover(path, lock_timeout_s: float = 60.0) -> bool:
         os.close(fd)
 
 
+_HELD = (int(signal.SIGINT), int(signal.SIGTERM))
+
+
 @contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold Python-level SIGINT / SIGTERM handlers (Ctrl-C) until the block ends, then run them.
@@ -417,14 +421,14 @@ def _signals_deferred() -> Iterator[None]:
         yield
         return
     caught: list[tuple[int, object]] = []
-    held = {sig: h for sig in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(sig))}
+    held = {sig: h for sig in _HELD if callable(h := _signal.getsignal(sig))}
     for sig in held:
-        signal.signal(sig, lambda signum, frame: caught.append((signum, frame)))
+        _signal.signal(sig, lambda signum, frame: caught.append((signum, frame)))
     try:
         yield
     finally:
         for sig, handler in held.items():
-            signal.signal(sig, handler)
+            _signal.signal(sig, handler)
         for signum, frame in caught[:1]:
             held[signum](signum, frame)  # e.g. raises KeyboardInterrupt now
 
@@ -443,6 +447,7 @@ class JournaledFile:
 
     def __init__(self, path, lock_timeout_s: float = 60.0):
         self.path, self._timeout = Path(path), lock_timeout_s
+        self._jpath = journal_path(self.path)
         self._view: PagedFile | None = None
         self._stamp: tuple | None = None  # the file as this object's last commit left it
         self._jfd: int | None = None  # the journal, empty between updates
@@ -460,7 +465,7 @@ class JournaledFile:
         Raises:
             RuntimeError: another writer holds it.
         """
-        jpath = journal_path(self.path)
+        jpath = self._jpath
         for _ in range(100):
             jfd = self._forget_journal()
             if jfd is None:
@@ -559,7 +564,7 @@ class JournaledFile:
             return
         try:
             fcntl.flock(jfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            jpath = journal_path(self.path)
+            jpath = self._jpath
             if _is_at(jfd, jpath) and not os.fstat(jfd).st_size:
                 os.unlink(jpath)
                 fsync_dir(self.path.parent)

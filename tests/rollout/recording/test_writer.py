@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import os
 import zipfile
 import zlib
@@ -156,10 +157,12 @@ def _layout(obj) -> dict:
     return out
 
 
-def test_a_demo_is_what_h5pys_own_calls_write(tmp_path):
+def test_a_demo_is_what_h5pys_own_calls_write(tmp_path, monkeypatch):
     """The low-level writer's demo has the datasets (dtypes, shapes, chunking, filter level, bytes), groups and
     attributes (HDF5 types: strings variable-length UTF-8, as h5py stores a str) of h5py's high-level calls, next_obs
     and masks aside; and reads back as the record."""
+    now = time.localtime()  # both archives stamped with the same second (a zip member's time is part of its bytes)
+    monkeypatch.setattr(npz.time, "localtime", lambda *a: now)
     rec = synthetic_record(7)
     w = H5Writer(tmp_path / "fast.hdf5", META)
     w.append(rec)
