@@ -88,7 +88,7 @@ IMAGE_CODEC = {"images": "deflate-1, chunks of whole frames", "other": "contiguo
 _LIBVER = ("v108", "v110")  # readable by every HDF5 >= 1.10; dense attributes allowed
 MASKS = ("success", "failure", "intervened", "train", "valid")
 """robomimic filter keys kept under ``mask/``; see the module docstring."""
-_MASK_ROWS, _MASK_WIDTH = 256, 32  # chunk length, and the first width of the fixed-length names
+_MASK_ROWS, _MASK_WIDTH = 64, 32  # chunk length (2 KiB: an append rewrites one chunk), the first width of names
 
 
 def recover_h5(path, lock_timeout_s: float = 60.0) -> bool:

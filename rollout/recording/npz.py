@@ -35,7 +35,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from rollcap.kernels.files import atomic_write, canonical_json
+from rollcap.kernels.files import atomic_write
 from rollcap.rollout.episode import EpisodeRecord
 from rollcap.rollout.errors import CorruptEpisode
 from rollcap.rollout.recording.codec import (
@@ -45,6 +45,7 @@ from rollcap.rollout.recording.codec import (
     episode_meta,
     is_image,
     iter_fields,
+    meta_json,
     record_from_parts,
 )
 from rollcap.rollout.recording.deflate import compressor, crc32, member, npz_member
@@ -102,7 +103,7 @@ def archive(meta: dict, fields: Iterable[tuple[str, np.ndarray]], deflate: bool)
     bytes from deflate and costs a compressor flush); else every member is stored. The HDF5 writer keeps an episode's
     other fields in such an archive too (stored)."""
     c = compressor() if deflate else None
-    members = [("meta.json.npy", *_member(np.frombuffer(canonical_json(meta).encode(), dtype=np.uint8), c))]
+    members = [("meta.json.npy", *_member(np.frombuffer(meta_json(meta).encode(), dtype=np.uint8), c))]
     members += [(f"{name}.npy", *_member(a, c)) for name, a in fields]
     return _zip(members)
 

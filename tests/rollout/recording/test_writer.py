@@ -5,6 +5,7 @@ needs it), a demo written through h5py's low-level calls as its high-level calls
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 import json
 import time
 import os
@@ -239,3 +240,29 @@ def test_either_deflate_writes_what_every_reader_reads(engine, tmp_path, monkeyp
         assert np.array_equal(f["data/demo_8/obs/agentview_image"][()], rec.obs["agentview_image"])
     assert records_equal(read_npz(tmp_path / "e.npz"), rec) is None
     assert records_equal(read_h5_episode(tmp_path / "e.hdf5", 8), rec) is None
+
+
+def test_a_meta_composed_from_its_members_is_its_canonical_json():
+    """The digest and both archives compose the meta's JSON from each member's (encoded once): the same text as
+    encoding the whole meta, the same digest as :func:`episode_digest`, whatever the values (unicode, NaN, nesting,
+    tuples, numpy numbers, the optional fields), and a field's plain value reused only for the same text."""
+    from rollcap.kernels.files import canonical_json
+    from rollcap.rollout.recording.codec import checked_meta, episode_digest, meta_json
+
+    base = synthetic_record(3, steps=4, image_size=8)
+    odd = replace(
+        base,
+        instruction='pousse le bloc \u00e9 \u2192 "l\u00e0"',
+        fingerprints={"policy": {"w": "sha256:00", "dims": (3, np.int64(4)), "nan": float("nan")}, "\u00e9": [1.5]},
+        config={"b": 1, "a": [True, None, 2.0]},
+        error="boom \u2603",
+        origin={"branch_of": 2, "at": np.float32(0.5)},
+    )
+    again = replace(odd, fingerprints={**odd.fingerprints, "env": {"other": 1}})  # same key, other text
+    for rec in (base, odd, again, odd):
+        checked = checked_meta(rec)
+        assert checked["digest"] == episode_digest(rec)
+        for codec in (None, "deflate-1", IMAGE_CODEC):
+            meta = episode_meta(rec, codec, checked)
+            assert meta == json.loads(canonical_json(episode_meta(rec, codec)))  # the plain values
+            assert meta_json(meta) == canonical_json(episode_meta(rec, codec))
