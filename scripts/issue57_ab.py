@@ -10,7 +10,8 @@ Each round runs, for the old tree then this one, each in fresh processes:
 - one env worker (``EnvWorkers`` over the batch bench's 1 ms stand-in at batch 2, one worker): spawn to ready
   (the pool's construction) and the worker's peak RSS (``VmHWM`` read from ``/proc/<pid>/status`` while it lives);
 - the writer's CPU per episode (``EpisodeRecorder.write_many``, npz + HDF5, one and 16 episodes a commit) over the
-  same 20 recorded PushBlock episodes (recorded once, by this tree, with the shipped policy);
+  same 20 recorded PushBlock episodes (recorded once, by this tree, with the shipped policy), the median of three
+  runs each (alternating) in one process;
 - the in-process host's work per slot and round at batch 32 with a 2 ms stand-in (``bench.batch.host_per_slot``), and
   the same host's launch (with the replay's host part: the rows copied in) and decide alone (``iso_*``: round after
   round on the same observations, no env step between, so the envs' data does not crowd the caches).
@@ -53,22 +54,23 @@ print(json.dumps({"worker_start_s": s, "worker_rss_mb": hwm}))
 """
 
 WRITER = """
-import copy, json, sys, tempfile, time
+import copy, json, statistics, sys, tempfile, time
 from pathlib import Path
 from rollcap.rollout.recording import EpisodeRecorder, load_any
 records = list(load_any(sys.argv[1]))
 meta = {"env_name": "rollcap/PushBlock-v0", "type": 2, "env_kwargs": {}}
-out = {}
-for per in (1, 16):
-    fresh = [copy.deepcopy(r) for r in records]
-    with tempfile.TemporaryDirectory() as tmp:
-        rec = EpisodeRecorder(tmp, ("npz", "h5"), meta)
-        c0 = time.thread_time()
-        for k in range(0, len(fresh), per):
-            rec.write_many(fresh[k:k + per])
-        out[f"writer_{per}_ms"] = 1e3 * (time.thread_time() - c0) / len(fresh)
-        rec.close()
-print(json.dumps(out))
+got = {1: [], 16: []}
+for _ in range(3):  # each batch size three times, alternating: the median of three runs of 20 episodes
+    for per in (1, 16):
+        fresh = [copy.deepcopy(r) for r in records]
+        with tempfile.TemporaryDirectory() as tmp:
+            rec = EpisodeRecorder(tmp, ("npz", "h5"), meta)
+            c0 = time.thread_time()
+            for k in range(0, len(fresh), per):
+                rec.write_many(fresh[k:k + per])
+            got[per].append(1e3 * (time.thread_time() - c0) / len(fresh))
+            rec.close()
+print(json.dumps({f"writer_{per}_ms": statistics.median(v) for per, v in got.items()}))
 """
 
 HOST = """

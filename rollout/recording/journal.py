@@ -457,6 +457,7 @@ class JournaledFile:
         self._view: PagedFile | None = None
         self._stamp: tuple | None = None  # the file as this object's last commit left it
         self._jfd: int | None = None  # the journal, empty between updates
+        self._jpid = 0  # the process that opened it
         self._closer: weakref.finalize | None = None
 
     @staticmethod
@@ -489,15 +490,20 @@ class JournaledFile:
                 os.close(jfd)
                 raise
             if _is_at(jfd, jpath):
-                self._jfd, self._closer = jfd, weakref.finalize(self, os.close, jfd)
+                self._jfd, self._jpid, self._closer = jfd, os.getpid(), weakref.finalize(self, os.close, jfd)
                 return jfd
             os.close(jfd)  # deleted meanwhile by a recovery elsewhere: take the one at the path
         raise RuntimeError(f"{self.path}: its journal {jpath} keeps being replaced; one writer per file")
 
     def _forget_journal(self) -> int | None:
+        """Take the kept journal's fd (None: none kept). A forked child does not take its parent's: the two would
+        share one open file, and so one flock, and could both write; it closes its copy and opens its own."""
         jfd, closer, self._jfd, self._closer = self._jfd, self._closer, None, None
         if closer is not None:
             closer.detach()
+        if jfd is not None and self._jpid != os.getpid():
+            os.close(jfd)
+            return None
         return jfd
 
     def update(self, update: Callable[[PagedFile], None]) -> PagedFile:

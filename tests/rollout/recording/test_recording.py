@@ -498,6 +498,24 @@ def test_a_forked_child_closing_the_file_writes_nothing(tmp_path):
     assert_same(read_h5(path), [small(0), small(1)])
 
 
+def test_a_forked_child_does_not_share_its_parents_journal_lock(tmp_path):
+    """The journal a writer keeps open between appends is not a forked child's: while the parent holds its lock
+    (mid-append), the child's append through the same writer object is refused, not let in through the shared fd."""
+    path = tmp_path / "e.hdf5"
+    w = H5Writer(path, ENV_META)
+    w.append(small(0))
+    fcntl.flock(w._updates._jfd, fcntl.LOCK_EX)  # as during the parent's next append
+    try:
+        pid = _fork(lambda: w.append(small(1)))
+        _, status = os.waitpid(pid, 0)
+    finally:
+        fcntl.flock(w._updates._jfd, fcntl.LOCK_UN)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 1  # the child's RuntimeError: one writer per file
+    w.append(small(2))
+    w.close()
+    assert_same(read_h5(path), [small(0), small(2)])
+
+
 def test_a_write_between_updates_reaches_nothing_and_marks_the_view_stale(tmp_path):
     """A parked view (between two updates) drops writes and truncates and says so; the next update gets a new view."""
     from rollcap.rollout.recording.journal import JournaledFile
