@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollcap.kernels.finite import all_finite
+
 
 @dataclass(frozen=True)
 class BoundaryView:
@@ -90,4 +92,4 @@ class NonFiniteAction(StopPredicate):
     """Stop if the policy produced NaN or Inf (nothing non-finite reaches the env)."""
 
     def check(self, view: BoundaryView) -> str | None:
-        return None if np.isfinite(view.actions).all() else "nonfinite_action"
+        return None if all_finite(view.actions) else "nonfinite_action"
