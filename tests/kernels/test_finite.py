@@ -28,6 +28,7 @@ def _cases():
     yield torch.tensor([1.0, float("inf")])
 
 
+@pytest.mark.filterwarnings("error")  # an overflowing sum of squares is no warning
 @pytest.mark.parametrize("a", list(_cases()), ids=lambda a: f"{type(a).__name__}-{getattr(a, 'dtype', '')}")
 def test_all_finite_is_isfinite_all(a):
     want = bool(np.isfinite(np.asarray(a)).all())
