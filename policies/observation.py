@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rollcap.kernels.errors import BadInput
+from rollcap.kernels.finite import all_finite
 
 if TYPE_CHECKING:
     import torch
@@ -108,7 +109,7 @@ class ObsSpec:
             raise BadInput(
                 f"observation['state']: expected float32 ({self.state_dim},), got {state.dtype} {state.shape}"
             )
-        if not np.isfinite(state).all():
+        if not all_finite(state):
             raise BadInput("observation['state']: contains NaN or Inf")
         out["state"] = state[None]
         text = obs["instruction"]
@@ -156,7 +157,7 @@ def noise_input(noise, shape: tuple[int, ...]) -> np.ndarray:
     noise = np.asarray(noise)
     if noise.shape != tuple(shape) or noise.dtype != _FLOAT32:
         raise BadInput(f"noise: expected float32 {tuple(shape)}, got {noise.dtype} {noise.shape}")
-    if not np.isfinite(noise).all():
+    if not all_finite(noise):
         raise BadInput("noise: contains NaN or Inf")
     return noise[None]
 

@@ -47,6 +47,7 @@ Imports point downward: ``config``, ``errors``, ``host``, ``lifecycle``, ``proto
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -214,29 +215,62 @@ class Rows:
     A row view hands its checked inputs over (:meth:`write`); ``launch`` copies every row handed over since the last
     replay into the runner's buffers at once (one copy an input when every row was), then replays, only if a row was
     written; ``wait`` launches first if needed (a row used on its own, as replay does).
+
+    ``same_inputs_as``: the rows of another runner at the same batch, launched first, whose rows carry the
+    observation's arrays this runner reads too (a slot's policy row hands the arrays it checked to the slot's critic
+    row: :class:`~rollcap.policies.observation.ObsHandoff`). When every row of this launch is, dict for dict, the
+    ``part`` that runner's last launch copied in with every row, its buffers already hold these inputs in one piece,
+    and they are copied from there (one contiguous copy an input) instead of gathered from the rows again (issue 57).
+    Anything else (a row checked on its own, a row missing) is gathered from the rows as usual.
     """
 
-    def __init__(self, runner):
+    def __init__(self, runner, same_inputs_as: Rows | None = None):
         self.runner = runner
+        self.same_inputs_as = same_inputs_as
         self._rows: list[dict[str, np.ndarray] | None] = [None] * runner.batch
+        self._parts: list[dict[str, np.ndarray] | None] = [None] * runner.batch
+        self._copied_parts: list[dict[str, np.ndarray] | None] | None = None
+        """The rows' ``part`` dicts the last launch copied in, when it copied in every row (None otherwise)."""
         self._written = False
         self._inflight = False
         self.outputs: dict[str, np.ndarray] = {}
         """The last replay's outputs on the host as numpy (one device-to-host copy a replay, not one a row; a row reads ~1 us)."""
 
-    def write(self, row: int, values: dict[str, np.ndarray]) -> None:
-        """Row ``row``'s checked batch-1 inputs, copied in at the next launch (a row written twice: the last values)."""
-        self._rows[row], self._written = values, True
+    def write(self, row: int, values: dict[str, np.ndarray], part: dict[str, np.ndarray] | None = None) -> None:
+        """Row ``row``'s checked batch-1 inputs, copied in at the next launch (a row written twice: the last values).
+
+        ``part``: a dict whose arrays ``values`` holds under the same names (the observation's part of a policy row),
+        which another runner's row may be handed whole (see ``same_inputs_as``); never changed afterwards."""
+        self._rows[row], self._parts[row], self._written = values, part, True
 
     def launch(self) -> None:
         if self._written:
             rows, self._rows, self._written = self._rows, [None] * len(self._rows), False
-            self.runner.write_rows(rows)
+            parts, self._parts = self._parts, [None] * len(self._parts)
+            shared = self._shared_inputs(rows)
+            if shared is not None:
+                self.runner.write(shared)
+            else:
+                self.runner.write_rows(rows)
+            self._copied_parts = parts if None not in rows else None
             self.runner.launch()
             self._inflight = True
 
+    def _shared_inputs(self, rows: list[dict[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:
+        """``same_inputs_as``'s host buffers by name, when they hold exactly what ``rows`` would be copied in as: its
+        last launch copied in every row, and each of ``rows`` is that row's ``part`` itself (identity: its arrays are
+        the ones those buffers were filled from, under the same names). Else None: gather ``rows``."""
+        source = self.same_inputs_as
+        theirs = None if source is None else source._copied_parts
+        if theirs is None or len(theirs) != len(rows) or not all(map(operator.is_, rows, theirs)):
+            return None
+        inputs = source.runner.inputs
+        shared = {name: inputs.host(name) for name in rows[0]}
+        return None if any(a is None for a in shared.values()) else shared  # None: a dtype numpy lacks
+
     def wait(self) -> None:
-        self.launch()
+        if self._written:
+            self.launch()
         if self._inflight:
             self._inflight = False
             self.outputs = {k: v.to("cpu").numpy() for k, v in self.runner.wait().items()}
@@ -295,7 +329,7 @@ class RowPolicy(_RowView):
         with the batch by the core, or by :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
         values = self._obs_inputs(obs)
         self.handoff.put(obs, self._spec, values)
-        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape)})
+        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape)}, part=values)
 
     def result(self) -> np.ndarray:
         self.rows.wait()
@@ -400,7 +434,7 @@ class BatchedCore(Round):
             )
         check_batched_host(config)
         self.policy_rows = [Rows(r) for r in policies]
-        self.critic_rows = [Rows(c) for c in critics]
+        self.critic_rows = [Rows(c, same_inputs_as=p) for c, p in zip(critics, self.policy_rows)]
         self.lock = threading.Lock()
         self.subscribers = list(subscribers)
         shared = [_Serialized(s, self.lock) for s in self.subscribers]

@@ -320,7 +320,7 @@ class RolloutHost:
                 ahead, self._noise_ahead = self._noise_ahead, None
                 noise = (
                     ahead[2]
-                    if ahead is not None and ahead[:2] == (ep.seed, ep.chunk)
+                    if ahead is not None and ahead[0] == ep.seed and ahead[1] == ep.chunk
                     else chunk_noise(ep.seed, ep.chunk, self.noise_shape)
                 )
                 self._draw_ahead = ep.at is None or ep.at.noise is None or ep.chunk + 1 >= len(ep.at.noise)
@@ -356,10 +356,14 @@ class RolloutHost:
         ep, (noise, carried, queue, obs, step, t0) = self._ep, launched
         try:
             self.draw_ahead()
-            t_queue = time.perf_counter()
-            if self._run_queue(ep, queue):  # real-time chunking: the carried actions execute meanwhile
-                return None
-            t0 += time.perf_counter() - t_queue  # the boundary's latency is what the loop waited, not the queue's steps
+            if len(queue):  # real-time chunking: the carried actions execute meanwhile (none: nothing to time)
+                t_queue = time.perf_counter()
+                if self._run_queue(ep, queue):
+                    return None
+                # the boundary's latency is what the loop waited, not the queue's steps
+                t0 += time.perf_counter() - t_queue
+            else:
+                ep.inflight = 0
             actions = self.policy.result()
             t_policy = time.perf_counter() - t0
             flow = self._chunk_flow() if self._chunk_flow is not None else None

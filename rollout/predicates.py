@@ -13,10 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rollcap.kernels.finite import all_finite
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class BoundaryView:
-    """What a predicate may look at."""
+    """What a predicate may look at.
+
+    Frozen, with a written-out ``__init__`` (one a slot and boundary): it fills the instance dict, where a frozen
+    dataclass's generated one sets each field through ``object.__setattr__`` (issue 57; as :class:`ChunkEvent`).
+    """
 
     chunk: int
     """Index of the chunk about to execute (0-based)."""
@@ -28,6 +34,14 @@ class BoundaryView:
     """The critic's value of the current observation."""
     elapsed_s: float
     """Seconds since the episode began."""
+
+    def __init__(self, chunk: int, step: int, actions: np.ndarray, value: float, elapsed_s: float):
+        fields = self.__dict__  # (frozen: no setattr)
+        fields["chunk"] = chunk
+        fields["step"] = step
+        fields["actions"] = actions
+        fields["value"] = value
+        fields["elapsed_s"] = elapsed_s
 
 
 class StopPredicate:
@@ -90,4 +104,4 @@ class NonFiniteAction(StopPredicate):
     """Stop if the policy produced NaN or Inf (nothing non-finite reaches the env)."""
 
     def check(self, view: BoundaryView) -> str | None:
-        return None if np.isfinite(view.actions).all() else "nonfinite_action"
+        return None if all_finite(view.actions) else "nonfinite_action"

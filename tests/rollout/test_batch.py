@@ -262,3 +262,53 @@ def test_a_slots_critic_row_takes_the_observation_its_policy_row_checked_once():
             rc.start(bad)
     finally:
         core.close()
+
+
+def test_critic_rows_of_the_policy_rows_arrays_are_copied_from_the_policy_s_buffers():
+    """When every critic row holds the very arrays the policy's last launch copied in (the handoff's), the critic's
+    inputs are copied from the policy's buffers: the bytes load_row writes. Rows checked on their own (other
+    observations), or not every row written, are gathered from the rows whatever the policy's buffers hold."""
+    policy, critic = _batched(2)
+    core = BatchedCore([make_env(), make_env()], policy, critic, HostConfig(seed=1))
+    pr, cr = core.policy_rows[0], core.critic_rows[0]
+
+    def critic_inputs() -> dict:
+        return {k: v.clone() for k, v in critic.inputs.tensors().items()}
+
+    def as_load_row_writes(obs_of: dict) -> bool:
+        written = critic_inputs()
+        for i, obs in obs_of.items():
+            critic.load_row(i, obs)
+        return all(torch.equal(written[k], v) for k, v in critic.inputs.tensors().items())
+
+    try:
+        obs = {i: first_obs(10 + i) for i in range(2)}
+        for i, h in enumerate(core.hosts):
+            h.policy.start(obs[i], flow_noise(i))
+            h.critic.start(obs[i])
+        assert cr._shared_inputs(list(cr._rows)) is None  # the policy's buffers do not hold them yet
+        pr.launch()
+        assert cr._shared_inputs(list(cr._rows)) is not None
+        cr.launch()
+        pr.settle(), cr.settle()
+        assert as_load_row_writes(obs)
+
+        other = {i: first_obs(20 + i) for i in range(2)}
+        for i, h in enumerate(core.hosts):
+            h.policy.start(obs[i], flow_noise(i))
+            h.critic.start(other[i])  # another observation: checked by the critic row itself
+        pr.launch()
+        assert cr._shared_inputs(list(cr._rows)) is None
+        cr.launch()
+        pr.settle(), cr.settle()
+        assert as_load_row_writes(other)
+
+        core.hosts[0].policy.start(obs[0], flow_noise(0))
+        core.hosts[1].policy.start(obs[1], flow_noise(1))
+        core.hosts[1].critic.start(obs[1])  # one critic row only: gathered, the other row left as it is
+        pr.launch()
+        cr.launch()
+        pr.settle(), cr.settle()
+        assert as_load_row_writes({0: other[0], 1: obs[1]})
+    finally:
+        core.close()
