@@ -318,19 +318,30 @@ def _io_hook(kill_at: int, torn: bool, counter: list) -> None:
         setattr(os, name, hooked)
 
 
-def two_demos_and_append_io_count(tmp_path, monkeypatch):
-    """A 2-demo file ``base.hdf5`` and the number of I/O calls (write, truncate, fsync, unlink) appending a third makes."""
+def two_demos(tmp_path):
+    """``base.hdf5``: demos 0 and 1, the writer closed."""
     base = tmp_path / "base.hdf5"
     with H5Writer(base, ENV_META) as w:
         for i in range(2):
             w.append(small(i))
+    return base
+
+
+def _count_io(m: pytest.MonkeyPatch, counter: list) -> None:
+    """Count the I/O calls of :data:`IO_CALLS` in ``counter[0]`` (through ``m``, undone with it)."""
+    for name in IO_CALLS:
+        real = getattr(os, name)
+        m.setattr(os, name, lambda *a, _real=real: (counter.__setitem__(0, counter[0] + 1), _real(*a))[1])
+
+
+def two_demos_and_append_io_count(tmp_path, monkeypatch):
+    """A 2-demo file ``base.hdf5`` and the number of I/O calls (write, truncate, fsync, unlink) appending a third makes."""
+    base = two_demos(tmp_path)
     scratch = tmp_path / "scratch.hdf5"
     shutil.copy(base, scratch)
     counter = [0]
     with monkeypatch.context() as m:
-        for name in IO_CALLS:
-            real = getattr(os, name)
-            m.setattr(os, name, lambda *a, _real=real: (counter.__setitem__(0, counter[0] + 1), _real(*a))[1])
+        _count_io(m, counter)
         H5Writer(scratch, resume=True).append(small(2))
     return base, counter[0]
 
@@ -365,11 +376,7 @@ def test_sigkill_at_every_io_point_leaves_whole_episodes(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_sigkill_in_a_kept_open_append_leaves_whole_episodes(tmp_path, monkeypatch):
     """The same for a writer's second append, made over the file it kept open from the first."""
-    base = tmp_path / "base.hdf5"
-    with H5Writer(base, ENV_META) as w:
-        for i in range(2):
-            w.append(small(i))
-    path = tmp_path / "e.hdf5"
+    base, path = two_demos(tmp_path), tmp_path / "e.hdf5"
 
     def two_appends(hook) -> None:
         w = H5Writer(path, resume=True)
@@ -380,13 +387,7 @@ def test_sigkill_in_a_kept_open_append_leaves_whole_episodes(tmp_path, monkeypat
     shutil.copy(base, path)
     counter = [0]
     with monkeypatch.context() as m:  # the second append's I/O calls, counted in this process
-
-        def count() -> None:
-            for name in IO_CALLS:
-                real = getattr(os, name)
-                m.setattr(os, name, lambda *a, _real=real: (counter.__setitem__(0, counter[0] + 1), _real(*a))[1])
-
-        two_appends(count)
+        two_appends(lambda: _count_io(m, counter))
     n, outcomes = counter[0], set()
     assert n > 10
     for k in range(1, n + 1):
