@@ -356,14 +356,10 @@ class RolloutHost:
         ep, (noise, carried, queue, obs, step, t0) = self._ep, launched
         try:
             self.draw_ahead()
-            if len(queue):  # real-time chunking: the carried actions execute meanwhile (none: nothing to time)
-                t_queue = time.perf_counter()
-                if self._run_queue(ep, queue):
-                    return None
-                # the boundary's latency is what the loop waited, not the queue's steps
-                t0 += time.perf_counter() - t_queue
-            else:
-                ep.inflight = 0
+            queue_s = self._run_queue(ep, queue)  # real-time chunking: the carried actions execute meanwhile
+            if queue_s is None:
+                return None
+            t0 += queue_s  # the boundary's latency is what the loop waited, not the queue's steps
             actions = self.policy.result()
             t_policy = time.perf_counter() - t0
             flow = self._chunk_flow() if self._chunk_flow is not None else None
@@ -505,9 +501,13 @@ class RolloutHost:
         ep.chunk += 1
         return out
 
-    def _run_queue(self, ep: EpisodeState, queue) -> bool:
-        """Execute the carried actions while the launched chunk is inferred; True if the episode stopped meanwhile."""
+    def _run_queue(self, ep: EpisodeState, queue) -> float | None:
+        """Execute the carried actions while the launched chunk is inferred: the seconds they took (0.0, untimed,
+        without any: synchronous chunking), None if the episode stopped meanwhile."""
         ep.inflight = len(queue)
+        if not ep.inflight:
+            return 0.0
+        t0 = time.perf_counter()
         out: list[StepEvent] = []
         for a in queue:
             reason = self._step(ep, a, ACTOR_POLICY, out)
@@ -516,8 +516,8 @@ class RolloutHost:
                     if runner is not None:
                         runner.reset()  # wait out the launched chunk: the episode ends before it
                 self._stop(reason)
-                return True
-        return False
+                return None
+        return time.perf_counter() - t0
 
     def _step(
         self, ep: EpisodeState, policy_action: np.ndarray, actor: int, out: list[StepEvent]

@@ -177,7 +177,7 @@ class ChunkEvent:
     Frozen, with a written-out ``__init__``: the generated one of a frozen dataclass sets each field through
     ``object.__setattr__`` (~2.1 us for these 13 on the 2-core box), this one fills the instance dict (~0.7 us); the
     host builds one a slot and boundary (issue 57). The fields, their order and defaults are the dataclass's
-    (``tests/rollout/test_events.py`` holds the signature to them).
+    (``tests/rollout/test_protocols.py`` holds the signature to them).
     """
 
     episode: int

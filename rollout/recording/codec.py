@@ -99,12 +99,12 @@ class EncodedMeta(dict):
     def with_members(self, **more) -> EncodedMeta:
         """A copy with ``more`` added (or replaced), in the order a dict literal ``{**self, **more}`` has."""
         members = dict(self.members)
-        members.update((k, _member_json(k, v)) for k, v in more.items())
+        members.update((k, _member(k, canonical_json(v))) for k, v in more.items())
         return EncodedMeta(members, {**self, **more})
 
 
-def _member_json(key: str, text_or_value, encoded: bool = False) -> str:
-    text = text_or_value if encoded else canonical_json(text_or_value)
+def _member(key: str, text: str) -> str:
+    """``"key":text``: one member of a dict's canonical JSON (``text``: the value's)."""
     return f"{json.dumps(key, ensure_ascii=False)}:{text}"
 
 
@@ -129,7 +129,7 @@ def _encoded_scalar_meta(record: EpisodeRecord) -> EncodedMeta:
         if v is None and k in OPTIONAL_SCALARS:
             continue
         if type(v) in _PLAIN:
-            values[k], members[k] = v, _member_json(k, v)
+            values[k], members[k] = v, _member(k, canonical_json(v))
             continue
         try:
             text = canonical_json(v)
@@ -138,9 +138,9 @@ def _encoded_scalar_meta(record: EpisodeRecord) -> EncodedMeta:
         last = _LAST_PLAIN.get(k)
         values[k] = last[1] if last is not None and last[0] == text else json.loads(text)
         _LAST_PLAIN[k] = (text, values[k])
-        members[k] = _member_json(k, text, encoded=True)
+        members[k] = _member(k, text)
     for k, v in (("index", int(record.index)), ("seed", int(record.seed)), ("success", bool(record.success))):
-        values[k], members[k] = v, _member_json(k, v)
+        values[k], members[k] = v, _member(k, canonical_json(v))
     return EncodedMeta(members, values)
 
 
@@ -255,7 +255,7 @@ def _meta(record: EpisodeRecord, codec, digest: str, timings: str, scalar: dict)
     }
     if isinstance(scalar, EncodedMeta):
         members = dict(scalar.members)
-        members.update((k, _member_json(k, v)) for k, v in meta.items() if k not in members)
+        members.update((k, _member(k, canonical_json(v))) for k, v in meta.items() if k not in members)
         return EncodedMeta(members, meta)
     return meta
 

@@ -147,11 +147,11 @@ class PagedFile:
     :meth:`discard`).
     """
 
-    def __init__(self, fd: int, base: int, writable: bool = False):
+    def __init__(self, fd: int, base: int, writable: bool = False, journal: int | None = None):
         self._writable, self._pos = writable, 0
         self.stale = False
         """Set by a read or write between updates (see :meth:`park`): whoever holds the file open must reopen it."""
-        self._begin(fd, base)
+        self._begin(fd, base, journal)
 
     def _begin(self, fd: int, base: int, journal: int | None = None) -> None:
         """Start an update over ``fd``, whose committed size is ``base`` (the same object, for a library that keeps
@@ -266,12 +266,8 @@ class PagedFile:
             if not data:  # h5py's driver writes nothing often (most of its calls at a close)
                 return 0
             self.stale = self.stale or self._parked
-            if start >= self._tail_at and not self._dead:  # new space: the common case (inline: _to_tail's)
-                tail, lo = self._tail, start - self._tail_at
-                if lo == len(tail) and len(tail) + len(data) < TAIL_MAX:
-                    tail += data
-                else:
-                    self._to_tail(start, data)
+            if start >= self._tail_at and not self._dead:  # new space: the common case
+                self._to_tail(start, data)
             elif not self._dead:
                 for lo, hi, p in self._spans(start, start + len(data)):
                     if p == _TAIL:
@@ -536,9 +532,9 @@ class JournaledFile:
                     began = True
                     if kept is not None and not kept.stale and self._stamp == self._stamp_of(fd):
                         view = kept
+                        view._begin(fd, base, jfd)
                     else:
-                        view = PagedFile(fd, base, writable=True)
-                    view._begin(fd, base, jfd)
+                        view = PagedFile(fd, base, writable=True, journal=jfd)
                     update(view)
                     if view.error is not None:
                         raise view.error
@@ -584,15 +580,6 @@ class JournaledFile:
             pass
         finally:
             os.close(jfd)
-
-
-def journaled_update(path, update: Callable[[PagedFile], None], lock_timeout_s: float = 60.0) -> None:
-    """One :meth:`JournaledFile.update` of ``path``: ``update(file)``'s writes all land, or none."""
-    updates = JournaledFile(path, lock_timeout_s)
-    try:
-        updates.update(update)
-    finally:
-        updates.close()
 
 
 @contextmanager
