@@ -91,9 +91,10 @@ class ObsRunner(GraphRunner):
         """Called when an episode starts: wait out (and discard) a replay an error left in flight."""
         self.drain()
 
-    def obs_inputs(self, obs: Mapping[str, object]) -> dict[str, np.ndarray]:
-        """Validate one observation into batch-1 arrays for the buffers."""
-        return self.obs_spec.to_inputs(obs, self._tokens)
+    def obs_inputs(self, obs: Mapping[str, object], finite: bool = True) -> dict[str, np.ndarray]:
+        """Validate one observation into batch-1 arrays for the buffers (``finite=False``: but its NaN / Inf check,
+        which a batch's :class:`~rollcap.rollout.batch.Rows` make for every row at once)."""
+        return self.obs_spec.to_inputs(obs, self._tokens, finite)
 
     def write_row(self, row: int, values: Mapping[str, np.ndarray]) -> None:
         """Copy one row's validated batch-1 arrays (``obs_inputs`` and the extra inputs) into row ``row`` (nothing launched)."""

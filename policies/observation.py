@@ -90,9 +90,12 @@ class ObsSpec:
         return shapes
 
     def to_inputs(
-        self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None
+        self, obs: Mapping[str, object], token_cache: dict[str, np.ndarray] | None = None, finite: bool = True
     ) -> dict[str, np.ndarray]:
-        """Validate one observation and return batch-1 arrays keyed by buffer name."""
+        """Validate one observation and return batch-1 arrays keyed by buffer name.
+
+        ``finite=False`` leaves the state's NaN / Inf check to the caller, who checks a whole batch's rows at once
+        (:class:`~rollcap.rollout.batch.Rows`); every other check is made here."""
         if not isinstance(obs, dict) and not isinstance(obs, Mapping):  # (a dict first: the ABC check costs ~1 us)
             raise BadInput(f"observation: expected a mapping, got {type(obs).__name__}")
         if not self._key_set <= obs.keys():
@@ -109,7 +112,7 @@ class ObsSpec:
             raise BadInput(
                 f"observation['state']: expected float32 ({self.state_dim},), got {state.dtype} {state.shape}"
             )
-        if not all_finite(state):
+        if finite and not all_finite(state):
             raise BadInput("observation['state']: contains NaN or Inf")
         out["state"] = state[None]
         text = obs["instruction"]
@@ -148,8 +151,10 @@ class ObsHandoff:
         return values if same else None
 
 
-def noise_input(noise, shape: tuple[int, ...]) -> np.ndarray:
+def noise_input(noise, shape: tuple[int, ...], finite: bool = True) -> np.ndarray:
     """Validate one chunk's flow noise (float32 of ``shape``, finite) into a batch-1 array.
+
+    ``finite=False``: the NaN / Inf check is the caller's (as :meth:`ObsSpec.to_inputs`).
 
     Raises:
         BadInput: another dtype or shape, or a NaN / Inf.
@@ -157,7 +162,7 @@ def noise_input(noise, shape: tuple[int, ...]) -> np.ndarray:
     noise = np.asarray(noise)
     if noise.shape != tuple(shape) or noise.dtype != _FLOAT32:
         raise BadInput(f"noise: expected float32 {tuple(shape)}, got {noise.dtype} {noise.shape}")
-    if not all_finite(noise):
+    if finite and not all_finite(noise):
         raise BadInput("noise: contains NaN or Inf")
     return noise[None]
 

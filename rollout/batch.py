@@ -54,6 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from rollcap.kernels.errors import BadInput
+from rollcap.kernels.finite import all_finite
 from rollcap.policies.observation import ObsHandoff, noise_input
 from rollcap.rollout.config import MAX_ENVS, HostConfig, check_batched_host
 from rollcap.rollout.errors import ConfigError
@@ -216,6 +218,12 @@ class Rows:
     replay into the runner's buffers at once (one copy an input when every row was), then replays, only if a row was
     written; ``wait`` launches first if needed (a row used on its own, as replay does).
 
+    The NaN / Inf check of the rows' float inputs (the observation's state, the noise) is made here, once a launch
+    over the whole buffer just filled, not once a row (``checks_finite``; issue 57): a written row that holds one is
+    in :attr:`failed`, and its row view's result raises the :class:`~rollcap.kernels.errors.BadInput` that
+    ``load_row`` would have raised (the same message), so its episode ends with an error before any action of the
+    chunk, as it would at the launch. The row still replays, which cannot change another row's bits (rows never mix).
+
     ``same_inputs_as``: the rows of another runner at the same batch, launched first, whose rows carry the
     observation's arrays this runner reads too (a slot's policy row hands the arrays it checked to the slot's critic
     row: :class:`~rollcap.policies.observation.ObsHandoff`). When every row of this launch is, dict for dict, the
@@ -235,6 +243,14 @@ class Rows:
         self._inflight = False
         self.outputs: dict[str, np.ndarray] = {}
         """The last replay's outputs on the host as numpy (one device-to-host copy a replay, not one a row; a row reads ~1 us)."""
+        inputs = runner.inputs
+        host = {name: inputs.host(name) for name in inputs.names}
+        self._floats = tuple(name for name, a in host.items() if a is not None and a.dtype.kind == "f")
+        self.checks_finite = all(a is not None for a in host.values())
+        """Whether :meth:`launch` checks the float inputs (every input has a host view: not so for a dtype numpy lacks,
+        whose rows the row views check one by one)."""
+        self.failed: dict[int, str] = {}
+        """The last launch's written rows whose float inputs hold a NaN or Inf: row -> the error's message."""
 
     def write(self, row: int, values: dict[str, np.ndarray], part: dict[str, np.ndarray] | None = None) -> None:
         """Row ``row``'s checked batch-1 inputs, copied in at the next launch (a row written twice: the last values).
@@ -253,8 +269,29 @@ class Rows:
             else:
                 self.runner.write_rows(rows)
             self._copied_parts = parts if None not in rows else None
+            self.failed = self._nonfinite(rows) if self.checks_finite else {}
             self.runner.launch()
             self._inflight = True
+
+    def _nonfinite(self, rows: list[dict[str, np.ndarray] | None]) -> dict[int, str]:
+        """The written rows whose float inputs, as the buffers now hold them, have a NaN or Inf: one check a buffer, row
+        by row only when it finds one (a row not written this launch is not this launch's)."""
+        failed: dict[int, str] = {}
+        inputs = self.runner.inputs
+        for name in self._floats:
+            buf = inputs.host(name)
+            if all_finite(buf):
+                continue
+            what = "noise" if name == "noise" else f"observation[{name!r}]"  # load_row's words
+            for i, values in enumerate(rows):
+                if values is not None and name in values and i not in failed and not all_finite(buf[i]):
+                    failed[i] = f"{what}: contains NaN or Inf"
+        return failed
+
+    def check(self, row: int) -> None:
+        """Raise the :class:`~rollcap.kernels.errors.BadInput` of row ``row`` if the last launch found a NaN or Inf in it."""
+        if row in self.failed:
+            raise BadInput(self.failed[row])
 
     def _shared_inputs(self, rows: list[dict[str, np.ndarray] | None]) -> dict[str, np.ndarray] | None:
         """``same_inputs_as``'s host buffers by name, when they hold exactly what ``rows`` would be copied in as: its
@@ -326,27 +363,36 @@ class RowPolicy(_RowView):
 
     def start(self, obs: Observation, noise: np.ndarray) -> None:
         """Validate this row's inputs, as the runner's ``load_row`` does, and hand them to the rows (written and launched
-        with the batch by the core, or by :meth:`result`); the checked observation waits in the handoff for this slot's critic."""
-        values = self._obs_inputs(obs)
+        with the batch by the core, or by :meth:`result`); the checked observation waits in the handoff for this slot's
+        critic. A NaN or Inf is found by the rows' launch, for the whole batch at once, and raised by :meth:`result`."""
+        finite = not self.rows.checks_finite
+        values = self._obs_inputs(obs, finite)
         self.handoff.put(obs, self._spec, values)
-        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape)}, part=values)
+        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape, finite)}, part=values)
 
     def result(self) -> np.ndarray:
-        self.rows.wait()
-        return self.rows.outputs["actions"][self.row].copy()
+        rows = self.rows
+        rows.wait()
+        if rows.failed:
+            rows.check(self.row)
+        return rows.outputs["actions"][self.row].copy()
 
 
 class RowCritic(_RowView):
     """A :class:`~rollcap.rollout.protocols.ChunkCritic` over one row of a batched ``CriticRunner``."""
 
     def start(self, obs: Observation) -> None:
-        """This row's inputs, to the rows: the observation the slot's policy row just checked (same spec), else checked here."""
+        """This row's inputs, to the rows: the observation the slot's policy row just checked (same spec), else checked
+        here (NaN / Inf included: a refusal now, as ``load_row``'s; the handed-over arrays' are the rows' launch's)."""
         values = self.handoff.take(obs, self._spec)
         self.rows.write(self.row, self._obs_inputs(obs) if values is None else values)
 
     def result(self) -> float:
-        self.rows.wait()
-        return float(self.rows.outputs["value"][self.row])
+        rows = self.rows
+        rows.wait()
+        if rows.failed:
+            rows.check(self.row)
+        return float(rows.outputs["value"][self.row])
 
 
 def recorded_batch(fingerprints: dict) -> int:

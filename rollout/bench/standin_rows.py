@@ -43,8 +43,8 @@ class FixedLatencyRows:
     def write(self, values) -> None:
         self.runner.write(values)
 
-    def obs_inputs(self, obs) -> dict:
-        return self.runner.obs_inputs(obs)
+    def obs_inputs(self, obs, finite: bool = True) -> dict:
+        return self.runner.obs_inputs(obs, finite)
 
     def write_row(self, row: int, values) -> None:
         self.runner.write_row(row, values)

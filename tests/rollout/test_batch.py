@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 import rollcap
 from rollcap.critics import CriticRunner, ValueCritic, save_critic
+from rollcap.kernels.errors import BadInput
 from rollcap.policies import FlowVLA, PolicyRunner, save_policy
 from rollcap.rollout.batch import BatchedCore, row_views
 from rollcap.rollout.build import runners
@@ -200,6 +202,65 @@ def test_an_env_error_ends_only_its_episode():
     assert ends[3].stop_reason != "error"  # slot 1's next episode runs on
     for i in (0, 2):  # the other slots' episodes are the bytes of a run without the fault
         assert episode_digest(ends[i].record) == episode_digest(clean[i].record)
+
+
+class NaNStateAtStep(gym.Wrapper):
+    """An env whose observation's state turns NaN from its ``at``-th step of its first episode on (a simulation that blew up)."""
+
+    def __init__(self, env, at: int):
+        super().__init__(env)
+        self.at, self.n, self.episode = at, 0, -1
+
+    def reset(self, **kw):
+        self.n, self.episode = 0, self.episode + 1
+        return self.env.reset(**kw)
+
+    def step(self, action):
+        obs, *rest = self.env.step(action)
+        self.n += 1
+        if self.episode == 0 and self.n >= self.at:
+            obs = {**obs, "state": np.full_like(obs["state"], np.nan)}
+        return (obs, *rest)
+
+
+def test_a_nonfinite_observation_ends_only_its_episode_before_its_chunk_runs():
+    """The rows' launch checks the batch's float inputs at once: a slot whose state turned NaN ends with load_row's
+    error (no action of that chunk stepped), its slot runs on, and the other slots' episodes are the bytes of a
+    clean run (the bad row replayed beside them). A NaN in a row's noise (a resumed episode's recorded noise) is
+    refused the same way, naming the noise."""
+    policy, critic = _batched(3)
+    envs = [make_env(), NaNStateAtStep(make_env(), at=3), make_env()]
+    core = BatchedCore(envs, policy, critic, HostConfig(seed=7, max_chunks=6))
+    try:
+        ends = {e.index: e for e in core.episodes(range(5))}
+    finally:
+        core.close()
+    clean = _core_run(range(5))
+    bad = ends[1]
+    assert bad.stop_reason == "error" and bad.error == "BadInput: observation['state']: contains NaN or Inf"
+    assert (bad.num_chunks, bad.num_steps) == (1, 4)  # the NaN came at step 3 of the first chunk; the next never ran
+    assert np.isnan(bad.record.final_obs["state"]).all()
+    assert ends[3].stop_reason != "error"  # slot 1's next episode runs on
+    for i in (0, 2):  # the other slots' (slot 1's env is wrapped: its records name another env)
+        assert episode_digest(ends[i].record) == episode_digest(clean[i].record)
+
+    p, c = _batched(2)
+    core = BatchedCore([make_env(), make_env()], p, c, HostConfig(seed=1))
+    try:
+        rp, rows = core.hosts[0].policy, core.policy_rows[0]
+        noise = flow_noise(0)
+        noise[1, 1] = np.inf
+        rp.start(first_obs(0), noise)  # shapes and dtypes are checked here; the batch's values at its launch
+        core.hosts[1].policy.start(first_obs(1), flow_noise(1))
+        rows.launch()
+        assert rows.failed == {0: "noise: contains NaN or Inf"}
+        with pytest.raises(BadInput, match=r"^noise: contains NaN or Inf$"):
+            rp.result()
+        assert np.isfinite(core.hosts[1].policy.result()).all()
+        with pytest.raises(BadInput, match="noise: expected float32"):
+            rp.start(first_obs(0), noise.astype(np.float64))
+    finally:
+        core.close()
 
 
 def test_branch_of_a_batched_episode_has_an_exact_control(tmp_path):
