@@ -62,7 +62,7 @@ def boundary_of(host, values: Sequence[float], label: str = "live") -> Resume:
         raise ValueError(f"boundary_of: the host is {host.state.value}, not running an episode")
     if host.state_env is None:
         raise ConfigError("env_id", f"{host.env_id} has no exact state; a boundary to start at needs one")
-    chunk, step = (int(c) for c in host.book.counters[1:3])
+    chunk, step = host.book.chunk, host.book.step
     if len(values) != chunk:
         raise ValueError(f"boundary_of: {len(values)} critic values for {chunk} earlier chunks")
     origin = {"parent": label, "episode": host._ep.index, "chunk": chunk, "step": step, "noise": "own",

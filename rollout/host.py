@@ -87,6 +87,7 @@ from rollcap.rollout.seeding import chunk_noise, episode_seed
 _STATEFUL = ("live_state", "load_live_state", "state_fingerprint")
 _HANDBACK = object()  # _step's signal: the human handed back; end the chunk, not the episode
 _EMPTY_ROW = np.zeros(0, np.float64)
+_new_launched = tuple.__new__
 
 
 class RolloutHost:
@@ -242,7 +243,7 @@ class RolloutHost:
                 self._initial = snapshot(self.components, label="episode-initial")
             else:
                 restore(self._initial, self.components)
-            self.book.counters[0] = index
+            self.book.episode = index
             for p in self.predicates:
                 p.reset()
             self.events.clear()
@@ -302,7 +303,8 @@ class RolloutHost:
 
         A batched core (:mod:`rollcap.rollout.batch`) launches every slot's host, replays once, then lets each :meth:`decide`.
         """
-        self._require(HostState.RUNNING, "boundary()")
+        if self.state is not HostState.RUNNING:
+            self._require(HostState.RUNNING, "boundary()")
         ep = self._ep
         if ep.pending is not None or self._launched:
             raise IllegalTransition("host: boundary() called twice; execute() the last chunk first")
@@ -335,7 +337,7 @@ class RolloutHost:
             self._fail(err)
             return None
         self._launched = True
-        return Launched(noise, carried, queue, obs, step, t0)
+        return _new_launched(Launched, (noise, carried, queue, obs, step, t0))  # Launched(...), less its Python __new__
 
     def draw_ahead(self) -> None:
         """While the lanes run (:meth:`decide` calls it; a batched core for every slot before the wait): the next boundary's own noise."""
@@ -349,13 +351,15 @@ class RolloutHost:
 
     def decide(self, launched: Launched) -> ChunkEvent | None:
         """:meth:`boundary`'s second half: wait for the chunk and the value, ask the predicates, emit the event."""
-        self._require(HostState.RUNNING, "boundary()")
+        if self.state is not HostState.RUNNING:
+            self._require(HostState.RUNNING, "boundary()")
         if not self._launched:
             raise IllegalTransition("host: decide() needs a launch() first")
         self._launched = False
         ep, (noise, carried, queue, obs, step, t0) = self._ep, launched
         try:
-            self.draw_ahead()
+            if self._draw_ahead:  # (a batched core drew it for every slot before the wait)
+                self.draw_ahead()
             queue_s = self._run_queue(ep, queue)  # real-time chunking: the carried actions execute meanwhile
             if queue_s is None:
                 return None
@@ -378,7 +382,7 @@ class RolloutHost:
                 getattr(self.critic, "last_latency_s", t_critic) if self.critic is not None else float("nan"),
                 boundary_s, reason, carried, flow,
             )  # fmt: skip
-            self.book.counters[1] += 1
+            self.book.chunk += 1
             ep.chunks += 1
             for s in self.subscribers:
                 s.on_chunk(event)
@@ -549,7 +553,7 @@ class RolloutHost:
         )
         ep.obs = new_obs
         ep.steps += 1
-        self.book.counters[2] += 1
+        self.book.step += 1
         out.append(event)
         for s in self.subscribers:
             s.on_step(event)
@@ -566,7 +570,7 @@ class RolloutHost:
         """Put a parent's boundary in place (after the reset): env state, observation, predicate counters."""
         self.state_env.set_state(at.env_state)
         self._ep.obs = at.obs
-        self.book.counters[1:] = (at.chunk, at.step)
+        self.book.chunk, self.book.step = int(at.chunk), int(at.step)
         blank = np.zeros(self.noise_shape, np.float32)
         for k, value in enumerate(at.prior_values):  # the parent's earlier boundaries, as the predicates saw them
             for p in self.predicates:

@@ -43,16 +43,29 @@ ON_ERROR = ("record", "drop", "raise")
 
 
 class Bookkeeping:
-    """The host's own state as a capsule component (counters)."""
+    """The host's own state as a capsule component: its counters, in the capsule one int64 array ``counters``
+    (episode, chunk, step).
+
+    Held as Python ints (``episode``, ``chunk``, ``step``): a numpy element's ``+= 1`` costs ~0.6 us, and the host
+    counts once a boundary and once a step (issue 57)."""
+
+    __slots__ = ("episode", "chunk", "step")
 
     def __init__(self):
-        self.counters = np.zeros(3, dtype=np.int64)  # episode, chunk, step
+        self.episode = self.chunk = self.step = 0
+
+    @property
+    def counters(self) -> np.ndarray:
+        """``[episode, chunk, step]``, a read-only copy (the host sets the attributes)."""
+        out = np.array((self.episode, self.chunk, self.step), dtype=np.int64)
+        out.flags.writeable = False
+        return out
 
     def live_state(self) -> dict[str, np.ndarray]:
-        return {"counters": self.counters}
+        return {"counters": np.array((self.episode, self.chunk, self.step), dtype=np.int64)}
 
     def load_live_state(self, state) -> None:
-        self.counters[...] = state["counters"]
+        self.episode, self.chunk, self.step = (int(v) for v in state["counters"])
 
     def state_fingerprint(self) -> dict:
         return {"component": "host", "layout": "episode,chunk,step"}

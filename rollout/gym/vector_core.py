@@ -281,7 +281,7 @@ class CoreVectorEnv(VectorEnv):
         host = self._live(i, "boundary()")
         if host.state_env is None:
             raise ConfigError("env_id", f"{host.env_id} has no exact state; boundary() needs one")
-        ep, (chunk, step) = host._ep, (int(c) for c in host.book.counters[1:3])
+        ep, chunk, step = host._ep, host.book.chunk, host.book.step
         values = list(self._values[i])  # the critic's values at the earlier chunks: its stop predicates count them
         if self.LOOKAHEAD and ep.pending is not None:  # the plan for this observation is decided, not executed
             chunk, values = chunk - 1, values[:-1]

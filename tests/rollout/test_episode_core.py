@@ -95,7 +95,7 @@ def test_driven_step_by_step_from_outside(runners):
     assert obs is not None and host.state is HostState.RUNNING
     while not host.done:
         event = host.boundary()
-        assert event.chunk == host.book.counters[1] - 1
+        assert event.chunk == host.book.chunk - 1 == host.book.counters[1] - 1
         if not host.done:
             steps = host.execute()
             assert all(s.actor == ACTOR_POLICY for s in steps)

@@ -65,11 +65,7 @@ class Advantages:
 
         def capture() -> None:
             for i, h in enumerate(hosts):
-                if (
-                    i not in self._points
-                    and h.state is HostState.RUNNING
-                    and int(h.book.counters[1]) == self._branch_at[i]
-                ):
+                if i not in self._points and h.state is HostState.RUNNING and h.book.chunk == self._branch_at[i]:
                     self._points[i] = boundary_of(h, [float("nan")] * self._branch_at[i], "branch")
 
         return capture

@@ -96,7 +96,7 @@ class GroupRollouts:
         def capture() -> None:  # each scout's boundary j: captured, and the scout stopped there
             for slot, m in enumerate(need):
                 h = hosts[slot]
-                if slot not in got and h.state is HostState.RUNNING and int(h.book.counters[1]) == js[m]:
+                if slot not in got and h.state is HostState.RUNNING and h.book.chunk == js[m]:
                     got[slot] = boundary_of(h, [float("nan")] * int(js[m]), f"scout {iteration}.{m}")
                     h.events.request_stop("scouted")
 
