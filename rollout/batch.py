@@ -251,6 +251,9 @@ class Rows:
         whose rows the row views check one by one)."""
         self.failed: dict[int, str] = {}
         """The last launch's written rows whose float inputs hold a NaN or Inf: row -> the error's message."""
+        self.actions_finite: bool | None = None
+        """True when every row of the last replay's ``actions`` output is finite (one check a replay, for the rows'
+        :attr:`RowPolicy.chunk_finite`); None: not known (no such output, or a row holds a NaN or Inf)."""
 
     def write(self, row: int, values: dict[str, np.ndarray], part: dict[str, np.ndarray] | None = None) -> None:
         """Row ``row``'s checked batch-1 inputs, copied in at the next launch (a row written twice: the last values).
@@ -310,7 +313,8 @@ class Rows:
             self.launch()
         if self._inflight:
             self._inflight = False
-            self.outputs = {k: v.to("cpu").numpy() for k, v in self.runner.wait().items()}
+            self.outputs = outputs = {k: v.to("cpu").numpy() for k, v in self.runner.wait().items()}
+            self.actions_finite = True if "actions" in outputs and all_finite(outputs["actions"]) else None
 
     def settle(self) -> None:
         """Wait out (and discard) a replay in flight."""
@@ -347,6 +351,10 @@ class _RowView:
 class RowPolicy(_RowView):
     """A :class:`~rollcap.rollout.protocols.ChunkPolicy` over one row of a batched ``PolicyRunner``."""
 
+    chunk_finite: bool | None = None
+    """After :meth:`result`: True when the batch's whole chunk output was finite (checked once a replay, so the host's
+    :class:`~rollcap.rollout.predicates.NonFiniteAction` need not check the row again); None: not known."""
+
     @property
     def chunk_shape(self) -> tuple[int, int]:
         return self.runner.chunk_shape
@@ -375,6 +383,7 @@ class RowPolicy(_RowView):
         rows.wait()
         if rows.failed:
             rows.check(self.row)
+        self.chunk_finite = rows.actions_finite
         return rows.outputs["actions"][self.row].copy()
 
 

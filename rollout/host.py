@@ -146,6 +146,7 @@ class RolloutHost:
             raise ValueError(f"records=False, but subscribers {wanting} need episode records")
         self.env, self.policy, self.critic, self.config = env, policy, critic, config
         self._chunk_flow = getattr(policy, "chunk_flow", None)  # a stochastic sampler's per-chunk record
+        self._knows_finite = hasattr(policy, "chunk_finite")  # True / None after result(): BoundaryView.actions_finite
         configure_policy(policy, config)  # real-time chunking: the policy carries the schedule's prefix
         self.clock = ControlClock(config.control_period_s) if config.control_period_s is not None else None
         self.noise_shape = (horizon, self.action_dim)
@@ -370,7 +371,10 @@ class RolloutHost:
             value = self.critic.result() if self.critic is not None else float("nan")
             t_critic = time.perf_counter() - t0
             k0, t0_steps = (0, 0) if ep.at is None else (ep.at.chunk, ep.at.step)
-            view = BoundaryView(k0 + ep.chunk, t0_steps + ep.steps, actions, value, time.perf_counter() - ep.t_start)
+            view = BoundaryView(
+                k0 + ep.chunk, t0_steps + ep.steps, actions, value, time.perf_counter() - ep.t_start,
+                self.policy.chunk_finite if self._knows_finite else None,
+            )  # fmt: skip
             reason = None
             for p in self.predicates:  # the first to fire
                 if (reason := p.check(view)) is not None:

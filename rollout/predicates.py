@@ -34,14 +34,26 @@ class BoundaryView:
     """The critic's value of the current observation."""
     elapsed_s: float
     """Seconds since the episode began."""
+    actions_finite: bool | None = None
+    """True when the policy already knows every value of ``actions`` is finite (a batch's chunks checked at once, one
+    check a replay: :class:`~rollcap.rollout.batch.RowPolicy`); None: not known, a predicate checks ``actions``."""
 
-    def __init__(self, chunk: int, step: int, actions: np.ndarray, value: float, elapsed_s: float):
+    def __init__(
+        self,
+        chunk: int,
+        step: int,
+        actions: np.ndarray,
+        value: float,
+        elapsed_s: float,
+        actions_finite: bool | None = None,
+    ):
         fields = self.__dict__  # (frozen: no setattr)
         fields["chunk"] = chunk
         fields["step"] = step
         fields["actions"] = actions
         fields["value"] = value
         fields["elapsed_s"] = elapsed_s
+        fields["actions_finite"] = actions_finite
 
 
 class StopPredicate:
@@ -104,4 +116,4 @@ class NonFiniteAction(StopPredicate):
     """Stop if the policy produced NaN or Inf (nothing non-finite reaches the env)."""
 
     def check(self, view: BoundaryView) -> str | None:
-        return None if all_finite(view.actions) else "nonfinite_action"
+        return None if view.actions_finite or all_finite(view.actions) else "nonfinite_action"

@@ -16,6 +16,7 @@ from rollcap.rollout.build import runners
 from rollcap.rollout.spec import Parts
 from rollcap.rollout.config import HostConfig
 from rollcap.rollout.errors import ConfigError
+from rollcap.rollout.lifecycle import HostState
 from rollcap.rollout.offline.replay import Replayer, closed_loop_host, replay_closed, replay_env, replay_policy
 from rollcap.rollout.recording import episode_digest
 from rollcap.rollout.seeding import episode_seed
@@ -259,6 +260,31 @@ def test_a_nonfinite_observation_ends_only_its_episode_before_its_chunk_runs():
         assert np.isfinite(core.hosts[1].policy.result()).all()
         with pytest.raises(BadInput, match="noise: expected float32"):
             rp.start(first_obs(0), noise.astype(np.float64))
+    finally:
+        core.close()
+
+
+def test_a_row_whose_chunk_is_not_finite_stops_and_only_that_row():
+    """The replay's chunk output is checked once a replay: all finite, each row's view says so and NonFiniteAction
+    asks nothing more; a row with a NaN, and the checks are every row's own: that episode stops before its chunk
+    (nonfinite_action), the other goes on. (The stand-in's replay leaves the output buffer as it is: NaN put there.)"""
+    from rollcap.rollout.bench.standin_rows import FixedLatencyRows
+
+    p, c = _batched(2)
+    core = BatchedCore([make_env(), make_env()], FixedLatencyRows(p, 0.0), FixedLatencyRows(c, 0.0), HostConfig(seed=1))
+    try:
+        for i, h in enumerate(core.hosts):
+            h.start(i)
+        p.outputs["actions"].zero_()
+        first = core.boundaries()
+        assert [e.stop_reason for e in first] == [None, None]
+        assert core.policy_rows[0].actions_finite is True and core.hosts[1].policy.chunk_finite is True
+        core.execute()
+        p.outputs["actions"][1, 0, 0] = float("nan")
+        second = core.boundaries()
+        assert core.policy_rows[0].actions_finite is None
+        assert [e.stop_reason for e in second] == [None, "nonfinite_action"]
+        assert core.hosts[0].state is HostState.RUNNING and core.hosts[1].done
     finally:
         core.close()
 
