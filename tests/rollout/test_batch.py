@@ -187,18 +187,22 @@ def test_cuda_batched_rows_never_mix_and_replay_exactly():
     assert policy.result().tobytes() == got[0]
 
 
-def test_an_env_error_ends_only_its_episode():
-    """An env that raises mid-chunk ends that slot's episode with stop reason error; the other slots' episodes are untouched."""
-    from tests.rollout.test_episode_core import RaiseAtStep
-
+def _with_slot_1(env) -> tuple[dict, dict]:
+    """Episodes 0-4 on three slots, slot 1's env ``env``, and the same episodes on three plain envs: (ends, clean)."""
     policy, critic = _batched(3)
-    envs = [make_env(), RaiseAtStep(make_env(), at=3, episodes={0}), make_env()]
-    core = BatchedCore(envs, policy, critic, HostConfig(seed=7, max_chunks=6))
+    core = BatchedCore([make_env(), env, make_env()], policy, critic, HostConfig(seed=7, max_chunks=6))
     try:
         ends = {e.index: e for e in core.episodes(range(5))}
     finally:
         core.close()
-    clean = _core_run(range(5))
+    return ends, _core_run(range(5))
+
+
+def test_an_env_error_ends_only_its_episode():
+    """An env that raises mid-chunk ends that slot's episode with stop reason error; the other slots' episodes are untouched."""
+    from tests.rollout.test_episode_core import RaiseAtStep
+
+    ends, clean = _with_slot_1(RaiseAtStep(make_env(), at=3, episodes={0}))
     assert ends[1].stop_reason == "error" and "motor driver fault" in ends[1].error
     assert ends[3].stop_reason != "error"  # slot 1's next episode runs on
     for i in (0, 2):  # the other slots' episodes are the bytes of a run without the fault
@@ -229,14 +233,7 @@ def test_a_nonfinite_observation_ends_only_its_episode_before_its_chunk_runs():
     error (no action of that chunk stepped), its slot runs on, and the other slots' episodes are the bytes of a
     clean run (the bad row replayed beside them). A NaN in a row's noise (a resumed episode's recorded noise) is
     refused the same way, naming the noise."""
-    policy, critic = _batched(3)
-    envs = [make_env(), NaNStateAtStep(make_env(), at=3), make_env()]
-    core = BatchedCore(envs, policy, critic, HostConfig(seed=7, max_chunks=6))
-    try:
-        ends = {e.index: e for e in core.episodes(range(5))}
-    finally:
-        core.close()
-    clean = _core_run(range(5))
+    ends, clean = _with_slot_1(NaNStateAtStep(make_env(), at=3))
     bad = ends[1]
     assert bad.stop_reason == "error" and bad.error == "BadInput: observation['state']: contains NaN or Inf"
     assert (bad.num_chunks, bad.num_steps) == (1, 4)  # the NaN came at step 3 of the first chunk; the next never ran
