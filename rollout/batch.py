@@ -291,8 +291,10 @@ class Rows:
                     failed[i] = f"{what}: contains NaN or Inf"
         return failed
 
-    def check(self, row: int) -> None:
-        """Raise the :class:`~rollcap.kernels.errors.BadInput` of row ``row`` if the last launch found a NaN or Inf in it."""
+    def wait_row(self, row: int) -> None:
+        """:meth:`wait`, then raise the :class:`~rollcap.kernels.errors.BadInput` of row ``row`` if the launch found a
+        NaN or Inf in it (its outputs are not its chunk's)."""
+        self.wait()
         if row in self.failed:
             raise BadInput(self.failed[row])
 
@@ -366,6 +368,7 @@ class RowPolicy(_RowView):
     def __init__(self, rows: Rows, row: int, handoff: ObsHandoff | None = None):
         super().__init__(rows, row, handoff)
         self._chunk_shape = tuple(self.runner.chunk_shape)
+        self._finite = not rows.checks_finite  # check NaN / Inf here only where the rows' launch cannot
         if hasattr(self.runner, "row_flow"):  # a stochastic sampler: the host records each chunk's flow
             self.chunk_flow = lambda: self.runner.row_flow(self.row, self.rows.outputs)
 
@@ -373,16 +376,13 @@ class RowPolicy(_RowView):
         """Validate this row's inputs, as the runner's ``load_row`` does, and hand them to the rows (written and launched
         with the batch by the core, or by :meth:`result`); the checked observation waits in the handoff for this slot's
         critic. A NaN or Inf is found by the rows' launch, for the whole batch at once, and raised by :meth:`result`."""
-        finite = not self.rows.checks_finite
-        values = self._obs_inputs(obs, finite)
+        values = self._obs_inputs(obs, self._finite)
         self.handoff.put(obs, self._spec, values)
-        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape, finite)}, part=values)
+        self.rows.write(self.row, {**values, "noise": noise_input(noise, self._chunk_shape, self._finite)}, part=values)
 
     def result(self) -> np.ndarray:
         rows = self.rows
-        rows.wait()
-        if rows.failed:
-            rows.check(self.row)
+        rows.wait_row(self.row)
         self.chunk_finite = rows.actions_finite
         return rows.outputs["actions"][self.row].copy()
 
@@ -398,9 +398,7 @@ class RowCritic(_RowView):
 
     def result(self) -> float:
         rows = self.rows
-        rows.wait()
-        if rows.failed:
-            rows.check(self.row)
+        rows.wait_row(self.row)
         return float(rows.outputs["value"][self.row])
 
 

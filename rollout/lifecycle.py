@@ -57,7 +57,7 @@ class Bookkeeping:
     @property
     def counters(self) -> np.ndarray:
         """``[episode, chunk, step]``, a read-only copy (the host sets the attributes)."""
-        out = np.array((self.episode, self.chunk, self.step), dtype=np.int64)
+        out = self.live_state()["counters"]
         out.flags.writeable = False
         return out
 
